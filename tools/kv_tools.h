@@ -1,0 +1,13 @@
+/* kv_tools.h — the subcommands of kvcal, kvprof and kvrun (each in <tool>_<sub>.c). Internal. */
+#ifndef KV_TOOLS_H
+#define KV_TOOLS_H
+
+#include "kv_cli.h"
+
+/* kvrun */
+
+/* kvcal */
+
+/* kvprof */
+
+#endif

@@ -1,0 +1,10 @@
+/* kvcal: thin main — dispatch to the subcommands in kvcal_*.c. */
+#include "kv_tools.h"
+
+static const kv_subcommand k_commands[] = {
+    {NULL, NULL, NULL},
+};
+
+int main(int argc, char **argv) {
+    return kv_cli_dispatch("kvcal", "kvcal — calibrate a KV-cache compression plan for a model on a text corpus.", k_commands, argc, argv);
+}

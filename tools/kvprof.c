@@ -1,0 +1,10 @@
+/* kvprof: thin main — dispatch to the subcommands in kvprof_*.c. */
+#include "kv_tools.h"
+
+static const kv_subcommand k_commands[] = {
+    {NULL, NULL, NULL},
+};
+
+int main(int argc, char **argv) {
+    return kv_cli_dispatch("kvprof", "kvprof — profile a model's KV cache: KVmix layer importance, bit allocation, budget search.", k_commands, argc, argv);
+}

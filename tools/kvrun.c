@@ -1,0 +1,10 @@
+/* kvrun: thin main — dispatch to the subcommands in kvrun_*.c. */
+#include "kv_tools.h"
+
+static const kv_subcommand k_commands[] = {
+    {NULL, NULL, NULL},
+};
+
+int main(int argc, char **argv) {
+    return kv_cli_dispatch("kvrun", "kvrun — apply a compression plan: evaluate, generate, inspect plans and models.", k_commands, argc, argv);
+}
