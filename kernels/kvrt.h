@@ -1,4 +1,41 @@
-/* kvrt.h — the public header of kernels/ (libkvrt): KV quantizers, packers, bits accounting. */
+/* kvrt.h — the public header of kernels/ (libkvrt): KV quantizers, packers, bits accounting.
+ *
+ * Quantizers (DESIGN.md §4):
+ *   - uniform asymmetric min-max (KIVI) with XQuant's eta calibration, 1/2/3/4/8 bits, groups along
+ *     tokens (keys, "per-channel") or along channels (values, "per-token");
+ *   - HIGGS: randomized Hadamard transform + per-group L2 norm + nearest point of a Gaussian grid;
+ *   - SQuat: block-sequential key quantization that keeps the error away from a query subspace;
+ *   - XQuant shared codes: a layer decodes another layer's codes with its own scale and zero point.
+ *
+ * Every quantizer has a CPU reference (`_ref`) and a CUDA version (`_cuda`, declared always, defined
+ * only in the kvkernels_cuda library, which also defines KV_HAVE_CUDA=1). The element math of both
+ * is in kv_quant_math.h. `_ref` functions take host pointers; `_cuda` functions take device pointers
+ * (grids and weights included) and a stream (NULL = the default stream) and may allocate temporary
+ * device memory on that stream; they synchronize the stream before returning a status.
+ *
+ * Data: a block is a row-major f32 matrix x[tokens][channels] (one KV head, or several heads side by
+ * side). Buffers are owned by the caller; the *_storage() functions say how large they must be.
+ *
+ * Packed code layout (every quantizer): the codes of a block form one stream; stream position j is
+ * stored in 32-bit word j / per_word at slot j % per_word, slot s occupying bits [s*w, s*w + w)
+ * (w = code width), with per_word = floor(32 / w) (3 bits: 10 per word) or, for the KVmix layout,
+ * 11 per word: slots 0..9 are 3 bits wide and slot 10 (bits 30..31) is 2 bits wide; the quantizer
+ * clamps a code that lands in slot 10 to 3 (kvmix.txt eq. 12). Unused trailing slots are zero.
+ *   - uniform, groups along channels: stream position = t * channels + c (memory order);
+ *   - uniform, groups along tokens: token groups of G rows (the last may be shorter, Gs rows); inside
+ *     token group k the stream holds channel 0's Gs codes, then channel 1's, ...:
+ *     position = k*G*channels + c*Gs + i for token t = k*G + i;
+ *   - HIGGS: one index per d-dimensional piece, in memory order (piece p = (t*channels + c) / d),
+ *     width log2(n) bits.
+ * Scale/zero (uniform) and norm (HIGGS) arrays hold one value per group, f16 or f32 (little-endian
+ * as in memory on the supported little-endian hosts), in group order:
+ *   - groups along channels: group = t * ceil(channels / G) + c / G;
+ *   - groups along tokens:   group = (t / G) * channels + c;
+ *   - HIGGS: group = (t * channels + c) / g.
+ *
+ * Errors: functions return KV_OK or a negative kv_status and record a message (kv_error_last()).
+ * Non-finite input values give KV_ENUMERIC.
+ */
 #ifndef KVRT_H
 #define KVRT_H
 
@@ -7,6 +44,181 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* cudaStream_t without including CUDA headers (the runtime's type is `struct CUstream_st *`). */
+typedef struct CUstream_st *kv_stream;
+
+/* ---- descriptors --------------------------------------------------------------------------- */
+typedef enum kv_axis {
+    KV_AXIS_TOKENS = 0,   /* groups of G consecutive tokens of one channel (keys, "per-channel") */
+    KV_AXIS_CHANNELS = 1  /* groups of G consecutive channels of one token (values, "per-token") */
+} kv_axis;
+
+typedef enum kv_param_type { KV_PARAM_F32 = 0, KV_PARAM_F16 = 1 } kv_param_type;
+
+/* Uniform asymmetric quantizer: z = min, s = (max - min) / (2^B - 1), code = clamp(round((x - z)/s));
+ * stored (XQuant) z' = z + eta*s*(2^B - 1), s' = (1 - 2 eta) s; decode x = code * s' + z'. */
+typedef struct kv_uniform {
+    int bits;                 /* 1, 2, 3, 4 or 8 */
+    int group;                /* G >= 1 */
+    kv_axis axis;
+    kv_param_type param_type; /* storage of s' and z' */
+    int pack11;               /* bits == 3 only: KVmix 11-per-word layout */
+    float eta;                /* XQuant calibration, 0 <= eta < 0.5; 0 = plain KIVI */
+} kv_uniform;
+
+/* Optional CPU accelerator for nearest-grid-point search (d = 1 or 2): a bucket table of candidate
+ * points. It returns exactly the exhaustive search's index (same distances, same tie rule). */
+typedef struct kv_grid_search kv_grid_search;
+kv_status kv_grid_search_create(kv_grid_search **out, const float *grid, int d, int n);
+void kv_grid_search_free(kv_grid_search *s);
+/* Index of the grid point nearest to u[d]; ties go to the lowest index. */
+int kv_grid_search_nearest(const kv_grid_search *s, const float *u);
+int kv_grid_search_dim(const kv_grid_search *s);
+int kv_grid_search_size(const kv_grid_search *s);
+
+/* HIGGS vector quantizer over groups of g consecutive channels of one token. */
+typedef struct kv_higgs {
+    int dim;                  /* grid dimension d: 1, 2, 4 or 8 */
+    int size;                 /* grid size n: power of two, 2..256 */
+    int group;                /* g: power of two, d <= g <= 4096; channels must be a multiple */
+    kv_param_type norm_type;  /* storage of the per-group L2 norm */
+    uint64_t seed;            /* sign of channel c = bit 0 of kv_rng_u64(seed, c): 1 -> -1 */
+    const float *grid;        /* n*d points, point i at grid[i*d .. i*d + d); borrowed */
+    const kv_grid_search *search; /* optional (CPU only), built from the same grid; NULL = exhaustive */
+} kv_higgs;
+
+typedef enum kv_quant_kind {
+    KV_QUANT_F16 = 0,     /* unquantized, 16 bits per value (sinks, recent window) */
+    KV_QUANT_UNIFORM = 1, /* also SQuat keys (same storage) */
+    KV_QUANT_HIGGS = 2
+} kv_quant_kind;
+
+typedef struct kv_quant {
+    kv_quant_kind kind;
+    kv_uniform uniform;   /* KV_QUANT_UNIFORM */
+    kv_higgs higgs;       /* KV_QUANT_HIGGS */
+    int shared_codes;     /* uniform only: codes are another layer's (XQuant), none stored here */
+} kv_quant;
+
+/* Exact storage of one compressed block; every report uses these numbers. */
+typedef struct kv_block_storage {
+    uint64_t values;      /* tokens * channels */
+    uint64_t groups;      /* scale/zero or norm entries */
+    uint64_t code_words;  /* u32 words of packed codes or indices */
+    uint64_t code_bytes;  /* 4 * code_words */
+    uint64_t scale_bytes; /* uniform scales */
+    uint64_t zero_bytes;  /* uniform zero points */
+    uint64_t norm_bytes;  /* HIGGS norms */
+    uint64_t raw_bytes;   /* KV_QUANT_F16: 2 * values */
+    uint64_t total_bytes; /* sum of the above */
+    uint64_t total_bits;  /* 8 * total_bytes */
+    double bits_per_value; /* total_bits / values (0 when values == 0) */
+} kv_block_storage;
+
+/* Validate a descriptor (KV_EINVAL with a message naming the field). */
+kv_status kv_uniform_check(const kv_uniform *q);
+kv_status kv_higgs_check(const kv_higgs *h);  /* grid may be NULL here */
+
+/* Bits accounting: storage of a block of tokens x channels under q. */
+kv_status kv_quant_storage(kv_block_storage *out, const kv_quant *q, size_t tokens, size_t channels);
+
+/* ---- packing --------------------------------------------------------------------------------- */
+/* Codes per 32-bit word for a width of 1..8 bits (pack11: 11 for width 3). 0 for a bad width. */
+int kv_pack_per_word(int bits, int pack11);
+/* Words needed for n codes. */
+size_t kv_pack_words(size_t n, int bits, int pack11);
+/* Pack n codes (each < 2^bits, and < 4 in slot 10 of the 11-per-word layout; higher bits are
+ * masked off) into kv_pack_words() words; trailing slots are zero. */
+kv_status kv_pack_ref(uint32_t *words, const uint8_t *codes, size_t n, int bits, int pack11);
+kv_status kv_unpack_ref(uint8_t *codes, const uint32_t *words, size_t n, int bits, int pack11);
+
+/* ---- uniform quantizer ------------------------------------------------------------------------- */
+/* Encode x[tokens][channels]. codes: kv_block_storage.code_words words, or NULL to compute only
+ * the scale and zero point (XQuant shared codes: this layer decodes another layer's codes).
+ * scales, zeros: groups entries of param_type each. */
+kv_status kv_uniform_encode_ref(uint32_t *codes, void *scales, void *zeros, const kv_uniform *q,
+                                size_t tokens, size_t channels, const float *x);
+/* Decode into x_hat[tokens][channels]. For shared codes pass the other layer's codes with this
+ * layer's scales and zeros (both layers must use the same q apart from eta and param_type). */
+kv_status kv_uniform_decode_ref(float *x_hat, const kv_uniform *q, size_t tokens, size_t channels,
+                                const uint32_t *codes, const void *scales, const void *zeros);
+/* Attention scores over a compressed key block: scores[t] = sum_c query[c] * x_hat[t][c]
+ * (summed over c in order), without materializing x_hat. */
+kv_status kv_uniform_scores_ref(float *scores, const kv_uniform *q, size_t tokens, size_t channels,
+                                const uint32_t *codes, const void *scales, const void *zeros,
+                                const float *query);
+
+/* ---- HIGGS ------------------------------------------------------------------------------------- */
+/* Normalized fast Walsh-Hadamard transform in place (n a power of two): v <- H v / sqrt(n), with
+ * H the Sylvester Hadamard matrix H[i][j] = (-1)^popcount(i & j). */
+kv_status kv_fwht_ref(float *v, size_t n);
+/* Sign (+1/-1) of channel c under seed. */
+float kv_higgs_sign(uint64_t seed, size_t c);
+/* Encode x[tokens][channels] (channels % g == 0): indices packed at log2(n) bits (code_words words),
+ * norms one per group. */
+kv_status kv_higgs_encode_ref(uint32_t *indices, void *norms, const kv_higgs *h, size_t tokens,
+                              size_t channels, const float *x);
+kv_status kv_higgs_decode_ref(float *x_hat, const kv_higgs *h, size_t tokens, size_t channels,
+                              const uint32_t *indices, const void *norms);
+/* scores[t] = query . x_hat[t], computed in the rotated domain (the query is rotated once). */
+kv_status kv_higgs_scores_ref(float *scores, const kv_higgs *h, size_t tokens, size_t channels,
+                              const uint32_t *indices, const void *norms, const float *query);
+
+/* ---- SQuat key quantization -------------------------------------------------------------------- */
+/* Query subspace of one KV head: qhat[r][d] = diag(sigma[:r]) V[:r] from the SVD of the stacked
+ * queries[n][d] (all query heads of the group, all prompt tokens). Requires 1 <= r <= min(n, d).
+ * Rows are defined up to sign; qhat^T qhat is unique when sigma_r > sigma_{r+1}. */
+kv_status kv_squat_subspace_ref(float *qhat, const float *queries, size_t n, int d, int r);
+
+/* Precomputed SQuat state for one head (P_inv, the A_t^-1 chain, and the update matrices
+ * W_t = B_t H_t of Lemma 2 for every block boundary). Owned by the caller; kv_squat_free(NULL) ok. */
+typedef struct kv_squat kv_squat;
+kv_status kv_squat_create(kv_squat **out, const float *qhat, int r, int d, float lambda, int block);
+void kv_squat_free(kv_squat *s);
+int kv_squat_dim(const kv_squat *s);
+int kv_squat_block(const kv_squat *s);
+/* The update matrices, concatenated: for block t = 1..T-1 (block t ends at channel e_t = min(t*g, d)
+ * and has g_t channels), a (d - e_t) x g_t row-major matrix. Borrowed. */
+const float *kv_squat_weights(const kv_squat *s, size_t *count);
+/* P_inv = (I + lambda qhat^T qhat)^-1, d x d row-major, double precision. Borrowed. */
+const double *kv_squat_pinv(const kv_squat *s);
+/* Lemma 2 update for one token: given the block ending at e_t (1 <= t < T) and err[g_t] =
+ * deq(qtz(k_block)) - k_block, add W_t err to rest[d - e_t]. */
+kv_status kv_squat_update_ref(float *rest, const kv_squat *s, int t, const float *err);
+/* Quantize keys x[tokens][d] (d = kv_squat_dim) block by block along channels with error
+ * propagation; q->axis must be KV_AXIS_TOKENS. Output layout = kv_uniform_encode_ref's; decode with
+ * kv_uniform_decode_ref. With lambda = 0 the result equals kv_uniform_encode_ref's exactly. */
+kv_status kv_squat_encode_ref(uint32_t *codes, void *scales, void *zeros, const kv_squat *s,
+                              const kv_uniform *q, size_t tokens, const float *x);
+
+/* ---- CUDA (kvkernels_cuda) ------------------------------------------------------------------- */
+/* 1 if a CUDA device is usable, 0 if not (no driver, no device); never fails. */
+int kv_cuda_available(void);
+kv_status kv_pack_cuda(uint32_t *words, const uint8_t *codes, size_t n, int bits, int pack11,
+                       kv_stream stream);
+kv_status kv_uniform_encode_cuda(uint32_t *codes, void *scales, void *zeros, const kv_uniform *q,
+                                 size_t tokens, size_t channels, const float *x, kv_stream stream);
+kv_status kv_uniform_decode_cuda(float *x_hat, const kv_uniform *q, size_t tokens, size_t channels,
+                                 const uint32_t *codes, const void *scales, const void *zeros,
+                                 kv_stream stream);
+kv_status kv_uniform_scores_cuda(float *scores, const kv_uniform *q, size_t tokens, size_t channels,
+                                 const uint32_t *codes, const void *scales, const void *zeros,
+                                 const float *query, kv_stream stream);
+/* h->grid is a device pointer here. */
+kv_status kv_higgs_encode_cuda(uint32_t *indices, void *norms, const kv_higgs *h, size_t tokens,
+                               size_t channels, const float *x, kv_stream stream);
+kv_status kv_higgs_decode_cuda(float *x_hat, const kv_higgs *h, size_t tokens, size_t channels,
+                               const uint32_t *indices, const void *norms, kv_stream stream);
+kv_status kv_higgs_scores_cuda(float *scores, const kv_higgs *h, size_t tokens, size_t channels,
+                               const uint32_t *indices, const void *norms, const float *query,
+                               kv_stream stream);
+/* cuSOLVER gesvd on device queries[n][d] -> device qhat[r][d] (float precision). */
+kv_status kv_squat_subspace_cuda(float *qhat, const float *queries, size_t n, int d, int r,
+                                 kv_stream stream);
+/* s is the host object (its weights are copied to the device on the stream); x, outputs: device. */
+kv_status kv_squat_encode_cuda(uint32_t *codes, void *scales, void *zeros, const kv_squat *s,
+                               const kv_uniform *q, size_t tokens, const float *x, kv_stream stream);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,249 @@
+/* kv_quant_math.h — the element math of every quantizer, written once (STYLE.md).
+ *
+ * KV_HD functions: `__host__ __device__ static inline` under nvcc, `static inline` in C. The CPU
+ * reference (cpu/) and the CUDA kernels (cuda/) both call them, so that with FMA contraction off on
+ * both sides (-ffp-contract=off, -fmad=false) they produce bit-identical codes and floats. Every
+ * float expression is written in the order it must be evaluated; do not "simplify" it.
+ * Internal to kernels/ (and its tests); the public API is kvrt.h.
+ */
+#ifndef KV_QUANT_MATH_H
+#define KV_QUANT_MATH_H
+
+#include "kvrt.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Round-to-nearest-even of 0 <= v < 2^22 by the 1.5 * 2^23 trick: exact, branch-free, vectorizes,
+ * and identical on host and device (no library call whose rounding could differ). */
+#define KV_QM_ROUND_MAGIC 12582912.0f
+
+/* ---- packing ----------------------------------------------------------------------------------- */
+KV_HD int kv_qm_per_word(int bits, int pack11) {
+    if (bits < 1 || bits > 8) return 0;
+    if (bits == 3 && pack11) return 11;
+    return 32 / bits;
+}
+
+/* Largest code slot `slot` can hold: 2^bits - 1, or 3 in slot 10 of the 11-per-word layout. */
+KV_HD uint32_t kv_qm_slot_max(int bits, int per_word, int slot) {
+    return (per_word == 11 && slot == 10) ? 3u : ((1u << bits) - 1u);
+}
+
+KV_HD uint32_t kv_qm_unpack(const uint32_t *words, size_t j, int bits, int per_word) {
+    const size_t w = j / (size_t)per_word;
+    const int slot = (int)(j - w * (size_t)per_word);
+    return (words[w] >> (slot * bits)) & kv_qm_slot_max(bits, per_word, slot);
+}
+
+/* One packed word from the codes at stream positions [w*per, w*per + per) (n codes in all). */
+KV_HD uint32_t kv_qm_pack_word(const uint8_t *codes, size_t n, size_t w, int bits, int per_word) {
+    uint32_t word = 0;
+    const size_t j0 = w * (size_t)per_word;
+    for (int s = 0; s < per_word && j0 + (size_t)s < n; s++)
+        word |= ((uint32_t)codes[j0 + (size_t)s] & kv_qm_slot_max(bits, per_word, s)) << (s * bits);
+    return word;
+}
+
+/* ---- parameter storage (f32 or f16) -------------------------------------------------------------- */
+KV_HD float kv_qm_param_load(const void *arr, size_t i, int type) {
+    if (type == KV_PARAM_F16) return kv_f16_to_f32(((const uint16_t *)arr)[i]);
+    return ((const float *)arr)[i];
+}
+KV_HD void kv_qm_param_store(void *arr, size_t i, float v, int type) {
+    if (type == KV_PARAM_F16)
+        ((uint16_t *)arr)[i] = kv_f32_to_f16(v);
+    else
+        ((float *)arr)[i] = v;
+}
+/* The value a stored parameter decodes to (rounding to f16 when that is the storage). */
+KV_HD float kv_qm_param_round(float v, int type) {
+    return type == KV_PARAM_F16 ? kv_f16_to_f32(kv_f32_to_f16(v)) : v;
+}
+
+KV_HD int kv_qm_is_finite(float x) { return x - x == 0.0f; } /* false for NaN and +-Inf */
+
+/* ---- uniform quantizer ------------------------------------------------------------------------- */
+/* Encoder parameters of a group from its min and max. */
+typedef struct kv_qm_uparams {
+    float z;    /* min */
+    float s;    /* (max - min) / qmax */
+    float inv;  /* 1 / s, 0 when s == 0 */
+    float zc;   /* stored zero point z' = z + (eta * s) * qmax (XQuant eq. 12) */
+    float sc;   /* stored scale s' = (1 - 2 eta) * s */
+} kv_qm_uparams;
+
+KV_HD kv_qm_uparams kv_qm_uniform_params(float mn, float mx, int bits, float eta) {
+    kv_qm_uparams p;
+    const float qmax = (float)((1u << bits) - 1u);
+    p.z = mn;
+    p.s = (mx - mn) / qmax;
+    p.inv = p.s > 0.0f ? 1.0f / p.s : 0.0f;
+    p.zc = p.z + (eta * p.s) * qmax;
+    p.sc = (1.0f - 2.0f * eta) * p.s;
+    return p;
+}
+
+/* code = clamp(round((x - z) / s), 0, slot_max) with the division done as a multiply by 1/s. */
+KV_HD uint32_t kv_qm_uniform_code(float x, float z, float inv, uint32_t slot_max) {
+    const float hi = (float)slot_max;
+    float v = (x - z) * inv;
+    v = v > 0.0f ? v : 0.0f;
+    v = v < hi ? v : hi;
+    v = (v + KV_QM_ROUND_MAGIC) - KV_QM_ROUND_MAGIC;
+    return (uint32_t)v;
+}
+
+KV_HD float kv_qm_uniform_dequant(uint32_t code, float s, float z) { return (float)code * s + z; }
+
+/* Rows in token group k of a block of T tokens (groups along tokens). */
+KV_HD size_t kv_qm_tok_group_rows(size_t G, size_t T, size_t k) {
+    const size_t r = T - k * G;
+    return r < G ? r : G;
+}
+KV_HD size_t kv_qm_chan_groups(size_t G, size_t C) { return (C + G - 1) / G; }
+
+/* Stream position of element (t, c); see kvrt.h. */
+KV_HD size_t kv_qm_uniform_stream_pos(int axis, size_t G, size_t T, size_t C, size_t t, size_t c) {
+    if (axis == KV_AXIS_CHANNELS) return t * C + c;
+    const size_t k = t / G;
+    return k * G * C + c * kv_qm_tok_group_rows(G, T, k) + (t - k * G);
+}
+/* Group of element (t, c); see kvrt.h. */
+KV_HD size_t kv_qm_uniform_group(int axis, size_t G, size_t T, size_t C, size_t t, size_t c) {
+    if (axis == KV_AXIS_CHANNELS) return t * kv_qm_chan_groups(G, C) + c / G;
+    (void)T;
+    return (t / G) * C + c;
+}
+/* Inverse of kv_qm_uniform_stream_pos. */
+KV_HD void kv_qm_uniform_stream_elem(int axis, size_t G, size_t T, size_t C, size_t j, size_t *t,
+                                     size_t *c) {
+    if (axis == KV_AXIS_CHANNELS) {
+        *t = j / C;
+        *c = j - *t * C;
+        return;
+    }
+    const size_t k = j / (G * C);
+    const size_t rem = j - k * G * C;
+    const size_t rows = kv_qm_tok_group_rows(G, T, k);
+    *c = rem / rows;
+    *t = k * G + (rem - *c * rows);
+}
+
+/* Decoded value of element (t, c). */
+KV_HD float kv_qm_uniform_elem(int bits, int per_word, int axis, size_t G, size_t T, size_t C,
+                               size_t t, size_t c, const uint32_t *codes, const void *scales,
+                               const void *zeros, int ptype) {
+    const size_t g = kv_qm_uniform_group(axis, G, T, C, t, c);
+    const uint32_t code = kv_qm_unpack(codes, kv_qm_uniform_stream_pos(axis, G, T, C, t, c), bits,
+                                       per_word);
+    return kv_qm_uniform_dequant(code, kv_qm_param_load(scales, g, ptype),
+                                 kv_qm_param_load(zeros, g, ptype));
+}
+
+/* Attention score of token t: sum over c in order of query[c] * x_hat[t][c]. */
+KV_HD float kv_qm_uniform_score(int bits, int per_word, int axis, size_t G, size_t T, size_t C,
+                                size_t t, const uint32_t *codes, const void *scales,
+                                const void *zeros, int ptype, const float *query) {
+    float acc = 0.0f;
+    for (size_t c = 0; c < C; c++)
+        acc += query[c] * kv_qm_uniform_elem(bits, per_word, axis, G, T, C, t, c, codes, scales,
+                                             zeros, ptype);
+    return acc;
+}
+
+/* ---- HIGGS ------------------------------------------------------------------------------------- */
+KV_HD float kv_qm_higgs_sign(uint64_t seed, size_t c) {
+    return (kv_rng_u64(seed, (uint64_t)c) & 1u) ? -1.0f : 1.0f;
+}
+
+/* Butterfly p (0 <= p < n/2) of the FWHT stage with half-width h: (a, b) -> (a + b, a - b).
+ * Within a stage the butterflies touch disjoint pairs, so any thread order gives the same bits. */
+KV_HD void kv_qm_fwht_butterfly(float *v, size_t p, size_t h) {
+    const size_t i = (p / h) * 2u * h + (p % h);
+    const float a = v[i], b = v[i + h];
+    v[i] = a + b;
+    v[i + h] = a - b;
+}
+
+/* Unnormalized FWHT (v <- H v), stage by stage. */
+KV_HD void kv_qm_fwht(float *v, size_t n) {
+    for (size_t h = 1; h < n; h *= 2)
+        for (size_t p = 0; p < n / 2; p++) kv_qm_fwht_butterfly(v, p, h);
+}
+
+/* Sum of squares in index order (the one reduction both sides compute serially). */
+KV_HD float kv_qm_sumsq(const float *v, size_t n) {
+    float acc = 0.0f;
+    for (size_t i = 0; i < n; i++) acc += v[i] * v[i];
+    return acc;
+}
+
+/* Squared distance of a d-vector to grid point i, summed in coordinate order. */
+KV_HD float kv_qm_grid_dist(const float *u, const float *grid, int d, int i) {
+    float acc = 0.0f;
+    for (int k = 0; k < d; k++) {
+        const float e = u[k] - grid[i * d + k];
+        acc += e * e;
+    }
+    return acc;
+}
+
+/* Nearest grid point by exhaustive search; ties go to the lowest index. */
+KV_HD int kv_qm_grid_nearest(const float *u, const float *grid, int d, int n) {
+    int best = 0;
+    float bd = kv_qm_grid_dist(u, grid, d, 0);
+    for (int i = 1; i < n; i++) {
+        const float e = kv_qm_grid_dist(u, grid, d, i);
+        if (e < bd) {
+            bd = e;
+            best = i;
+        }
+    }
+    return best;
+}
+
+/* Encoder multiplier of a group: u = (H D x) / ||x|| (unnormalized H), i.e. the normalized transform
+ * H D x / sqrt(g) rescaled to ||u||^2 = g, so that its coordinates are ~N(0, 1). */
+KV_HD float kv_qm_higgs_enc_mul(float norm) { return norm > 0.0f ? 1.0f / norm : 0.0f; }
+/* Decoder multiplier: x = D H (grid * norm / g) because H H = g I. */
+KV_HD float kv_qm_higgs_dec_mul(float norm, size_t g) { return norm / (float)g; }
+
+/* Rotated query of a HIGGS block: qrot = H (D q) per group of g channels (unnormalized H). */
+KV_HD void kv_qm_higgs_rotate_query(float *qrot, const float *q, uint64_t seed, size_t C, size_t g) {
+    for (size_t c = 0; c < C; c++) qrot[c] = q[c] * kv_qm_higgs_sign(seed, c);
+    for (size_t c0 = 0; c0 < C; c0 += g) kv_qm_fwht(qrot + c0, g);
+}
+
+/* Score of token t: q . x_hat[t] = sum over groups of (norm / g) * (qrot . grid[idx]) because
+ * x_hat = D H (grid[idx] * norm / g) and H is symmetric. */
+KV_HD float kv_qm_higgs_score(const float *qrot, size_t C, size_t g, size_t t, const uint32_t *indices,
+                              const void *norms, int ntype, const float *grid, int d, int bits, int per) {
+    const size_t ng = C / g, per_group = g / (size_t)d;
+    float total = 0.0f;
+    for (size_t gi = 0; gi < ng; gi++) {
+        const size_t grp = t * ng + gi;
+        float acc = 0.0f;
+        for (size_t p = 0; p < per_group; p++) {
+            const uint32_t i = kv_qm_unpack(indices, grp * per_group + p, bits, per);
+            for (int k = 0; k < d; k++)
+                acc += qrot[gi * g + p * (size_t)d + (size_t)k] * grid[i * (uint32_t)d + (uint32_t)k];
+        }
+        total += acc * kv_qm_higgs_dec_mul(kv_qm_param_load(norms, grp, ntype), g);
+    }
+    return total;
+}
+
+/* ---- SQuat ------------------------------------------------------------------------------------- */
+/* rest[i] += sum_k w[i][k] * err[k] (k in order) for one remaining coordinate i. */
+KV_HD float kv_qm_squat_update(float rest_i, const float *w_row, const float *err, int gt) {
+    float acc = 0.0f;
+    for (int k = 0; k < gt; k++) acc += w_row[k] * err[k];
+    return rest_i + acc;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KV_QUANT_MATH_H */
