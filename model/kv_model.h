@@ -10,6 +10,281 @@
 extern "C" {
 #endif
 
+/* ---- model ---- (weights.c, forward.c, kv_cache.c, eval.c, generate.c)
+ *
+ * The reference transformer of the Llama family (Llama 2/3.x, Mistral, Qwen2, SmolLM2): RMSNorm,
+ * RoPE (adjacent-pair or half layout, theta and linear/llama3 scaling from kv_arch), grouped-query
+ * attention, SwiGLU, optional QKV bias, tied or separate output. All arithmetic is f32 (sums that
+ * decide accuracy, such as RMSNorm's mean square and softmax's denominator, in double); weights are
+ * dequantized to f32 at load time, or kept as f16 (kv_model_options.weights_f16) and widened on the
+ * fly. GEMMs go through CBLAS; the rest is threaded with OpenMP over independent rows, so a result
+ * depends on the thread count at most through the BLAS and never through a racy reduction.
+ *
+ * Rows of a batch: a forward step takes n_seqs sequences of n_tokens tokens each; row r = b*n_tokens
+ * + t holds token t of sequence b. Every activation is a row-major (rows x width) f32 matrix.
+ *
+ * A kv_model owns scratch memory that its forward functions reuse: one kv_model is used by one
+ * thread at a time (the functions themselves use n_threads threads).
+ */
+typedef struct kv_model kv_model;
+
+/* A weight matrix, y = W x: `rows` outputs, `cols` inputs, row-major. Exactly one of f32 / f16 is
+ * set. Borrowed from the model. */
+typedef struct kv_matrix {
+    int rows, cols;
+    const float *f32;
+    const uint16_t *f16; /* IEEE binary16 */
+} kv_matrix;
+
+/* One decoder layer's weights (borrowed from the model). Canonical names: kv_formats.h section 3. */
+typedef struct kv_layer_weights {
+    const float *attn_norm;       /* [d_model] */
+    kv_matrix wq;                 /* n_heads*head_dim x d_model */
+    kv_matrix wk, wv;             /* n_kv_heads*head_dim x d_model */
+    kv_matrix wo;                 /* d_model x n_heads*head_dim */
+    const float *bq, *bk, *bv;    /* biases (qkv_bias), else NULL */
+    const float *ffn_norm;        /* [d_model] */
+    kv_matrix w_gate, w_up;       /* d_ff x d_model */
+    kv_matrix w_down;             /* d_model x d_ff */
+} kv_layer_weights;
+
+typedef struct kv_model_options {
+    int n_threads;   /* threads for OpenMP and the BLAS; 0 = kv_default_threads() */
+    int weights_f16; /* 1: keep the matrices as f16 (half the memory; results change by f16 rounding) */
+} kv_model_options;
+
+/* Source of weights for kv_model_create: fill dst with the f32 values of tensor `name` (canonical
+ * name), whose shape must be ne (GGML order, n_dims dims). Return KV_OK, KV_ENOTFOUND when the
+ * tensor is absent (allowed for output.weight when tied, biases without qkv_bias, rope_freqs.weight),
+ * or another code (KV_EFORMAT for a shape mismatch) with a message. */
+typedef kv_status (*kv_tensor_read_fn)(void *user, const char *name, int n_dims, const uint64_t ne[4],
+                                       float *dst);
+
+/* Build a model from an architecture and a tensor source (tests use arrays in memory). opt may be
+ * NULL (defaults). The arch is copied; on failure *out is NULL. Free with kv_model_free. */
+kv_status kv_model_create(kv_model **out, const kv_arch *arch, kv_tensor_read_fn read, void *user,
+                          const kv_model_options *opt);
+/* Load every weight of an open model file (dequantized; shapes checked against kv_arch). The file
+ * may be closed afterwards: the model keeps its own copy. */
+kv_status kv_model_load(kv_model **out, const kv_model_file *mf, const kv_model_options *opt);
+/* kv_model_file_open + kv_model_load + close. */
+kv_status kv_model_open(kv_model **out, const char *path, const kv_model_options *opt);
+void kv_model_free(kv_model *m);
+
+const kv_arch *kv_model_arch(const kv_model *m);                          /* borrowed */
+const kv_layer_weights *kv_model_layer(const kv_model *m, int layer);     /* borrowed; NULL if out of range */
+kv_matrix kv_model_token_embedding(const kv_model *m);                    /* vocab x d_model */
+kv_matrix kv_model_output_weight(const kv_model *m);                      /* vocab x d_model (tied: the embedding) */
+const float *kv_model_output_norm(const kv_model *m);                     /* [d_model] */
+/* The RoPE inverse frequencies after scaling, head_dim/2 values (angle of pair i at position p is
+ * p * inv_freq[i]); borrowed. */
+const float *kv_model_rope_inv_freq(const kv_model *m);
+size_t kv_model_weight_bytes(const kv_model *m);
+int kv_model_threads(const kv_model *m);
+/* Set the thread count for OpenMP regions and the BLAS (0 = kv_default_threads()). */
+void kv_model_set_threads(kv_model *m, int n_threads);
+
+/* Rotate n rows of n_heads heads (head h of row r at x + r*ld + h*head_dim) in place to the
+ * positions pos[r], in the model's RoPE layout; inverse = 1 rotates back (pre-RoPE from post-RoPE).
+ * For compressed caches that keep pre-RoPE keys and rotate them when they are read. */
+void kv_model_rope(const kv_model *m, float *x, size_t n, size_t ld, int n_heads, const int32_t *pos,
+                   int inverse);
+
+/* ---- KV-cache interface ----------------------------------------------------------------------
+ * The model writes each layer's new keys/values into a cache and reads the layer's keys/values
+ * back for attention, only through these operations, so that compressed caches plug in without
+ * touching the model. A cache holds n_seqs independent sequences (slots).
+ *
+ * Calling order within one forward step over a batch: for layer = 0 .. n_layers-1, for each
+ * sequence of the batch: append(layer, seq, n, ...) then view(layer, seq). Every layer receives
+ * the same n and positions; positions continue the sequence (pos[0] == length(seq) before the step).
+ * A compressed cache may therefore reconstruct layer l from its reconstruction of layer l-1. */
+typedef struct kv_cache kv_cache;
+
+/* Keys (after RoPE) and values of one layer and sequence, decoded to f32, `n` tokens in position
+ * order: token j's kv head h at k + j*ld_k + h*head_dim (likewise v). Borrowed from the cache: valid
+ * until the next call of any operation on the cache. */
+typedef struct kv_cache_view {
+    const float *k;
+    const float *v;
+    size_t ld_k, ld_v;
+    int n;
+} kv_cache_view;
+
+typedef struct kv_cache_ops {
+    const char *name;
+    /* Store n new tokens of `layer` for sequence `seq`: pre-RoPE keys, post-RoPE keys and values,
+     * each n rows of n_kv_heads*head_dim floats with row stride ld; pos[i] their positions (for a
+     * cache that stores pre-RoPE keys and rotates on read: kv_model_rope). */
+    kv_status (*append)(kv_cache *c, int layer, int seq, int n, const int32_t *pos, const float *k_pre,
+                        const float *k, const float *v, size_t ld);
+    /* The tokens held for (layer, seq) that attention reads; the last n of them must be the n just
+     * appended, in order (a cache that drops or merges older tokens may return fewer than length). */
+    kv_status (*view)(kv_cache *c, int layer, int seq, kv_cache_view *out);
+    /* Tokens appended to `seq` in every layer so far (the last layer's count): the next position. */
+    int (*length)(const kv_cache *c, int seq);
+    /* Forget sequence seq (seq < 0: every sequence); keeps the memory for reuse. */
+    void (*reset)(kv_cache *c, int seq);
+    /* Bytes the cache holds for its tokens (for reporting; may be NULL). */
+    size_t (*bytes)(const kv_cache *c);
+    /* Release the implementation state and the kv_cache itself. */
+    void (*destroy)(kv_cache *c);
+} kv_cache_ops;
+
+/* The handle every implementation fills in (ops and geometry; impl is its own state). */
+struct kv_cache {
+    const kv_cache_ops *ops;
+    void *impl;
+    int n_layers, n_seqs, n_kv_heads, head_dim;
+};
+
+/* Full-precision cache: f32 post-RoPE keys and values, grown on demand (capacity_hint tokens per
+ * sequence are reserved up front; 0 = grow from a small size). */
+kv_status kv_cache_plain_create(kv_cache **out, const kv_arch *arch, int n_seqs, int capacity_hint);
+/* Dispatch helpers (argument checks, then the vtable). kv_cache_free accepts NULL. */
+kv_status kv_cache_append(kv_cache *c, int layer, int seq, int n, const int32_t *pos, const float *k_pre,
+                          const float *k, const float *v, size_t ld);
+kv_status kv_cache_view_layer(kv_cache *c, int layer, int seq, kv_cache_view *out);
+int kv_cache_length(const kv_cache *c, int seq);
+void kv_cache_reset(kv_cache *c, int seq);
+size_t kv_cache_bytes(const kv_cache *c);
+void kv_cache_free(kv_cache *c);
+
+/* ---- capture hooks -------------------------------------------------------------------------
+ * Called once per layer and forward call, after the layer's Q/K/V are computed and before
+ * attention, with every row of the batch. All pointers are borrowed for the duration of the call. */
+typedef struct kv_capture {
+    int layer;
+    int n_seqs, n_tokens;   /* rows = n_seqs * n_tokens, row r = b*n_tokens + t */
+    const int32_t *pos;     /* rows positions */
+    int d_model, q_dim, kv_dim; /* q_dim = n_heads*head_dim, kv_dim = n_kv_heads*head_dim */
+    const float *h;         /* the layer's input (residual stream), rows x d_model */
+    const float *x;         /* attention input after RMSNorm, rows x d_model */
+    const float *q_pre;     /* queries before RoPE (bias included), rows x q_dim */
+    const float *q;         /* queries after RoPE */
+    const float *k_pre;     /* keys before RoPE, rows x kv_dim */
+    const float *k;         /* keys after RoPE */
+    const float *v;         /* values, rows x kv_dim */
+} kv_capture;
+/* A non-OK return stops the forward pass with that status. */
+typedef kv_status (*kv_capture_fn)(void *user, const kv_capture *c);
+typedef struct kv_hooks {
+    kv_capture_fn on_layer; /* NULL: no capture */
+    void *user;
+    int layer_begin, layer_end; /* capture layers in [begin, end); end <= begin means every layer */
+} kv_hooks;
+
+/* ---- forward ------------------------------------------------------------------------------- */
+typedef struct kv_forward {
+    const int32_t *tokens; /* n_seqs*n_tokens ids, row b*n_tokens + t */
+    int n_seqs, n_tokens;
+    kv_cache *cache;       /* NULL: no past, nothing stored (each sequence attends causally to itself) */
+    const int *seq_ids;    /* cache slot of each sequence; NULL = 0..n_seqs-1 */
+    const kv_hooks *hooks; /* NULL: none */
+    float *logits;         /* NULL, or out: (logits_last_only ? n_seqs : rows) x vocab */
+    int logits_last_only;
+    float *hidden;         /* NULL, or out: final residual stream (before the output norm), rows x d_model */
+} kv_forward;
+
+/* One forward step: embed, every layer (reading and extending the cache), output. Positions are
+ * kv_cache_length(seq) + t with a cache, t without. */
+kv_status kv_model_forward(kv_model *m, const kv_forward *f);
+
+/* The building blocks of kv_model_forward, for layer-by-layer use (calibration, backward passes
+ * that recompute a layer from its input):
+ *   embed: h[r] = token_embd[tokens[r]] (n rows);
+ *   layer_forward: h <- layer(h) in place, for n_seqs x n_tokens rows at positions pos (rows
+ *     values), with the cache (NULL: causal within each sequence, no past) and hooks as above;
+ *   logits: out = output(rmsnorm(h)) for n rows (out: n x vocab). */
+kv_status kv_model_embed(const kv_model *m, const int32_t *tokens, size_t n, float *h);
+kv_status kv_model_layer_forward(kv_model *m, int layer, float *h, int n_seqs, int n_tokens,
+                                 const int32_t *pos, kv_cache *cache, const int *seq_ids,
+                                 const kv_hooks *hooks);
+kv_status kv_model_logits(kv_model *m, const float *h, size_t n, float *logits);
+
+/* ---- evaluation (eval.c) ------------------------------------------------------------------- */
+typedef enum kv_ppl_protocol {
+    KV_PPL_ALL = 0,     /* chunks of ctx-1 tokens, each prefixed with BOS, every prediction scored */
+    KV_PPL_LLAMACPP = 1 /* llama.cpp's perplexity tool: chunks of ctx tokens, first one replaced by
+                           BOS (when the vocabulary adds BOS), the second half of each chunk scored */
+} kv_ppl_protocol;
+
+typedef struct kv_ppl_options {
+    kv_ppl_protocol protocol;
+    int ctx;          /* tokens per chunk as the model sees them (BOS included) */
+    int batch;        /* chunks per forward call (>= 1) */
+    int bos_id;       /* BOS token; -1: none (protocol all then fails; llama.cpp keeps the first token) */
+    size_t max_chunks; /* 0 = all */
+    const char *progress_label; /* NULL: no progress */
+} kv_ppl_options;
+
+typedef struct kv_ppl_result {
+    double ppl;
+    double nll_mean;
+    size_t tokens_total;     /* tokens of the text given */
+    size_t tokens_evaluated; /* tokens run through the model (chunks * ctx) */
+    size_t tokens_scored;    /* predictions scored */
+    size_t n_chunks;
+    double seconds;          /* wall time of the forward passes and scoring */
+    double tokens_per_second; /* tokens_evaluated / seconds */
+} kv_ppl_result;
+
+/* Perplexity of the uncompressed model over a tokenized text. For protocol all, `tokens` is the
+ * text without BOS; for llama.cpp, the text as llama.cpp tokenizes it (BOS first when the vocabulary
+ * adds it). KV_EINVAL when the text is shorter than one chunk. */
+kv_status kv_eval_perplexity(kv_model *m, const int32_t *tokens, size_t n_tokens,
+                             const kv_ppl_options *opt, kv_ppl_result *out);
+
+/* -log softmax(logits)[target] of one row of n_vocab logits (max in float, sum of exp in double, as
+ * llama.cpp's perplexity tool does). */
+double kv_nll_of(const float *logits, int n_vocab, int target);
+
+/* ---- generation (generate.c) --------------------------------------------------------------- */
+typedef struct kv_gen_options {
+    int n_new;        /* tokens to generate at most */
+    float temp;       /* 0: greedy (argmax, lowest id on ties) */
+    float top_p;      /* nucleus sampling when 0 < top_p < 1; 1 = off */
+    uint64_t seed;
+    int stop_id[2];   /* stop when one of these is generated (-1 = unused) */
+} kv_gen_options;
+
+/* Called for each generated token; a non-OK return stops generation with that status. */
+typedef kv_status (*kv_token_fn)(void *user, int32_t token);
+
+/* Prefill the prompt into `cache` slot 0 (which is reset first), then decode token by token through
+ * the cache. Generated ids go to out (capacity n_new) and *n_out; the stop token is not included. */
+kv_status kv_generate(kv_model *m, kv_cache *cache, const int32_t *prompt, int n_prompt,
+                      const kv_gen_options *opt, kv_token_fn on_token, void *user, int32_t *out,
+                      int *n_out);
+/* Pick the next token from one row of logits: argmax at temp <= 0, else a draw from
+ * softmax(logits/temp) (restricted to the top-p nucleus when 0 < top_p < 1) using one uniform of rng. */
+kv_status kv_sample_token(int32_t *out, const float *logits, int n_vocab, float temp, float top_p,
+                          kv_rng *rng);
+/* ---- end model ---- */
+
+/* ---- backward (backward.c) ----------------------------------------------------------------
+ * Gradients of the mean next-token cross-entropy of a prompt, for KVmix layer importance: one
+ * forward (activations kept) and ONE backward over all layers per prompt. The model must hold f32
+ * weights (not weights_f16). Precision F32 borrows the model's weights; F64 copies them widened to
+ * double (for finite-difference checks). With all_grads = 0 only the K/V projection gradients are
+ * computed (and the backward stops after layer 0's K/V); 1 computes every parameter's gradient. */
+typedef enum kv_grad_precision { KV_GRAD_F32 = 0, KV_GRAD_F64 = 1 } kv_grad_precision;
+typedef struct kv_grad kv_grad;
+
+kv_status kv_grad_create(kv_grad **out, const kv_model *m, kv_grad_precision prec, int all_grads);
+void kv_grad_free(kv_grad *g);
+/* Forward + backward over tokens[0..n) (n >= 2; loss over the n-1 predictions). k_norm / v_norm
+ * (n_layers each, may be NULL) receive ||dL/dW_k||_F and ||dL/dW_v||_F per layer (biases excluded). */
+kv_status kv_grad_run(kv_grad *g, const int32_t *tokens, int n_tokens, double *loss, double *k_norm,
+                      double *v_norm);
+/* The loss alone (forward only). */
+kv_status kv_grad_loss(kv_grad *g, const int32_t *tokens, int n_tokens, double *loss);
+/* A parameter by canonical name ("blk.3.attn_k.weight", "token_embd.weight", ...): its value (F64
+ * only, writable for finite differences; NULL for F32) and its gradient after the last kv_grad_run
+ * (NULL when not computed), as double* (F64) or float* (F32), and its element count. */
+kv_status kv_grad_param(kv_grad *g, const char *name, void **value, const void **grad, size_t *numel);
+/* ---- end backward ---- */
+
 #ifdef __cplusplus
 }
 #endif
