@@ -1,0 +1,261 @@
+/* The backward pass (model/backward.c) against finite differences in double precision, on small
+ * random-weight models covering every op: embedding, RMSNorm, RoPE in both layouts (and llama3
+ * scaling), GQA attention with the causal mask, SwiGLU, QKV bias, tied and separate output. Also:
+ * the float training forward against the reference forward (kv_model_forward), float gradients
+ * against double ones, and finite differences on the real stories260K checkpoint. */
+#include "kv_test.h"
+#include "kv_model.h"
+
+#include <math.h>
+
+typedef struct model_case {
+    const char *name;
+    kv_rope_layout layout;
+    kv_rope_scaling scaling;
+    int qkv_bias;
+    int tied;
+} model_case;
+
+static const model_case k_cases[] = {
+    {"adjacent-tied", KV_ROPE_ADJACENT, KV_ROPE_SCALING_NONE, 0, 1},
+    {"half-bias-untied", KV_ROPE_HALF, KV_ROPE_SCALING_NONE, 1, 0},
+    {"half-llama3", KV_ROPE_HALF, KV_ROPE_SCALING_LLAMA3, 0, 0},
+};
+
+static void small_arch(kv_arch *a, const model_case *c) {
+    memset(a, 0, sizeof *a);
+    snprintf(a->arch, sizeof a->arch, "%s", c->qkv_bias ? "qwen2" : "llama");
+    a->n_layers = 2;
+    a->d_model = 16;
+    a->n_heads = 4;
+    a->n_kv_heads = 2;
+    a->head_dim = 4;
+    a->d_ff = 24;
+    a->vocab_size = 11;
+    a->max_seq_len = 64;
+    a->rms_eps = 1e-5f;
+    a->rope_theta = 10000.0f;
+    a->rope_layout = c->layout;
+    a->rope_scaling = c->scaling;
+    a->rope_factor = 8.0f;
+    a->rope_low_freq_factor = 1.0f;
+    a->rope_high_freq_factor = 4.0f;
+    a->rope_orig_max_pos = 8; /* small so that the 2 frequency pairs fall in different bands */
+    a->qkv_bias = c->qkv_bias;
+    a->tied_embeddings = c->tied;
+    a->bos_id = 1;
+    a->eos_id = 2;
+}
+
+typedef struct source {
+    const model_case *c;
+    uint64_t seed;
+} source;
+
+/* Random weights: norms around 1, matrices N(0, 0.4^2) (large enough that attention is not
+ * uniform and SwiGLU is not linear), biases N(0, 0.2^2). Each tensor seeded by its name. */
+static kv_status random_tensor(void *user, const char *name, int n_dims, const uint64_t ne[4], float *dst) {
+    source *src = user;
+    if (strcmp(name, "output.weight") == 0 && src->c->tied) return KV_ENOTFOUND;
+    if (strstr(name, ".bias") && !src->c->qkv_bias) return KV_ENOTFOUND;
+    if (strcmp(name, "rope_freqs.weight") == 0) return KV_ENOTFOUND;
+    uint64_t h = src->seed;
+    for (const char *p = name; *p; p++) h = h * 131 + (uint8_t)*p;
+    kv_rng r;
+    kv_rng_init(&r, h);
+    size_t n = 1;
+    for (int i = 0; i < n_dims; i++) n *= ne[i];
+    const int is_norm = strstr(name, "norm") != NULL, is_bias = strstr(name, ".bias") != NULL;
+    for (size_t i = 0; i < n; i++) {
+        double z = kv_rng_next_normal(&r);
+        dst[i] = (float)(is_norm ? 1.0 + 0.1 * z : (is_bias ? 0.2 * z : 0.4 * z));
+    }
+    return KV_OK;
+}
+
+static kv_model *make_model(const model_case *c) {
+    kv_arch a;
+    small_arch(&a, c);
+    source src = {c, 1234};
+    kv_model_options opt = {1, 0};
+    kv_model *m = NULL;
+    ck_assert_kv_ok(kv_model_create(&m, &a, random_tensor, &src, &opt));
+    return m;
+}
+
+/* Central differences in double: truncation error ~eps^2 |f'''| ~1e-12 and rounding ~1e-16/eps
+ * ~1e-10 for eps = 1e-6, so agreement to 1e-7 (absolute, plus relative for large entries) checks
+ * the analytic gradient to well below any real bug's size. */
+static void check_param_fd(kv_grad *g, const int32_t *tok, int T, const char *name, int n_probe, uint64_t seed) {
+    void *vp = NULL;
+    const void *gp = NULL;
+    size_t n = 0;
+    ck_assert_kv_ok(kv_grad_param(g, name, &vp, &gp, &n));
+    ck_assert_msg(gp != NULL, "no gradient for %s", name);
+    double *val = vp;
+    const double *grad = gp;
+    kv_rng r;
+    kv_rng_init(&r, seed);
+    const double eps = 1e-6;
+    for (int k = 0; k < n_probe; k++) {
+        size_t i = (size_t)(kv_rng_next_u64(&r) % n);
+        const double old = val[i];
+        double lp, lm;
+        val[i] = old + eps;
+        ck_assert_kv_ok(kv_grad_loss(g, tok, T, &lp));
+        val[i] = old - eps;
+        ck_assert_kv_ok(kv_grad_loss(g, tok, T, &lm));
+        val[i] = old;
+        const double fd = (lp - lm) / (2 * eps);
+        ck_assert_msg(fabs(fd - grad[i]) <= 1e-7 * (1 + fabs(fd)), "%s[%zu]: analytic %.12g, finite difference %.12g",
+                      name, i, grad[i], fd);
+    }
+}
+
+START_TEST(test_fd_every_parameter) {
+    const model_case *c = &k_cases[_i];
+    kv_model *m = make_model(c);
+    kv_grad *g = NULL;
+    ck_assert_kv_ok(kv_grad_create(&g, m, KV_GRAD_F64, 1));
+    const int32_t tok[9] = {1, 5, 3, 9, 3, 10, 0, 7, 5};
+    double loss;
+    ck_assert_kv_ok(kv_grad_run(g, tok, 9, &loss, NULL, NULL));
+    ck_assert(isfinite(loss) && loss > 0);
+    const char *globals[] = {"token_embd.weight", "output_norm.weight", "output.weight"};
+    for (int i = 0; i < 3; i++) {
+        if (i == 2 && c->tied) continue;
+        check_param_fd(g, tok, 9, globals[i], 12, 10 + i);
+    }
+    const char *per_layer[] = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                               "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
+                               "ffn_down.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias"};
+    for (int l = 0; l < 2; l++)
+        for (int i = 0; i < 12; i++) {
+            if (i >= 9 && !c->qkv_bias) continue;
+            char nm[64];
+            snprintf(nm, sizeof nm, "blk.%d.%s", l, per_layer[i]);
+            check_param_fd(g, tok, 9, nm, 8, 100 + 12 * l + i);
+        }
+    kv_grad_free(g);
+    kv_model_free(m);
+}
+END_TEST
+
+/* The K/V-only mode (what kvprof runs) gives the same K/V gradients as the all-gradients mode, and
+ * the float path agrees with the double path (float rounding through 2 layers: 1e-4 relative). */
+START_TEST(test_kv_only_and_float) {
+    const model_case *c = &k_cases[_i];
+    kv_model *m = make_model(c);
+    kv_grad *g64 = NULL, *g64kv = NULL, *g32 = NULL;
+    ck_assert_kv_ok(kv_grad_create(&g64, m, KV_GRAD_F64, 1));
+    ck_assert_kv_ok(kv_grad_create(&g64kv, m, KV_GRAD_F64, 0));
+    ck_assert_kv_ok(kv_grad_create(&g32, m, KV_GRAD_F32, 0));
+    const int32_t tok[12] = {1, 4, 4, 2, 8, 6, 10, 3, 3, 0, 9, 1};
+    double l64, l64kv, l32, k64[2], v64[2], kk[2], vk[2], k32[2], v32[2];
+    ck_assert_kv_ok(kv_grad_run(g64, tok, 12, &l64, k64, v64));
+    ck_assert_kv_ok(kv_grad_run(g64kv, tok, 12, &l64kv, kk, vk));
+    ck_assert_kv_ok(kv_grad_run(g32, tok, 12, &l32, k32, v32));
+    ck_assert_double_eq_tol(l64, l64kv, 1e-14);
+    for (int l = 0; l < 2; l++) {
+        ck_assert_double_eq_tol(kk[l], k64[l], 1e-12 * k64[l]);
+        ck_assert_double_eq_tol(vk[l], v64[l], 1e-12 * v64[l]);
+        ck_assert_double_eq_tol(k32[l], k64[l], 1e-4 * k64[l]);
+        ck_assert_double_eq_tol(v32[l], v64[l], 1e-4 * v64[l]);
+        ck_assert_double_gt(k64[l], 0);
+    }
+    ck_assert_double_eq_tol(l32, l64, 1e-5 * l64);
+    const void *gp = NULL;
+    ck_assert_int_eq(kv_grad_param(g64kv, "blk.0.attn_q.weight", NULL, &gp, NULL), KV_OK);
+    ck_assert_ptr_null(gp); /* not computed in K/V-only mode */
+    ck_assert_int_eq(kv_grad_param(g64, "blk.9.attn_k.weight", NULL, NULL, NULL), KV_ENOTFOUND);
+    int32_t bad[2] = {1, 99};
+    ck_assert_int_eq(kv_grad_run(g32, bad, 2, NULL, NULL, NULL), KV_EINVAL);
+    ck_assert_int_eq(kv_grad_run(g32, bad, 1, NULL, NULL, NULL), KV_EINVAL);
+    kv_grad_free(g64);
+    kv_grad_free(g64kv);
+    kv_grad_free(g32);
+    kv_model_free(m);
+}
+END_TEST
+
+/* The training forward's loss equals the loss computed from the reference forward's logits
+ * (kv_model_forward): two implementations of the same model. Float summation orders differ
+ * (BLAS blocking, double vs float partial sums): 1e-5 relative. */
+START_TEST(test_loss_matches_reference_forward) {
+    const model_case *c = &k_cases[_i];
+    kv_model *m = make_model(c);
+    const int32_t tok[10] = {1, 7, 2, 2, 9, 0, 3, 5, 6, 4};
+    float logits[10 * 11];
+    kv_forward f = {0};
+    f.tokens = tok;
+    f.n_seqs = 1;
+    f.n_tokens = 10;
+    f.logits = logits;
+    ck_assert_kv_ok(kv_model_forward(m, &f));
+    double ref = 0;
+    for (int t = 0; t < 9; t++) ref += kv_nll_of(logits + t * 11, 11, tok[t + 1]);
+    ref /= 9;
+    kv_grad *g = NULL;
+    ck_assert_kv_ok(kv_grad_create(&g, m, KV_GRAD_F32, 0));
+    double loss;
+    ck_assert_kv_ok(kv_grad_loss(g, tok, 10, &loss));
+    ck_assert_double_eq_tol(loss, ref, 1e-5 * ref);
+    kv_grad_free(g);
+    kv_model_free(m);
+}
+END_TEST
+
+/* stories260K (real weights, 5 layers, GQA 8/4, adjacent RoPE, tied): finite differences in double
+ * on entries of every layer's W_k and W_v, and of the embedding. */
+START_TEST(test_fd_stories260k) {
+    const char *dir = kv_test_data_dir();
+    char path[1024];
+    snprintf(path, sizeof path, "%s/stories260K/stories260K.bin", dir);
+    kv_model_options opt = {1, 0};
+    kv_model *m = NULL;
+    ck_assert_kv_ok(kv_model_open(&m, path, &opt));
+    kv_grad *g = NULL;
+    ck_assert_kv_ok(kv_grad_create(&g, m, KV_GRAD_F64, 1));
+    int32_t tok[24];
+    kv_rng r;
+    kv_rng_init(&r, 77);
+    tok[0] = 1;
+    for (int i = 1; i < 24; i++) tok[i] = 3 + (int32_t)(kv_rng_next_u64(&r) % 500);
+    double loss, kn[5], vn[5];
+    ck_assert_kv_ok(kv_grad_run(g, tok, 24, &loss, kn, vn));
+    for (int l = 0; l < 5; l++) {
+        char nm[64];
+        snprintf(nm, sizeof nm, "blk.%d.attn_k.weight", l);
+        check_param_fd(g, tok, 24, nm, 4, 200 + l);
+        snprintf(nm, sizeof nm, "blk.%d.attn_v.weight", l);
+        check_param_fd(g, tok, 24, nm, 4, 300 + l);
+        ck_assert_double_gt(kn[l], 0);
+        ck_assert_double_gt(vn[l], 0);
+    }
+    check_param_fd(g, tok, 24, "token_embd.weight", 4, 400);
+    kv_grad_free(g);
+    kv_model_free(m);
+}
+END_TEST
+
+/* "test_backward" runs the random-model checks; "test_backward --stories" the real checkpoint
+ * (a separate CTest entry that exits 77, skipped, when the data is absent). */
+int main(int argc, char **argv) {
+    Suite *s = suite_create("backward");
+    TCase *tc = tcase_create("fd");
+    tcase_set_timeout(tc, 300);
+    if (argc > 1 && strcmp(argv[1], "--stories") == 0) {
+        if (!kv_test_data_dir()) {
+            fprintf(stderr, "stories260K not found (KVCAL_DATA_DIR): skipped\n");
+            return 77;
+        }
+        tcase_add_test(tc, test_fd_stories260k);
+    } else {
+        const int nc = (int)(sizeof k_cases / sizeof k_cases[0]);
+        tcase_add_loop_test(tc, test_fd_every_parameter, 0, nc);
+        tcase_add_loop_test(tc, test_kv_only_and_float, 0, nc);
+        tcase_add_loop_test(tc, test_loss_matches_reference_forward, 0, nc);
+    }
+    suite_add_tcase(s, tc);
+    return kv_test_run(s);
+}
