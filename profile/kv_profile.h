@@ -5,6 +5,7 @@
 #define KV_PROFILE_H
 
 #include "kv_common.h"
+#include "kv_model.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -57,6 +58,65 @@ kv_status kv_top_overlap(double *overlap, const double *a, const double *b, int 
 kv_status kv_importance_svg_write(const char *path, const char *title, const double *k_mean,
                                   const double *k_std, const double *v_mean, const double *v_std,
                                   int n_layers, const kv_alloc *alloc);
+
+
+/* ---- importance (importance.c) -------------------------------------------------------------- */
+typedef struct kv_importance_options {
+    int n_prompts;    /* P: 30 by default (the paper: 20-30 suffice) */
+    int max_len;      /* tokens per prompt, BOS included (1024 by default) */
+    uint64_t seed;    /* prompt sampling */
+    int bos_id;       /* prepended when >= 0 */
+    const char *progress_label;
+} kv_importance_options;
+
+typedef struct kv_importance {
+    int n_layers, n_prompts, prompt_len;
+    double *k_scores, *v_scores; /* n_prompts x n_layers: ||dL/dW_k||_F, ||dL/dW_v||_F per prompt */
+    double *k_mean, *k_std, *v_mean, *v_std; /* per layer over prompts (std: population) */
+    double *losses;              /* per prompt: mean next-token cross-entropy */
+    int64_t *prompt_starts;      /* per prompt: offset of its first corpus token */
+    double seconds;              /* wall time of the forward+backward passes */
+} kv_importance;
+
+/* Sample P non-overlapping windows of the tokenized corpus with the seed (so that the first and
+ * second halves of the prompt set are disjoint), and run one forward + one backward per prompt. */
+kv_status kv_importance_run(kv_importance *out, kv_model *m, const int32_t *tokens, size_t n_tokens,
+                            const kv_importance_options *opt);
+void kv_importance_free(kv_importance *imp);
+
+/* Rank stability between the two disjoint halves A (prompts 0..h-1) and B (h..2h-1), h = P/2:
+ * Spearman's rho of mean(A) vs mean(B) for K and V, the overlap of their top-n_top sets, and
+ * rho of mean(first n prompts of A) vs mean(B) for n = 1..h (how many prompts the ranking needs). */
+typedef struct kv_stability {
+    int half;
+    double k_rho, v_rho;
+    int n_top;
+    double k_top_overlap, v_top_overlap;
+    int n_steps;
+    double *prefix_k_rho, *prefix_v_rho; /* n_steps values */
+} kv_stability;
+kv_status kv_importance_stability(kv_stability *out, const kv_importance *imp, int n_top);
+void kv_stability_free(kv_stability *st);
+
+/* ---- reports (report.c) --------------------------------------------------------------------- */
+typedef struct kv_importance_meta {
+    const char *model_path;
+    const char *model_name;
+    const char *corpus_path;
+    const char *corpus_sha256;
+    const kv_alloc_params *params;
+    uint64_t seed;
+    double forward_seconds; /* plain forward passes over the same prompts (0: not measured) */
+} kv_importance_meta;
+
+/* The whole result as YAML (json = 0) or JSON (json = 1): meta, per-layer scores with spread, the
+ * allocation with average bits, stability. Written atomically to path, or to stdout when path is
+ * NULL or "-". */
+kv_status kv_importance_report_write(const char *path, int json, const kv_importance *imp,
+                                     const kv_alloc *alloc, const kv_stability *st,
+                                     const kv_importance_meta *meta);
+/* The allocation as a `kvcal fit` configuration fragment (YAML): per-layer K/V bits and RPC ratios. */
+kv_status kv_alloc_config_write(const char *path, const kv_alloc *alloc, const kv_importance_meta *meta);
 
 #ifdef __cplusplus
 }
