@@ -238,6 +238,101 @@ START_TEST(test_fd_stories260k) {
 }
 END_TEST
 
+
+/* ---- independent reference: JAX (gen_jax_ref.py) -------------------------------------------- */
+
+/* The weights gen_jax_ref.py builds: SplitMix64 of FNV-1a(name) and the element index, uniform
+ * values (no transcendental functions, so C and Python produce identical float32 weights). */
+static kv_status jax_tensor(void *user, const char *name, int n_dims, const uint64_t ne[4], float *dst) {
+    (void)user;
+    if (strstr(name, ".bias") || strcmp(name, "rope_freqs.weight") == 0) return KV_ENOTFOUND;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *p = name; *p; p++) h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+    size_t n = 1;
+    for (int i = 0; i < n_dims; i++) n *= ne[i];
+    const int is_norm = strstr(name, "norm") != NULL;
+    for (size_t i = 0; i < n; i++) {
+        const double u = kv_rng_uniform(h, i);
+        dst[i] = (float)(is_norm ? 1.0 + 0.2 * (u - 0.5) : 0.6 * (u - 0.5));
+    }
+    return KV_OK;
+}
+
+/* Loss, every parameter's gradient norm and a few gradient entries agree with JAX's autodiff in
+ * float64. Both sides compute in double with different summation orders: 1e-10 relative. The
+ * float path's K/V norms (what kvprof reports) agree to 1e-4 (float rounding through 2 layers). */
+START_TEST(test_jax_reference) {
+    const char *src = getenv("KVCAL_TEST_SRC");
+    ck_assert_msg(src != NULL, "KVCAL_TEST_SRC not set");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/grad/golden/jax_grad_ref.txt", src);
+    FILE *fp = fopen(path, "r");
+    ck_assert_msg(fp != NULL, "cannot open %s", path);
+    kv_arch a;
+    memset(&a, 0, sizeof a);
+    snprintf(a.arch, sizeof a.arch, "llama");
+    a.n_layers = 2, a.d_model = 32, a.n_heads = 4, a.n_kv_heads = 2, a.head_dim = 8, a.d_ff = 48;
+    a.vocab_size = 40, a.max_seq_len = 64, a.rms_eps = 1e-5f, a.rope_theta = 10000.0f;
+    a.rope_layout = KV_ROPE_ADJACENT, a.bos_id = 1, a.eos_id = 2;
+    kv_model_options opt = {1, 0};
+    kv_model *m = NULL;
+    ck_assert_kv_ok(kv_model_create(&m, &a, jax_tensor, NULL, &opt));
+    kv_grad *g = NULL, *g32 = NULL;
+    ck_assert_kv_ok(kv_grad_create(&g, m, KV_GRAD_F64, 1));
+    ck_assert_kv_ok(kv_grad_create(&g32, m, KV_GRAD_F32, 0));
+    const int32_t tok[16] = {1, 17, 5, 33, 5, 22, 9, 0, 38, 12, 7, 7, 30, 2, 19, 25};
+    double loss, kn[2], vn[2], kn32[2], vn32[2];
+    ck_assert_kv_ok(kv_grad_run(g, tok, 16, &loss, kn, vn));
+    ck_assert_kv_ok(kv_grad_run(g32, tok, 16, NULL, kn32, vn32));
+    char line[512];
+    int n_norms = 0, n_entries = 0, have_loss = 0;
+    while (fgets(line, sizeof line, fp)) {
+        char name[128];
+        double ref;
+        long idx;
+        if (line[0] == '#') continue;
+        if (sscanf(line, "loss %lf", &ref) == 1) {
+            ck_assert_double_eq_tol(loss, ref, 1e-10 * ref);
+            have_loss = 1;
+        } else if (sscanf(line, "norm %127s %lf", name, &ref) == 2) {
+            const void *gp = NULL;
+            size_t n = 0;
+            ck_assert_kv_ok(kv_grad_param(g, name, NULL, &gp, &n));
+            double ss = 0;
+            for (size_t i = 0; i < n; i++) ss += ((const double *)gp)[i] * ((const double *)gp)[i];
+            ck_assert_msg(fabs(sqrt(ss) - ref) <= 1e-10 * ref, "%s: norm %.15g, JAX %.15g", name, sqrt(ss), ref);
+            int layer;
+            char rest[64];
+            if (sscanf(name, "blk.%d.%63s", &layer, rest) == 2) {
+                if (strcmp(rest, "attn_k.weight") == 0) {
+                    ck_assert_double_eq_tol(kn[layer], ref, 1e-10 * ref);
+                    ck_assert_double_eq_tol(kn32[layer], ref, 1e-4 * ref);
+                }
+                if (strcmp(rest, "attn_v.weight") == 0) {
+                    ck_assert_double_eq_tol(vn[layer], ref, 1e-10 * ref);
+                    ck_assert_double_eq_tol(vn32[layer], ref, 1e-4 * ref);
+                }
+            }
+            n_norms++;
+        } else if (sscanf(line, "entry %127s %ld %lf", name, &idx, &ref) == 3) {
+            const void *gp = NULL;
+            ck_assert_kv_ok(kv_grad_param(g, name, NULL, &gp, NULL));
+            const double got = ((const double *)gp)[idx];
+            ck_assert_msg(fabs(got - ref) <= 1e-10 * (fabs(ref) + 1e-3), "%s[%ld]: %.15g, JAX %.15g", name, idx,
+                          got, ref);
+            n_entries++;
+        }
+    }
+    fclose(fp);
+    ck_assert(have_loss);
+    ck_assert_int_eq(n_norms, 3 + 2 * 9); /* every parameter of the model */
+    ck_assert_int_ge(n_entries, 12);
+    kv_grad_free(g);
+    kv_grad_free(g32);
+    kv_model_free(m);
+}
+END_TEST
+
 /* "test_backward" runs the random-model checks; "test_backward --stories" the real checkpoint
  * (a separate CTest entry that exits 77, skipped, when the data is absent). */
 int main(int argc, char **argv) {
@@ -255,6 +350,7 @@ int main(int argc, char **argv) {
         tcase_add_loop_test(tc, test_fd_every_parameter, 0, nc);
         tcase_add_loop_test(tc, test_kv_only_and_float, 0, nc);
         tcase_add_loop_test(tc, test_loss_matches_reference_forward, 0, nc);
+        tcase_add_test(tc, test_jax_reference);
     }
     suite_add_tcase(s, tc);
     return kv_test_run(s);
