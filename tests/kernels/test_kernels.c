@@ -1,0 +1,695 @@
+/* kernels/ CPU reference: packing, uniform + XQuant, shared codes, HIGGS, SQuat, bits accounting. */
+#include "kv_test.h"
+#include "kv_quant_math.h"
+#include "kvrt.h"
+
+#include <float.h>
+#include <lapacke.h>
+#include <math.h>
+
+static float *randn(size_t n, uint64_t seed, float scale, float shift) {
+    float *x = malloc((n ? n : 1) * sizeof *x);
+    kv_rng r;
+    kv_rng_init(&r, seed);
+    for (size_t i = 0; i < n; i++) x[i] = (float)kv_rng_next_normal(&r) * scale + shift;
+    return x;
+}
+
+/* ---- packing ------------------------------------------------------------------------------------ */
+static const size_t k_pack_sizes[] = {0, 1, 7, 10, 11, 31, 32, 33, 100, 1001};
+
+START_TEST(pack_roundtrip_every_width) {
+    /* _i enumerates (width 1..8, plus 3-bit 11-per-word) x sizes */
+    const int nsz = (int)(sizeof k_pack_sizes / sizeof k_pack_sizes[0]);
+    const int wi = _i / nsz;
+    const size_t n = k_pack_sizes[_i % nsz];
+    const int bits = wi < 8 ? wi + 1 : 3, pack11 = wi == 8;
+    const int per = kv_pack_per_word(bits, pack11);
+    ck_assert_int_eq(per, pack11 ? 11 : 32 / bits);
+    const size_t nw = kv_pack_words(n, bits, pack11);
+    ck_assert_uint_eq(nw, (n + (size_t)per - 1) / (size_t)per);
+    uint8_t *c = malloc(n + 1), *back = malloc(n + 1);
+    uint32_t *w = malloc((nw + 2) * sizeof *w);
+    kv_rng r;
+    kv_rng_init(&r, 1234 + (uint64_t)_i);
+    for (size_t j = 0; j < n; j++) {
+        uint32_t mx = (pack11 && j % 11 == 10) ? 3u : (1u << bits) - 1u;
+        c[j] = (uint8_t)(kv_rng_next_u64(&r) % (mx + 1));
+    }
+    w[nw] = 0xdeadbeefu; /* guard */
+    ck_assert_kv_ok(kv_pack_ref(w, c, n, bits, pack11));
+    ck_assert_uint_eq(w[nw], 0xdeadbeefu);
+    ck_assert_kv_ok(kv_unpack_ref(back, w, n, bits, pack11));
+    for (size_t j = 0; j < n; j++) ck_assert_uint_eq(back[j], c[j]);
+    /* unused trailing slots are zero */
+    if (n % (size_t)per) {
+        const int used = (int)(n % (size_t)per);
+        const int used_bits = pack11 ? used * 3 : used * bits;
+        ck_assert_uint_eq(w[nw - 1] >> used_bits, 0u);
+    }
+    free(c);
+    free(back);
+    free(w);
+}
+END_TEST
+
+START_TEST(pack_hand_made_layouts) {
+    const uint8_t c2[] = {1, 2, 3};
+    uint32_t w[2] = {0, 0};
+    ck_assert_kv_ok(kv_pack_ref(w, c2, 3, 2, 0));
+    ck_assert_uint_eq(w[0], 1u | 2u << 2 | 3u << 4);
+    /* 11 per word: ten 3-bit codes 7 and a final 2-bit code 3 fill all 32 bits */
+    uint8_t c11[12];
+    for (int i = 0; i < 10; i++) c11[i] = 7;
+    c11[10] = 3;
+    c11[11] = 5;
+    ck_assert_kv_ok(kv_pack_ref(w, c11, 12, 3, 1));
+    ck_assert_uint_eq(w[0], 0xffffffffu);
+    ck_assert_uint_eq(w[1], 5u);
+    /* plain 3-bit: 10 per word, bits 30..31 unused */
+    ck_assert_kv_ok(kv_pack_ref(w, c11, 11, 3, 0));
+    ck_assert_uint_eq(w[0], 0x3fffffffu);
+    ck_assert_uint_eq(w[1], 3u);
+    ck_assert_int_eq(kv_pack_ref(w, c2, 3, 9, 0), KV_EINVAL);
+    ck_assert_int_eq(kv_pack_ref(w, c2, 3, 2, 1), KV_EINVAL);
+}
+END_TEST
+
+/* ---- uniform ------------------------------------------------------------------------------------ */
+START_TEST(uniform_exact_codes_values_axis) {
+    const float x[8] = {0.f, 1.f, 2.f, 3.f, /* second group of the row */ 10.f, 10.f, 10.f, 10.f};
+    kv_uniform q = {.bits = 2, .group = 4, .axis = KV_AXIS_CHANNELS, .param_type = KV_PARAM_F32, .eta = 0.0f};
+    uint32_t w[1];
+    float s[2], z[2];
+    ck_assert_kv_ok(kv_uniform_encode_ref(w, s, z, &q, 1, 8, x));
+    ck_assert_uint_eq(w[0], 0u | 1u << 2 | 2u << 4 | 3u << 6); /* constant group: all codes 0 */
+    ck_assert_float_eq(s[0], 1.0f);
+    ck_assert_float_eq(z[0], 0.0f);
+    ck_assert_float_eq(s[1], 0.0f);
+    ck_assert_float_eq(z[1], 10.0f);
+    float y[8];
+    ck_assert_kv_ok(kv_uniform_decode_ref(y, &q, 1, 8, w, s, z));
+    for (int i = 0; i < 8; i++) ck_assert_float_eq(y[i], x[i]);
+    /* XQuant: z' = z + eta s (2^B - 1), s' = (1 - 2 eta) s */
+    q.eta = 0.125f;
+    ck_assert_kv_ok(kv_uniform_encode_ref(w, s, z, &q, 1, 8, x));
+    ck_assert_uint_eq(w[0], 0xe4u);
+    ck_assert_float_eq(z[0], 0.375f);
+    ck_assert_float_eq(s[0], 0.75f);
+    ck_assert_kv_ok(kv_uniform_decode_ref(y, &q, 1, 8, w, s, z));
+    ck_assert_float_eq(y[0], 0.375f);
+    ck_assert_float_eq(y[3], 2.625f);
+    /* rounding: 1.4 -> 1, 1.6 -> 2 with s = 1 */
+    const float x2[4] = {0.f, 1.4f, 1.6f, 3.f};
+    q.eta = 0.0f;
+    ck_assert_kv_ok(kv_uniform_encode_ref(w, s, z, &q, 1, 4, x2));
+    ck_assert_uint_eq(w[0], 0u | 1u << 2 | 2u << 4 | 3u << 6);
+}
+END_TEST
+
+START_TEST(uniform_exact_codes_keys_axis) {
+    /* T=3 tokens, C=2 channels, G=2: token group 0 = rows 0-1, token group 1 = row 2 (1 row).
+     * Stream: [c0 t0, c0 t1, c1 t0, c1 t1, c0 t2, c1 t2]. 1 bit per code. */
+    const float x[6] = {0.f, 5.f, /* t0 */ 1.f, 4.f, /* t1 */ 7.f, 9.f /* t2 */};
+    kv_uniform q = {.bits = 1, .group = 2, .axis = KV_AXIS_TOKENS, .param_type = KV_PARAM_F32};
+    uint32_t w[1];
+    float s[4], z[4];
+    ck_assert_kv_ok(kv_uniform_encode_ref(w, s, z, &q, 3, 2, x));
+    /* c0 t0 = 0 (min), c0 t1 = 1 (max), c1 t0 = 1 (max 5), c1 t1 = 0 (min 4), row 2 groups are
+     * single values: codes 0 */
+    ck_assert_uint_eq(w[0], 0u | 1u << 1 | 1u << 2 | 0u << 3);
+    ck_assert_float_eq(z[0], 0.f);
+    ck_assert_float_eq(s[0], 1.f);
+    ck_assert_float_eq(z[1], 4.f);
+    ck_assert_float_eq(s[1], 1.f);
+    ck_assert_float_eq(z[2], 7.f);
+    ck_assert_float_eq(z[3], 9.f);
+    ck_assert_uint_eq(kv_qm_uniform_stream_pos(KV_AXIS_TOKENS, 2, 3, 2, 2, 1), 5);
+    size_t t, c;
+    kv_qm_uniform_stream_elem(KV_AXIS_TOKENS, 2, 3, 2, 3, &t, &c);
+    ck_assert_uint_eq(t, 1);
+    ck_assert_uint_eq(c, 1);
+}
+END_TEST
+
+/* Table of round-trip shapes: odd sizes, sizes not a multiple of the group, zero. */
+typedef struct rt_case {
+    int bits, group, axis, pack11, ptype;
+    size_t tokens, channels;
+} rt_case;
+static const rt_case k_rt[] = {
+    {1, 32, KV_AXIS_TOKENS, 0, KV_PARAM_F32, 77, 13},  {2, 32, KV_AXIS_TOKENS, 0, KV_PARAM_F32, 64, 64},
+    {3, 16, KV_AXIS_TOKENS, 0, KV_PARAM_F32, 35, 9},   {3, 16, KV_AXIS_TOKENS, 1, KV_PARAM_F32, 35, 9},
+    {4, 64, KV_AXIS_TOKENS, 0, KV_PARAM_F16, 130, 7},  {8, 5, KV_AXIS_TOKENS, 0, KV_PARAM_F32, 11, 3},
+    {1, 32, KV_AXIS_CHANNELS, 0, KV_PARAM_F32, 5, 70}, {2, 64, KV_AXIS_CHANNELS, 0, KV_PARAM_F16, 9, 64},
+    {3, 24, KV_AXIS_CHANNELS, 1, KV_PARAM_F32, 4, 53}, {3, 7, KV_AXIS_CHANNELS, 0, KV_PARAM_F32, 3, 29},
+    {4, 128, KV_AXIS_CHANNELS, 0, KV_PARAM_F32, 2, 100}, {8, 16, KV_AXIS_CHANNELS, 0, KV_PARAM_F16, 6, 33},
+    {2, 32, KV_AXIS_TOKENS, 0, KV_PARAM_F32, 0, 8},    {2, 32, KV_AXIS_CHANNELS, 0, KV_PARAM_F32, 4, 0},
+    {4, 1, KV_AXIS_CHANNELS, 0, KV_PARAM_F32, 3, 5},   {2, 1000, KV_AXIS_TOKENS, 0, KV_PARAM_F32, 3, 5},
+};
+
+START_TEST(uniform_roundtrip_bound) {
+    const rt_case *k = &k_rt[_i];
+    const kv_uniform q = {.bits = k->bits, .group = k->group, .axis = (kv_axis)k->axis,
+                          .param_type = (kv_param_type)k->ptype, .pack11 = k->pack11, .eta = 0.0f};
+    const size_t n = k->tokens * k->channels;
+    kv_quant qd = {.kind = KV_QUANT_UNIFORM, .uniform = q};
+    kv_block_storage bs;
+    ck_assert_kv_ok(kv_quant_storage(&bs, &qd, k->tokens, k->channels));
+    float *x = randn(n, 77 + (uint64_t)_i, 3.0f, 1.5f);
+    uint32_t *w = malloc((bs.code_words + 1) * sizeof *w);
+    uint8_t *sc = malloc(bs.scale_bytes + 4), *zr = malloc(bs.zero_bytes + 4);
+    float *y = malloc((n ? n : 1) * sizeof *y);
+    ck_assert_kv_ok(kv_uniform_encode_ref(w, sc, zr, &q, k->tokens, k->channels, x));
+    ck_assert_kv_ok(kv_uniform_decode_ref(y, &q, k->tokens, k->channels, w, sc, zr));
+    const int per = kv_pack_per_word(q.bits, q.pack11);
+    const float qmax = (float)((1u << q.bits) - 1u);
+    for (size_t t = 0; t < k->tokens; t++)
+        for (size_t c = 0; c < k->channels; c++) {
+            const size_t g = kv_qm_uniform_group(q.axis, (size_t)q.group, k->tokens, k->channels, t, c);
+            const size_t j = kv_qm_uniform_stream_pos(q.axis, (size_t)q.group, k->tokens, k->channels, t, c);
+            const float s = kv_qm_param_load(sc, g, q.param_type), z = kv_qm_param_load(zr, g, q.param_type);
+            const float xv = x[t * k->channels + c], yv = y[t * k->channels + c];
+            if (per == 11 && j % 11 == 10) {
+                /* slot 10 holds at most code 3: values above z + 3 s are clamped */
+                ck_assert_uint_le(kv_qm_unpack(w, j, 3, 11), 3u);
+                if (xv <= z + 3.0f * s) ck_assert_float_le(fabsf(xv - yv), 0.5f * s * 1.0001f + 1e-5f);
+                continue;
+            }
+            /* |x - x_hat| <= s/2 at eta = 0; slack: f32 rounding of (x - z) / s and code*s + z
+             * (a few ulp of the group's magnitude); with f16 storage, the rounding of s and z
+             * (2^-11 relative) times their weight in code*s + z. */
+            float slack = 1e-5f * (fabsf(z) + qmax * s + 1.0f);
+            if (q.param_type == KV_PARAM_F16) slack += 1.0f / 1024.0f * (fabsf(z) + qmax * s);
+            ck_assert_msg(fabsf(xv - yv) <= 0.5f * s + slack, "t=%zu c=%zu x=%g y=%g s=%g", t, c, (double)xv,
+                          (double)yv, (double)s);
+        }
+    /* scores: the dequantize-and-dot equals the dot with the decoded block (same order) */
+    float *qv = randn(k->channels, 5, 1.0f, 0.0f), *scores = malloc((k->tokens + 1) * sizeof *scores);
+    ck_assert_kv_ok(kv_uniform_scores_ref(scores, &q, k->tokens, k->channels, w, sc, zr, qv));
+    for (size_t t = 0; t < k->tokens; t++) {
+        float acc = 0.0f;
+        for (size_t c = 0; c < k->channels; c++) acc += qv[c] * y[t * k->channels + c];
+        ck_assert_float_eq(scores[t], acc);
+    }
+    free(qv);
+    free(scores);
+    free(x);
+    free(w);
+    free(sc);
+    free(zr);
+    free(y);
+}
+END_TEST
+
+START_TEST(uniform_shared_codes_decode) {
+    /* XQuant pair: layer l stores codes, layer l+1 only its scale/zero and decodes l's codes. */
+    const size_t T = 40, C = 24;
+    const kv_uniform q = {.bits = 2, .group = 16, .axis = KV_AXIS_TOKENS, .param_type = KV_PARAM_F32, .eta = 0.05f};
+    float *xa = randn(T * C, 1, 1.0f, 0.0f), *xb = randn(T * C, 2, 2.0f, 0.5f);
+    kv_quant qd = {.kind = KV_QUANT_UNIFORM, .uniform = q};
+    kv_block_storage bs;
+    ck_assert_kv_ok(kv_quant_storage(&bs, &qd, T, C));
+    uint32_t *wa = malloc(bs.code_words * 4);
+    float *sa = malloc(bs.scale_bytes), *za = malloc(bs.zero_bytes), *sb = malloc(bs.scale_bytes),
+          *zb = malloc(bs.zero_bytes), *y = malloc(T * C * sizeof *y);
+    ck_assert_kv_ok(kv_uniform_encode_ref(wa, sa, za, &q, T, C, xa));
+    ck_assert_kv_ok(kv_uniform_encode_ref(NULL, sb, zb, &q, T, C, xb)); /* params only */
+    ck_assert_kv_ok(kv_uniform_decode_ref(y, &q, T, C, wa, sb, zb));
+    double err = 0.0, ref = 0.0;
+    for (size_t t = 0; t < T; t++)
+        for (size_t c = 0; c < C; c++) {
+            const size_t g = kv_qm_uniform_group(q.axis, 16, T, C, t, c);
+            const uint32_t code = kv_qm_unpack(wa, kv_qm_uniform_stream_pos(q.axis, 16, T, C, t, c), 2, 16);
+            ck_assert_float_eq(y[t * C + c], (float)code * sb[g] + zb[g]);
+            /* B's own min/max: stored params are B's (z' within B's range) */
+            ck_assert_float_ge(zb[g], -20.f);
+            err += (y[t * C + c] - xb[t * C + c]) * (y[t * C + c] - xb[t * C + c]);
+            ref += xb[t * C + c] * xb[t * C + c];
+        }
+    ck_assert(err > 0.0 && ref > 0.0);
+    /* the shared layer's storage has no codes */
+    qd.shared_codes = 1;
+    kv_block_storage bsh;
+    ck_assert_kv_ok(kv_quant_storage(&bsh, &qd, T, C));
+    ck_assert_uint_eq(bsh.code_bytes, 0);
+    ck_assert_uint_eq(bsh.total_bytes, bs.scale_bytes + bs.zero_bytes);
+    free(xa);
+    free(xb);
+    free(wa);
+    free(sa);
+    free(za);
+    free(sb);
+    free(zb);
+    free(y);
+}
+END_TEST
+
+START_TEST(uniform_errors) {
+    kv_uniform q = {.bits = 5, .group = 4, .axis = KV_AXIS_CHANNELS};
+    float x[4] = {0, 1, 2, NAN}, s[1], z[1];
+    uint32_t w[1];
+    ck_assert_int_eq(kv_uniform_encode_ref(w, s, z, &q, 1, 4, x), KV_EINVAL);
+    q.bits = 2;
+    q.eta = 0.5f;
+    ck_assert_int_eq(kv_uniform_encode_ref(w, s, z, &q, 1, 4, x), KV_EINVAL);
+    q.eta = 0.0f;
+    ck_assert_int_eq(kv_uniform_encode_ref(w, s, z, &q, 1, 4, x), KV_ENUMERIC);
+    x[3] = INFINITY;
+    q.axis = KV_AXIS_TOKENS;
+    ck_assert_int_eq(kv_uniform_encode_ref(w, s, z, &q, 4, 1, x), KV_ENUMERIC);
+    q.pack11 = 1;
+    ck_assert_int_eq(kv_uniform_check(&q), KV_EINVAL);
+}
+END_TEST
+
+/* ---- bits accounting ----------------------------------------------------------------------------- */
+START_TEST(storage_hand_computed) {
+    kv_block_storage b;
+    kv_quant q = {.kind = KV_QUANT_UNIFORM,
+                  .uniform = {.bits = 2, .group = 32, .axis = KV_AXIS_TOKENS, .param_type = KV_PARAM_F16}};
+    /* 128 x 64 values, 2 bits: 8192 / 16 = 512 words = 2048 B; groups 4 * 64 = 256, f16 scale + zero
+     * = 512 + 512 B; 3072 B = 24576 bits = 3 bits per value */
+    ck_assert_kv_ok(kv_quant_storage(&b, &q, 128, 64));
+    ck_assert_uint_eq(b.values, 8192);
+    ck_assert_uint_eq(b.code_words, 512);
+    ck_assert_uint_eq(b.groups, 256);
+    ck_assert_uint_eq(b.scale_bytes, 512);
+    ck_assert_uint_eq(b.zero_bytes, 512);
+    ck_assert_uint_eq(b.total_bytes, 3072);
+    ck_assert_uint_eq(b.total_bits, 24576);
+    ck_assert_double_eq_tol(b.bits_per_value, 3.0, 1e-12);
+    /* 130 tokens: 5 token groups (last of 2 rows) */
+    ck_assert_kv_ok(kv_quant_storage(&b, &q, 130, 64));
+    ck_assert_uint_eq(b.groups, 5 * 64);
+    ck_assert_uint_eq(b.code_words, (130 * 64 + 15) / 16);
+    /* 3 bits: 110 values = 11 words plain (10/word), 10 words KVmix (11/word); values axis G=16,
+     * C=11: 1 group per token, f32 */
+    q.uniform = (kv_uniform){.bits = 3, .group = 16, .axis = KV_AXIS_CHANNELS, .param_type = KV_PARAM_F32};
+    ck_assert_kv_ok(kv_quant_storage(&b, &q, 10, 11));
+    ck_assert_uint_eq(b.code_words, 11);
+    ck_assert_uint_eq(b.total_bytes, 44 + 10 * 4 * 2);
+    q.uniform.pack11 = 1;
+    ck_assert_kv_ok(kv_quant_storage(&b, &q, 10, 11));
+    ck_assert_uint_eq(b.code_words, 10);
+    q.shared_codes = 1;
+    ck_assert_kv_ok(kv_quant_storage(&b, &q, 10, 11));
+    ck_assert_uint_eq(b.total_bytes, 80);
+    /* HIGGS d=2 n=256 g=64, f32 norms, 3 x 128: 192 indices of 8 bits = 48 words; 6 norms */
+    q = (kv_quant){.kind = KV_QUANT_HIGGS, .higgs = {.dim = 2, .size = 256, .group = 64, .norm_type = KV_PARAM_F32}};
+    ck_assert_kv_ok(kv_quant_storage(&b, &q, 3, 128));
+    ck_assert_uint_eq(b.code_words, 48);
+    ck_assert_uint_eq(b.norm_bytes, 24);
+    ck_assert_uint_eq(b.total_bytes, 216);
+    /* n = 64: 6-bit indices, 5 per word: 39 words; f16 norms */
+    q.higgs.size = 64;
+    q.higgs.norm_type = KV_PARAM_F16;
+    ck_assert_kv_ok(kv_quant_storage(&b, &q, 3, 128));
+    ck_assert_uint_eq(b.code_words, 39);
+    ck_assert_uint_eq(b.total_bytes, 39 * 4 + 12);
+    ck_assert_int_eq(kv_quant_storage(&b, &q, 3, 100), KV_EINVAL); /* 100 % 64 != 0 */
+    q = (kv_quant){.kind = KV_QUANT_F16};
+    ck_assert_kv_ok(kv_quant_storage(&b, &q, 7, 9));
+    ck_assert_uint_eq(b.total_bytes, 126);
+    ck_assert_double_eq_tol(b.bits_per_value, 16.0, 1e-12);
+}
+END_TEST
+
+/* ---- FWHT and HIGGS -------------------------------------------------------------------------------- */
+START_TEST(fwht_matches_explicit_hadamard) {
+    const size_t n = (size_t)1 << _i; /* 1 .. 512 */
+    float *v = randn(n, 9 + (uint64_t)_i, 1.0f, 0.0f);
+    double *ref = calloc(n, sizeof *ref);
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < n; j++) {
+            const int sign = __builtin_popcountll(i & j) & 1 ? -1 : 1;
+            ref[i] += sign * (double)v[j];
+        }
+    ck_assert_kv_ok(kv_fwht_ref(v, n));
+    const double norm = 1.0 / sqrt((double)n);
+    for (size_t i = 0; i < n; i++) ck_assert_double_eq_tol(v[i], ref[i] * norm, 1e-5 * (1.0 + fabs(ref[i] * norm)));
+    free(v);
+    free(ref);
+    float bad[3];
+    ck_assert_int_eq(kv_fwht_ref(bad, 3), KV_EINVAL);
+}
+END_TEST
+
+/* Product grids of the scalar Lloyd-Max quantizers, whose MSE per dimension is known:
+ * 2 levels +-0.7979 (MSE 0.3634), 4 levels +-0.4528, +-1.5104 (MSE 0.1175). */
+static float *product_grid(int d, int levels) {
+    static const float l2[2] = {-0.7979f, 0.7979f}, l4[4] = {-1.5104f, -0.4528f, 0.4528f, 1.5104f};
+    const float *l = levels == 2 ? l2 : l4;
+    int n = 1;
+    for (int k = 0; k < d; k++) n *= levels;
+    float *g = malloc((size_t)n * (size_t)d * sizeof *g);
+    for (int i = 0; i < n; i++) {
+        int r = i;
+        for (int k = 0; k < d; k++) {
+            g[i * d + k] = l[r % levels];
+            r /= levels;
+        }
+    }
+    return g;
+}
+
+typedef struct higgs_case {
+    int d, levels, group;
+    double mse;
+} higgs_case;
+static const higgs_case k_higgs[] = {
+    {1, 4, 256, 0.1175}, {2, 4, 256, 0.1175}, {4, 2, 128, 0.3634}, {8, 2, 256, 0.3634}, {1, 2, 64, 0.3634},
+};
+
+START_TEST(higgs_gaussian_mse_matches_grid) {
+    const higgs_case *k = &k_higgs[_i];
+    int n = 1;
+    for (int i = 0; i < k->d; i++) n *= k->levels;
+    float *grid = product_grid(k->d, k->levels);
+    kv_grid_search *gs = NULL;
+    if (k->d <= 2) ck_assert_kv_ok(kv_grid_search_create(&gs, grid, k->d, n));
+    const kv_higgs h = {.dim = k->d, .size = n, .group = k->group, .norm_type = KV_PARAM_F32, .seed = 42,
+                        .grid = grid, .search = gs};
+    const size_t T = 200, C = (size_t)k->group * 2;
+    float *x = randn(T * C, 100 + (uint64_t)_i, 2.0f, 0.0f), *y = malloc(T * C * sizeof *y);
+    kv_quant qd = {.kind = KV_QUANT_HIGGS, .higgs = h};
+    kv_block_storage bs;
+    ck_assert_kv_ok(kv_quant_storage(&bs, &qd, T, C));
+    uint32_t *idx = malloc(bs.code_words * 4);
+    float *norms = malloc(bs.norm_bytes);
+    ck_assert_kv_ok(kv_higgs_encode_ref(idx, norms, &h, T, C, x));
+    ck_assert_kv_ok(kv_higgs_decode_ref(y, &h, T, C, idx, norms));
+    double err = 0.0, ref = 0.0;
+    for (size_t i = 0; i < T * C; i++) {
+        err += (double)(x[i] - y[i]) * (x[i] - y[i]);
+        ref += (double)x[i] * x[i];
+    }
+    /* relative MSE ~ grid MSE per dimension: the rotated, norm-scaled coordinates are close to
+     * N(0, 1) (exactly on a sphere of radius sqrt(g)); 400 groups x 256 values give a standard
+     * error well under 2%, so 6% covers the estimate and the sphere-vs-Gaussian difference. */
+    ck_assert_msg(fabs(err / ref - k->mse) < 0.06 * k->mse, "rel mse %g vs grid %g", err / ref, k->mse);
+    /* the search accelerator gives exactly the exhaustive indices */
+    if (gs) {
+        kv_higgs h2 = h;
+        h2.search = NULL;
+        uint32_t *idx2 = malloc(bs.code_words * 4);
+        float *norms2 = malloc(bs.norm_bytes);
+        ck_assert_kv_ok(kv_higgs_encode_ref(idx2, norms2, &h2, T, C, x));
+        ck_assert_int_eq(memcmp(idx, idx2, bs.code_words * 4), 0);
+        free(idx2);
+        free(norms2);
+    }
+    /* scores in the rotated domain equal the dot with the decoded block (to rounding) */
+    float *qv = randn(C, 3, 1.0f, 0.0f), *sc = malloc(T * sizeof *sc);
+    ck_assert_kv_ok(kv_higgs_scores_ref(sc, &h, T, C, idx, norms, qv));
+    for (size_t t = 0; t < T; t++) {
+        double acc = 0.0, mag = 0.0;
+        for (size_t c = 0; c < C; c++) {
+            acc += (double)qv[c] * y[t * C + c];
+            mag += fabs((double)qv[c] * y[t * C + c]);
+        }
+        ck_assert_double_eq_tol(sc[t], acc, 1e-5 * mag + 1e-6);
+    }
+    free(qv);
+    free(sc);
+    kv_grid_search_free(gs);
+    free(grid);
+    free(x);
+    free(y);
+    free(idx);
+    free(norms);
+}
+END_TEST
+
+START_TEST(grid_search_equals_exhaustive) {
+    /* random 1-D and 2-D grids, queries drawn wide (outside the table too) and exactly on
+     * midpoints between points (ties) */
+    for (int d = 1; d <= 2; d++) {
+        const int n = d == 1 ? 16 : 256;
+        float *g = randn((size_t)n * (size_t)d, 50 + (uint64_t)d, 1.0f, 0.0f);
+        kv_grid_search *s = NULL;
+        ck_assert_kv_ok(kv_grid_search_create(&s, g, d, n));
+        kv_rng r;
+        kv_rng_init(&r, 7);
+        for (int it = 0; it < 200000; it++) {
+            float u[2];
+            if (it % 4 == 3) {
+                const int a = (int)(kv_rng_next_u64(&r) % (uint64_t)n), b = (int)(kv_rng_next_u64(&r) % (uint64_t)n);
+                for (int k = 0; k < d; k++) u[k] = 0.5f * (g[a * d + k] + g[b * d + k]);
+            } else {
+                for (int k = 0; k < d; k++) u[k] = (float)kv_rng_next_normal(&r) * 2.5f;
+            }
+            ck_assert_int_eq(kv_grid_search_nearest(s, u), kv_qm_grid_nearest(u, g, d, n));
+        }
+        kv_grid_search_free(s);
+        free(g);
+    }
+}
+END_TEST
+
+START_TEST(higgs_details) {
+    /* signs are deterministic and balanced */
+    int neg = 0;
+    for (size_t c = 0; c < 10000; c++) {
+        const float s = kv_higgs_sign(99, c);
+        ck_assert(s == 1.0f || s == -1.0f);
+        ck_assert_float_eq(s, kv_higgs_sign(99, c));
+        neg += s < 0;
+    }
+    ck_assert_int_gt(neg, 4700);
+    ck_assert_int_lt(neg, 5300);
+    /* zero group decodes to zero; non-finite input is an error; bad shapes are rejected */
+    float *grid = product_grid(2, 4);
+    const kv_higgs h = {.dim = 2, .size = 16, .group = 8, .norm_type = KV_PARAM_F16, .seed = 1, .grid = grid};
+    float x[16] = {0}, y[16];
+    uint32_t idx[2];
+    uint16_t norms[2];
+    for (int i = 8; i < 16; i++) x[i] = (float)i;
+    ck_assert_kv_ok(kv_higgs_encode_ref(idx, norms, &h, 1, 16, x));
+    ck_assert_kv_ok(kv_higgs_decode_ref(y, &h, 1, 16, idx, norms));
+    for (int i = 0; i < 8; i++) ck_assert_float_eq(y[i], 0.0f);
+    ck_assert_float_eq_tol(kv_f16_to_f32(norms[1]), sqrtf(8 * 8 + 9 * 9 + 10 * 10 + 11 * 11 + 12 * 12 + 13 * 13 + 14 * 14 + 15 * 15), 0.05f);
+    x[3] = NAN;
+    ck_assert_int_eq(kv_higgs_encode_ref(idx, norms, &h, 1, 16, x), KV_ENUMERIC);
+    ck_assert_int_eq(kv_higgs_encode_ref(idx, norms, &h, 1, 12, x), KV_EINVAL);
+    kv_higgs bad = h;
+    bad.size = 12;
+    ck_assert_int_eq(kv_higgs_check(&bad), KV_EINVAL);
+    bad = h;
+    bad.group = 24;
+    ck_assert_int_eq(kv_higgs_check(&bad), KV_EINVAL);
+    free(grid);
+}
+END_TEST
+
+/* ---- SQuat --------------------------------------------------------------------------------------- */
+/* A rank-r query matrix Q[n][d] = A[n][r] B[r][d] (so the subspace is exact), scaled. */
+static float *lowrank_queries(size_t n, int d, int r, uint64_t seed, float scale) {
+    float *a = randn(n * (size_t)r, seed, 1.0f, 0.0f), *b = randn((size_t)r * (size_t)d, seed + 1, scale, 0.0f);
+    float *q = calloc(n * (size_t)d, sizeof *q);
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < r; k++)
+            for (int j = 0; j < d; j++) q[i * (size_t)d + (size_t)j] += a[i * (size_t)r + (size_t)k] * b[(size_t)k * (size_t)d + (size_t)j];
+    free(a);
+    free(b);
+    return q;
+}
+
+START_TEST(squat_subspace_svd) {
+    const size_t n = 50;
+    const int d = 16, r = 3;
+    float *q = lowrank_queries(n, d, r, 11, 1.0f), *qh = malloc((size_t)r * (size_t)d * sizeof *qh);
+    ck_assert_kv_ok(kv_squat_subspace_ref(qh, q, n, d, r));
+    /* rank r: Qh^T Qh = Q^T Q exactly (up to rounding); rows orthogonal, norms decreasing */
+    for (int i = 0; i < d; i++)
+        for (int j = 0; j < d; j++) {
+            double a = 0.0, b = 0.0, mag = 0.0;
+            for (size_t t = 0; t < n; t++) {
+                a += (double)q[t * (size_t)d + (size_t)i] * q[t * (size_t)d + (size_t)j];
+                mag += fabs((double)q[t * (size_t)d + (size_t)i] * q[t * (size_t)d + (size_t)j]);
+            }
+            for (int k = 0; k < r; k++) b += (double)qh[k * d + i] * qh[k * d + j];
+            ck_assert_double_eq_tol(a, b, 1e-5 * mag + 1e-6);
+        }
+    for (int k = 0; k + 1 < r; k++) {
+        double dot = 0.0, n0 = 0.0, n1 = 0.0;
+        for (int j = 0; j < d; j++) {
+            dot += (double)qh[k * d + j] * qh[(k + 1) * d + j];
+            n0 += (double)qh[k * d + j] * qh[k * d + j];
+            n1 += (double)qh[(k + 1) * d + j] * qh[(k + 1) * d + j];
+        }
+        ck_assert_double_le(fabs(dot), 1e-4 * sqrt(n0 * n1));
+        ck_assert_double_ge(n0, n1);
+    }
+    ck_assert_int_eq(kv_squat_subspace_ref(qh, q, n, d, 0), KV_EINVAL);
+    ck_assert_int_eq(kv_squat_subspace_ref(qh, q, 2, d, 3), KV_EINVAL);
+    free(q);
+    free(qh);
+}
+END_TEST
+
+START_TEST(squat_lambda_zero_is_plain) {
+    const int d = 40; /* not a multiple of the block */
+    const size_t T = 45;
+    float *q = lowrank_queries(30, d, 4, 3, 1.0f), *qh = malloc(4 * (size_t)d * sizeof *qh);
+    ck_assert_kv_ok(kv_squat_subspace_ref(qh, q, 30, d, 4));
+    kv_squat *s = NULL;
+    ck_assert_kv_ok(kv_squat_create(&s, qh, 4, d, 0.0f, 16));
+    const kv_uniform u = {.bits = 2, .group = 32, .axis = KV_AXIS_TOKENS, .param_type = KV_PARAM_F16};
+    kv_quant qd = {.kind = KV_QUANT_UNIFORM, .uniform = u};
+    kv_block_storage bs;
+    ck_assert_kv_ok(kv_quant_storage(&bs, &qd, T, (size_t)d));
+    float *x = randn(T * (size_t)d, 8, 1.0f, 0.0f);
+    uint32_t *w1 = malloc(bs.code_words * 4), *w2 = malloc(bs.code_words * 4);
+    uint8_t *s1 = malloc(bs.scale_bytes), *s2 = malloc(bs.scale_bytes), *z1 = malloc(bs.zero_bytes), *z2 = malloc(bs.zero_bytes);
+    ck_assert_kv_ok(kv_squat_encode_ref(w1, s1, z1, s, &u, T, x));
+    ck_assert_kv_ok(kv_uniform_encode_ref(w2, s2, z2, &u, T, (size_t)d, x));
+    ck_assert_int_eq(memcmp(w1, w2, bs.code_bytes), 0);
+    ck_assert_int_eq(memcmp(s1, s2, bs.scale_bytes), 0);
+    ck_assert_int_eq(memcmp(z1, z2, bs.zero_bytes), 0);
+    kv_uniform bad = u;
+    bad.axis = KV_AXIS_CHANNELS;
+    ck_assert_int_eq(kv_squat_encode_ref(w1, s1, z1, s, &bad, T, x), KV_EINVAL);
+    kv_squat_free(s);
+    free(q);
+    free(qh);
+    free(x);
+    free(w1);
+    free(w2);
+    free(s1);
+    free(s2);
+    free(z1);
+    free(z2);
+}
+END_TEST
+
+/* Lemma 2 against the constrained least-squares problem solved directly: minimize
+ * delta^T P delta subject to delta[0:e_{t-1}] = 0, delta[e_{t-1}:e_t] = err; the free part solves
+ * P_rr delta_r = -P_rf err. */
+typedef struct lemma_case {
+    int d, r, g;
+    float lambda;
+} lemma_case;
+static const lemma_case k_lemma[] = {{16, 3, 4, 0.5f}, {24, 5, 8, 2.0f}, {13, 2, 5, 1.0f}, {32, 8, 1, 0.1f}, {64, 5, 16, 0.01f}};
+
+START_TEST(squat_lemma2_equals_direct_solve) {
+    const lemma_case *k = &k_lemma[_i];
+    const int d = k->d;
+    float *qh = randn((size_t)k->r * (size_t)d, 21 + (uint64_t)_i, 1.0f, 0.0f);
+    kv_squat *s = NULL;
+    ck_assert_kv_ok(kv_squat_create(&s, qh, k->r, d, k->lambda, k->g));
+    double *p = malloc((size_t)d * (size_t)d * sizeof *p);
+    for (int i = 0; i < d; i++)
+        for (int j = 0; j < d; j++) {
+            double acc = 0.0;
+            for (int m = 0; m < k->r; m++) acc += (double)qh[m * d + i] * qh[m * d + j];
+            p[i * d + j] = (i == j) + (double)k->lambda * acc;
+        }
+    const int nb = (d + k->g - 1) / k->g;
+    for (int t = 1; t < nb; t++) {
+        const int e0 = (t - 1) * k->g, e = t * k->g < d ? t * k->g : d, gt = e - e0, nr = d - e;
+        float *err = randn((size_t)gt, 300 + (uint64_t)t, 1.0f, 0.0f);
+        float *rest = calloc((size_t)nr, sizeof *rest);
+        ck_assert_kv_ok(kv_squat_update_ref(rest, s, t, err));
+        double *a = malloc((size_t)nr * (size_t)nr * sizeof *a), *b = malloc((size_t)nr * sizeof *b);
+        for (int i = 0; i < nr; i++) {
+            for (int j = 0; j < nr; j++) a[i * nr + j] = p[(e + i) * d + e + j];
+            double acc = 0.0;
+            for (int j = 0; j < gt; j++) acc += p[(e + i) * d + e0 + j] * err[j];
+            b[i] = -acc;
+        }
+        ck_assert_int_eq(LAPACKE_dposv(LAPACK_ROW_MAJOR, 'L', nr, 1, a, nr, b, 1), 0);
+        for (int i = 0; i < nr; i++) ck_assert_double_eq_tol(rest[i], b[i], 1e-4 * (1.0 + fabs(b[i])));
+        free(err);
+        free(rest);
+        free(a);
+        free(b);
+    }
+    ck_assert_int_eq(kv_squat_update_ref(NULL, s, 0, NULL), KV_EINVAL);
+    kv_squat_free(s);
+    free(qh);
+    free(p);
+}
+END_TEST
+
+START_TEST(squat_lowers_projected_error) {
+    const int d = 64, r = 5;
+    const size_t T = 256, nq = 200;
+    /* queries in a 5-dim subspace; lambda * sigma^2 ~ 10 so the constraint matters */
+    float *q = lowrank_queries(nq, d, r, 5, 0.3f), *qh = malloc((size_t)r * (size_t)d * sizeof *qh);
+    ck_assert_kv_ok(kv_squat_subspace_ref(qh, q, nq, d, r));
+    double s0 = 0.0;
+    for (int j = 0; j < d; j++) s0 += (double)qh[j] * qh[j];
+    const float lambda = (float)(10.0 / s0);
+    kv_squat *s = NULL;
+    ck_assert_kv_ok(kv_squat_create(&s, qh, r, d, lambda, 16));
+    const kv_uniform u = {.bits = 2, .group = 32, .axis = KV_AXIS_TOKENS, .param_type = KV_PARAM_F32};
+    kv_quant qd = {.kind = KV_QUANT_UNIFORM, .uniform = u};
+    kv_block_storage bs;
+    ck_assert_kv_ok(kv_quant_storage(&bs, &qd, T, (size_t)d));
+    float *x = randn(T * (size_t)d, 6, 1.0f, 0.0f), *y1 = malloc(T * (size_t)d * 4), *y2 = malloc(T * (size_t)d * 4);
+    uint32_t *w = malloc(bs.code_words * 4);
+    float *sc = malloc(bs.scale_bytes), *zr = malloc(bs.zero_bytes);
+    ck_assert_kv_ok(kv_squat_encode_ref(w, sc, zr, s, &u, T, x));
+    ck_assert_kv_ok(kv_uniform_decode_ref(y1, &u, T, (size_t)d, w, sc, zr));
+    ck_assert_kv_ok(kv_uniform_encode_ref(w, sc, zr, &u, T, (size_t)d, x));
+    ck_assert_kv_ok(kv_uniform_decode_ref(y2, &u, T, (size_t)d, w, sc, zr));
+    double proj1 = 0.0, proj2 = 0.0, e1 = 0.0, e2 = 0.0;
+    for (size_t t = 0; t < T; t++)
+        for (int k = 0; k < r; k++) {
+            double a = 0.0, b = 0.0;
+            for (int j = 0; j < d; j++) {
+                a += (double)qh[k * d + j] * (x[t * (size_t)d + (size_t)j] - y1[t * (size_t)d + (size_t)j]);
+                b += (double)qh[k * d + j] * (x[t * (size_t)d + (size_t)j] - y2[t * (size_t)d + (size_t)j]);
+            }
+            proj1 += a * a;
+            proj2 += b * b;
+        }
+    for (size_t i = 0; i < T * (size_t)d; i++) {
+        e1 += (double)(x[i] - y1[i]) * (x[i] - y1[i]);
+        e2 += (double)(x[i] - y2[i]) * (x[i] - y2[i]);
+    }
+    /* SQuat trades plain error for error orthogonal to the query subspace */
+    ck_assert_msg(proj1 < 0.7 * proj2, "projected error squat %g vs plain %g", proj1, proj2);
+    ck_assert(e1 < 3.0 * e2);
+    kv_squat_free(s);
+    free(q);
+    free(qh);
+    free(x);
+    free(y1);
+    free(y2);
+    free(w);
+    free(sc);
+    free(zr);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("kernels");
+    TCase *tc = tcase_create("pack");
+    tcase_add_loop_test(tc, pack_roundtrip_every_width, 0, 9 * (int)(sizeof k_pack_sizes / sizeof k_pack_sizes[0]));
+    tcase_add_test(tc, pack_hand_made_layouts);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("uniform");
+    tcase_add_test(tc, uniform_exact_codes_values_axis);
+    tcase_add_test(tc, uniform_exact_codes_keys_axis);
+    tcase_add_loop_test(tc, uniform_roundtrip_bound, 0, (int)(sizeof k_rt / sizeof k_rt[0]));
+    tcase_add_test(tc, uniform_shared_codes_decode);
+    tcase_add_test(tc, uniform_errors);
+    tcase_add_test(tc, storage_hand_computed);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("higgs");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, fwht_matches_explicit_hadamard, 0, 10);
+    tcase_add_loop_test(tc, higgs_gaussian_mse_matches_grid, 0, (int)(sizeof k_higgs / sizeof k_higgs[0]));
+    tcase_add_test(tc, grid_search_equals_exhaustive);
+    tcase_add_test(tc, higgs_details);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("squat");
+    tcase_add_test(tc, squat_subspace_svd);
+    tcase_add_test(tc, squat_lambda_zero_is_plain);
+    tcase_add_loop_test(tc, squat_lemma2_equals_direct_solve, 0, (int)(sizeof k_lemma / sizeof k_lemma[0]));
+    tcase_add_test(tc, squat_lowers_projected_error);
+    suite_add_tcase(s, tc);
+    return kv_test_run(s);
+}
