@@ -295,51 +295,6 @@ done:
     return KV_OK;
 }
 
-/* ---- loading from a model file ---------------------------------------------------------------- */
-static kv_status file_reader(void *user, const char *name, int n_dims, const uint64_t ne[4], float *dst) {
-    const kv_model_file *mf = user;
-    const kv_tensor_info *t = kv_model_file_find(mf, name);
-    if (!t) return KV_ENOTFOUND;
-    /* Shapes must match exactly (trailing dims of 1 are equivalent). */
-    for (int i = 0; i < 4; i++) {
-        const uint64_t want = i < n_dims ? ne[i] : 1;
-        const uint64_t got = i < t->n_dims ? t->ne[i] : 1;
-        if (want != got)
-            return KV_ERR(KV_EFORMAT,
-                          "%s: tensor '%s' has shape [%llu, %llu, %llu, %llu], the architecture needs "
-                          "[%llu, %llu, %llu, %llu]",
-                          kv_model_file_path(mf), name, (unsigned long long)t->ne[0],
-                          (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
-                          (unsigned long long)t->ne[3], (unsigned long long)ne[0],
-                          (unsigned long long)(n_dims > 1 ? ne[1] : 1), (unsigned long long)1,
-                          (unsigned long long)1);
-    }
-    kv_status s = kv_model_file_read_f32(mf, t, dst);
-    if (s != KV_OK) return kv_error_wrap(s, "reading tensor '%s': ", name);
-    return KV_OK;
-}
-
-kv_status kv_model_load(kv_model **out, const kv_model_file *mf, const kv_model_options *opt) {
-    if (!out || !mf) return KV_ERR(KV_EINVAL, "kv_model_load: NULL argument");
-    *out = NULL;
-    const kv_arch *a = kv_model_file_arch(mf);
-    if (!a) return KV_ERR(KV_EINVAL, "kv_model_load: model file has no architecture");
-    kv_status s = kv_model_create(out, a, file_reader, (void *)mf, opt);
-    if (s != KV_OK) return kv_error_wrap(s, "loading model '%s': ", kv_model_file_path(mf));
-    return KV_OK;
-}
-
-kv_status kv_model_open(kv_model **out, const char *path, const kv_model_options *opt) {
-    if (!out || !path) return KV_ERR(KV_EINVAL, "kv_model_open: NULL argument");
-    *out = NULL;
-    kv_model_file *mf = NULL;
-    kv_status s = kv_model_file_open(&mf, path);
-    if (s != KV_OK) return s;
-    s = kv_model_load(out, mf, opt);
-    kv_model_file_close(mf);
-    return s;
-}
-
 /* ---- getters -------------------------------------------------------------------------------- */
 const kv_arch *kv_model_arch(const kv_model *m) { return &m->arch; }
 
