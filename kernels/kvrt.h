@@ -40,6 +40,7 @@
 #define KVRT_H
 
 #include "kv_common.h"
+#include "kv_formats.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -219,6 +220,22 @@ kv_status kv_squat_subspace_cuda(float *qhat, const float *queries, size_t n, in
 /* s is the host object (its weights are copied to the device on the stream); x, outputs: device. */
 kv_status kv_squat_encode_cuda(uint32_t *codes, void *scales, void *zeros, const kv_squat *s,
                                const kv_uniform *q, size_t tokens, const float *x, kv_stream stream);
+
+/* ---- plan streams (kv_stream.c) ---------------------------------------------------------------
+ * The bridge from a plan's stream records (kv_formats.h §5) to the quantizers above, shared by
+ * calibration and the compressed cache so that both compress residuals identically. */
+/* The quantizer of (layer, stream): grids borrowed from the plan, HIGGS signs from the plan's
+ * rht_seed, search accelerator NULL (attach one with kv_grid_search_create if wanted). */
+kv_status kv_quant_from_plan(kv_quant *out, const kv_plan *p, int layer, int stream);
+/* Compress and decompress x[tokens][channels] into x_hat (same shape), returning the exact storage
+ * of the compressed block in *st (may be NULL). KV_QUANT_F16 rounds to binary16. Streams that reuse
+ * another layer's codes are KV_EUNSUPPORTED here. */
+kv_status kv_quant_roundtrip(float *x_hat, kv_block_storage *st, const kv_quant *q, size_t tokens,
+                             size_t channels, const float *x);
+/* AQUA-KV predictor: y[t] = W [inputs[0][t]; inputs[1][t]; ...] + b for t < tokens, every input
+ * and y being tokens x kv_dim row-major. */
+kv_status kv_predictor_apply(float *y, const kv_plan_predictor *pr, const float *const *inputs,
+                             size_t tokens, int kv_dim);
 
 #ifdef __cplusplus
 }
