@@ -262,7 +262,354 @@ void kv_vocab_free(kv_vocab_data *v);
 /* ============================================================================================
  * 5. Compression plan (spec: formats/PLAN_FORMAT.md)
  * ============================================================================================ */
-/* (declared by the plan module below this line) */
+/* The plan is the contract between calibration (kvcal) and the runtime (kvrun, libkvrt): what each
+ * layer's key and value streams are compressed with, the fitted parameters, the model it belongs to
+ * and how it was made. On disk it is a versioned, little-endian, sectioned binary (PLAN_FORMAT.md);
+ * in memory it is the transparent struct kv_plan below, whose arrays are owned by the plan
+ * (malloc'd; kv_plan_free releases everything). Build one with kv_plan_create and the kv_plan_set_*
+ * helpers (they copy their inputs), write it with kv_plan_write, read one with kv_plan_read.
+ *
+ * Indices: layers 0..n_layers-1; streams KV_PLAN_K (0) and KV_PLAN_V (1). kv_dim below means
+ * fingerprint.n_kv_heads * fingerprint.head_dim. */
+#define KV_PLAN_VERSION_MAJOR 1
+#define KV_PLAN_VERSION_MINOR 0
+#define KV_PLAN_MAX_PRED_INPUTS 8  /* PLAN_FORMAT.md §6.5 */
+
+typedef enum kv_plan_stream_id { KV_PLAN_K = 0, KV_PLAN_V = 1 } kv_plan_stream_id;
+
+/* How a stream is stored (PLAN_FORMAT.md §6.4). */
+typedef enum kv_plan_method {
+    KV_PLAN_FP = 0,      /* full precision: bits 16 (f16) or 32 (f32) */
+    KV_PLAN_UNIFORM = 1, /* asymmetric min-max groups (KIVI) with XQuant eta, bits 1..8 */
+    KV_PLAN_HIGGS = 2    /* RHT + vector quantization on a Gaussian grid (AQUA-KV backbone) */
+} kv_plan_method;
+
+/* Which way a uniform quantization group runs. */
+typedef enum kv_plan_group_axis {
+    KV_PLAN_GROUP_TOKENS = 0,  /* a group = group_size consecutive tokens of one channel (KIVI keys) */
+    KV_PLAN_GROUP_CHANNELS = 1 /* a group = group_size consecutive channels of one token (KIVI values, HIGGS) */
+} kv_plan_group_axis;
+
+/* Code packing into 32-bit words. */
+typedef enum kv_plan_pack {
+    KV_PLAN_PACK_WORD = 0,   /* floor(32/B) B-bit codes per word, low bits first (3 bits: 10 per word) */
+    KV_PLAN_PACK_3BIT_11 = 1 /* bits == 3 only: 11 codes per word, ten 3-bit + one 2-bit (kvmix eq. 12) */
+} kv_plan_pack;
+
+/* Token selection under a memory budget (quantized pruning). */
+typedef enum kv_plan_prune {
+    KV_PLAN_PRUNE_NONE = 0,
+    KV_PLAN_PRUNE_STREAMINGLLM = 1, /* sinks + recent window */
+    KV_PLAN_PRUNE_H2O = 2,          /* accumulated attention */
+    KV_PLAN_PRUNE_SNAPKV = 3,       /* observation window, pooled attention scores */
+    KV_PLAN_PRUNE_PYRAMIDKV = 4     /* SnapKV scores with per-layer budgets */
+} kv_plan_prune;
+
+/* The model a plan belongs to (PLAN_FORMAT.md §6.1). */
+typedef struct kv_plan_fingerprint {
+    char arch[32];           /* kv_arch.arch, NUL-terminated */
+    int n_layers, d_model, n_heads, n_kv_heads, head_dim, vocab_size;
+    float rope_theta;
+    uint8_t kv_sha256[32];   /* SHA-256 over every layer's attn_k / attn_v tensors (§6.1.1) */
+} kv_plan_fingerprint;
+
+typedef struct kv_plan_global {
+    int sinks;               /* first tokens kept in full precision (default 4) */
+    int recent;              /* recent-token buffer kept in full precision (default 128) */
+    kv_plan_prune prune_method;
+    float prune_budget;      /* kept fraction of the fp16 cache, (0, 1]; 1 with PRUNE_NONE */
+    int prune_window;        /* SnapKV/PyramidKV observation window (tokens) */
+    int prune_pool;          /* pooling kernel of the scores (tokens, odd), 0 = none */
+    uint64_t rht_seed;       /* seed of the HIGGS random signs (kv_rng_u64) */
+} kv_plan_global;
+
+/* A HIGGS grid: n points of dimension d, optimized for N(0, I_d). */
+typedef struct kv_plan_grid {
+    int d, n;
+    float *points;           /* n*d values, point-major */
+} kv_plan_grid;
+
+/* One input block of a predictor: the reconstructed `stream` of `layer`. */
+typedef struct kv_plan_pred_input {
+    int layer;
+    int stream;              /* kv_plan_stream_id */
+} kv_plan_pred_input;
+
+/* AQUA-KV linear predictor: y = W x + b, x = the inputs concatenated in order (each kv_dim wide). */
+typedef struct kv_plan_predictor {
+    int n_inputs;            /* 1..KV_PLAN_MAX_PRED_INPUTS */
+    kv_plan_pred_input inputs[KV_PLAN_MAX_PRED_INPUTS];
+    int out_dim;             /* kv_dim */
+    int in_dim;              /* n_inputs * kv_dim */
+    float *weight;           /* out_dim x in_dim, row-major */
+    float *bias;             /* out_dim */
+} kv_plan_predictor;
+
+/* SQuat key quantization parameters (key streams only). */
+typedef struct kv_plan_squat {
+    int r;                   /* query-subspace rank, 1..head_dim */
+    float lambda;            /* >= 0 */
+    int g;                   /* block of coordinates quantized at once; divides head_dim */
+    float *basis;            /* optional static subspace: n_kv_heads x r x head_dim, or NULL */
+} kv_plan_squat;
+
+typedef struct kv_plan_stream {
+    kv_plan_method method;
+    int bits;                /* FP: 16|32; UNIFORM: 1..8; HIGGS: 0 (log2(n)/d from the grid) */
+    int group_size;          /* UNIFORM: values per group; HIGGS: RHT group (power of two); FP: 0 */
+    kv_plan_group_axis group_axis;
+    int scale_dtype;         /* KV_DTYPE_F16 or KV_DTYPE_F32: scale/zero (UNIFORM), norm (HIGGS) */
+    float eta;               /* XQuant range shrink, [0, 0.5); 0 = plain KIVI */
+    kv_plan_pack pack;
+    int share_codes_with_layer; /* -1: own codes; else an earlier layer whose codes this stream reuses */
+    int higgs_grid;          /* HIGGS: index into kv_plan.grids; otherwise -1 */
+    int pre_rope;            /* K only: 1 when keys are compressed before RoPE */
+    float rpc_ratio;         /* KVmix recent-pivotal-context fraction of the recent buffer, [0, 1] */
+    kv_plan_predictor *predictor; /* NULL: none (kv_plan_set_predictor) */
+    kv_plan_squat *squat;    /* NULL: none (kv_plan_set_squat; K only) */
+} kv_plan_stream;
+
+typedef struct kv_plan_layer {
+    kv_plan_stream stream[2];   /* [KV_PLAN_K], [KV_PLAN_V] */
+    float prune_budget;         /* per-layer budget (PyramidKV), (0, 1]; 0 = the global one */
+} kv_plan_layer;
+
+/* How the plan was made. Strings are owned (NULL = empty). */
+typedef struct kv_plan_provenance {
+    char *tool_version;      /* "kvcal 0.1.0" */
+    char *git_hash;
+    char *corpus_sha256;     /* 64 lowercase hex digits or empty */
+    uint64_t seed;
+    int64_t created;         /* seconds since the Unix epoch (kv_plan_creation_time) */
+    char *config_yaml;       /* the resolved configuration (kv_fit_config_dump) */
+} kv_plan_provenance;
+
+/* Per-layer calibration metrics: values[(layer*2 + stream)*n_metrics + m] (NaN = not measured). */
+typedef struct kv_plan_report {
+    int n_metrics;           /* 0: no report */
+    char **names;            /* n_metrics names ("rel_mse", "explained_var", "quant_rel_err") */
+    float *values;
+} kv_plan_report;
+
+/* Where the reader found things (filled by kv_plan_read*; zero for plans built in memory). */
+typedef struct kv_plan_section_info {
+    char tag[5];
+    uint32_t flags;          /* KV_PLAN_SECTION_* */
+    uint64_t offset, stored_size, size;
+    uint32_t crc32;
+    int known;               /* 0: an optional section this reader skipped */
+} kv_plan_section_info;
+#define KV_PLAN_SECTION_REQUIRED 0x1u
+#define KV_PLAN_SECTION_ZLIB 0x2u
+
+typedef struct kv_plan_file_info {
+    int version_major, version_minor;
+    uint64_t file_size;
+    uint64_t required_features, optional_features;
+    int n_sections;
+    kv_plan_section_info *sections;
+} kv_plan_file_info;
+
+/* Feature bits of the header (PLAN_FORMAT.md §4). */
+#define KV_PLAN_FEAT_ZLIB 0x1ull         /* required: a section is zlib-compressed */
+#define KV_PLAN_FEAT_HIGGS 0x2ull        /* required: a stream uses HIGGS */
+#define KV_PLAN_FEAT_PREDICTOR 0x4ull    /* required: a stream has an AQUA-KV predictor */
+#define KV_PLAN_FEAT_SHARED_CODES 0x8ull /* required: a stream reuses another layer's codes */
+#define KV_PLAN_FEAT_SQUAT 0x10ull       /* required: a key stream uses SQuat */
+#define KV_PLAN_FEAT_PRUNING 0x20ull     /* required: token pruning is on */
+#define KV_PLAN_FEAT_PACK3_11 0x40ull    /* required: a stream packs 3-bit codes 11 per word */
+#define KV_PLAN_REQUIRED_KNOWN 0x7full
+#define KV_PLAN_OPT_REPORT 0x1ull        /* optional: calibration report section present */
+#define KV_PLAN_OPT_SQUAT_BASIS 0x2ull   /* optional: a static SQuat basis is stored */
+#define KV_PLAN_OPT_PROVENANCE 0x4ull    /* optional: provenance section present */
+
+typedef struct kv_plan {
+    kv_plan_fingerprint fingerprint;
+    kv_plan_global global;
+    int n_grids;
+    kv_plan_grid *grids;
+    int n_layers;            /* == fingerprint.n_layers */
+    kv_plan_layer *layers;
+    kv_plan_provenance provenance;
+    kv_plan_report report;
+    kv_plan_file_info file;
+} kv_plan;
+
+/* A plan for the model described by fp with every stream in full precision (f16), default global
+ * settings and nothing fitted. KV_EINVAL when the fingerprint is not sane. */
+kv_status kv_plan_create(kv_plan **out, const kv_plan_fingerprint *fp);
+void kv_plan_free(kv_plan *p);
+
+/* Set (replace) the predictor of (layer, stream); weight is kv_dim x (n_inputs*kv_dim) row-major,
+ * bias kv_dim (NULL = zeros). Inputs are checked as kv_plan_validate would. Copies everything. */
+kv_status kv_plan_set_predictor(kv_plan *p, int layer, int stream, int n_inputs,
+                                const kv_plan_pred_input *inputs, const float *weight,
+                                const float *bias);
+/* Set (replace) the SQuat parameters of layer's key stream; basis (n_kv_heads*r*head_dim) or NULL. */
+kv_status kv_plan_set_squat(kv_plan *p, int layer, int r, float lambda, int g, const float *basis);
+/* Append a grid (points n*d copied); its index goes to *index (may be NULL). */
+kv_status kv_plan_add_grid(kv_plan *p, int d, int n, const float *points, int *index);
+/* Replace the provenance with a deep copy of src (its NULL strings become empty). */
+kv_status kv_plan_set_provenance(kv_plan *p, const kv_plan_provenance *src);
+/* Replace the report: names[n_metrics], values[n_layers*2*n_metrics] copied; n_metrics 0 clears it. */
+kv_status kv_plan_set_report(kv_plan *p, int n_metrics, const char *const *names, const float *values);
+
+/* Every rule of PLAN_FORMAT.md §6 (ranges, enums, cross references, dimensions). KV_EFORMAT with a
+ * message naming the layer, stream and field. kv_plan_write and kv_plan_read both apply it. */
+kv_status kv_plan_validate(const kv_plan *p);
+
+/* Nominal bits per value of (layer, stream): codes + scales/zeros (or norms) per value, as packed.
+ * Full-precision tokens (sinks, recent buffer) and predictor weights are not included: they depend
+ * on the sequence length (kv_plan_predictor_bytes gives the latter). Shared codes count 0 bits. */
+double kv_plan_stream_bits(const kv_plan *p, int layer, int stream);
+/* Bytes of f32 predictor weights and biases over the whole plan. */
+uint64_t kv_plan_predictor_bytes(const kv_plan *p);
+
+/* Creation time for provenance: $SOURCE_DATE_EPOCH when set (reproducible builds; KV_EINVAL if it
+ * is not a non-negative integer), else the current time. */
+kv_status kv_plan_creation_time(int64_t *out);
+
+typedef struct kv_plan_write_options {
+    int compress;            /* 1: zlib-compress sections of at least compress_min bytes when that
+                                makes them smaller; 0: never */
+    size_t compress_min;     /* 0 = 4096 */
+} kv_plan_write_options;
+/* Serialize (opt NULL = compress on, defaults). The same plan and options give the same bytes
+ * (with the same zlib when compressing). Validates first. Caller frees *out with free(). */
+kv_status kv_plan_write_memory(uint8_t **out, size_t *size, const kv_plan *p,
+                               const kv_plan_write_options *opt);
+/* Serialize and write atomically (path.tmp.<pid>, fsync, rename). */
+kv_status kv_plan_write(const kv_plan *p, const char *path, const kv_plan_write_options *opt);
+
+/* Read and validate a plan. KV_EFORMAT (malformed), KV_EVERSION (newer major version, unknown
+ * required feature or section), KV_ECHECKSUM (CRC mismatch), KV_EIO, KV_ENOMEM; the message names
+ * the file, the section and the field. Unknown optional sections are skipped (file.sections lists
+ * them with known = 0). On failure *out is NULL. */
+kv_status kv_plan_read(kv_plan **out, const char *path);
+/* The same over bytes in memory (borrowed; not needed after the call). */
+kv_status kv_plan_read_memory(kv_plan **out, const void *data, size_t size);
+
+/* The fingerprint of a model file: kv_arch fields plus SHA-256 over every layer's attn_k.weight,
+ * attn_k.bias, attn_v.weight, attn_v.bias (the biases when present) as stored (§6.1.1). */
+kv_status kv_plan_fingerprint_compute(kv_plan_fingerprint *out, const kv_model_file *mf);
+/* KV_OK when the plan was made for this model; KV_EMISMATCH naming the first field that differs. */
+kv_status kv_plan_check_fingerprint(const kv_plan *p, const kv_plan_fingerprint *model);
+
+/* Names of enum values ("uniform", "tokens", "snapkv", "f16", "K"); NULL for unknown values. */
+const char *kv_plan_method_name(int method);
+const char *kv_plan_axis_name(int axis);
+const char *kv_plan_pack_name(int pack);
+const char *kv_plan_prune_name(int prune);
+const char *kv_plan_stream_name(int stream);
+
+/* The whole plan as text: YAML (json = 0) or JSON (json = 1). full = 1 includes every array
+ * (grid points, predictor matrices, SQuat bases); otherwise arrays are summarized (shape, norm).
+ * Caller frees *out. */
+kv_status kv_plan_dump(char **out, const kv_plan *p, int json, int full);
+
+/* ---- kvcal fit configuration (YAML; config.c; keys documented in configs/kvcal-example.yaml) ----
+ * kv_fit_config_init sets the defaults; kv_fit_config_load_* merge a YAML document onto the struct
+ * (later loads and kv_fit_config_set override earlier values); kv_fit_config_validate checks the
+ * cross-key rules; kv_fit_config_dump writes the resolved configuration back as YAML (it loads back
+ * to the same struct). Errors are KV_EINVAL with "SOURCE:LINE:COL: key 'a.b': problem" messages. */
+typedef enum kv_fit_method {
+    KV_FIT_AQUA = 0,         /* AQUA-KV predictors + HIGGS */
+    KV_FIT_AQUA_UNIFORM = 1, /* AQUA-KV predictors + uniform quantizer */
+    KV_FIT_HIGGS = 2,        /* HIGGS alone */
+    KV_FIT_KIVI = 3          /* uniform quantizer alone (KIVI + XQuant eta) */
+} kv_fit_method;
+
+typedef struct kv_fit_stream_config {
+    int bits;                /* uniform bits, 1..8 */
+    int group_size;
+    kv_plan_group_axis group_axis;
+    int scale_dtype;         /* KV_DTYPE_F16 | KV_DTYPE_F32 */
+    double eta;              /* [0, 0.5) */
+    int pack3;               /* 10 or 11 codes per word when bits == 3 */
+} kv_fit_stream_config;
+
+/* Per-layer overrides (what kvprof importance writes). `set` has a KV_FIT_LO_* bit per given key. */
+typedef struct kv_fit_layer_override {
+    int layer;
+    unsigned set;
+    int key_bits, value_bits;
+    double rpc_ratio;
+    double key_eta, value_eta;
+    double prune_budget;
+} kv_fit_layer_override;
+#define KV_FIT_LO_KEY_BITS 0x1u
+#define KV_FIT_LO_VALUE_BITS 0x2u
+#define KV_FIT_LO_RPC_RATIO 0x4u
+#define KV_FIT_LO_KEY_ETA 0x8u
+#define KV_FIT_LO_VALUE_ETA 0x10u
+#define KV_FIT_LO_PRUNE_BUDGET 0x20u
+
+typedef struct kv_fit_config {
+    kv_fit_method method;
+    uint64_t seed;
+    char *model;                 /* owned strings; "" = not given */
+    struct {
+        char *calibration;       /* corpus used to fit */
+        char *heldout;           /* held-out corpus for metrics; "" = split off the calibration */
+        double heldout_fraction; /* fraction of calibration sequences held out when heldout is "" */
+        int seq_len;
+        int64_t max_tokens;      /* calibration tokens at most; 0 = all */
+    } data;
+    struct {
+        int sinks, recent;
+        int pre_rope;            /* keys compressed before RoPE */
+        double rpc_ratio;        /* default KVmix recent-pivotal-context ratio */
+    } cache;
+    kv_fit_stream_config keys, values;
+    struct {
+        double ridge;            /* relative ridge: lambda = ridge * mean(diag(X^T X)) */
+        int predict_keys, predict_values;
+        int value_uses_keys;     /* V predictor input [V_prev; K_hat] (1) or V_prev (0) */
+        int first_layer_bits;    /* bits of layer 0 (quantized directly) */
+    } aqua;
+    struct {
+        int d;                   /* grid dimension: 1, 2, 4 or 8 */
+        int n;                   /* grid size; 0 = 2^(bits*d) for the stream's bits (log2(n)/d bits per value) */
+        int group_size;          /* 0 = head_dim */
+        int64_t grid_samples;
+        int grid_iters;
+    } higgs;
+    struct {
+        int enabled, r;
+        double lambda;
+        int g;                   /* 0 = head_dim */
+        int static_basis;
+    } squat;
+    struct {
+        int km, vm;              /* layers >= km (keys) / vm (values) share codes in pairs; -1 off */
+        int kq, vq;              /* layers >= kq / vq use 1-bit codes; -1 off */
+        double eta1;             /* eta of the 1-bit layers */
+    } xquant;
+    struct {
+        kv_plan_prune method;
+        double budget;
+        int window, pool;
+    } pruning;
+    int n_layer_overrides;       /* sorted by layer */
+    kv_fit_layer_override *layer_overrides;
+    void *origins_;              /* where each key was set (for messages); internal */
+} kv_fit_config;
+
+/* Defaults (documented in configs/kvcal-example.yaml). Free with kv_fit_config_free. */
+kv_status kv_fit_config_init(kv_fit_config *c);
+void kv_fit_config_free(kv_fit_config *c);
+kv_status kv_fit_config_load_file(kv_fit_config *c, const char *path);
+/* source names the text in messages ("<string>" when NULL). */
+kv_status kv_fit_config_load_string(kv_fit_config *c, const char *yaml, size_t len, const char *source);
+/* Apply one "dotted.key=value" assignment (the value is parsed as a YAML scalar), e.g.
+ * "keys.bits=3", "layers.5.rpc_ratio=0.2". Unknown keys and bad values are KV_EINVAL. */
+kv_status kv_fit_config_set(kv_fit_config *c, const char *assignment);
+kv_status kv_fit_config_validate(const kv_fit_config *c);
+/* The resolved configuration as YAML (caller frees). */
+kv_status kv_fit_config_dump(char **out, const kv_fit_config *c);
+/* The layer's override, or NULL. */
+const kv_fit_layer_override *kv_fit_config_layer(const kv_fit_config *c, int layer);
+const char *kv_fit_method_name(int method);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,654 @@
+/* The in-memory plan: creation, setters, validation (PLAN_FORMAT.md §6), bits per value (§9). */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "plan_internal.h"
+
+/* ---- small helpers ---------------------------------------------------------------------------- */
+char *kv_plan_strdup(const char *s) {
+    if (!s) s = "";
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+static float *dup_floats(const float *src, size_t n) {
+    size_t bytes;
+    if (kv_size_mul(&bytes, n, sizeof(float))) return NULL;
+    float *d = malloc(bytes ? bytes : 1);
+    if (!d) return NULL;
+    if (src) memcpy(d, src, bytes);
+    else memset(d, 0, bytes);
+    return d;
+}
+
+int kv_plan_utf8_valid(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        const unsigned c = u[i];
+        size_t len;
+        unsigned min;
+        if (c == 0) return 0;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xE0) == 0xC0) {
+            len = 2, min = 0x80;
+        } else if ((c & 0xF0) == 0xE0) {
+            len = 3, min = 0x800;
+        } else if ((c & 0xF8) == 0xF0) {
+            len = 4, min = 0x10000;
+        } else {
+            return 0;
+        }
+        if (n - i < len) return 0;
+        unsigned cp = c & (0x7Fu >> len);
+        for (size_t k = 1; k < len; k++) {
+            if ((u[i + k] & 0xC0) != 0x80) return 0;
+            cp = (cp << 6) | (u[i + k] & 0x3Fu);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+        i += len;
+    }
+    return 1;
+}
+
+static int is_pow2(long v) { return v > 0 && (v & (v - 1)) == 0; }
+
+const char *kv_plan_method_name(int m) {
+    switch (m) {
+    case KV_PLAN_FP: return "fp";
+    case KV_PLAN_UNIFORM: return "uniform";
+    case KV_PLAN_HIGGS: return "higgs";
+    }
+    return NULL;
+}
+const char *kv_plan_axis_name(int a) {
+    switch (a) {
+    case KV_PLAN_GROUP_TOKENS: return "tokens";
+    case KV_PLAN_GROUP_CHANNELS: return "channels";
+    }
+    return NULL;
+}
+const char *kv_plan_pack_name(int p) {
+    switch (p) {
+    case KV_PLAN_PACK_WORD: return "word";
+    case KV_PLAN_PACK_3BIT_11: return "3bit-11";
+    }
+    return NULL;
+}
+const char *kv_plan_prune_name(int p) {
+    switch (p) {
+    case KV_PLAN_PRUNE_NONE: return "none";
+    case KV_PLAN_PRUNE_STREAMINGLLM: return "streamingllm";
+    case KV_PLAN_PRUNE_H2O: return "h2o";
+    case KV_PLAN_PRUNE_SNAPKV: return "snapkv";
+    case KV_PLAN_PRUNE_PYRAMIDKV: return "pyramidkv";
+    }
+    return NULL;
+}
+const char *kv_plan_stream_name(int s) {
+    switch (s) {
+    case KV_PLAN_K: return "K";
+    case KV_PLAN_V: return "V";
+    }
+    return NULL;
+}
+
+/* ---- create / free ---------------------------------------------------------------------------- */
+kv_status kv_plan_fingerprint_validate(const kv_plan_fingerprint *f) {
+    /* §6.1 */
+    if (f->n_layers < 1 || f->n_layers > KV_PLAN_MAX_LAYERS)
+        return KV_ERR(KV_EFORMAT, "fingerprint: n_layers %d out of range [1, %d]", f->n_layers, KV_PLAN_MAX_LAYERS);
+    if (f->d_model < 1 || f->d_model > (1 << 20))
+        return KV_ERR(KV_EFORMAT, "fingerprint: d_model %d out of range [1, 1048576]", f->d_model);
+    if (f->n_heads < 1 || f->n_heads > 4096)
+        return KV_ERR(KV_EFORMAT, "fingerprint: n_heads %d out of range [1, 4096]", f->n_heads);
+    if (f->n_kv_heads < 1 || f->n_kv_heads > f->n_heads || f->n_heads % f->n_kv_heads != 0)
+        return KV_ERR(KV_EFORMAT, "fingerprint: n_kv_heads %d must divide n_heads %d", f->n_kv_heads, f->n_heads);
+    if (f->head_dim < 1 || f->head_dim > 4096)
+        return KV_ERR(KV_EFORMAT, "fingerprint: head_dim %d out of range [1, 4096]", f->head_dim);
+    if (f->vocab_size < 1 || f->vocab_size > (1 << 24))
+        return KV_ERR(KV_EFORMAT, "fingerprint: vocab_size %d out of range [1, 16777216]", f->vocab_size);
+    if (!isfinite(f->rope_theta) || !(f->rope_theta > 0.0f))
+        return KV_ERR(KV_EFORMAT, "fingerprint: rope_theta %g must be finite and > 0", (double)f->rope_theta);
+    if (memchr(f->arch, '\0', sizeof f->arch) == NULL)
+        return KV_ERR(KV_EFORMAT, "fingerprint: arch is not NUL-terminated");
+    return KV_OK;
+}
+
+static void stream_defaults(kv_plan_stream *s) {
+    memset(s, 0, sizeof *s);
+    s->method = KV_PLAN_FP;
+    s->bits = 16;
+    s->group_size = 0;
+    s->group_axis = KV_PLAN_GROUP_TOKENS;
+    s->scale_dtype = KV_DTYPE_F32;
+    s->pack = KV_PLAN_PACK_WORD;
+    s->share_codes_with_layer = -1;
+    s->higgs_grid = -1;
+}
+
+kv_status kv_plan_create(kv_plan **out, const kv_plan_fingerprint *fp) {
+    *out = NULL;
+    if (!fp) return KV_ERR(KV_EINVAL, "kv_plan_create: no fingerprint");
+    kv_status s = kv_plan_fingerprint_validate(fp);
+    if (s != KV_OK) return kv_error_wrap(KV_EINVAL, "kv_plan_create: ");
+    kv_plan *p = calloc(1, sizeof *p);
+    if (!p) return KV_ERR(KV_ENOMEM, "out of memory creating a plan");
+    p->fingerprint = *fp;
+    p->global.sinks = 4;
+    p->global.recent = 128;
+    p->global.prune_method = KV_PLAN_PRUNE_NONE;
+    p->global.prune_budget = 1.0f;
+    p->global.prune_window = 32;
+    p->global.prune_pool = 7;
+    p->n_layers = fp->n_layers;
+    p->layers = calloc((size_t)fp->n_layers, sizeof *p->layers);
+    if (!p->layers) {
+        kv_plan_free(p);
+        return KV_ERR(KV_ENOMEM, "out of memory creating a plan of %d layers", fp->n_layers);
+    }
+    for (int l = 0; l < p->n_layers; l++) {
+        stream_defaults(&p->layers[l].stream[KV_PLAN_K]);
+        stream_defaults(&p->layers[l].stream[KV_PLAN_V]);
+    }
+    *out = p;
+    return KV_OK;
+}
+
+static void predictor_free(kv_plan_predictor *pr) {
+    if (!pr) return;
+    free(pr->weight);
+    free(pr->bias);
+    free(pr);
+}
+
+static void squat_free(kv_plan_squat *sq) {
+    if (!sq) return;
+    free(sq->basis);
+    free(sq);
+}
+
+static void report_clear(kv_plan_report *r) {
+    if (r->names)
+        for (int i = 0; i < r->n_metrics; i++) free(r->names[i]);
+    free(r->names);
+    free(r->values);
+    memset(r, 0, sizeof *r);
+}
+
+static void provenance_clear(kv_plan_provenance *v) {
+    free(v->tool_version);
+    free(v->git_hash);
+    free(v->corpus_sha256);
+    free(v->config_yaml);
+    memset(v, 0, sizeof *v);
+}
+
+void kv_plan_free(kv_plan *p) {
+    if (!p) return;
+    if (p->layers) {
+        for (int l = 0; l < p->n_layers; l++)
+            for (int st = 0; st < 2; st++) {
+                predictor_free(p->layers[l].stream[st].predictor);
+                squat_free(p->layers[l].stream[st].squat);
+            }
+    }
+    free(p->layers);
+    if (p->grids)
+        for (int g = 0; g < p->n_grids; g++) free(p->grids[g].points);
+    free(p->grids);
+    provenance_clear(&p->provenance);
+    report_clear(&p->report);
+    free(p->file.sections);
+    free(p);
+}
+
+/* ---- setters ------------------------------------------------------------------------------------ */
+static int kv_dim_of(const kv_plan *p) { return p->fingerprint.n_kv_heads * p->fingerprint.head_dim; }
+
+/* §6.5: an input is an earlier layer's stream, or the K stream of the same layer for a V stream. */
+static kv_status check_pred_inputs(int layer, int stream, int n_layers, int n_inputs,
+                                   const kv_plan_pred_input *in) {
+    if (n_inputs < 1 || n_inputs > KV_PLAN_MAX_PRED_INPUTS)
+        return KV_ERR(KV_EFORMAT, "layer %d %s: predictor n_inputs %d out of range [1, %d]", layer,
+                      kv_plan_stream_name(stream), n_inputs, KV_PLAN_MAX_PRED_INPUTS);
+    for (int i = 0; i < n_inputs; i++) {
+        const int il = in[i].layer, is = in[i].stream;
+        if (is != KV_PLAN_K && is != KV_PLAN_V)
+            return KV_ERR(KV_EFORMAT, "layer %d %s: predictor input %d has stream %d (0 K or 1 V)", layer,
+                          kv_plan_stream_name(stream), i, is);
+        if (il < 0 || il >= n_layers)
+            return KV_ERR(KV_EFORMAT, "layer %d %s: predictor input %d names layer %d of %d", layer,
+                          kv_plan_stream_name(stream), i, il, n_layers);
+        const int earlier = il < layer || (il == layer && stream == KV_PLAN_V && is == KV_PLAN_K);
+        if (!earlier)
+            return KV_ERR(KV_EFORMAT,
+                          "layer %d %s: predictor input %d (layer %d %s) is not reconstructed before this stream",
+                          layer, kv_plan_stream_name(stream), i, il, kv_plan_stream_name(is));
+        for (int j = 0; j < i; j++)
+            if (in[j].layer == il && in[j].stream == is)
+                return KV_ERR(KV_EFORMAT, "layer %d %s: predictor input (layer %d %s) appears twice", layer,
+                              kv_plan_stream_name(stream), il, kv_plan_stream_name(is));
+    }
+    return KV_OK;
+}
+
+static kv_status check_layer_stream(const kv_plan *p, int layer, int stream, const char *fn) {
+    if (!p) return KV_ERR(KV_EINVAL, "%s: no plan", fn);
+    if (layer < 0 || layer >= p->n_layers)
+        return KV_ERR(KV_EINVAL, "%s: layer %d out of range [0, %d)", fn, layer, p->n_layers);
+    if (stream != KV_PLAN_K && stream != KV_PLAN_V)
+        return KV_ERR(KV_EINVAL, "%s: stream %d is neither K (0) nor V (1)", fn, stream);
+    return KV_OK;
+}
+
+kv_status kv_plan_set_predictor(kv_plan *p, int layer, int stream, int n_inputs,
+                                const kv_plan_pred_input *inputs, const float *weight,
+                                const float *bias) {
+    kv_status s = check_layer_stream(p, layer, stream, "kv_plan_set_predictor");
+    if (s != KV_OK) return s;
+    if (!inputs || !weight) return KV_ERR(KV_EINVAL, "kv_plan_set_predictor: inputs and weight are required");
+    s = check_pred_inputs(layer, stream, p->n_layers, n_inputs, inputs);
+    if (s != KV_OK) return kv_error_wrap(KV_EINVAL, "kv_plan_set_predictor: ");
+    const int kv_dim = kv_dim_of(p);
+    kv_plan_predictor *pr = calloc(1, sizeof *pr);
+    if (!pr) return KV_ERR(KV_ENOMEM, "out of memory");
+    pr->n_inputs = n_inputs;
+    memcpy(pr->inputs, inputs, (size_t)n_inputs * sizeof *inputs);
+    pr->out_dim = kv_dim;
+    pr->in_dim = n_inputs * kv_dim;
+    pr->weight = dup_floats(weight, (size_t)pr->out_dim * (size_t)pr->in_dim);
+    pr->bias = dup_floats(bias, (size_t)pr->out_dim);
+    if (!pr->weight || !pr->bias) {
+        predictor_free(pr);
+        return KV_ERR(KV_ENOMEM, "out of memory copying a %dx%d predictor", kv_dim, n_inputs * kv_dim);
+    }
+    kv_plan_stream *st = &p->layers[layer].stream[stream];
+    predictor_free(st->predictor);
+    st->predictor = pr;
+    return KV_OK;
+}
+
+kv_status kv_plan_set_squat(kv_plan *p, int layer, int r, float lambda, int g, const float *basis) {
+    kv_status s = check_layer_stream(p, layer, KV_PLAN_K, "kv_plan_set_squat");
+    if (s != KV_OK) return s;
+    const int hd = p->fingerprint.head_dim;
+    if (r < 1 || r > hd) return KV_ERR(KV_EINVAL, "kv_plan_set_squat: r %d out of range [1, %d]", r, hd);
+    if (g < 1 || g > hd || hd % g != 0)
+        return KV_ERR(KV_EINVAL, "kv_plan_set_squat: g %d must divide head_dim %d", g, hd);
+    if (!isfinite(lambda) || lambda < 0.0f)
+        return KV_ERR(KV_EINVAL, "kv_plan_set_squat: lambda %g must be finite and >= 0", (double)lambda);
+    kv_plan_squat *sq = calloc(1, sizeof *sq);
+    if (!sq) return KV_ERR(KV_ENOMEM, "out of memory");
+    sq->r = r;
+    sq->lambda = lambda;
+    sq->g = g;
+    if (basis) {
+        sq->basis = dup_floats(basis, (size_t)p->fingerprint.n_kv_heads * (size_t)r * (size_t)hd);
+        if (!sq->basis) {
+            free(sq);
+            return KV_ERR(KV_ENOMEM, "out of memory copying a SQuat basis");
+        }
+    }
+    kv_plan_stream *st = &p->layers[layer].stream[KV_PLAN_K];
+    squat_free(st->squat);
+    st->squat = sq;
+    return KV_OK;
+}
+
+kv_status kv_plan_add_grid(kv_plan *p, int d, int n, const float *points, int *index) {
+    if (!p || !points) return KV_ERR(KV_EINVAL, "kv_plan_add_grid: no plan or no points");
+    if (p->n_grids >= KV_PLAN_MAX_GRIDS)
+        return KV_ERR(KV_EINVAL, "kv_plan_add_grid: at most %d grids", KV_PLAN_MAX_GRIDS);
+    if (d < 1 || d > 16 || n < 2 || n > 65536)
+        return KV_ERR(KV_EINVAL, "kv_plan_add_grid: d %d (1..16) or n %d (2..65536) out of range", d, n);
+    kv_plan_grid *ng = realloc(p->grids, (size_t)(p->n_grids + 1) * sizeof *ng);
+    if (!ng) return KV_ERR(KV_ENOMEM, "out of memory");
+    p->grids = ng;
+    float *pts = dup_floats(points, (size_t)n * (size_t)d);
+    if (!pts) return KV_ERR(KV_ENOMEM, "out of memory copying a grid");
+    p->grids[p->n_grids].d = d;
+    p->grids[p->n_grids].n = n;
+    p->grids[p->n_grids].points = pts;
+    if (index) *index = p->n_grids;
+    p->n_grids++;
+    return KV_OK;
+}
+
+kv_status kv_plan_set_provenance(kv_plan *p, const kv_plan_provenance *src) {
+    if (!p || !src) return KV_ERR(KV_EINVAL, "kv_plan_set_provenance: no plan or no provenance");
+    kv_plan_provenance v = {0};
+    v.tool_version = kv_plan_strdup(src->tool_version);
+    v.git_hash = kv_plan_strdup(src->git_hash);
+    v.corpus_sha256 = kv_plan_strdup(src->corpus_sha256);
+    v.config_yaml = kv_plan_strdup(src->config_yaml);
+    v.seed = src->seed;
+    v.created = src->created;
+    if (!v.tool_version || !v.git_hash || !v.corpus_sha256 || !v.config_yaml) {
+        provenance_clear(&v);
+        return KV_ERR(KV_ENOMEM, "out of memory copying provenance");
+    }
+    provenance_clear(&p->provenance);
+    p->provenance = v;
+    return KV_OK;
+}
+
+kv_status kv_plan_set_report(kv_plan *p, int n_metrics, const char *const *names, const float *values) {
+    if (!p) return KV_ERR(KV_EINVAL, "kv_plan_set_report: no plan");
+    if (n_metrics == 0) {
+        report_clear(&p->report);
+        return KV_OK;
+    }
+    if (n_metrics < 0 || n_metrics > KV_PLAN_MAX_METRICS || !names || !values)
+        return KV_ERR(KV_EINVAL, "kv_plan_set_report: n_metrics %d (1..%d) with names and values", n_metrics,
+                      KV_PLAN_MAX_METRICS);
+    kv_plan_report r = {0};
+    r.names = calloc((size_t)n_metrics, sizeof *r.names);
+    r.values = dup_floats(values, (size_t)p->n_layers * 2u * (size_t)n_metrics);
+    r.n_metrics = n_metrics;
+    int ok = r.names && r.values;
+    for (int i = 0; ok && i < n_metrics; i++) ok = (r.names[i] = kv_plan_strdup(names[i])) != NULL;
+    if (!ok) {
+        report_clear(&r);
+        return KV_ERR(KV_ENOMEM, "out of memory copying a report");
+    }
+    report_clear(&p->report);
+    p->report = r;
+    return KV_OK;
+}
+
+/* ---- validation (§6) ------------------------------------------------------------------------- */
+static int all_finite(const float *v, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(v[i])) return 0;
+    return 1;
+}
+
+/* Error about one stream, raised at the caller's line. */
+static kv_status stream_err(int line, int l, const char *sn, const char *fmt, ...) KV_PRINTF(4, 5);
+static kv_status stream_err(int line, int l, const char *sn, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return kv_error_set_at(KV_EFORMAT, __FILE__, line, "layer %d %s: %s", l, sn, msg);
+}
+#define SERR(...) stream_err(__LINE__, l, sn, __VA_ARGS__)
+
+static kv_status validate_stream(const kv_plan *p, int l, int stream) {
+    const kv_plan_stream *s = &p->layers[l].stream[stream];
+    const char *sn = kv_plan_stream_name(stream);
+    const int hd = p->fingerprint.head_dim;
+    switch (s->method) {
+    case KV_PLAN_FP:
+        if (s->bits != 16 && s->bits != 32) return SERR("method fp needs bits 16 or 32, not %d", s->bits);
+        if (s->group_size != 0 || s->group_axis != KV_PLAN_GROUP_TOKENS || s->scale_dtype != KV_DTYPE_F32 ||
+            s->pack != KV_PLAN_PACK_WORD || s->eta != 0.0f)
+            return SERR("method fp takes group_size 0, group_axis tokens, scale_dtype f32, pack word, eta 0");
+        break;
+    case KV_PLAN_UNIFORM:
+        if (s->bits < 1 || s->bits > 8) return SERR("method uniform needs bits in [1, 8], not %d", s->bits);
+        if (s->group_size < 1 || s->group_size > (1 << 20))
+            return SERR("group_size %d out of range [1, 1048576]", s->group_size);
+        if (s->group_axis != KV_PLAN_GROUP_TOKENS && s->group_axis != KV_PLAN_GROUP_CHANNELS)
+            return SERR("group_axis %d is not 0 (tokens) or 1 (channels)", (int)s->group_axis);
+        if (!(s->eta >= 0.0f && s->eta < 0.5f)) return SERR("eta %g out of range [0, 0.5)", (double)s->eta);
+        if (s->pack != KV_PLAN_PACK_WORD && !(s->pack == KV_PLAN_PACK_3BIT_11 && s->bits == 3))
+            return SERR("pack %d is not valid with %d bits", (int)s->pack, s->bits);
+        break;
+    case KV_PLAN_HIGGS: {
+        if (s->bits != 0) return SERR("method higgs takes bits 0 (the grid sets them), not %d", s->bits);
+        if (s->higgs_grid < 0 || s->higgs_grid >= p->n_grids)
+            return SERR("higgs_grid %d is not one of the %d grids", s->higgs_grid, p->n_grids);
+        const int d = p->grids[s->higgs_grid].d;
+        if (!is_pow2(s->group_size) || s->group_size < 2 || s->group_size > (1 << 20) || s->group_size % d != 0)
+            return SERR("higgs group_size %d must be a power of two in [2, 1048576] and a multiple of the grid's d %d",
+                        s->group_size, d);
+        if (s->group_axis != KV_PLAN_GROUP_CHANNELS || s->eta != 0.0f || s->pack != KV_PLAN_PACK_WORD)
+            return SERR("method higgs takes group_axis channels, eta 0, pack word");
+        break;
+    }
+    default:
+        return SERR("method %d is not 0 (fp), 1 (uniform) or 2 (higgs)", (int)s->method);
+    }
+    if (s->method != KV_PLAN_FP && s->scale_dtype != KV_DTYPE_F16 && s->scale_dtype != KV_DTYPE_F32)
+        return SERR("scale_dtype %d is not 0 (f32) or 1 (f16)", s->scale_dtype);
+    if (s->method != KV_PLAN_HIGGS && s->higgs_grid != -1)
+        return SERR("higgs_grid %d set on a %s stream (must be -1)", s->higgs_grid, kv_plan_method_name(s->method));
+    if (s->pre_rope != 0 && !(s->pre_rope == 1 && stream == KV_PLAN_K))
+        return SERR("pre_rope %d (only 0, or 1 on a K stream)", s->pre_rope);
+    if (!(s->rpc_ratio >= 0.0f && s->rpc_ratio <= 1.0f))
+        return SERR("rpc_ratio %g out of range [0, 1]", (double)s->rpc_ratio);
+    if (s->share_codes_with_layer != -1) {
+        const int t = s->share_codes_with_layer;
+        if (t < 0 || t >= l) return SERR("share_codes_with_layer %d is not an earlier layer", t);
+        const kv_plan_stream *o = &p->layers[t].stream[stream];
+        if (s->method != KV_PLAN_UNIFORM || o->method != s->method || o->bits != s->bits ||
+            o->group_size != s->group_size || o->group_axis != s->group_axis || o->pack != s->pack)
+            return SERR("shares codes with layer %d, whose %s stream is not uniform with the same bits, group "
+                        "size, axis and packing", t, sn);
+        if (o->share_codes_with_layer != -1)
+            return SERR("shares codes with layer %d, which itself shares codes (no chains)", t);
+    }
+    if (s->predictor) {
+        const kv_plan_predictor *pr = s->predictor;
+        if (s->method == KV_PLAN_FP) return SERR("a full-precision stream has a predictor");
+        kv_status st = check_pred_inputs(l, stream, p->n_layers, pr->n_inputs, pr->inputs);
+        if (st != KV_OK) return st;
+        const int kv_dim = kv_dim_of(p);
+        if (pr->out_dim != kv_dim || pr->in_dim != pr->n_inputs * kv_dim)
+            return SERR("predictor is %dx%d, expected %dx%d", pr->out_dim, pr->in_dim, kv_dim,
+                        pr->n_inputs * kv_dim);
+        if (!pr->weight || !pr->bias) return SERR("predictor without weight or bias");
+        if (!all_finite(pr->weight, (size_t)pr->out_dim * (size_t)pr->in_dim) ||
+            !all_finite(pr->bias, (size_t)pr->out_dim))
+            return SERR("predictor has a NaN or infinite weight");
+    }
+    if (s->squat) {
+        const kv_plan_squat *q = s->squat;
+        if (stream != KV_PLAN_K || s->method != KV_PLAN_UNIFORM) return SERR("SQuat needs a uniform K stream");
+        if (q->r < 1 || q->r > hd) return SERR("SQuat r %d out of range [1, %d]", q->r, hd);
+        if (q->g < 1 || q->g > hd || hd % q->g != 0) return SERR("SQuat g %d must divide head_dim %d", q->g, hd);
+        if (!isfinite(q->lambda) || q->lambda < 0.0f) return SERR("SQuat lambda %g must be >= 0", (double)q->lambda);
+        if (q->basis && !all_finite(q->basis, (size_t)p->fingerprint.n_kv_heads * (size_t)q->r * (size_t)hd))
+            return SERR("SQuat basis has a NaN or infinite value");
+    }
+    return KV_OK;
+}
+
+static int hex_or_empty(const char *s, size_t want) {
+    if (!s || !*s) return 1;
+    if (strlen(s) != want) return 0;
+    for (const char *c = s; *c; c++)
+        if (!((*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f'))) return 0;
+    return 1;
+}
+
+kv_status kv_plan_validate(const kv_plan *p) {
+    if (!p) return KV_ERR(KV_EINVAL, "kv_plan_validate: no plan");
+    kv_status s = kv_plan_fingerprint_validate(&p->fingerprint);
+    if (s != KV_OK) return s;
+    if (p->n_layers != p->fingerprint.n_layers || !p->layers)
+        return KV_ERR(KV_EFORMAT, "plan has %d layer records for a model of %d layers", p->n_layers,
+                      p->fingerprint.n_layers);
+    /* §6.2 */
+    const kv_plan_global *g = &p->global;
+    if (g->sinks < 0 || g->sinks > (1 << 20)) return KV_ERR(KV_EFORMAT, "global: sinks %d out of range", g->sinks);
+    if (g->recent < 0 || g->recent > (1 << 24)) return KV_ERR(KV_EFORMAT, "global: recent %d out of range", g->recent);
+    if (!kv_plan_prune_name(g->prune_method))
+        return KV_ERR(KV_EFORMAT, "global: prune_method %d is not 0..4", (int)g->prune_method);
+    if (!(g->prune_budget > 0.0f && g->prune_budget <= 1.0f))
+        return KV_ERR(KV_EFORMAT, "global: prune_budget %g out of range (0, 1]", (double)g->prune_budget);
+    if (g->prune_method == KV_PLAN_PRUNE_NONE && g->prune_budget != 1.0f)
+        return KV_ERR(KV_EFORMAT, "global: prune_budget %g without a prune_method (must be 1)", (double)g->prune_budget);
+    if (g->prune_window < 0 || g->prune_window > (1 << 20))
+        return KV_ERR(KV_EFORMAT, "global: prune_window %d out of range", g->prune_window);
+    if (g->prune_pool < 0 || g->prune_pool > 1024 || (g->prune_pool != 0 && g->prune_pool % 2 == 0))
+        return KV_ERR(KV_EFORMAT, "global: prune_pool %d must be 0 or odd and <= 1024", g->prune_pool);
+    /* §6.3 */
+    if (p->n_grids < 0 || p->n_grids > KV_PLAN_MAX_GRIDS || (p->n_grids > 0 && !p->grids))
+        return KV_ERR(KV_EFORMAT, "n_grids %d out of range [0, %d]", p->n_grids, KV_PLAN_MAX_GRIDS);
+    for (int i = 0; i < p->n_grids; i++) {
+        const kv_plan_grid *gr = &p->grids[i];
+        if (gr->d < 1 || gr->d > 16 || gr->n < 2 || gr->n > 65536 || !gr->points)
+            return KV_ERR(KV_EFORMAT, "grid %d: d %d (1..16) or n %d (2..65536) out of range", i, gr->d, gr->n);
+        if (!all_finite(gr->points, (size_t)gr->n * (size_t)gr->d))
+            return KV_ERR(KV_EFORMAT, "grid %d: a point is NaN or infinite", i);
+    }
+    /* §6.4 */
+    for (int l = 0; l < p->n_layers; l++) {
+        const float b = p->layers[l].prune_budget;
+        if (!(b == 0.0f || (b > 0.0f && b <= 1.0f)))
+            return KV_ERR(KV_EFORMAT, "layer %d: prune_budget %g (0, or in (0, 1])", l, (double)b);
+        for (int st = 0; st < 2; st++) {
+            s = validate_stream(p, l, st);
+            if (s != KV_OK) return s;
+        }
+    }
+    /* §6.7 */
+    const kv_plan_provenance *v = &p->provenance;
+    const char *strs[] = {v->tool_version, v->git_hash, v->corpus_sha256, v->config_yaml};
+    for (size_t i = 0; i < sizeof strs / sizeof *strs; i++) {
+        const size_t n = strs[i] ? strlen(strs[i]) : 0;
+        if (n > KV_PLAN_MAX_STRING)
+            return KV_ERR(KV_EFORMAT, "provenance: a string is longer than %u bytes", KV_PLAN_MAX_STRING);
+        if (!kv_plan_utf8_valid(strs[i], n)) return KV_ERR(KV_EFORMAT, "provenance: a string is not valid UTF-8");
+    }
+    if (!hex_or_empty(v->corpus_sha256, 64))
+        return KV_ERR(KV_EFORMAT, "provenance: corpus_sha256 '%.80s' is not 64 lowercase hex digits", v->corpus_sha256);
+    /* §6.8 */
+    const kv_plan_report *r = &p->report;
+    if (r->n_metrics < 0 || r->n_metrics > KV_PLAN_MAX_METRICS || (r->n_metrics > 0 && (!r->names || !r->values)))
+        return KV_ERR(KV_EFORMAT, "report: n_metrics %d out of range [0, %d]", r->n_metrics, KV_PLAN_MAX_METRICS);
+    for (int i = 0; i < r->n_metrics; i++) {
+        size_t n = r->names[i] ? strlen(r->names[i]) : 0;
+        if (n < 1 || n > 64 || !kv_plan_utf8_valid(r->names[i], n))
+            return KV_ERR(KV_EFORMAT, "report: metric %d name must be 1..64 bytes of UTF-8", i);
+        for (int j = 0; j < i; j++)
+            if (strcmp(r->names[i], r->names[j]) == 0)
+                return KV_ERR(KV_EFORMAT, "report: metric '%s' appears twice", r->names[i]);
+    }
+    return KV_OK;
+}
+
+/* ---- features (§4) --------------------------------------------------------------------------- */
+uint64_t kv_plan_required_features(const kv_plan *p) {
+    uint64_t f = 0;
+    if (p->global.prune_method != KV_PLAN_PRUNE_NONE) f |= KV_PLAN_FEAT_PRUNING;
+    for (int l = 0; l < p->n_layers; l++)
+        for (int st = 0; st < 2; st++) {
+            const kv_plan_stream *s = &p->layers[l].stream[st];
+            if (s->method == KV_PLAN_HIGGS) f |= KV_PLAN_FEAT_HIGGS;
+            if (s->predictor) f |= KV_PLAN_FEAT_PREDICTOR;
+            if (s->share_codes_with_layer >= 0) f |= KV_PLAN_FEAT_SHARED_CODES;
+            if (s->squat) f |= KV_PLAN_FEAT_SQUAT;
+            if (s->pack == KV_PLAN_PACK_3BIT_11) f |= KV_PLAN_FEAT_PACK3_11;
+        }
+    return f;
+}
+
+uint64_t kv_plan_optional_features(const kv_plan *p) {
+    uint64_t f = KV_PLAN_OPT_PROVENANCE;
+    if (p->report.n_metrics > 0) f |= KV_PLAN_OPT_REPORT;
+    for (int l = 0; l < p->n_layers; l++)
+        if (p->layers[l].stream[KV_PLAN_K].squat && p->layers[l].stream[KV_PLAN_K].squat->basis)
+            f |= KV_PLAN_OPT_SQUAT_BASIS;
+    return f;
+}
+
+/* ---- bits per value (§9) ------------------------------------------------------------------------- */
+static double code_bits_packed(int b, int pack) {
+    if (pack == KV_PLAN_PACK_3BIT_11) return 32.0 / 11.0;
+    return 32.0 / (double)(32 / b);
+}
+
+double kv_plan_stream_bits(const kv_plan *p, int layer, int stream) {
+    if (!p || layer < 0 || layer >= p->n_layers || (stream != 0 && stream != 1)) return 0.0;
+    const kv_plan_stream *s = &p->layers[layer].stream[stream];
+    const double sbits = s->scale_dtype == KV_DTYPE_F16 ? 16.0 : 32.0;
+    switch (s->method) {
+    case KV_PLAN_FP:
+        return (double)s->bits;
+    case KV_PLAN_UNIFORM: {
+        if (s->bits < 1 || s->bits > 8 || s->group_size < 1) return 0.0;
+        const double scales = 2.0 * sbits / (double)s->group_size;
+        return (s->share_codes_with_layer >= 0 ? 0.0 : code_bits_packed(s->bits, s->pack)) + scales;
+    }
+    case KV_PLAN_HIGGS: {
+        if (s->higgs_grid < 0 || s->higgs_grid >= p->n_grids || s->group_size < 1) return 0.0;
+        const kv_plan_grid *g = &p->grids[s->higgs_grid];
+        int b = 0;
+        while ((1L << b) < (long)g->n) b++;
+        return code_bits_packed(b, KV_PLAN_PACK_WORD) / (double)g->d + sbits / (double)s->group_size;
+    }
+    }
+    return 0.0;
+}
+
+uint64_t kv_plan_predictor_bytes(const kv_plan *p) {
+    uint64_t n = 0;
+    for (int l = 0; p && l < p->n_layers; l++)
+        for (int st = 0; st < 2; st++) {
+            const kv_plan_predictor *pr = p->layers[l].stream[st].predictor;
+            if (pr) n += 4u * ((uint64_t)pr->out_dim * (uint64_t)pr->in_dim + (uint64_t)pr->out_dim);
+        }
+    return n;
+}
+
+/* ---- creation time, fingerprint check --------------------------------------------------------------- */
+kv_status kv_plan_creation_time(int64_t *out) {
+    const char *e = getenv("SOURCE_DATE_EPOCH");
+    if (e && *e) {
+        char *end = NULL;
+        errno = 0;
+        long long v = strtoll(e, &end, 10);
+        if (errno || !end || *end || v < 0)
+            return KV_ERR(KV_EINVAL, "SOURCE_DATE_EPOCH='%s' is not a non-negative integer", e);
+        *out = (int64_t)v;
+        return KV_OK;
+    }
+    *out = (int64_t)time(NULL);
+    return KV_OK;
+}
+
+kv_status kv_plan_check_fingerprint(const kv_plan *p, const kv_plan_fingerprint *m) {
+    if (!p || !m) return KV_ERR(KV_EINVAL, "kv_plan_check_fingerprint: no plan or no model fingerprint");
+    const kv_plan_fingerprint *f = &p->fingerprint;
+    if (strncmp(f->arch, m->arch, sizeof f->arch) != 0)
+        return KV_ERR(KV_EMISMATCH, "plan is for a different model: arch '%.32s' in the plan, '%.32s' in the model",
+                      f->arch, m->arch);
+#define CMP_INT(field)                                                                                     \
+    if (f->field != m->field)                                                                              \
+        return KV_ERR(KV_EMISMATCH, "plan is for a different model: " #field " %d in the plan, %d in the model", \
+                      f->field, m->field);
+    CMP_INT(n_layers)
+    CMP_INT(d_model)
+    CMP_INT(n_heads)
+    CMP_INT(n_kv_heads)
+    CMP_INT(head_dim)
+    CMP_INT(vocab_size)
+#undef CMP_INT
+    if (f->rope_theta != m->rope_theta)
+        return KV_ERR(KV_EMISMATCH, "plan is for a different model: rope_theta %g in the plan, %g in the model",
+                      (double)f->rope_theta, (double)m->rope_theta);
+    if (memcmp(f->kv_sha256, m->kv_sha256, 32) != 0) {
+        char a[65], b[65];
+        kv_sha256_hex(a, f->kv_sha256);
+        kv_sha256_hex(b, m->kv_sha256);
+        return KV_ERR(KV_EMISMATCH,
+                      "plan is for a different model: the K/V projection weights differ (sha256 %.16s... in the "
+                      "plan, %.16s... in the model)", a, b);
+    }
+    return KV_OK;
+}

@@ -1,0 +1,68 @@
+/* plan_internal.h — internals shared by plan*.c and config*.c (not a public header).
+ * Spec: formats/PLAN_FORMAT.md (cited as §N). */
+#ifndef KV_PLAN_INTERNAL_H
+#define KV_PLAN_INTERNAL_H
+
+#include <jansson.h>
+
+#include "kv_formats.h"
+
+/* §4: the header and the section table entry of format 1.0. */
+#define KV_PLAN_MAGIC_BYTES "\x89KVPLAN\n"
+#define KV_PLAN_HEADER_SIZE 64u
+#define KV_PLAN_ENTRY_SIZE 40u
+#define KV_PLAN_ALIGN 64u
+#define KV_PLAN_BOM 0x0A0B0C0Du
+#define KV_PLAN_MAX_SECTIONS 64u
+#define KV_PLAN_LAYER_RECORD_SIZE 104u  /* §6.4 */
+#define KV_PLAN_STREAM_RECORD_SIZE 48u
+#define KV_PLAN_MAX_SECTION_SIZE (1ull << 36)
+#define KV_PLAN_MAX_STRING (16u << 20)
+
+/* Stream record flags (§6.4). */
+#define KV_PLAN_SF_PRE_ROPE 0x1u
+#define KV_PLAN_SF_PREDICTOR 0x2u
+#define KV_PLAN_SF_SQUAT 0x4u
+
+/* Limits of §6. */
+#define KV_PLAN_MAX_LAYERS 4096
+#define KV_PLAN_MAX_GRIDS 64
+#define KV_PLAN_MAX_METRICS 64
+
+/* ---- growable little-endian byte buffer (writer side) ---- */
+typedef struct kv_buf {
+    uint8_t *data;
+    size_t size, cap;
+    int failed; /* sticky: an allocation failed */
+} kv_buf;
+void kv_buf_free(kv_buf *b);
+uint8_t *kv_buf_grow(kv_buf *b, size_t n); /* n more bytes (zeroed); NULL once failed */
+void kv_buf_u32(kv_buf *b, uint32_t v);
+void kv_buf_i32(kv_buf *b, int32_t v);
+void kv_buf_u64(kv_buf *b, uint64_t v);
+void kv_buf_f32(kv_buf *b, float v);
+void kv_buf_f32s(kv_buf *b, const float *v, size_t n);
+void kv_buf_bytes(kv_buf *b, const void *p, size_t n);
+void kv_buf_str(kv_buf *b, const char *s); /* §1 str: u32 length + bytes (NULL = "") */
+
+/* Required/optional feature bits the content of p uses (§4; the ZLIB bit is the writer's). */
+uint64_t kv_plan_required_features(const kv_plan *p);
+uint64_t kv_plan_optional_features(const kv_plan *p);
+
+/* Emit a JSON value tree as a YAML document (block style; multi-line strings as literals).
+ * Caller frees *out. */
+kv_status kv_yaml_from_json(char **out, const json_t *root);
+
+/* CRC-32 (zlib's crc32) of n bytes, any n. */
+uint32_t kv_plan_crc32(const uint8_t *p, size_t n);
+
+/* §6.1 sanity of a fingerprint (KV_EFORMAT naming the field). */
+kv_status kv_plan_fingerprint_validate(const kv_plan_fingerprint *f);
+
+/* 1 when the n bytes at s are valid UTF-8 without NUL bytes. */
+int kv_plan_utf8_valid(const char *s, size_t n);
+
+/* A copy of s (NULL -> ""), or NULL when out of memory. */
+char *kv_plan_strdup(const char *s);
+
+#endif
