@@ -5,6 +5,7 @@
 #include "kv_cli.h"
 
 /* kvrun */
+int kvrun_info(int argc, char **argv);     /* kvrun_info.c: describe a model file */
 
 /* kvcal */
 

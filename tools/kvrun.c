@@ -2,6 +2,7 @@
 #include "kv_tools.h"
 
 static const kv_subcommand k_commands[] = {
+    {"info", "describe a model: architecture, tensors, KV cache per token", kvrun_info},
     {NULL, NULL, NULL},
 };
 
