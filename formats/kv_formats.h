@@ -179,6 +179,13 @@ kv_status kv_gguf_writer_to_memory(kv_gguf_writer *w, uint8_t **out, size_t *siz
  *   blk.N.attn_output.weight [n_heads*head_dim, d_model]
  *   blk.N.ffn_gate.weight [d_model, d_ff]  blk.N.ffn_up.weight [d_model, d_ff]  blk.N.ffn_down.weight [d_ff, d_model]
  * i.e. a weight W with ne = {in, out} is a row-major out x in matrix (y = W x), as in PyTorch.
+ * Other GGUF tensors keep their own names (rope_freqs.weight [head_dim/2]: llama.cpp's per-pair
+ * frequency divisors, its form of Llama 3 RoPE scaling); HF tensors a forward does not use are
+ * left out. kv_model_file_open checks that every tensor above is present with its shape and a type
+ * kv_dequantize reads (biases only when qkv_bias), so a model that opens can be loaded.
+ * kv_tensor_info.offset counts from the GGUF data section, or from the start of the (shard) file
+ * for safetensors and llama2.c. `data` is not necessarily aligned for its type (safetensors offsets
+ * are byte offsets): read through kv_model_file_read_f32 or byte loads.
  * The RoPE layout says how Q/K rows are paired: GGUF-converted Llama and llama2.c rotate adjacent
  * pairs (2i, 2i+1); HF checkpoints (and GGUF qwen2) rotate halves (i, i + head_dim/2).
  * ============================================================================================ */
@@ -214,7 +221,10 @@ typedef struct kv_model_file kv_model_file; /* opaque */
 
 /* Open a model: a .gguf file, a directory with config.json + *.safetensors (single or sharded
  * with model.safetensors.index.json), or a llama2.c checkpoint. The format is detected from the
- * content (magic / directory), not the file name. */
+ * content (magic / directory), not the file name. Errors: KV_EIO (cannot open or map),
+ * KV_EFORMAT (malformed: unrecognized content, truncated, missing or misshaped tensor, bad
+ * config.json), KV_EVERSION (GGUF version), KV_EUNSUPPORTED (architecture, dtype, RoPE scaling
+ * type this build does not read), KV_ENOTFOUND (a directory without config.json or weights). */
 kv_status kv_model_file_open(kv_model_file **out, const char *path);
 void kv_model_file_close(kv_model_file *mf);
 kv_model_format kv_model_file_format(const kv_model_file *mf);

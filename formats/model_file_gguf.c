@@ -109,8 +109,9 @@ static kv_status read_arch(gguf_ctx *c, kv_arch *a) {
         return KV_ERR(KV_EUNSUPPORTED, "'%s': partial RoPE (rope.dimension_count %d of head_dim %d) is not supported",
                       path, rope_dims, a->head_dim);
 
-    /* RoPE scaling: "<arch>.rope.scaling.type" (or the older rope.scale_linear). Llama 3 style
-     * scaling is stored by llama.cpp as a rope_freqs.weight tensor of per-pair factors instead. */
+    /* RoPE scaling: "<arch>.rope.scaling.type" (or the older rope.scale_linear). llama.cpp stores
+     * Llama 3 scaling as a rope_freqs.weight tensor of per-pair divisors instead, which stays a
+     * tensor of the model (the forward applies it); the arch then says "none". */
     char type[32] = "none";
     if ((s = get_str(c, ar, "rope.scaling.type", type, sizeof type, &found))) return s;
     float scale_linear = 0.0f;
@@ -127,9 +128,6 @@ static kv_status read_arch(gguf_ctx *c, kv_arch *a) {
                       type);
     }
     if ((s = get_int(c, ar, "rope.scaling.original_context_length", 0, 0, &a->rope_orig_max_pos))) return s;
-    if (kv_gguf_find_tensor(c->g, "rope_freqs.weight"))
-        kv_log(KV_LOG_WARN, "%s: has per-dimension RoPE factors (rope_freqs.weight): kept as a tensor, "
-                            "not described by the architecture", path);
     /* llama.cpp permutes Llama/Mistral Q and K rows at conversion (adjacent pairs); qwen2 keeps
      * the HF order and is rotated NEOX style (halves). */
     a->rope_layout = strcmp(ar, "qwen2") == 0 ? KV_ROPE_HALF : KV_ROPE_ADJACENT;
