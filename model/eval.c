@@ -18,8 +18,8 @@ double kv_nll_of(const float *logits, int n_vocab, int target) {
     return -((double)(logits[target] - mx) - log(sum));
 }
 
-kv_status kv_eval_perplexity(kv_model *m, const int32_t *tokens, size_t n_tokens, const kv_ppl_options *opt,
-                             kv_ppl_result *out) {
+kv_status kv_eval_perplexity(kv_ppl_result *out, kv_model *m, const int32_t *tokens, size_t n_tokens,
+                             const kv_ppl_options *opt) {
     if (!m || !opt || !out || (!tokens && n_tokens)) return KV_ERR(KV_EINVAL, "kv_eval_perplexity: NULL argument");
     memset(out, 0, sizeof *out);
     const int ctx = opt->ctx, V = m->arch.vocab_size, d = m->arch.d_model;

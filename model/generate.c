@@ -63,11 +63,22 @@ kv_status kv_sample_token(int32_t *out, const float *logits, int n_vocab, float 
     return KV_OK;
 }
 
-kv_status kv_generate(kv_model *m, kv_cache *cache, const int32_t *prompt, int n_prompt,
-                      const kv_gen_options *opt, kv_token_fn on_token, void *user, int32_t *out, int *n_out) {
-    if (!m || !cache || !prompt || n_prompt <= 0 || !opt || opt->n_new < 0 || (opt->n_new && !out) || !n_out)
+static int is_stop(const kv_gen_options *opt, int32_t tok) {
+    for (int i = 0; opt->stop_ids && i < opt->n_stop_ids; i++)
+        if (opt->stop_ids[i] == tok) return 1;
+    return 0;
+}
+
+kv_status kv_generate(int32_t *out, int *n_out, kv_gen_stats *stats, kv_model *m, kv_cache *cache,
+                      const int32_t *prompt, int n_prompt, const kv_gen_options *opt, kv_token_fn on_token,
+                      void *user) {
+    if (!m || !cache || !prompt || n_prompt <= 0 || !opt || opt->n_new < 0 || (opt->n_new && !out) || !n_out ||
+        opt->n_stop_ids < 0)
         return KV_ERR(KV_EINVAL, "kv_generate: bad arguments (prompt of %d tokens)", n_prompt);
     *n_out = 0;
+    kv_gen_stats st;
+    memset(&st, 0, sizeof st);
+    st.n_prompt = n_prompt;
     const int V = m->arch.vocab_size;
     float *logits = kv_aligned_alloc(64, (size_t)V * sizeof(float));
     if (!logits) return KV_ERR(KV_ENOMEM, "out of memory for logits");
@@ -84,11 +95,14 @@ kv_status kv_generate(kv_model *m, kv_cache *cache, const int32_t *prompt, int n
     f.seq_ids = &slot;
     f.logits = logits;
     f.logits_last_only = 1;
+    double t0 = kv_now_seconds();
     kv_status s = kv_model_forward(m, &f);
+    st.prefill_seconds = kv_now_seconds() - t0;
+    t0 = kv_now_seconds();
     for (int i = 0; s == KV_OK && i < opt->n_new; i++) {
         int32_t tok;
         if ((s = kv_sample_token(&tok, logits, V, opt->temp, opt->top_p, &rng)) != KV_OK) break;
-        if (tok == opt->stop_id[0] || tok == opt->stop_id[1]) break;
+        if (is_stop(opt, tok)) break;
         out[(*n_out)++] = tok;
         if (on_token && (s = on_token(user, tok)) != KV_OK) break;
         if (i + 1 == opt->n_new) break;
@@ -96,6 +110,9 @@ kv_status kv_generate(kv_model *m, kv_cache *cache, const int32_t *prompt, int n
         f.n_tokens = 1;
         s = kv_model_forward(m, &f);
     }
+    st.decode_seconds = kv_now_seconds() - t0;
+    st.n_generated = *n_out;
+    if (stats) *stats = st;
     kv_aligned_free(logits);
     return s;
 }

@@ -10,7 +10,7 @@
 extern "C" {
 #endif
 
-/* ---- model ---- (weights.c, forward.c, kv_cache.c, eval.c, generate.c)
+/* ---- model ---- (weights*.c, forward.c, kv_cache.c, eval.c, generate.c)
  *
  * The reference transformer of the Llama family (Llama 2/3.x, Mistral, Qwen2, SmolLM2): RMSNorm,
  * RoPE (adjacent-pair or half layout, theta and linear/llama3 scaling from kv_arch), grouped-query
@@ -232,8 +232,8 @@ typedef struct kv_ppl_result {
 /* Perplexity of the uncompressed model over a tokenized text. For protocol all, `tokens` is the
  * text without BOS; for llama.cpp, the text as llama.cpp tokenizes it (BOS first when the vocabulary
  * adds it). KV_EINVAL when the text is shorter than one chunk. */
-kv_status kv_eval_perplexity(kv_model *m, const int32_t *tokens, size_t n_tokens,
-                             const kv_ppl_options *opt, kv_ppl_result *out);
+kv_status kv_eval_perplexity(kv_ppl_result *out, kv_model *m, const int32_t *tokens, size_t n_tokens,
+                             const kv_ppl_options *opt);
 
 /* -log softmax(logits)[target] of one row of n_vocab logits (max in float, sum of exp in double, as
  * llama.cpp's perplexity tool does). */
@@ -241,21 +241,29 @@ double kv_nll_of(const float *logits, int n_vocab, int target);
 
 /* ---- generation (generate.c) --------------------------------------------------------------- */
 typedef struct kv_gen_options {
-    int n_new;        /* tokens to generate at most */
-    float temp;       /* 0: greedy (argmax, lowest id on ties) */
-    float top_p;      /* nucleus sampling when 0 < top_p < 1; 1 = off */
+    int n_new;                /* tokens to generate at most */
+    float temp;               /* <= 0: greedy (argmax, lowest id on ties) */
+    float top_p;              /* nucleus sampling when 0 < top_p < 1; 1 = off */
     uint64_t seed;
-    int stop_id[2];   /* stop when one of these is generated (-1 = unused) */
+    const int32_t *stop_ids;  /* generation ends before any of these (NULL: none) */
+    int n_stop_ids;
 } kv_gen_options;
+
+typedef struct kv_gen_stats {
+    int n_prompt, n_generated;
+    double prefill_seconds;   /* the prompt's forward pass */
+    double decode_seconds;    /* the single-token forward passes */
+} kv_gen_stats;
 
 /* Called for each generated token; a non-OK return stops generation with that status. */
 typedef kv_status (*kv_token_fn)(void *user, int32_t token);
 
 /* Prefill the prompt into `cache` slot 0 (which is reset first), then decode token by token through
- * the cache. Generated ids go to out (capacity n_new) and *n_out; the stop token is not included. */
-kv_status kv_generate(kv_model *m, kv_cache *cache, const int32_t *prompt, int n_prompt,
-                      const kv_gen_options *opt, kv_token_fn on_token, void *user, int32_t *out,
-                      int *n_out);
+ * the cache. Generated ids go to out (capacity opt->n_new) and *n_out; a stop token is not included.
+ * stats may be NULL. */
+kv_status kv_generate(int32_t *out, int *n_out, kv_gen_stats *stats, kv_model *m, kv_cache *cache,
+                      const int32_t *prompt, int n_prompt, const kv_gen_options *opt, kv_token_fn on_token,
+                      void *user);
 /* Pick the next token from one row of logits: argmax at temp <= 0, else a draw from
  * softmax(logits/temp) (restricted to the top-p nucleus when 0 < top_p < 1) using one uniform of rng. */
 kv_status kv_sample_token(int32_t *out, const float *logits, int n_vocab, float temp, float top_p,

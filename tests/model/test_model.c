@@ -517,7 +517,7 @@ START_TEST(test_eval_protocols) {
         for (int batch = 1; batch <= 3; batch += 2) {
             kv_ppl_options o = {all ? KV_PPL_ALL : KV_PPL_LLAMACPP, CTX, batch, 1, 0, NULL};
             kv_ppl_result r;
-            ck_assert_kv_ok(kv_eval_perplexity(m, text, N, &o, &r));
+            ck_assert_kv_ok(kv_eval_perplexity(&r, m, text, N, &o));
             const size_t chunks = all ? N / (CTX - 1) : N / CTX;
             ck_assert_uint_eq(r.n_chunks, chunks);
             ck_assert_uint_eq(r.tokens_scored, scored);
@@ -532,11 +532,11 @@ START_TEST(test_eval_protocols) {
     }
     kv_ppl_options o = {KV_PPL_ALL, CTX, 1, 1, 2, NULL};
     kv_ppl_result r;
-    ck_assert_kv_ok(kv_eval_perplexity(m, text, N, &o, &r));
+    ck_assert_kv_ok(kv_eval_perplexity(&r, m, text, N, &o));
     ck_assert_uint_eq(r.n_chunks, 2);
-    ck_assert_int_eq(kv_eval_perplexity(m, text, CTX - 2, &o, &r), KV_EINVAL); /* shorter than a chunk */
+    ck_assert_int_eq(kv_eval_perplexity(&r, m, text, CTX - 2, &o), KV_EINVAL); /* shorter than a chunk */
     o.bos_id = -1;
-    ck_assert_int_eq(kv_eval_perplexity(m, text, N, &o, &r), KV_EINVAL); /* protocol all needs BOS */
+    ck_assert_int_eq(kv_eval_perplexity(&r, m, text, N, &o), KV_EINVAL); /* protocol all needs BOS */
     kv_model_free(m);
 }
 END_TEST
@@ -553,8 +553,8 @@ START_TEST(test_generate) {
     enum { N = 20 };
     int32_t out[N], out2[N], seq[5 + N];
     int n = 0, n2 = 0;
-    kv_gen_options g = {N, 0.0f, 1.0f, 0, {-1, -1}};
-    ck_assert_kv_ok(kv_generate(m, c, prompt, 5, &g, NULL, NULL, out, &n));
+    kv_gen_options g = {N, 0.0f, 1.0f, 0, NULL, 0};
+    ck_assert_kv_ok(kv_generate(out, &n, NULL, m, c, prompt, 5, &g, NULL, NULL));
     ck_assert_int_eq(n, N);
     /* Greedy through the cache equals argmax of a full prefill of the growing sequence. */
     memcpy(seq, prompt, sizeof prompt);
@@ -568,18 +568,19 @@ START_TEST(test_generate) {
     }
     /* Sampling: reproducible for a seed; a tiny nucleus is greedy. */
     g.temp = 1.0f, g.seed = 42;
-    ck_assert_kv_ok(kv_generate(m, c, prompt, 5, &g, NULL, NULL, out2, &n2));
+    ck_assert_kv_ok(kv_generate(out2, &n2, NULL, m, c, prompt, 5, &g, NULL, NULL));
     int32_t out3[N];
     int n3 = 0;
-    ck_assert_kv_ok(kv_generate(m, c, prompt, 5, &g, NULL, NULL, out3, &n3));
+    ck_assert_kv_ok(kv_generate(out3, &n3, NULL, m, c, prompt, 5, &g, NULL, NULL));
     ck_assert_int_eq(n2, n3);
     ck_assert_mem_eq(out2, out3, (size_t)n2 * sizeof(int32_t));
     g.top_p = 1e-6f;
-    ck_assert_kv_ok(kv_generate(m, c, prompt, 5, &g, NULL, NULL, out3, &n3));
+    ck_assert_kv_ok(kv_generate(out3, &n3, NULL, m, c, prompt, 5, &g, NULL, NULL));
     ck_assert_mem_eq(out3, out, N * sizeof(int32_t));
     /* Stop token: generation ends before it. */
-    g.temp = 0.0f, g.top_p = 1.0f, g.stop_id[0] = out[3];
-    ck_assert_kv_ok(kv_generate(m, c, prompt, 5, &g, NULL, NULL, out3, &n3));
+    const int32_t stop = out[3];
+    g.temp = 0.0f, g.top_p = 1.0f, g.stop_ids = &stop, g.n_stop_ids = 1;
+    ck_assert_kv_ok(kv_generate(out3, &n3, NULL, m, c, prompt, 5, &g, NULL, NULL));
     int first = 0;
     while (out[first] != out[3]) first++;
     ck_assert_int_eq(n3, first);

@@ -44,9 +44,12 @@ START_TEST(test_greedy_from_bos) {
     ck_assert_kv_ok(kv_cache_plain_create(&c, a, 1, 256));
     const int32_t bos = 1;
     /* llama2.c stops when BOS comes back (a new story) or after 256 positions. */
-    kv_gen_options g = {255, 0.0f, 1.0f, 0, {1, -1}};
+    kv_gen_options g = {255, 0.0f, 1.0f, 0, &bos, 1};
     int n = 0;
-    ck_assert_kv_ok(kv_generate(m, c, &bos, 1, &g, NULL, NULL, out, &n));
+    kv_gen_stats st;
+    ck_assert_kv_ok(kv_generate(out, &n, &st, m, c, &bos, 1, &g, NULL, NULL));
+    ck_assert_int_eq(st.n_prompt, 1);
+    ck_assert_int_eq(st.n_generated, n);
     ck_assert_int_eq(n, ng);
     for (int i = 0; i < ng; i++) ck_assert_msg(out[i] == golden[i], "token %d: %d, llama2.c port %d", i, out[i], golden[i]);
     kv_cache_free(c);
