@@ -237,6 +237,31 @@ kv_status kv_quant_roundtrip(float *x_hat, kv_block_storage *st, const kv_quant 
 kv_status kv_predictor_apply(float *y, const kv_plan_predictor *pr, const float *const *inputs,
                              size_t tokens, int kv_dim);
 
+/* ---- compressed KV cache (kv_ccache.c) ---------------------------------------------------------
+ * A kv_cache (kv_model.h) that applies a plan: sinks and a recent buffer in full precision, older
+ * tokens compressed in chunks of `recent` tokens, layer 0 first, through each stream's predictor and
+ * quantizer (see kv_ccache.c for the exact semantics). The plan and the model are borrowed and must
+ * outlive the cache. Plans using features this runtime does not apply (token pruning, shared codes,
+ * SQuat) are refused with KV_EUNSUPPORTED; a plan for other dimensions with KV_EMISMATCH (check the
+ * fingerprint with kv_plan_check_fingerprint first for a complete check). */
+struct kv_model;
+struct kv_cache;
+kv_status kv_ccache_create(struct kv_cache **out, const kv_plan *plan, const struct kv_model *model, int n_seqs);
+
+/* What a compressed cache holds now (all sequences): values (2 per token, layer and KV channel),
+ * the compressed ones' exact storage, the full-precision ones at 16 bits, predictor weights (32 bits
+ * each, once per cache). */
+typedef struct kv_ccache_stats {
+    uint64_t tokens;            /* tokens held, summed over sequences */
+    uint64_t values_total;
+    uint64_t values_compressed;
+    uint64_t values_fp;
+    uint64_t payload_bits;      /* codes + scales + zero points + norms of the compressed values */
+    uint64_t fp_bits;           /* 16 * values_fp */
+    uint64_t predictor_bits;    /* 32 * predictor weights and biases */
+} kv_ccache_stats;
+kv_status kv_ccache_get_stats(const struct kv_cache *c, kv_ccache_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -270,6 +270,35 @@ kv_status kv_sample_token(int32_t *out, const float *logits, int n_vocab, float 
                           kv_rng *rng);
 /* ---- end model ---- */
 
+/* ---- comparison with a KV cache (eval_compare.c) -------------------------------------------
+ * The same chunks (protocol "all": BOS + ctx-1 text tokens, every prediction scored) run twice:
+ * exact attention (one prefill per chunk) and through `cache` fed in steps (first_step tokens, then
+ * step tokens at a time, as a decoder with that cache's buffer would see them). */
+typedef kv_status (*kv_compare_chunk_fn)(void *user, kv_cache *cache, size_t chunk);
+typedef struct kv_compare_options {
+    int ctx;
+    int bos_id;
+    size_t max_chunks;          /* 0 = all */
+    int first_step, step;
+    const char *progress_label; /* NULL: no progress */
+    kv_compare_chunk_fn on_chunk; /* after each chunk, before the cache is reset (stats); may be NULL */
+    void *user;
+} kv_compare_options;
+
+typedef struct kv_compare_result {
+    double ppl, nll_mean;         /* through the cache */
+    double ppl_ref, nll_mean_ref; /* exact, same tokens */
+    double kl_mean;               /* mean KL(P_exact || P_cache) per scored position, nats */
+    double top1_agreement;        /* fraction of positions where both argmaxes agree */
+    size_t tokens_total, tokens_evaluated, tokens_scored, n_chunks;
+    double seconds_ref, seconds_cache;
+    double tokens_per_second, tokens_per_second_ref;
+} kv_compare_result;
+
+kv_status kv_eval_compare(kv_model *m, kv_cache *cache, const int32_t *tokens, size_t n_tokens,
+                          const kv_compare_options *opt, kv_compare_result *out);
+/* ---- end comparison ---- */
+
 /* ---- backward (backward.c) ----------------------------------------------------------------
  * Gradients of the mean next-token cross-entropy of a prompt, for KVmix layer importance: one
  * forward (activations kept) and ONE backward over all layers per prompt. The model must hold f32
@@ -292,6 +321,66 @@ kv_status kv_grad_loss(kv_grad *g, const int32_t *tokens, int n_tokens, double *
  * (NULL when not computed), as double* (F64) or float* (F32), and its element count. */
 kv_status kv_grad_param(kv_grad *g, const char *name, void **value, const void **grad, size_t *numel);
 /* ---- end backward ---- */
+
+/* ---- tokenizer ---- (tokenizer*.c)
+ * Byte-level BPE (GPT-2 style: Llama 3, Qwen2, SmolLM2) with the pre-tokenizer rules GGUF's
+ * tokenizer.ggml.pre names, and SentencePiece-style BPE (Llama 2, llama2.c tok*.bin, sentencepiece
+ * .model, HF tokenizer.json exports of Llama 2 / Mistral) with the dummy prefix, U+2581 for spaces
+ * and "<0xNN>" byte fallback. Token ids equal llama.cpp's (GGUF) and sentencepiece's (.model, llama2.c)
+ * on WikiText-2; tests/tokenizer keeps the reference hashes and the script that made them.
+ *
+ * A kv_tokenizer is immutable after creation: encode/decode may run concurrently from many threads.
+ * Special tokens: user-defined tokens written in the text are always split out and map to their ids
+ * (as llama.cpp does); control tokens only with KV_TOK_PARSE_SPECIAL. */
+typedef struct kv_tokenizer kv_tokenizer;
+
+/* kv_tokenizer_encode flags */
+#define KV_TOK_ADD_BOS 0x1u         /* prepend BOS (KV_EINVAL if the vocabulary has none) */
+#define KV_TOK_PARSE_SPECIAL 0x2u   /* control tokens written in the text ("<|im_start|>") become their ids */
+#define KV_TOK_NO_SPACE_PREFIX 0x4u /* SPM kinds: no dummy prefix (text that continues earlier text) */
+/* kv_tokenizer_decode flags */
+#define KV_DETOK_SPECIAL 0x1u       /* render control / unknown tokens as their text (default: nothing) */
+#define KV_DETOK_KEEP_PREFIX 0x2u   /* SPM kinds: keep the leading space the dummy prefix produced */
+
+/* Build a tokenizer from tokenizer data (copied: v may be freed afterwards). KV_EUNSUPPORTED for a
+ * pre-tokenizer this build does not implement (message names it). */
+kv_status kv_tokenizer_create(kv_tokenizer **out, const kv_vocab_data *v);
+/* kv_vocab_load + kv_tokenizer_create (arguments as kv_vocab_load). */
+kv_status kv_tokenizer_load(kv_tokenizer **out, const kv_model_file *mf, const char *tokenizer_path);
+void kv_tokenizer_free(kv_tokenizer *t);
+
+/* Tokenize len bytes of text (any bytes; invalid UTF-8 is tokenized byte-wise, never an error).
+ * *ids (malloc'd, caller frees; non-NULL even when *n == 0) receives *n token ids. */
+kv_status kv_tokenizer_encode(int32_t **ids, size_t *n, const kv_tokenizer *t, const char *text, size_t len,
+                              unsigned flags);
+/* Concatenate the pieces of n ids into *text (malloc'd, NUL-terminated, *len bytes without the NUL).
+ * SPM kinds with a dummy prefix drop the one leading space of the first text token (so that
+ * decode(encode(x)) == x) unless KV_DETOK_KEEP_PREFIX. KV_EINVAL for an id out of range. */
+kv_status kv_tokenizer_decode(char **text, size_t *len, const kv_tokenizer *t, const int32_t *ids, size_t n,
+                              unsigned flags);
+/* The bytes token id stands for (borrowed, NUL-terminated, *len bytes; len may be NULL): byte-level
+ * BPE tokens mapped back to bytes, U+2581 back to ' ', "<0xNN>" to its byte; "" for control and
+ * unknown tokens. NULL for an id out of range. */
+const char *kv_tokenizer_piece(const kv_tokenizer *t, int32_t id, size_t *len);
+/* For streaming generated text: the piece of id, without its leading space when prev is BOS or
+ * negative (start of text) and the vocabulary uses a dummy prefix (what sentencepiece's decoder does). */
+const char *kv_tokenizer_piece_after(const kv_tokenizer *t, int32_t prev, int32_t id, size_t *len);
+/* The token as the vocabulary spells it ("\xC4\xA0the", "\xE2\x96\x81the", "<0x0A>"); borrowed. */
+const char *kv_tokenizer_token_text(const kv_tokenizer *t, int32_t id, size_t *len);
+/* Id of the token spelled exactly as the n bytes at text, or -1. */
+int32_t kv_tokenizer_find(const kv_tokenizer *t, const char *text, size_t n);
+
+int kv_tokenizer_n_vocab(const kv_tokenizer *t);
+int32_t kv_tokenizer_bos(const kv_tokenizer *t);      /* -1 when absent */
+int32_t kv_tokenizer_eos(const kv_tokenizer *t);      /* -1 when absent */
+int kv_tokenizer_add_bos_default(const kv_tokenizer *t); /* the model's default for KV_TOK_ADD_BOS */
+int kv_tokenizer_token_type(const kv_tokenizer *t, int32_t id); /* kv_token_type; 0 out of range */
+/* 1 for tokens that end generation: EOS and the end-of-turn tokens llama.cpp recognizes by text
+ * ("<|eot_id|>", "<|im_end|>", "<|endoftext|>", "<end_of_turn>", ...). */
+int kv_tokenizer_is_eog(const kv_tokenizer *t, int32_t id);
+kv_vocab_kind kv_tokenizer_kind(const kv_tokenizer *t);
+const char *kv_tokenizer_pre(const kv_tokenizer *t); /* pre-tokenizer name, "" for SPM kinds */
+/* ---- end tokenizer ---- */
 
 #ifdef __cplusplus
 }

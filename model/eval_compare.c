@@ -1,0 +1,146 @@
+/* eval_compare.c — the cost of a KV cache in quality: the same chunks of a text run through the
+ * model twice, once with exact attention (one prefill per chunk) and once through the given cache
+ * in steps (as a decoder would feed it), and every prediction is compared: perplexity of both, mean
+ * KL(P_exact || P_cache) and top-1 agreement. Protocol: chunks of ctx-1 text tokens, each prefixed
+ * with BOS, every prediction scored (protocol "all" of kv_eval_perplexity). */
+#include "forward_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CMP_ROWS 32 /* output rows scored at a time (bounds the two logits buffers) */
+
+/* log-softmax statistics of one row: max and log-sum-exp (double). */
+static void row_lse(const float *x, int n, float *mx_out, double *lse_out) {
+    float mx = x[0];
+    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += exp((double)(x[i] - mx));
+    *mx_out = mx;
+    *lse_out = log(sum);
+}
+
+static int row_argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* Score one row pair: NLLs of the target under both, KL(P || Q), whether the argmaxes agree. */
+static void score_row(const float *p_logits, const float *q_logits, int V, int target, double out[4]) {
+    float mp, mq;
+    double lp, lq;
+    row_lse(p_logits, V, &mp, &lp);
+    row_lse(q_logits, V, &mq, &lq);
+    double kl = 0.0;
+    for (int i = 0; i < V; i++) {
+        const double logp = (double)(p_logits[i] - mp) - lp, logq = (double)(q_logits[i] - mq) - lq;
+        kl += exp(logp) * (logp - logq);
+    }
+    out[0] = -((double)(p_logits[target] - mp) - lp);
+    out[1] = -((double)(q_logits[target] - mq) - lq);
+    out[2] = kl > 0 ? kl : 0.0; /* rounding can make a zero divergence slightly negative */
+    out[3] = row_argmax(p_logits, V) == row_argmax(q_logits, V);
+}
+
+kv_status kv_eval_compare(kv_model *m, kv_cache *cache, const int32_t *tokens, size_t n_tokens,
+                          const kv_compare_options *opt, kv_compare_result *out) {
+    if (!m || !cache || !opt || !out || (!tokens && n_tokens)) return KV_ERR(KV_EINVAL, "kv_eval_compare: NULL argument");
+    memset(out, 0, sizeof *out);
+    const int ctx = opt->ctx, V = m->arch.vocab_size, d = m->arch.d_model;
+    if (ctx < 2 || ctx > (1 << 24)) return KV_ERR(KV_EINVAL, "context %d is out of range", ctx);
+    if (opt->bos_id < 0 || opt->bos_id >= V) return KV_ERR(KV_EINVAL, "the comparison needs a BOS token (got %d)", opt->bos_id);
+    if (opt->first_step < 1 || opt->step < 1) return KV_ERR(KV_EINVAL, "step sizes must be >= 1");
+    const size_t stride = (size_t)ctx - 1;
+    size_t n_chunks = n_tokens / stride;
+    if (opt->max_chunks && n_chunks > opt->max_chunks) n_chunks = opt->max_chunks;
+    if (n_chunks == 0) return KV_ERR(KV_EINVAL, "the text has %zu tokens, fewer than one chunk of %zu", n_tokens, stride);
+    kv_status s = KV_OK;
+    int32_t *in = malloc((size_t)ctx * sizeof(int32_t));
+    float *h_ref = kv_aligned_alloc(64, (size_t)ctx * d * sizeof(float));
+    float *h_c = kv_aligned_alloc(64, (size_t)ctx * d * sizeof(float));
+    float *lg_ref = kv_aligned_alloc(64, (size_t)CMP_ROWS * V * sizeof(float));
+    float *lg_c = kv_aligned_alloc(64, (size_t)CMP_ROWS * V * sizeof(float));
+    double *rows = malloc((size_t)CMP_ROWS * 4 * sizeof(double));
+    if (!in || !h_ref || !h_c || !lg_ref || !lg_c || !rows) {
+        s = KV_ERR(KV_ENOMEM, "out of memory for the comparison of %d-token chunks", ctx);
+        goto done;
+    }
+    kv_progress prog;
+    if (opt->progress_label) kv_progress_begin(&prog, opt->progress_label, "tok", (double)(n_chunks * ctx));
+    double sum_nll_ref = 0, sum_nll = 0, sum_kl = 0, agree = 0;
+    size_t scored = 0;
+    for (size_t c = 0; c < n_chunks; c++) {
+        in[0] = opt->bos_id;
+        memcpy(in + 1, tokens + c * stride, stride * sizeof(int32_t));
+        /* exact: one prefill */
+        double t0 = kv_now_seconds();
+        kv_forward f;
+        memset(&f, 0, sizeof f);
+        f.tokens = in;
+        f.n_seqs = 1;
+        f.n_tokens = ctx;
+        f.hidden = h_ref;
+        if ((s = kv_model_forward(m, &f)) != KV_OK) goto done;
+        out->seconds_ref += kv_now_seconds() - t0;
+        /* through the cache, in steps */
+        t0 = kv_now_seconds();
+        kv_cache_reset(cache, 0);
+        for (int p = 0; p < ctx;) {
+            const int n = p == 0 ? opt->first_step : opt->step;
+            const int len = n < ctx - p ? n : ctx - p;
+            memset(&f, 0, sizeof f);
+            f.tokens = in + p;
+            f.n_seqs = 1;
+            f.n_tokens = len;
+            f.cache = cache;
+            f.hidden = h_c + (size_t)p * d;
+            if ((s = kv_model_forward(m, &f)) != KV_OK) goto done;
+            p += len;
+        }
+        out->seconds_cache += kv_now_seconds() - t0;
+        if (opt->on_chunk && (s = opt->on_chunk(opt->user, cache, c)) != KV_OK) goto done;
+        /* compare: position t predicts text token c*stride + t (in[t+1]) */
+        for (int r0 = 0; r0 < ctx - 1; r0 += CMP_ROWS) {
+            const int nr = ctx - 1 - r0 < CMP_ROWS ? ctx - 1 - r0 : CMP_ROWS;
+            if ((s = kv_model_logits(m, h_ref + (size_t)r0 * d, (size_t)nr, lg_ref)) != KV_OK) goto done;
+            if ((s = kv_model_logits(m, h_c + (size_t)r0 * d, (size_t)nr, lg_c)) != KV_OK) goto done;
+#pragma omp parallel for num_threads(m->n_threads) schedule(static)
+            for (int i = 0; i < nr; i++)
+                score_row(lg_ref + (size_t)i * V, lg_c + (size_t)i * V, V, in[r0 + i + 1], rows + 4 * i);
+            for (int i = 0; i < nr; i++) { /* sums in a fixed order */
+                sum_nll_ref += rows[4 * i];
+                sum_nll += rows[4 * i + 1];
+                sum_kl += rows[4 * i + 2];
+                agree += rows[4 * i + 3];
+            }
+            scored += (size_t)nr;
+        }
+        if (opt->progress_label) kv_progress_update(&prog, (double)((c + 1) * ctx));
+    }
+    if (opt->progress_label) kv_progress_end(&prog);
+    out->n_chunks = n_chunks;
+    out->tokens_total = n_tokens;
+    out->tokens_evaluated = n_chunks * (size_t)ctx;
+    out->tokens_scored = scored;
+    out->nll_mean = sum_nll / scored;
+    out->nll_mean_ref = sum_nll_ref / scored;
+    out->ppl = exp(out->nll_mean);
+    out->ppl_ref = exp(out->nll_mean_ref);
+    out->kl_mean = sum_kl / scored;
+    out->top1_agreement = agree / scored;
+    out->tokens_per_second = out->seconds_cache > 0 ? out->tokens_evaluated / out->seconds_cache : 0.0;
+    out->tokens_per_second_ref = out->seconds_ref > 0 ? out->tokens_evaluated / out->seconds_ref : 0.0;
+    if (!isfinite(out->nll_mean) || !isfinite(out->kl_mean))
+        s = KV_ERR(KV_ENUMERIC, "the comparison is not finite (NLL %g, KL %g)", out->nll_mean, out->kl_mean);
+done:
+    free(in);
+    kv_aligned_free(h_ref);
+    kv_aligned_free(h_c);
+    kv_aligned_free(lg_ref);
+    kv_aligned_free(lg_c);
+    free(rows);
+    return s;
+}
