@@ -157,77 +157,50 @@ static void c_missing_lm_head(const char *d, char *p) {
     mf_spec s = base_spec();
     hf_variant(d, p, &s, "lm_head.weight", NULL);
 }
-static void c_qwen2_no_bias(const char *d, char *p) {
-    mf_spec s = base_spec();
-    hf_variant(d, p, &s, NULL, NULL); /* llama tensors (no biases) ... */
-    s.model_type = "qwen2";           /* ... under a qwen2 config */
-    write_config(d, mf_config_json(&s, NULL));
-}
-static void c_vocab_mismatch(const char *d, char *p) {
-    mf_spec s = base_spec();
-    hf_variant(d, p, &s, NULL, NULL);
-    s.vocab = 21;
-    write_config(d, mf_config_json(&s, NULL));
-}
 
-static void c_cfg_bad_json(const char *d, char *p) {
+/* The base model under another config.json: text verbatim, or the config of spec `s` plus extra. */
+static void with_config_text(const char *d, char *p, const char *text) {
     mf_spec s = base_spec();
     hf_variant(d, p, &s, NULL, NULL);
-    write_config(d, "{not json");
+    write_config(d, text);
 }
+static void with_config(const char *d, char *p, const mf_spec *s, const char *extra) {
+    mf_spec base = base_spec();
+    hf_variant(d, p, &base, NULL, NULL);
+    write_config(d, mf_config_json(s, extra)); /* after hf_variant: the text is a static buffer */
+}
+#define SPEC_WITH(field, value) \
+    mf_spec s = base_spec();     \
+    s.field = value
+
+static void c_qwen2_no_bias(const char *d, char *p) { SPEC_WITH(model_type, "qwen2"); with_config(d, p, &s, NULL); }
+static void c_vocab_mismatch(const char *d, char *p) { SPEC_WITH(vocab, 21); with_config(d, p, &s, NULL); }
+static void c_cfg_model_type(const char *d, char *p) { SPEC_WITH(model_type, "gpt2"); with_config(d, p, &s, NULL); }
+static void c_cfg_kv_heads(const char *d, char *p) { SPEC_WITH(n_kv_heads, 3); with_config(d, p, &s, NULL); }
+static void c_cfg_layers(const char *d, char *p) { SPEC_WITH(n_layers, 100000); with_config(d, p, &s, NULL); }
 static void c_cfg_duplicate(const char *d, char *p) {
     mf_spec s = base_spec();
-    hf_variant(d, p, &s, NULL, NULL);
-    write_base_config(d, ", \"hidden_size\": 16");
-}
-static void c_cfg_no_hidden(const char *d, char *p) {
-    mf_spec s = base_spec();
-    hf_variant(d, p, &s, NULL, NULL);
-    write_config(d, "{\"model_type\": \"llama\", \"num_hidden_layers\": 2}");
-}
-static void c_cfg_string(const char *d, char *p) {
-    mf_spec s = base_spec();
-    hf_variant(d, p, &s, NULL, NULL);
-    write_config(d, "{\"model_type\": \"llama\", \"hidden_size\": \"16\"}");
-}
-static void c_cfg_model_type(const char *d, char *p) {
-    mf_spec s = base_spec();
-    hf_variant(d, p, &s, NULL, NULL);
-    s.model_type = "gpt2";
-    write_config(d, mf_config_json(&s, NULL));
+    with_config(d, p, &s, ", \"hidden_size\": 16");
 }
 static void c_cfg_yarn(const char *d, char *p) {
     mf_spec s = base_spec();
-    hf_variant(d, p, &s, NULL, NULL);
-    write_base_config(d, ", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0}");
+    with_config(d, p, &s, ", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0}");
 }
 static void c_cfg_llama3_partial(const char *d, char *p) {
     mf_spec s = base_spec();
-    hf_variant(d, p, &s, NULL, NULL);
-    write_base_config(d, ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}");
+    with_config(d, p, &s, ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}");
 }
-static void c_cfg_kv_heads(const char *d, char *p) {
-    mf_spec s = base_spec();
-    hf_variant(d, p, &s, NULL, NULL);
-    s.n_kv_heads = 3;
-    write_config(d, mf_config_json(&s, NULL));
+static void c_cfg_bad_json(const char *d, char *p) { with_config_text(d, p, "{not json"); }
+static void c_cfg_no_hidden(const char *d, char *p) {
+    with_config_text(d, p, "{\"model_type\": \"llama\", \"num_hidden_layers\": 2}");
+}
+static void c_cfg_string(const char *d, char *p) {
+    with_config_text(d, p, "{\"model_type\": \"llama\", \"hidden_size\": \"16\"}");
 }
 static void c_cfg_act(const char *d, char *p) {
-    mf_spec s = base_spec();
-    hf_variant(d, p, &s, NULL, NULL);
-    write_config(d, "{\"model_type\": \"llama\", \"hidden_act\": \"gelu\"}");
+    with_config_text(d, p, "{\"model_type\": \"llama\", \"hidden_act\": \"gelu\"}");
 }
-static void c_cfg_layers(const char *d, char *p) {
-    mf_spec s = base_spec();
-    hf_variant(d, p, &s, NULL, NULL);
-    s.n_layers = 100000;
-    write_config(d, mf_config_json(&s, NULL));
-}
-static void c_cfg_not_object(const char *d, char *p) {
-    mf_spec s = base_spec();
-    hf_variant(d, p, &s, NULL, NULL);
-    write_config(d, "[\"llama\"]");
-}
+static void c_cfg_not_object(const char *d, char *p) { with_config_text(d, p, "[\"llama\"]"); }
 
 static void c_dir_no_config(const char *d, char *p) {
     mf_spec s = base_spec();
