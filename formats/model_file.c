@@ -36,8 +36,8 @@ kv_status kv_mf_add_tensor(kv_model_file *mf, const char *name, const char *src_
                            int n_dims, const uint64_t ne[4], uint64_t offset, size_t nbytes,
                            const void *data) {
     if (kv_model_file_find(mf, name)) {
-        return KV_ERR(KV_EFORMAT, "'%s': tensor '%s' appears twice%s%s", mf->path, name,
-                      src_name ? " (as " : "", src_name ? src_name : "");
+        return KV_ERR(KV_EFORMAT, "'%s': tensor '%s' appears twice%s%s%s", mf->path, name,
+                      src_name ? " (as '" : "", src_name ? src_name : "", src_name ? "')" : "");
     }
     if (mf->n_tensors == mf->cap_tensors) {
         size_t cap = mf->cap_tensors ? mf->cap_tensors * 2 : 64;

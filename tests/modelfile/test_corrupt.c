@@ -369,7 +369,7 @@ static const corrupt_case k_cases[] = {
     {"index_bad_json", c_index_bad_json, KV_EFORMAT, "model.safetensors.index.json': invalid JSON"},
     {"index_no_weight_map", c_index_no_map, KV_EFORMAT, "no \"weight_map\" object"},
     {"index_duplicate_across_shards", c_dup_across_shards, KV_EFORMAT,
-     "tensor 'output_norm.weight' appears twice (as model.norm.weight"},
+     "tensor 'output_norm.weight' appears twice (as 'model.norm.weight')"},
     /* llama2.c */
     {"l2c_truncated", c_l2c_truncated, KV_EFORMAT, "llama2.c checkpoint truncated"},
     {"l2c_trailing", c_l2c_trailing, KV_EFORMAT, "has 4 trailing bytes"},
