@@ -2,6 +2,7 @@
 #include "kv_tools.h"
 
 static const kv_subcommand k_commands[] = {
+    {"grids", "generate a Gaussian-optimal HIGGS grid file (LBG + Lloyd)", kvcal_grids},
     {NULL, NULL, NULL},
 };
 
