@@ -121,6 +121,9 @@ typedef struct kv_tensor_info {
 
 typedef struct kv_gguf kv_gguf; /* opaque */
 
+/* Name of a metadata value type ("uint32", "string", "array"), or NULL for an unknown value. */
+const char *kv_gguf_type_name(int type);
+
 /* Open a GGUF file (memory-mapped). On failure *out is NULL and the error names the problem. */
 kv_status kv_gguf_open(kv_gguf **out, const char *path);
 /* Parse a GGUF image held in memory (borrowed; must outlive the reader). Used by tests and fuzzing. */
@@ -129,11 +132,15 @@ void kv_gguf_close(kv_gguf *g);
 
 uint32_t kv_gguf_version(const kv_gguf *g);
 size_t kv_gguf_alignment(const kv_gguf *g);
+/* Byte offset of the tensor data section from the start of the file (a multiple of the alignment). */
+size_t kv_gguf_data_offset(const kv_gguf *g);
 size_t kv_gguf_kv_count(const kv_gguf *g);
 const kv_gguf_kv *kv_gguf_kv_at(const kv_gguf *g, size_t i);
 /* Borrowed pointer to the value of `key`, or NULL. */
 const kv_gguf_value *kv_gguf_find(const kv_gguf *g, const char *key);
-/* Typed getters: KV_ENOTFOUND when absent, KV_EFORMAT when the stored type does not fit. */
+/* Typed getters: KV_ENOTFOUND when absent, KV_EFORMAT when the stored type does not fit.
+ * u64 takes any unsigned integer, bool, or a signed integer >= 0; i64 any signed integer or an
+ * unsigned one <= INT64_MAX; f64 float32/float64 or any integer (converted). */
 kv_status kv_gguf_get_u64(const kv_gguf *g, const char *key, uint64_t *out);
 kv_status kv_gguf_get_i64(const kv_gguf *g, const char *key, int64_t *out);
 kv_status kv_gguf_get_f64(const kv_gguf *g, const char *key, double *out);
@@ -159,6 +166,12 @@ kv_status kv_gguf_writer_set_array(kv_gguf_writer *w, const char *key, kv_gguf_t
                                    const void *data, uint64_t count);
 kv_status kv_gguf_writer_set_str_array(kv_gguf_writer *w, const char *key, const char *const *strs,
                                        uint64_t count);
+/* Any value, deep-copied: scalars, strings, arrays of fixed-size elements (from arr.raw, stored
+ * little-endian as in a file), and arrays of strings or of arrays (from arr.items), nested to any
+ * depth the reader accepts. Lets tools copy metadata from a kv_gguf into a new file. */
+kv_status kv_gguf_writer_set_value(kv_gguf_writer *w, const char *key, const kv_gguf_value *v);
+/* Setting a key that is already set replaces its value in place (the key keeps its position).
+ * "general.alignment" (uint32, a power of two) sets the writer's alignment; the default is 32. */
 /* Add a tensor; data (nbytes = kv_dtype_row_bytes of ne[0] times the other dims) is copied. */
 kv_status kv_gguf_writer_add_tensor(kv_gguf_writer *w, const char *name, int dtype, int n_dims,
                                     const uint64_t *ne, const void *data);
