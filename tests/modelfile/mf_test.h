@@ -92,5 +92,6 @@ TCase *mf_tcase_llama2c(void);
 TCase *mf_tcase_safetensors(void);
 TCase *mf_tcase_gguf(void);
 TCase *mf_tcase_corrupt(void);
+TCase *mf_tcase_mutate(void);
 
 #endif
