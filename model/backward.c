@@ -40,6 +40,7 @@ struct kv_grad {
     kv_arch arch;
     kv_grad_precision prec;
     int all_grads;
+    int n_threads; /* the model's thread count (OpenMP regions) */
     double *inv_freq;
     state_f32 s32;
     state_f64 s64;
@@ -73,6 +74,7 @@ kv_status kv_grad_create(kv_grad **out, const kv_model *m, kv_grad_precision pre
     g->arch = *kv_model_arch(m);
     g->prec = prec;
     g->all_grads = all_grads;
+    g->n_threads = kv_model_threads(m);
     const kv_arch *a = &g->arch;
     const int L = a->n_layers, d = a->d_model, qd = a->n_heads * a->head_dim;
     const int kvd = a->n_kv_heads * a->head_dim, ff = a->d_ff, V = a->vocab_size;
@@ -222,8 +224,8 @@ kv_status kv_grad_run(kv_grad *g, const int32_t *tokens, int n_tokens, double *l
     memset(g->grads, 0, total_grad_elems(g) * elem_size(g->prec));
     double l = 0;
     kv_status s = g->prec == KV_GRAD_F64
-                      ? run_f64(&g->s64, &g->arch, g->inv_freq, tokens, n_tokens, 1, g->all_grads, &l)
-                      : run_f32(&g->s32, &g->arch, g->inv_freq, tokens, n_tokens, 1, g->all_grads, &l);
+                      ? run_f64(&g->s64, &g->arch, g->inv_freq, tokens, n_tokens, 1, g->all_grads, &l, g->n_threads)
+                      : run_f32(&g->s32, &g->arch, g->inv_freq, tokens, n_tokens, 1, g->all_grads, &l, g->n_threads);
     if (s != KV_OK) return s;
     if (loss) *loss = l;
     for (int layer = 0; layer < g->arch.n_layers; layer++) {
@@ -235,8 +237,8 @@ kv_status kv_grad_run(kv_grad *g, const int32_t *tokens, int n_tokens, double *l
 }
 
 kv_status kv_grad_loss(kv_grad *g, const int32_t *tokens, int n_tokens, double *loss) {
-    return g->prec == KV_GRAD_F64 ? run_f64(&g->s64, &g->arch, g->inv_freq, tokens, n_tokens, 0, 0, loss)
-                                  : run_f32(&g->s32, &g->arch, g->inv_freq, tokens, n_tokens, 0, 0, loss);
+    return g->prec == KV_GRAD_F64 ? run_f64(&g->s64, &g->arch, g->inv_freq, tokens, n_tokens, 0, 0, loss, g->n_threads)
+                                  : run_f32(&g->s32, &g->arch, g->inv_freq, tokens, n_tokens, 0, 0, loss, g->n_threads);
 }
 
 kv_status kv_grad_param(kv_grad *g, const char *name, void **value, const void **grad, size_t *numel) {

@@ -207,16 +207,19 @@ kv_status kv_importance_report_write(const char *path, int json, const kv_import
 }
 
 kv_status kv_alloc_config_write(const char *path, const kv_alloc *alloc, const kv_importance_meta *meta) {
+    /* The `layers:` block of a kvcal fit configuration (configs/kvcal-example.yaml), keyed by layer
+     * index, so that `kvcal fit --config base.yaml --config this.yaml` applies it. */
     json_t *root = json_object();
-    json_t *layers = json_array();
+    json_t *layers = json_object();
     for (int l = 0; l < alloc->n_layers; l++) {
+        char key[16];
+        snprintf(key, sizeof key, "%d", l);
         json_t *e = json_object();
-        json_object_set_new(e, "layer", json_integer(l));
-        json_object_set_new(e, "k_bits", json_integer(alloc->k_bits[l]));
-        json_object_set_new(e, "v_bits", json_integer(alloc->v_bits[l]));
-        json_object_set_new(e, "k_rpc", json_real(alloc->k_rpc[l]));
-        json_object_set_new(e, "v_rpc", json_real(alloc->v_rpc[l]));
-        json_array_append_new(layers, e);
+        json_object_set_new(e, "key_bits", json_integer(alloc->k_bits[l]));
+        json_object_set_new(e, "value_bits", json_integer(alloc->v_bits[l]));
+        json_object_set_new(e, "key_rpc_ratio", json_real(alloc->k_rpc[l]));
+        json_object_set_new(e, "value_rpc_ratio", json_real(alloc->v_rpc[l]));
+        json_object_set_new(layers, key, e);
     }
     json_object_set_new(root, "layers", layers);
     (void)meta;
