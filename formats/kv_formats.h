@@ -257,28 +257,65 @@ const char *kv_model_file_path(const kv_model_file *mf);
  * 4. Tokenizer data (the model/ tokenizer builds on this)
  * ============================================================================================ */
 typedef enum kv_vocab_kind {
-    KV_VOCAB_SPM = 0,  /* SentencePiece-style BPE with scores and byte fallback (Llama 2, llama2.c) */
-    KV_VOCAB_BPE = 1   /* byte-level BPE with merges (GPT-2 style: Llama 3, Qwen2, SmolLM2) */
+    KV_VOCAB_SPM = 0,        /* SentencePiece BPE: merges chosen by token score, spaces as U+2581,
+                                byte fallback "<0xNN>" (Llama 2 GGUF, llama2.c tok*.bin, .model) */
+    KV_VOCAB_BPE = 1,        /* byte-level BPE with ranked merges and a pre-tokenizer (GPT-2 style:
+                                Llama 3, Qwen2, SmolLM2) */
+    KV_VOCAB_SPM_MERGES = 2  /* SentencePiece text handling (U+2581, dummy prefix, byte fallback) but
+                                merges by rank, as HF tokenizer.json stores Llama 2 / Mistral */
 } kv_vocab_kind;
 
+/* Token types, numbered as GGUF's tokenizer.ggml.token_type (and sentencepiece) number them. */
+typedef enum kv_token_type {
+    KV_TOKEN_NORMAL = 1,
+    KV_TOKEN_UNKNOWN = 2,
+    KV_TOKEN_CONTROL = 3,
+    KV_TOKEN_USER_DEFINED = 4,
+    KV_TOKEN_UNUSED = 5,
+    KV_TOKEN_BYTE = 6
+} kv_token_type;
+
+/* Everything a tokenizer needs, independent of the file it came from. Token strings are stored as
+ * the vocabulary spells them: byte-level BPE tokens in the GPT-2 byte-to-unicode alphabet (U+0120
+ * for a space), SentencePiece tokens with U+2581 for spaces and "<0x0A>" for byte tokens. All arrays
+ * and strings point into memory owned by the struct; kv_vocab_free releases everything. */
 typedef struct kv_vocab_data {
     kv_vocab_kind kind;
-    char pre[32];           /* pre-tokenizer name as GGUF's tokenizer.ggml.pre says ("smollm", "llama-bpe", "qwen2", "default") */
+    char pre[32];           /* BPE pre-tokenizer name as GGUF's tokenizer.ggml.pre spells it ("smollm",
+                               "llama-bpe", "qwen2", "gpt-2", ...); "" for SPM kinds */
+    char source[32];        /* where it came from: "gguf", "tokenizer.json", "llama2.c", "sentencepiece" */
     int n_tokens;
-    char **tokens;          /* n_tokens strings (byte strings; may contain NUL only as "<0x00>"-style pieces) */
+    char **tokens;          /* n_tokens NUL-terminated strings (a token never contains NUL) */
     uint32_t *token_len;    /* byte length of each token */
-    float *scores;          /* n_tokens scores (SPM); NULL for BPE */
-    int32_t *token_type;    /* GGUF token types (1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte); may be NULL */
+    float *scores;          /* n_tokens scores (KV_VOCAB_SPM); NULL otherwise */
+    int32_t *token_type;    /* n_tokens kv_token_type values (never NULL: inferred when the file has none) */
     int n_merges;
-    char **merges;          /* "left right" pairs in priority order (BPE); NULL for SPM */
+    char **merges;          /* "left right" pairs in priority order (BPE kinds); NULL for KV_VOCAB_SPM */
     int bos_id, eos_id, unk_id, pad_id; /* -1 when absent */
     int add_bos;            /* the model's default for prepending BOS */
-    int add_space_prefix;   /* SPM dummy prefix: prepend a space to the input */
+    int add_space_prefix;   /* SPM kinds: dummy prefix, a space prepended to the input (to the text
+                               after each special token, as llama.cpp does) */
+    int remove_extra_ws;    /* SPM kinds: sentencepiece's remove_extra_whitespaces normalization:
+                               drop leading and trailing spaces, collapse runs of spaces to one */
+    void *priv_;            /* storage behind the pointers above */
 } kv_vocab_data;
 
-/* Load tokenizer data for a model. tokenizer_path may be NULL (then: GGUF metadata, tokenizer.json in
- * a safetensors directory, or tokenizer.bin / tok*.bin beside a llama2.c checkpoint). An explicit
- * tokenizer_path may name a tokenizer.json or a llama2.c tok*.bin. */
+/* Load tokenizer data for a model.
+ *
+ * tokenizer_path NULL: from the model itself: GGUF metadata (tokenizer.ggml.*), tokenizer.json in a
+ * safetensors directory, or beside a llama2.c checkpoint tok<vocab_size>.bin, else tokenizer.bin.
+ * An explicit tokenizer_path may name: a GGUF file (its metadata), a tokenizer.json (or a directory
+ * holding one), a sentencepiece .model (BPE type), or a llama2.c tok*.bin. mf may be NULL when
+ * tokenizer_path is given.
+ *
+ * llama2.c tok*.bin carries no normalizer settings: when a sentencepiece model with the same stem
+ * (tok512.bin -> tok512.model) lies beside it, its add_dummy_prefix / remove_extra_whitespaces are
+ * used (that is how llama2.c's own tokenizers were trained and their training data tokenized);
+ * otherwise the llama2.c run.c behaviour: dummy prefix on, no whitespace removal.
+ *
+ * Errors: KV_ENOTFOUND (no tokenizer found), KV_EIO, KV_EFORMAT (malformed data: token ids out of
+ * range, truncated records, wrong types), KV_EUNSUPPORTED (a tokenizer model this build does not
+ * implement, e.g. WordPiece or Unigram). On failure *out is NULL. */
 kv_status kv_vocab_load(kv_vocab_data **out, const kv_model_file *mf, const char *tokenizer_path);
 void kv_vocab_free(kv_vocab_data *v);
 
