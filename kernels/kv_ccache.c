@@ -17,6 +17,14 @@
  * after decoding; a predictor's K input is the input layer's reconstructed key in that layer's
  * compression domain (pre-RoPE when its pre_rope flag is set).
  *
+ * KVmix recent pivotal context (a stream with rpc_ratio > 0, kvmix.txt "Dynamic Pivotal Context
+ * Selection"): instead of the fixed buffer, the stream's full-precision window after a step holds
+ * current_RPC tokens (the step's new tokens plus the RPCs kept before); at the next append only
+ * num_RPC = floor(rpc_ratio * current_RPC) of them stay, the older ones are compressed (rounded down
+ * to whole token groups for keys grouped along tokens). The window thus shrinks as decoding goes on.
+ * Streams differ in ratio, so K and V of a layer are compressed on their own schedules; RPC is
+ * therefore refused together with AQUA-KV predictors, which need aligned chunks across layers.
+ *
  * Bits: compressed chunks count their exact storage (kv_block_storage: codes, scales, zero points,
  * norms); full-precision tokens (sinks, buffer) count 16 bits per value, as deployed in f16 — the
  * reference keeps them in f32; predictor weights count 32 bits each (f32 in the plan). */
@@ -34,7 +42,7 @@ typedef struct cc_slot {
     float *v;
     int32_t *pos;
     int n, cap;
-    int comp_end; /* tokens [sinks, comp_end) are compressed; [comp_end, n) is the buffer */
+    int comp_end[2]; /* per stream: tokens [sinks, comp_end) are compressed; [comp_end, n) full precision */
     uint64_t payload_bits; /* exact storage of this slot's compressed chunks */
 } cc_slot;
 
@@ -46,7 +54,8 @@ typedef struct ccache {
     kv_quant *quant;           /* n_layers * 2 */
     kv_grid_search **search;   /* per plan grid (d <= 2), or NULL */
     cc_slot *slots;            /* layer * n_seqs + seq */
-    float *pred, *resid, *rhat; /* chunk scratch, recent x kv_dim each */
+    float *pred, *resid, *rhat; /* chunk scratch, scratch_rows x kv_dim each */
+    int scratch_rows;
     uint64_t predictor_bits;
 } ccache;
 
@@ -90,29 +99,51 @@ static const float *input_rows(ccache *c, int layer, int stream, int seq, int t0
     return (stream == KV_PLAN_K ? s->kdom : s->v) + (size_t)t0 * c->kv_dim;
 }
 
-/* Compress one stream of one chunk in place: x (rows [t0, t0+r) of `dst`) -> reconstruction. */
-static kv_status compress_stream(ccache *c, int layer, int stream, int seq, int t0, float *dst) {
+static kv_status reserve_scratch(ccache *c, int rows) {
+    if (rows <= c->scratch_rows) return KV_OK;
+    const size_t bytes = (size_t)rows * c->kv_dim * sizeof(float);
+    float *a = kv_aligned_alloc(CC_ALIGN, bytes), *b = kv_aligned_alloc(CC_ALIGN, bytes);
+    float *d = kv_aligned_alloc(CC_ALIGN, bytes);
+    if (!a || !b || !d) {
+        kv_aligned_free(a);
+        kv_aligned_free(b);
+        kv_aligned_free(d);
+        return KV_ERR(KV_ENOMEM, "compressed KV cache: out of memory for a chunk of %d tokens", rows);
+    }
+    kv_aligned_free(c->pred);
+    kv_aligned_free(c->resid);
+    kv_aligned_free(c->rhat);
+    c->pred = a, c->resid = b, c->rhat = d, c->scratch_rows = rows;
+    return KV_OK;
+}
+
+/* Compress rows [t0, t0+m) of one stream in place (x -> its reconstruction); for K, also refresh
+ * the post-RoPE copy attention reads. */
+static kv_status compress_stream(ccache *c, int layer, int stream, int seq, int t0, int m) {
     const kv_plan_stream *ps = &c->plan->layers[layer].stream[stream];
-    const int r = c->recent, kvd = c->kv_dim;
-    const size_t n = (size_t)r * kvd;
-    float *x = dst + (size_t)t0 * kvd;
+    cc_slot *slot = slot_of(c, layer, seq);
+    const int kvd = c->kv_dim;
+    const size_t n = (size_t)m * kvd;
+    float *x = (stream == KV_PLAN_K ? slot->kdom : slot->v) + (size_t)t0 * kvd;
     kv_block_storage st;
-    kv_status s;
+    kv_status s = reserve_scratch(c, m);
+    if (s != KV_OK) return s;
     if (ps->predictor) {
         const kv_plan_predictor *pr = ps->predictor;
         const float *inputs[KV_PLAN_MAX_PRED_INPUTS];
         for (int i = 0; i < pr->n_inputs; i++) {
             const kv_plan_pred_input *in = &pr->inputs[i];
             const cc_slot *src = slot_of(c, in->layer, seq);
-            /* the input stream must already hold this chunk's reconstruction */
-            if (src->comp_end < t0 + r && !(in->layer == layer && in->stream == KV_PLAN_K && stream == KV_PLAN_V))
-                return KV_ERR(KV_EINVAL, "compressed cache: layer %d needs layer %d's chunk at %d first (layers "
-                              "must be appended in order)", layer, in->layer, t0);
+            /* the input stream must already hold these rows' reconstruction */
+            if (src->comp_end[in->stream] < t0 + m)
+                return KV_ERR(KV_EINVAL, "compressed cache: layer %d %s needs layer %d %s's rows %d.. compressed "
+                              "first (layers must be appended in order)", layer, kv_plan_stream_name(stream),
+                              in->layer, kv_plan_stream_name(in->stream), t0);
             inputs[i] = input_rows(c, in->layer, in->stream, seq, t0);
         }
-        if ((s = kv_predictor_apply(c->pred, pr, inputs, (size_t)r, kvd)) != KV_OK) return s;
+        if ((s = kv_predictor_apply(c->pred, pr, inputs, (size_t)m, kvd)) != KV_OK) return s;
         for (size_t i = 0; i < n; i++) c->resid[i] = x[i] - c->pred[i];
-        if ((s = kv_quant_roundtrip(c->rhat, &st, &c->quant[layer * 2 + stream], (size_t)r, (size_t)kvd,
+        if ((s = kv_quant_roundtrip(c->rhat, &st, &c->quant[layer * 2 + stream], (size_t)m, (size_t)kvd,
                                     c->resid)) != KV_OK)
             return s;
         for (size_t i = 0; i < n; i++) x[i] = c->pred[i] + c->rhat[i];
@@ -120,26 +151,45 @@ static kv_status compress_stream(ccache *c, int layer, int stream, int seq, int 
         memset(&st, 0, sizeof st);
         st.total_bits = 32ull * n;
     } else {
-        if ((s = kv_quant_roundtrip(c->rhat, &st, &c->quant[layer * 2 + stream], (size_t)r, (size_t)kvd, x)) != KV_OK)
+        if ((s = kv_quant_roundtrip(c->rhat, &st, &c->quant[layer * 2 + stream], (size_t)m, (size_t)kvd, x)) != KV_OK)
             return s;
         memcpy(x, c->rhat, n * sizeof(float));
     }
-    slot_of(c, layer, seq)->payload_bits += st.total_bits;
+    slot->payload_bits += st.total_bits;
+    if (stream == KV_PLAN_K) {
+        /* attention reads post-RoPE keys: rotate the reconstruction (or take it as is) */
+        memcpy(slot->k + (size_t)t0 * kvd, x, n * sizeof(float));
+        if (ps->pre_rope)
+            kv_model_rope(c->model, slot->k + (size_t)t0 * kvd, (size_t)m, (size_t)kvd, c->base.n_kv_heads,
+                          slot->pos + t0, 0);
+    }
+    slot->comp_end[stream] = t0 + m;
     return KV_OK;
 }
 
-static kv_status compress_chunk(ccache *c, int layer, int seq) {
+/* Tokens of a stream compressed together at least: whole token groups for keys grouped along
+ * tokens, single tokens otherwise. */
+static int token_granule(const kv_quant *q) {
+    return q->kind == KV_QUANT_UNIFORM && q->uniform.axis == KV_AXIS_TOKENS ? q->uniform.group : 1;
+}
+
+/* Bring one stream's full-precision window to what the semantics allow before new tokens arrive. */
+static kv_status settle_stream(ccache *c, int layer, int stream, int seq) {
     cc_slot *s = slot_of(c, layer, seq);
-    const int t0 = s->comp_end, r = c->recent, kvd = c->kv_dim;
-    const int pre_rope = c->plan->layers[layer].stream[KV_PLAN_K].pre_rope;
-    kv_status st = compress_stream(c, layer, KV_PLAN_K, seq, t0, s->kdom);
-    if (st != KV_OK) return st;
-    /* attention reads post-RoPE keys: rotate the reconstruction (or take it as is) */
-    memcpy(s->k + (size_t)t0 * kvd, s->kdom + (size_t)t0 * kvd, (size_t)r * kvd * sizeof(float));
-    if (pre_rope)
-        kv_model_rope(c->model, s->k + (size_t)t0 * kvd, (size_t)r, (size_t)kvd, c->base.n_kv_heads, s->pos + t0, 0);
-    s->comp_end = t0 + r; /* the K reconstruction is in place: V's predictor may read it */
-    return compress_stream(c, layer, KV_PLAN_V, seq, t0, s->v);
+    if (s->comp_end[stream] < c->sinks) s->comp_end[stream] = c->sinks < s->n ? c->sinks : s->n;
+    const float rpc = c->plan->layers[layer].stream[stream].rpc_ratio;
+    kv_status st;
+    if (rpc > 0.0f) { /* KVmix: keep floor(rpc * current_RPC) of the window */
+        const int window = s->n - s->comp_end[stream];
+        const int keep = (int)((double)rpc * window); /* floor: window >= 0 */
+        const int granule = token_granule(&c->quant[layer * 2 + stream]);
+        int m = window - keep;
+        m -= m % granule;
+        return m > 0 ? compress_stream(c, layer, stream, seq, s->comp_end[stream], m) : KV_OK;
+    }
+    while (s->n - s->comp_end[stream] >= c->recent) /* fixed buffer: whole chunks of `recent` */
+        if ((st = compress_stream(c, layer, stream, seq, s->comp_end[stream], c->recent)) != KV_OK) return st;
+    return KV_OK;
 }
 
 static kv_status cc_append(kv_cache *base, int layer, int seq, int n, const int32_t *pos, const float *k_pre,
@@ -147,9 +197,9 @@ static kv_status cc_append(kv_cache *base, int layer, int seq, int n, const int3
     ccache *c = (ccache *)base;
     cc_slot *s = slot_of(c, layer, seq);
     kv_status st;
-    if (s->comp_end < c->sinks) s->comp_end = c->sinks;
-    while (s->n - s->comp_end >= c->recent)
-        if ((st = compress_chunk(c, layer, seq)) != KV_OK) return st;
+    /* K first: a V predictor may take this layer's reconstructed keys as input */
+    if ((st = settle_stream(c, layer, KV_PLAN_K, seq)) != KV_OK) return st;
+    if ((st = settle_stream(c, layer, KV_PLAN_V, seq)) != KV_OK) return st;
     if ((st = reserve(c, s, s->n + n)) != KV_OK) return st;
     const int pre_rope = c->plan->layers[layer].stream[KV_PLAN_K].pre_rope;
     if (pre_rope && !k_pre) return KV_ERR(KV_EINVAL, "compressed cache: the plan needs pre-RoPE keys");
@@ -187,7 +237,7 @@ static void cc_reset(kv_cache *base, int seq) {
             if (seq < 0 || q == seq) {
                 cc_slot *s = slot_of(c, l, q);
                 s->n = 0;
-                s->comp_end = 0;
+                s->comp_end[0] = s->comp_end[1] = 0;
                 s->payload_bits = 0;
             }
 }
@@ -199,9 +249,11 @@ kv_status kv_ccache_get_stats(const kv_cache *base, kv_ccache_stats *out) {
     for (int l = 0; l < base->n_layers; l++)
         for (int q = 0; q < base->n_seqs; q++) {
             const cc_slot *s = &c->slots[(size_t)l * base->n_seqs + q];
-            const int comp = s->comp_end > c->sinks ? s->comp_end - c->sinks : 0;
             out->values_total += 2ull * (uint64_t)s->n * c->kv_dim;
-            out->values_compressed += 2ull * (uint64_t)comp * c->kv_dim;
+            for (int st = 0; st < 2; st++) {
+                const int comp = s->comp_end[st] > c->sinks ? s->comp_end[st] - c->sinks : 0;
+                out->values_compressed += (uint64_t)comp * c->kv_dim;
+            }
             out->payload_bits += s->payload_bits;
         }
     out->values_fp = out->values_total - out->values_compressed;
@@ -253,6 +305,9 @@ static kv_status check_supported(const kv_plan *p) {
                               l, kv_plan_stream_name(st));
             if (s->squat)
                 return KV_ERR(KV_EUNSUPPORTED, "layer %d K: SQuat is not applied by this runtime", l);
+            if (s->rpc_ratio > 0.0f && s->predictor)
+                return KV_ERR(KV_EUNSUPPORTED, "layer %d %s: a recent pivotal context (KVmix) together with an "
+                              "AQUA-KV predictor is not supported (their chunks do not align)", l, kv_plan_stream_name(st));
         }
     return KV_OK;
 }
@@ -283,14 +338,10 @@ kv_status kv_ccache_create(kv_cache **out, const kv_plan *plan, const kv_model *
     c->sinks = plan->global.sinks;
     c->recent = plan->global.recent;
     c->predictor_bits = 8ull * kv_plan_predictor_bytes(plan);
-    const size_t chunk = (size_t)c->recent * c->kv_dim * sizeof(float);
     c->quant = calloc((size_t)a->n_layers * 2, sizeof(kv_quant));
     c->slots = calloc((size_t)a->n_layers * n_seqs, sizeof(cc_slot));
     c->search = calloc((size_t)(plan->n_grids > 0 ? plan->n_grids : 1), sizeof(kv_grid_search *));
-    c->pred = kv_aligned_alloc(CC_ALIGN, chunk);
-    c->resid = kv_aligned_alloc(CC_ALIGN, chunk);
-    c->rhat = kv_aligned_alloc(CC_ALIGN, chunk);
-    if (!c->quant || !c->slots || !c->search || !c->pred || !c->resid || !c->rhat) {
+    if (!c->quant || !c->slots || !c->search || reserve_scratch(c, c->recent) != KV_OK) {
         s = KV_ERR(KV_ENOMEM, "out of memory for the compressed cache");
         goto done;
     }

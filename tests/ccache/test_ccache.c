@@ -338,6 +338,69 @@ START_TEST(test_compare) {
 }
 END_TEST
 
+/* KVmix recent pivotal context: after each step the stream keeps floor(rpc * current_RPC) of its
+ * full-precision window (current_RPC = the step's new tokens + the RPCs kept before), rounded to
+ * whole token groups for keys grouped along tokens; the window shrinks as decoding goes on. The
+ * expected schedule is computed here from the paper's formula and compared with the cache's
+ * accounting after every step of a prefill followed by single-token decoding. */
+START_TEST(test_rpc_schedule) {
+    kv_model *m = make_model();
+    const int sinks = 2, G = 4;
+    kv_plan *p = make_plan(m, sinks, 8);
+    const float ratio[2] = {0.5f, 0.25f};
+    for (int l = 0; l < L; l++) {
+        kv_plan_stream *k = &p->layers[l].stream[KV_PLAN_K], *v = &p->layers[l].stream[KV_PLAN_V];
+        k->method = KV_PLAN_UNIFORM, k->bits = 2, k->group_size = G, k->group_axis = KV_PLAN_GROUP_TOKENS;
+        k->scale_dtype = KV_DTYPE_F16, k->rpc_ratio = ratio[0];
+        v->method = KV_PLAN_UNIFORM, v->bits = 2, v->group_size = 8, v->group_axis = KV_PLAN_GROUP_CHANNELS;
+        v->scale_dtype = KV_DTYPE_F16, v->rpc_ratio = ratio[1];
+    }
+    ck_assert_kv_ok(kv_plan_validate(p));
+    kv_cache *c = NULL;
+    ck_assert_kv_ok(kv_ccache_create(&c, p, m, 1));
+    int32_t tok[80];
+    make_tokens(tok, 80, 17);
+    int n = 0, ce[2] = {0, 0}, pos = 0;
+    const int granule[2] = {G, 1};
+    int window_after_prefill = -1, window_late = -1;
+    while (pos < 80) {
+        const int len = pos == 0 ? 40 : 1; /* a prompt, then decoding */
+        for (int st = 0; st < 2; st++) { /* the rule, applied at the start of the append */
+            if (ce[st] < sinks) ce[st] = sinks < n ? sinks : n;
+            const int window = n - ce[st], keep = (int)((double)ratio[st] * window);
+            int mm = window - keep;
+            mm -= mm % granule[st];
+            if (mm > 0) ce[st] += mm;
+        }
+        kv_forward f;
+        memset(&f, 0, sizeof f);
+        f.tokens = tok + pos, f.n_seqs = 1, f.n_tokens = len, f.cache = c;
+        ck_assert_kv_ok(kv_model_forward(m, &f));
+        n += len;
+        pos += len;
+        kv_ccache_stats stt;
+        ck_assert_kv_ok(kv_ccache_get_stats(c, &stt));
+        const uint64_t expect = (uint64_t)L * KVD * (uint64_t)((ce[0] > sinks ? ce[0] - sinks : 0) + (ce[1] > sinks ? ce[1] - sinks : 0));
+        ck_assert_msg(stt.values_compressed == expect, "after %d tokens: %llu compressed values, expected %llu", n,
+                      (unsigned long long)stt.values_compressed, (unsigned long long)expect);
+        if (n == 41) window_after_prefill = n - ce[1];
+        if (n == 80) window_late = n - ce[1];
+    }
+    /* values after the first decoded token: floor(0.25 * 38) = 9 RPCs of the prompt + the new token;
+     * late in decoding the window has shrunk to the newest token (floor(0.25 * 1) = 0 kept) */
+    ck_assert_int_eq(window_after_prefill, 10);
+    ck_assert_int_eq(window_late, 1);
+    /* RPC and AQUA-KV predictors together are refused */
+    kv_cache_free(c);
+    kv_plan *aq = make_aqua_plan(m, 4, 8);
+    aq->layers[1].stream[KV_PLAN_K].rpc_ratio = 0.2f;
+    ck_assert_int_eq(kv_ccache_create(&c, aq, m, 1), KV_EUNSUPPORTED);
+    kv_plan_free(aq);
+    kv_plan_free(p);
+    kv_model_free(m);
+}
+END_TEST
+
 START_TEST(test_refusals) {
     kv_model *m = make_model();
     kv_plan *p = make_aqua_plan(m, 4, 8);
@@ -365,6 +428,7 @@ int main(void) {
     tcase_add_test(tc, test_step_invariance);
     tcase_add_test(tc, test_contents_match_replay);
     tcase_add_test(tc, test_compare);
+    tcase_add_test(tc, test_rpc_schedule);
     tcase_add_test(tc, test_refusals);
     suite_add_tcase(s, tc);
     return kv_test_run(s);
