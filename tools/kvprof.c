@@ -2,6 +2,7 @@
 #include "kv_tools.h"
 
 static const kv_subcommand k_commands[] = {
+    {"importance", "KVmix layer importance (gradient norms), bit allocation, RPC ratios", kvprof_importance},
     {NULL, NULL, NULL},
 };
 

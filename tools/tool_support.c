@@ -1,0 +1,47 @@
+/* tool_support.c — steps the tools share: open a model with its tokenizer, tokenize a text file. */
+#include "kv_tools.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+kv_status kv_tool_tokenize_file(int32_t **ids, size_t *n, char sha256[65], const kv_tokenizer *t, const char *path) {
+    *ids = NULL;
+    *n = 0;
+    char *text = NULL;
+    size_t len = 0;
+    kv_status s = kv_file_read_all(&text, &len, path);
+    if (s != KV_OK) return s;
+    if (sha256) {
+        kv_sha256 ctx;
+        uint8_t d[32];
+        kv_sha256_init(&ctx);
+        kv_sha256_update(&ctx, text, len);
+        kv_sha256_final(&ctx, d);
+        kv_sha256_hex(sha256, d);
+    }
+    /* the whole file at once: no BOS, the SentencePiece dummy prefix once at the start */
+    s = kv_tokenizer_encode(ids, n, t, text, len, 0);
+    free(text);
+    if (s != KV_OK) return kv_error_wrap(s, "tokenizing '%s': ", path);
+    return KV_OK;
+}
+
+kv_status kv_tool_open_model(kv_model **model, kv_tokenizer **tok, const char *model_path, const char *tok_path,
+                             int n_threads) {
+    *model = NULL;
+    if (tok) *tok = NULL;
+    kv_model_file *mf = NULL;
+    kv_status s = kv_model_file_open(&mf, model_path);
+    if (s != KV_OK) return s;
+    kv_model_options opt;
+    memset(&opt, 0, sizeof opt);
+    opt.n_threads = n_threads;
+    if ((s = kv_model_load(model, mf, &opt)) != KV_OK) goto done;
+    if (tok && (s = kv_tokenizer_load(tok, mf, tok_path)) != KV_OK) {
+        kv_model_free(*model);
+        *model = NULL;
+    }
+done:
+    kv_model_file_close(mf);
+    return s;
+}
