@@ -120,8 +120,10 @@ kv_status kv_plan_fingerprint_validate(const kv_plan_fingerprint *f) {
         return KV_ERR(KV_EFORMAT, "fingerprint: vocab_size %d out of range [1, 16777216]", f->vocab_size);
     if (!isfinite(f->rope_theta) || !(f->rope_theta > 0.0f))
         return KV_ERR(KV_EFORMAT, "fingerprint: rope_theta %g must be finite and > 0", (double)f->rope_theta);
-    if (memchr(f->arch, '\0', sizeof f->arch) == NULL)
-        return KV_ERR(KV_EFORMAT, "fingerprint: arch is not NUL-terminated");
+    const char *nul = memchr(f->arch, '\0', sizeof f->arch);
+    if (!nul) return KV_ERR(KV_EFORMAT, "fingerprint: arch is not NUL-terminated");
+    for (const char *c = f->arch; c < nul; c++)
+        if (*c < 0x20 || *c > 0x7E) return KV_ERR(KV_EFORMAT, "fingerprint: arch is not printable ASCII");
     return KV_OK;
 }
 

@@ -156,6 +156,9 @@ static kv_status read_fprt(reader *r, cursor *c, kv_plan_fingerprint *f) {
         memcpy(f->kv_sha256, c->p + c->pos, 32);
         memcpy(f->arch, c->p + c->pos + 32, 32);
         c->pos += 64;
+        const char *nul = memchr(f->arch, '\0', sizeof f->arch);
+        for (const char *z = nul; z && z < f->arch + sizeof f->arch; z++)
+            if (*z != '\0') return KV_ERR(KV_EFORMAT, "section 'FPRT': arch is not NUL-padded");
     }
     kv_status s = finish(r, c);
     if (s != KV_OK) return s;
@@ -494,6 +497,16 @@ static kv_status read_header_and_table(reader *r, kv_plan_file_info *fi, size_t 
             return KV_ERR(KV_EVERSION, "required section '%s' is unknown to this reader (format %d.%d); upgrade kvcal",
                           si->tag, KV_PLAN_VERSION_MAJOR, KV_PLAN_VERSION_MINOR);
         }
+    }
+    /* §1: bytes outside the header, the table and the payloads are zero. */
+    for (uint64_t k = hsize; k < toff; k++)
+        if (d[k] != 0) return KV_ERR(KV_EFORMAT, "nonzero padding byte at offset %" PRIu64, k);
+    uint64_t at = table_end;
+    for (uint32_t i = 0; i <= count; i++) {
+        const uint64_t until = i < count ? fi->sections[i].offset : fi->file_size;
+        for (uint64_t k = at; k < until; k++)
+            if (d[k] != 0) return KV_ERR(KV_EFORMAT, "nonzero padding byte at offset %" PRIu64, k);
+        if (i < count) at = fi->sections[i].offset + fi->sections[i].stored_size;
     }
     return KV_OK;
 }

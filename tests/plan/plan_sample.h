@@ -1,0 +1,29 @@
+/* plan_sample.h — a plan that uses every feature of format 1.0, a deep comparison, and helpers that
+ * edit serialized plans (for the corrupt-file list, the golden file and the fuzz corpus). */
+#ifndef KV_PLAN_SAMPLE_H
+#define KV_PLAN_SAMPLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv_formats.h"
+
+/* The sample: 3 layers, kv_dim 8, two grids, HIGGS / uniform (3-bit 11-per-word, eta, pre-RoPE) /
+ * shared codes / FP streams, two predictors (K <- L0.K; V <- [L0.V; L1.K]), SQuat with a basis,
+ * SnapKV pruning, provenance with a multi-line config, a report with a NaN. */
+kv_status plan_sample_make(kv_plan **out);
+/* The sample's fingerprint alone. */
+void plan_sample_fingerprint(kv_plan_fingerprint *fp);
+
+/* 1 when a and b hold the same content (file info ignored); else 0 with the first difference. */
+int plan_equal(const kv_plan *a, const kv_plan *b, char *why, size_t why_n);
+
+/* ---- editing serialized plans (PLAN_FORMAT.md §4, §5) ---- */
+/* Byte offset of the table entry of section `tag`, or 0 when absent. */
+size_t plan_bytes_entry(const uint8_t *buf, const char tag[4]);
+/* Recompute the section CRC of `tag` from its stored bytes (entry must exist). */
+void plan_bytes_fix_section_crc(uint8_t *buf, const char tag[4]);
+/* Recompute the table CRC and then the header CRC. */
+void plan_bytes_fix_header(uint8_t *buf);
+
+#endif
