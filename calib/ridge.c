@@ -1,6 +1,6 @@
-/* Streaming closed-form ridge regression (ridge.h): the AQUA-KV predictors are linear maps with
+/* Streaming closed-form ridge regression (kv_calib.h): the AQUA-KV predictors are linear maps with
  * bias fitted in closed form (aquakv.txt §3.2, Algorithm 1 lines 13 and 17). */
-#include "ridge.h"
+#include "kv_calib.h"
 
 #include <cblas.h>
 #include <lapacke.h>

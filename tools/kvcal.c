@@ -2,6 +2,7 @@
 #include "kv_tools.h"
 
 static const kv_subcommand k_commands[] = {
+    {"fit", "calibrate a compression plan on a corpus (AQUA-KV, HIGGS, KIVI), with held-out metrics", kvcal_fit},
     {"grids", "generate a Gaussian-optimal HIGGS grid file (LBG + Lloyd)", kvcal_grids},
     {NULL, NULL, NULL},
 };

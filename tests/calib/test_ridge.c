@@ -2,7 +2,7 @@
  * derived independently: the 1-D closed form, the normal equations recomputed naively in double,
  * exact recovery of noise-free linear data, and the minimum-norm fallback on collinear inputs. */
 #include "kv_test.h"
-#include "ridge.h"
+#include "kv_calib.h"
 
 #include <math.h>
 

@@ -1,0 +1,856 @@
+/* kvcal fit: streaming, layer-sequential AQUA-KV calibration (kv_calib.h, calib/FIT.md).
+ *
+ * aquakv.txt Algorithm 1, run with the compressed cache's own chunking: per sequence, tokens
+ * [sinks, sinks + n_chunks*recent) are compressed in chunks of `recent` tokens; every residual goes
+ * through kv_quant_roundtrip and every prediction through kv_predictor_apply (libkvrt), the code
+ * the runtime uses, so a predictor is fitted on exactly the reconstructions it will see. */
+#define _POSIX_C_SOURCE 200809L
+#include "fit_internal.h"
+#include "kvrt.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const kv_fit_metric_names[KV_FIT_N_METRICS] = {"rel_mse", "explained_var", "quant_rel_err",
+                                                           "resid_rel_err"};
+
+void kv_fit_options_init(kv_fit_options *o) {
+    memset(o, 0, sizeof *o);
+    o->stop_after_layer = -1;
+}
+
+void kv_fit_report_free(kv_fit_report *r) {
+    if (!r) return;
+    free(r->layers);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- sequences ---------------------------------------------------------------------------------- */
+void kv_fit_seqs_free(kv_fit_seqs *s) {
+    if (!s) return;
+    free(s->tokens);
+    memset(s, 0, sizeof *s);
+}
+
+kv_status kv_fit_make_seqs(kv_fit_seqs *out, const kv_fit_data *data, const kv_fit_config *cfg) {
+    memset(out, 0, sizeof *out);
+    const int seq_len = cfg->data.seq_len;
+    const int bos = data->bos_id >= 0;
+    const int64_t body = seq_len - bos; /* corpus tokens per sequence */
+    if (body < 1) return KV_ERR(KV_EINVAL, "data.seq_len %d leaves no room for corpus tokens", seq_len);
+    size_t usable = data->n_tokens;
+    if (cfg->data.max_tokens > 0 && (uint64_t)cfg->data.max_tokens < usable) usable = (size_t)cfg->data.max_tokens;
+    const int64_t slots = (int64_t)(usable / (size_t)body);
+    const double frac = cfg->data.heldout_fraction;
+    int64_t n_cal, n_ho;
+    int64_t *ho_slots = NULL; /* split: which calibration slots are held out */
+    const int split = data->heldout_tokens == NULL;
+    if (split) {
+        if (slots < 2)
+            return KV_ERR(KV_EINVAL,
+                          "the calibration corpus gives %zu tokens (data.max_tokens %lld): fewer than the two "
+                          "sequences of %d tokens (data.seq_len) needed for one calibration and one held-out "
+                          "sequence; use a longer corpus or a smaller --seq-len",
+                          usable, (long long)cfg->data.max_tokens, seq_len);
+        n_ho = (int64_t)llround(frac * (double)slots);
+        if (n_ho < 1) n_ho = 1;
+        if (n_ho > slots - 1) n_ho = slots - 1;
+        n_cal = slots - n_ho;
+    } else {
+        if (slots < 1)
+            return KV_ERR(KV_EINVAL,
+                          "the calibration corpus gives %zu tokens: fewer than one sequence of %d tokens "
+                          "(data.seq_len)", usable, seq_len);
+        const int64_t avail = (int64_t)(data->n_heldout_tokens / (size_t)body);
+        if (avail < 1)
+            return KV_ERR(KV_EINVAL, "the held-out corpus has %zu tokens: fewer than one sequence of %d tokens",
+                          data->n_heldout_tokens, seq_len);
+        n_cal = slots;
+        n_ho = (int64_t)llround(frac * (double)slots);
+        if (n_ho < 1) n_ho = 1;
+        if (n_ho > avail) n_ho = avail;
+    }
+    const int64_t n = n_cal + n_ho;
+    size_t total;
+    if (kv_size_mul(&total, (size_t)n, (size_t)seq_len) != 0 || total > ((size_t)1 << 40))
+        return KV_ERR(KV_EINVAL, "too many tokens (%lld sequences of %d)", (long long)n, seq_len);
+    out->tokens = malloc(total * sizeof(int32_t));
+    char *is_ho = split ? calloc((size_t)slots, 1) : NULL;
+    if (!out->tokens || (split && !is_ho)) {
+        free(is_ho);
+        kv_fit_seqs_free(out);
+        return KV_ERR(KV_ENOMEM, "out of memory for %lld sequences of %d tokens", (long long)n, seq_len);
+    }
+    if (split) {
+        /* Held-out slots: a seeded partial Fisher-Yates shuffle of the slot indices. */
+        ho_slots = malloc((size_t)slots * sizeof *ho_slots);
+        if (!ho_slots) {
+            free(is_ho);
+            kv_fit_seqs_free(out);
+            return KV_ERR(KV_ENOMEM, "out of memory");
+        }
+        for (int64_t i = 0; i < slots; i++) ho_slots[i] = i;
+        kv_rng rng;
+        kv_rng_init(&rng, cfg->seed ^ 0x6b766669742d686full); /* "kvfit-ho" */
+        for (int64_t i = 0; i < n_ho; i++) {
+            const int64_t j = i + (int64_t)(kv_rng_next_u64(&rng) % (uint64_t)(slots - i));
+            const int64_t t = ho_slots[i];
+            ho_slots[i] = ho_slots[j];
+            ho_slots[j] = t;
+            is_ho[ho_slots[i]] = 1;
+        }
+        free(ho_slots);
+    }
+    int64_t ci = 0, hi = n_cal;
+    for (int64_t s = 0; s < (split ? slots : n_cal); s++) {
+        const int64_t dst = split && is_ho[s] ? hi++ : ci++;
+        int32_t *t = out->tokens + (size_t)dst * (size_t)seq_len;
+        if (bos) t[0] = data->bos_id;
+        memcpy(t + bos, data->tokens + (size_t)s * (size_t)body, (size_t)body * sizeof(int32_t));
+    }
+    if (!split)
+        for (int64_t s = 0; s < n_ho; s++) {
+            int32_t *t = out->tokens + (size_t)(n_cal + s) * (size_t)seq_len;
+            if (bos) t[0] = data->bos_id;
+            memcpy(t + bos, data->heldout_tokens + (size_t)s * (size_t)body, (size_t)body * sizeof(int32_t));
+        }
+    free(is_ho);
+    out->n_cal = n_cal;
+    out->n_ho = n_ho;
+    out->seq_len = seq_len;
+    return KV_OK;
+}
+
+/* ---- presets ------------------------------------------------------------------------------------ */
+kv_status kv_fit_config_method_preset(kv_fit_config *c, kv_fit_method method) {
+    static const char *const kivi[] = {"keys.group_axis=tokens", "keys.group_size=32", "values.group_axis=channels",
+                                       "values.group_size=32", "cache.pre_rope=false", NULL};
+    static const char *const aqua_uniform[] = {"keys.group_axis=channels", "keys.group_size=64",
+                                               "values.group_axis=channels", "values.group_size=64", NULL};
+    const char *const *set = method == KV_FIT_KIVI ? kivi : method == KV_FIT_AQUA_UNIFORM ? aqua_uniform : NULL;
+    if (!kv_fit_method_name((int)method)) return KV_ERR(KV_EINVAL, "unknown fit method %d", (int)method);
+    c->method = method;
+    for (int i = 0; set && set[i]; i++) {
+        kv_status s = kv_fit_config_set(c, set[i]);
+        if (s != KV_OK) return s;
+    }
+    return KV_OK;
+}
+
+/* ---- plan set-up: every stream's quantizer and the grids ------------------------------------------ */
+static int is_aqua(kv_fit_method m) { return m == KV_FIT_AQUA || m == KV_FIT_AQUA_UNIFORM; }
+static int uses_higgs(kv_fit_method m) { return m == KV_FIT_AQUA || m == KV_FIT_HIGGS; }
+
+/* Bits of (layer, stream) before the quantizer is chosen; *explicit_bits = 1 when not the config's
+ * stream default (first layer of AQUA, or a per-layer override). */
+static int stream_bits(const kv_fit_config *cfg, int layer, int stream, int *explicit_bits) {
+    int bits = stream == KV_PLAN_K ? cfg->keys.bits : cfg->values.bits;
+    *explicit_bits = 0;
+    if (is_aqua(cfg->method) && layer == 0) {
+        bits = cfg->aqua.first_layer_bits;
+        *explicit_bits = 1;
+    }
+    const kv_fit_layer_override *lo = kv_fit_config_layer(cfg, layer);
+    if (lo && stream == KV_PLAN_K && (lo->set & KV_FIT_LO_KEY_BITS)) bits = lo->key_bits, *explicit_bits = 1;
+    if (lo && stream == KV_PLAN_V && (lo->set & KV_FIT_LO_VALUE_BITS)) bits = lo->value_bits, *explicit_bits = 1;
+    return bits;
+}
+
+static kv_status grid_index(kv_plan *p, int d, int n, const kv_fit_config *cfg, int *index, double *seconds) {
+    for (int i = 0; i < p->n_grids; i++)
+        if (p->grids[i].d == d && p->grids[i].n == n) {
+            *index = i;
+            return KV_OK;
+        }
+    if (n > 256)
+        return KV_ERR(KV_EINVAL, "a HIGGS grid of %d points in %d dimensions is needed (bits * higgs.d = %d): grids "
+                      "of at most 256 points are supported, i.e. bits * higgs.d <= 8", n, d, (int)log2((double)n));
+    kv_grid_opts go;
+    memset(&go, 0, sizeof go);
+    go.seed = kv_rng_u64(cfg->seed, 0x67726964ull); /* "grid" */
+    go.samples = (size_t)cfg->higgs.grid_samples;
+    go.max_iters = cfg->higgs.grid_iters;
+    float *pts = NULL;
+    const double t0 = kv_now_seconds();
+    kv_log(KV_LOG_INFO, "fit: generating a HIGGS grid (d = %d, n = %d, %lld samples)", d, n,
+           (long long)cfg->higgs.grid_samples);
+    kv_status s = kv_grid_generate(&pts, NULL, d, n, &go);
+    if (s != KV_OK) return kv_error_wrap(s, "HIGGS grid d=%d n=%d: ", d, n);
+    s = kv_plan_add_grid(p, d, n, pts, index);
+    free(pts);
+    *seconds += kv_now_seconds() - t0;
+    return s;
+}
+
+static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, int head_dim, double *grid_seconds) {
+    const kv_fit_method method = cfg->method;
+    if (cfg->squat.enabled)
+        return KV_ERR(KV_EUNSUPPORTED, "squat.enabled: SQuat key quantization is not fitted by this version of "
+                      "kvcal fit");
+    if (cfg->xquant.km >= 0 || cfg->xquant.vm >= 0 || cfg->xquant.kq >= 0 || cfg->xquant.vq >= 0)
+        return KV_ERR(KV_EUNSUPPORTED, "xquant.km/vm/kq/vq: XQuant cross-layer sharing and 1-bit layers are not "
+                      "fitted by this version of kvcal fit (set them to -1)");
+    if (cfg->cache.recent < 1)
+        return KV_ERR(KV_EINVAL, "cache.recent is %d: the compressed cache compresses chunks of `recent` tokens, "
+                      "which must be at least 1", cfg->cache.recent);
+    p->global.sinks = cfg->cache.sinks;
+    p->global.recent = cfg->cache.recent;
+    p->global.prune_method = cfg->pruning.method;
+    p->global.prune_budget = (float)cfg->pruning.budget;
+    p->global.prune_window = cfg->pruning.window;
+    p->global.prune_pool = cfg->pruning.pool;
+    p->global.rht_seed = kv_rng_u64(cfg->seed, 0x726874ull); /* "rht" */
+    const int hg = cfg->higgs.group_size ? cfg->higgs.group_size : head_dim;
+    if (uses_higgs(method)) {
+        if (hg < cfg->higgs.d || (hg & (hg - 1)) != 0 || kv_dim % hg != 0 || hg % cfg->higgs.d != 0)
+            return KV_ERR(KV_EINVAL, "higgs.group_size %d: a HIGGS group must be a power of two, a multiple of "
+                          "higgs.d (%d) and divide the %d channels of a token (n_kv_heads * head_dim)", hg,
+                          cfg->higgs.d, kv_dim);
+    }
+    for (int l = 0; l < p->n_layers; l++) {
+        const kv_fit_layer_override *lo = kv_fit_config_layer(cfg, l);
+        if (lo && (lo->set & KV_FIT_LO_PRUNE_BUDGET)) p->layers[l].prune_budget = (float)lo->prune_budget;
+        for (int st = 0; st < 2; st++) {
+            kv_plan_stream *s = &p->layers[l].stream[st];
+            const kv_fit_stream_config *sc = st == KV_PLAN_K ? &cfg->keys : &cfg->values;
+            int explicit_bits;
+            const int bits = stream_bits(cfg, l, st, &explicit_bits);
+            const char *sname = st == KV_PLAN_K ? "key" : "value";
+            s->scale_dtype = sc->scale_dtype;
+            s->share_codes_with_layer = -1;
+            s->rpc_ratio = (float)cfg->cache.rpc_ratio;
+            if (lo && (lo->set & KV_FIT_LO_RPC_RATIO)) s->rpc_ratio = (float)lo->rpc_ratio;
+            s->pre_rope = st == KV_PLAN_K ? cfg->cache.pre_rope : 0;
+            s->pack = KV_PLAN_PACK_WORD;
+            if (uses_higgs(method)) {
+                if (bits < 1 || bits > 8)
+                    return KV_ERR(KV_EINVAL, "layer %d %s stream: %d bits for HIGGS (1..8)", l, sname, bits);
+                int n = (cfg->higgs.n && !explicit_bits) ? cfg->higgs.n : 1 << (bits * cfg->higgs.d > 20 ? 20 : bits * cfg->higgs.d);
+                int gi;
+                kv_status r = grid_index(p, cfg->higgs.d, n, cfg, &gi, grid_seconds);
+                if (r != KV_OK) return r;
+                s->method = KV_PLAN_HIGGS;
+                s->bits = 0;
+                s->group_size = hg;
+                s->group_axis = KV_PLAN_GROUP_CHANNELS;
+                s->eta = 0.0f;
+                s->higgs_grid = gi;
+            } else {
+                if (bits < 1 || bits > 8)
+                    return KV_ERR(KV_EINVAL, "layer %d %s stream: %d bits for the uniform quantizer (1..8)", l, sname,
+                                  bits);
+                s->method = KV_PLAN_UNIFORM;
+                s->bits = bits;
+                s->group_size = sc->group_size;
+                s->group_axis = sc->group_axis;
+                s->eta = (float)sc->eta;
+                if (lo && st == KV_PLAN_K && (lo->set & KV_FIT_LO_KEY_ETA)) s->eta = (float)lo->key_eta;
+                if (lo && st == KV_PLAN_V && (lo->set & KV_FIT_LO_VALUE_ETA)) s->eta = (float)lo->value_eta;
+                s->pack = bits == 3 && sc->pack3 == 11 ? KV_PLAN_PACK_3BIT_11 : KV_PLAN_PACK_WORD;
+                s->higgs_grid = -1;
+                if (s->group_axis == KV_PLAN_GROUP_TOKENS && cfg->cache.recent % s->group_size != 0)
+                    return KV_ERR(KV_EINVAL, "%s.group_size %d: groups along tokens must divide cache.recent (%d), "
+                                  "the chunk of tokens the cache compresses at once", st ? "values" : "keys",
+                                  s->group_size, cfg->cache.recent);
+            }
+        }
+    }
+    return KV_OK;
+}
+
+/* ---- the run ------------------------------------------------------------------------------------- */
+typedef struct fit_run {
+    kv_model *m;
+    const kv_fit_config *cfg;
+    const kv_fit_options *opt;
+    kv_plan *plan;
+    kv_fit_seqs seqs;
+    int L, d_model, kv_dim;
+    int seq_len, sinks, recent, n_chunks, n_comp; /* per sequence */
+    int64_t n_seqs;
+    size_t n_hidden, n_kv;  /* floats */
+    float *hidden;          /* n_seqs*seq_len x d_model */
+    float *K, *V;           /* this layer: originals, then reconstructions in place (n_seqs*n_comp x kv_dim) */
+    float *Kp, *Vp;         /* previous layer's reconstructions */
+    int32_t *pos;           /* positions of one batch */
+    int batch_seqs;
+    double *layer_report;   /* n_layers * KV_FIT_CKPT_DOUBLES */
+    kv_grid_search *search[64]; /* per plan grid (at most 64, PLAN_FORMAT.md §6.3) */
+} fit_run;
+
+typedef struct capture_ctx {
+    fit_run *r;
+    int64_t seq0;
+} capture_ctx;
+
+static kv_status capture(void *user, const kv_capture *c) {
+    capture_ctx *cc = user;
+    fit_run *r = cc->r;
+    const float *ksrc = r->cfg->cache.pre_rope ? c->k_pre : c->k;
+    const size_t kvd = (size_t)r->kv_dim;
+    for (int b = 0; b < c->n_seqs; b++) {
+        const size_t row0 = (size_t)b * (size_t)c->n_tokens + (size_t)r->sinks;
+        const size_t dst0 = (size_t)(cc->seq0 + b) * (size_t)r->n_comp;
+        memcpy(r->K + dst0 * kvd, ksrc + row0 * kvd, (size_t)r->n_comp * kvd * sizeof(float));
+        memcpy(r->V + dst0 * kvd, c->v + row0 * kvd, (size_t)r->n_comp * kvd * sizeof(float));
+    }
+    return KV_OK;
+}
+
+static void fit_run_free(fit_run *r) {
+    kv_fit_seqs_free(&r->seqs);
+    kv_aligned_free(r->hidden);
+    kv_aligned_free(r->K);
+    kv_aligned_free(r->V);
+    kv_aligned_free(r->Kp);
+    kv_aligned_free(r->Vp);
+    free(r->pos);
+    free(r->layer_report);
+    for (int i = 0; i < 64; i++) kv_grid_search_free(r->search[i]);
+}
+
+/* Metrics partial sums of one chunk (held-out chunks only), reduced in chunk order. */
+typedef struct chunk_sums {
+    double ss, sse_pred, rr, rerr;
+} chunk_sums;
+
+/* Predict, quantize the residual and reconstruct one stream of layer l in place (Y -> Y_hat), for
+ * every compressed chunk; metrics from held-out chunks. */
+static kv_status process_stream(fit_run *r, int l, int stream, const kv_plan_predictor *pred,
+                                const float *const *inputs, kv_fit_layer_report *lr) {
+    const int kvd = r->kv_dim, recent = r->recent;
+    const int64_t n_chunks_total = r->n_seqs * r->n_chunks;
+    const int64_t first_ho_chunk = r->seqs.n_cal * r->n_chunks;
+    float *Y = stream == KV_PLAN_K ? r->K : r->V;
+    kv_quant q;
+    kv_status s = kv_quant_from_plan(&q, r->plan, l, stream);
+    if (s != KV_OK) return s;
+    if (q.kind == KV_QUANT_HIGGS) {
+        const int gi = r->plan->layers[l].stream[stream].higgs_grid;
+        if (gi >= 0 && gi < 64 && !r->search[gi] && (q.higgs.dim == 1 || q.higgs.dim == 2)) {
+            s = kv_grid_search_create(&r->search[gi], q.higgs.grid, q.higgs.dim, q.higgs.size);
+            if (s != KV_OK) return s;
+        }
+        if (gi >= 0 && gi < 64) q.higgs.search = r->search[gi];
+    }
+    const int64_t n_ho_chunks = n_chunks_total - first_ho_chunk;
+    chunk_sums *sums = calloc((size_t)(n_ho_chunks > 0 ? n_ho_chunks : 1), sizeof *sums);
+    double *colsum = calloc((size_t)(n_ho_chunks > 0 ? n_ho_chunks : 1) * (size_t)kvd, sizeof(double));
+    /* Predictions for a block of chunks at a time (BLAS, serial), then the round trips in parallel. */
+    enum { BLOCK = 64 };
+    const size_t chunk_vals = (size_t)recent * (size_t)kvd;
+    float *P = pred ? malloc(BLOCK * chunk_vals * sizeof(float)) : NULL;
+    if (!sums || !colsum || (pred && !P)) {
+        s = KV_ERR(KV_ENOMEM, "out of memory for predictions");
+        goto done;
+    }
+    for (int64_t c0 = 0; c0 < n_chunks_total; c0 += BLOCK) {
+        const int nb = (int)(n_chunks_total - c0 < BLOCK ? n_chunks_total - c0 : BLOCK);
+        if (pred) {
+            for (int i = 0; i < nb; i++) {
+                const size_t off = (size_t)(c0 + i) * chunk_vals;
+                const float *in[KV_PLAN_MAX_PRED_INPUTS];
+                for (int k = 0; k < pred->n_inputs; k++) in[k] = inputs[k] + off;
+                s = kv_predictor_apply(P + (size_t)i * chunk_vals, pred, in, (size_t)recent, kvd);
+                if (s != KV_OK) goto done;
+            }
+        }
+        kv_status bad = KV_OK;
+        char bad_msg[512] = "";
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int i = 0; i < nb; i++) {
+            const int64_t chunk = c0 + i;
+            float *y = Y + (size_t)chunk * chunk_vals;
+            const float *p = pred ? P + (size_t)i * chunk_vals : NULL;
+            float *res = malloc(2 * chunk_vals * sizeof(float));
+            if (!res) {
+#pragma omp critical
+                bad = KV_ENOMEM;
+                continue;
+            }
+            float *rh = res + chunk_vals;
+            for (size_t j = 0; j < chunk_vals; j++) res[j] = p ? y[j] - p[j] : y[j];
+            kv_status qs = kv_quant_roundtrip(rh, NULL, &q, (size_t)recent, (size_t)kvd, res);
+            if (qs != KV_OK) {
+#pragma omp critical
+                {
+                    /* the message is thread-local: carry it to the calling thread */
+                    bad = qs;
+                    snprintf(bad_msg, sizeof bad_msg, "%s", kv_error_last());
+                }
+                free(res);
+                continue;
+            }
+            if (chunk >= first_ho_chunk) {
+                chunk_sums cs = {0, 0, 0, 0};
+                double *col = colsum + (size_t)(chunk - first_ho_chunk) * (size_t)kvd;
+                for (size_t j = 0; j < chunk_vals; j++) {
+                    const double yv = y[j], rv = res[j], e = (double)res[j] - (double)rh[j];
+                    cs.ss += yv * yv;
+                    cs.sse_pred += rv * rv; /* ||Y - f(X)||^2 (= ||Y||^2 without a predictor) */
+                    cs.rr += rv * rv;
+                    cs.rerr += e * e;
+                    col[j % (size_t)kvd] += yv;
+                }
+                sums[chunk - first_ho_chunk] = cs;
+            }
+            for (size_t j = 0; j < chunk_vals; j++) y[j] = p ? p[j] + rh[j] : rh[j];
+            free(res);
+        }
+        if (bad != KV_OK) {
+            s = bad == KV_ENOMEM ? KV_ERR(KV_ENOMEM, "out of memory quantizing residuals")
+                                 : KV_ERR(bad, "layer %d %s stream: %s", l, stream ? "V" : "K", bad_msg);
+            goto done;
+        }
+    }
+    {
+        chunk_sums t = {0, 0, 0, 0};
+        double *col = calloc((size_t)kvd, sizeof(double));
+        if (!col) {
+            s = KV_ERR(KV_ENOMEM, "out of memory");
+            goto done;
+        }
+        for (int64_t c = 0; c < n_ho_chunks; c++) {
+            t.ss += sums[c].ss;
+            t.sse_pred += sums[c].sse_pred;
+            t.rr += sums[c].rr;
+            t.rerr += sums[c].rerr;
+            for (int j = 0; j < kvd; j++) col[j] += colsum[(size_t)c * (size_t)kvd + (size_t)j];
+        }
+        const double n_rows = (double)n_ho_chunks * (double)recent;
+        double centred = t.ss;
+        for (int j = 0; j < kvd; j++) centred -= n_rows > 0 ? col[j] * col[j] / n_rows : 0.0;
+        free(col);
+        lr->rel_mse[stream] = pred && t.ss > 0 ? t.sse_pred / t.ss : NAN;
+        lr->explained_var[stream] = pred && centred > 0 ? 1.0 - t.sse_pred / centred : NAN;
+        lr->resid_rel_err[stream] = t.rr > 0 ? t.rerr / t.rr : NAN;
+        lr->quant_rel_err[stream] = t.ss > 0 ? t.rerr / t.ss : NAN;
+        lr->bits[stream] = kv_plan_stream_bits(r->plan, l, stream);
+    }
+done:
+    free(sums);
+    free(colsum);
+    free(P);
+    return s;
+}
+
+/* Fit a predictor of Y (the calibration rows) from inputs concatenated; store it in the plan. */
+static kv_status fit_predictor(fit_run *r, int l, int stream, int n_inputs, const kv_plan_pred_input *in_ids,
+                               const float *const *inputs) {
+    const int kvd = r->kv_dim, n_in = n_inputs * kvd;
+    const float *Y = stream == KV_PLAN_K ? r->K : r->V;
+    const int64_t rows = r->seqs.n_cal * r->n_comp;
+    kv_ridge_stats st;
+    kv_ridge_fit fit;
+    memset(&fit, 0, sizeof fit);
+    kv_status s = kv_ridge_stats_init(&st, n_in, kvd);
+    if (s != KV_OK) return s;
+    float *xb = NULL, *wt = NULL;
+    enum { XB = 4096 };
+    if (n_inputs > 1) {
+        xb = malloc((size_t)XB * (size_t)n_in * sizeof(float));
+        if (!xb) {
+            s = KV_ERR(KV_ENOMEM, "out of memory");
+            goto done;
+        }
+    }
+    for (int64_t r0 = 0; r0 < rows; r0 += XB) {
+        const int64_t nr = rows - r0 < XB ? rows - r0 : XB;
+        const float *x = inputs[0] + (size_t)r0 * (size_t)kvd;
+        int ldx = kvd;
+        if (n_inputs > 1) {
+            for (int64_t i = 0; i < nr; i++)
+                for (int k = 0; k < n_inputs; k++)
+                    memcpy(xb + (size_t)i * (size_t)n_in + (size_t)k * (size_t)kvd,
+                           inputs[k] + (size_t)(r0 + i) * (size_t)kvd, (size_t)kvd * sizeof(float));
+            x = xb;
+            ldx = n_in;
+        }
+        s = kv_ridge_stats_add(&st, x, ldx, Y + (size_t)r0 * (size_t)kvd, kvd, nr);
+        if (s != KV_OK) goto done;
+    }
+    s = kv_ridge_solve(&fit, &st, r->cfg->aqua.ridge);
+    if (s != KV_OK) {
+        s = kv_error_wrap(s, "layer %d %s predictor: ", l, stream ? "V" : "K");
+        goto done;
+    }
+    if (fit.used_fallback)
+        kv_log(KV_LOG_WARN, "fit: layer %d %s predictor: normal equations not positive definite, used the SVD "
+               "least-squares solution", l, stream ? "V" : "K");
+    /* ridge W is n_in x kvd (y = x W + b); the plan stores out x in (y = W x + b). */
+    wt = malloc((size_t)n_in * (size_t)kvd * sizeof(float));
+    if (!wt) {
+        s = KV_ERR(KV_ENOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < n_in; i++)
+        for (int o = 0; o < kvd; o++) wt[(size_t)o * (size_t)n_in + (size_t)i] = fit.W[(size_t)i * (size_t)kvd + (size_t)o];
+    s = kv_plan_set_predictor(r->plan, l, stream, n_inputs, in_ids, wt, fit.b);
+done:
+    free(xb);
+    free(wt);
+    kv_ridge_fit_free(&fit);
+    kv_ridge_stats_free(&st);
+    return s;
+}
+
+static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
+    const kv_fit_config *cfg = r->cfg;
+    const int aqua = is_aqua(cfg->method) && l >= 1;
+    kv_status s;
+    /* K: f_k(K_hat(l-1)) */
+    const kv_plan_predictor *pk = NULL;
+    const float *kin[2] = {r->Kp, NULL};
+    if (aqua && cfg->aqua.predict_keys) {
+        const kv_plan_pred_input ids[1] = {{l - 1, KV_PLAN_K}};
+        if ((s = fit_predictor(r, l, KV_PLAN_K, 1, ids, kin)) != KV_OK) return s;
+        pk = r->plan->layers[l].stream[KV_PLAN_K].predictor;
+    }
+    if ((s = process_stream(r, l, KV_PLAN_K, pk, kin, lr)) != KV_OK) return s;
+    /* V: f_v([V_hat(l-1); K_hat(l)]) — r->K now holds K_hat(l) */
+    const kv_plan_predictor *pv = NULL;
+    const float *vin[2] = {r->Vp, r->K};
+    if (aqua && cfg->aqua.predict_values) {
+        const kv_plan_pred_input ids[2] = {{l - 1, KV_PLAN_V}, {l, KV_PLAN_K}};
+        const int n_in = cfg->aqua.value_uses_keys ? 2 : 1;
+        if ((s = fit_predictor(r, l, KV_PLAN_V, n_in, ids, vin)) != KV_OK) return s;
+        pv = r->plan->layers[l].stream[KV_PLAN_V].predictor;
+    }
+    return process_stream(r, l, KV_PLAN_V, pv, vin, lr);
+}
+
+/* Store the per-layer numbers (doubles for the checkpoint, floats in the plan's report). */
+static void pack_layer_report(double *dst, const kv_fit_layer_report *lr) {
+    for (int st = 0; st < 2; st++) {
+        dst[st * 4 + 0] = lr->rel_mse[st];
+        dst[st * 4 + 1] = lr->explained_var[st];
+        dst[st * 4 + 2] = lr->quant_rel_err[st];
+        dst[st * 4 + 3] = lr->resid_rel_err[st];
+        dst[8 + st] = lr->bits[st];
+    }
+    dst[10] = lr->seconds_forward;
+    dst[11] = lr->seconds_fit;
+}
+
+static void unpack_layer_report(kv_fit_layer_report *lr, const double *src) {
+    for (int st = 0; st < 2; st++) {
+        lr->rel_mse[st] = src[st * 4 + 0];
+        lr->explained_var[st] = src[st * 4 + 1];
+        lr->quant_rel_err[st] = src[st * 4 + 2];
+        lr->resid_rel_err[st] = src[st * 4 + 3];
+        lr->bits[st] = src[8 + st];
+    }
+    lr->seconds_forward = src[10];
+    lr->seconds_fit = src[11];
+}
+
+static kv_status update_plan_report(fit_run *r) {
+    const int L = r->L;
+    float *vals = malloc((size_t)L * 2 * KV_FIT_N_METRICS * sizeof(float));
+    if (!vals) return KV_ERR(KV_ENOMEM, "out of memory");
+    for (int l = 0; l < L; l++)
+        for (int st = 0; st < 2; st++)
+            for (int m = 0; m < KV_FIT_N_METRICS; m++)
+                vals[((size_t)l * 2 + (size_t)st) * KV_FIT_N_METRICS + (size_t)m] =
+                    (float)r->layer_report[(size_t)l * KV_FIT_CKPT_DOUBLES + (size_t)st * 4 + (size_t)m];
+    kv_status s = kv_plan_set_report(r->plan, KV_FIT_N_METRICS, kv_fit_metric_names, vals);
+    free(vals);
+    return s;
+}
+
+static kv_status alloc_floats(float **p, size_t n, const char *what) {
+    size_t bytes;
+    if (kv_size_mul(&bytes, n, sizeof(float)) != 0) return KV_ERR(KV_EINVAL, "%s: size overflow", what);
+    *p = kv_aligned_alloc(64, bytes);
+    if (!*p) return KV_ERR(KV_ENOMEM, "out of memory for %s (%.1f MiB)", what, (double)bytes / 1048576.0);
+    return KV_OK;
+}
+
+/* Sequences per forward call and the positions array. */
+static kv_status batch_setup(int *batch_seqs, int32_t **pos, int seq_len, int64_t n_seqs, const kv_fit_options *opt) {
+    const int rows = opt && opt->batch_rows > 0 ? opt->batch_rows : 8192;
+    int bs = rows / seq_len;
+    if (bs < 1) bs = 1;
+    if ((int64_t)bs > n_seqs) bs = (int)n_seqs;
+    *batch_seqs = bs;
+    *pos = malloc((size_t)bs * (size_t)seq_len * sizeof(int32_t));
+    if (!*pos) return KV_ERR(KV_ENOMEM, "out of memory");
+    for (int b = 0; b < bs; b++)
+        for (int t = 0; t < seq_len; t++) (*pos)[(size_t)b * (size_t)seq_len + (size_t)t] = t;
+    return KV_OK;
+}
+
+static kv_status check_inputs(kv_model *m, const kv_fit_data *data, const kv_fit_config *cfg) {
+    if (!m || !data || !cfg) return KV_ERR(KV_EINVAL, "kv_fit: no model, data or configuration");
+    if (!data->tokens && data->n_tokens) return KV_ERR(KV_EINVAL, "kv_fit: no tokens");
+    kv_status s = kv_fit_config_validate(cfg);
+    if (s != KV_OK) return s;
+    const kv_arch *a = kv_model_arch(m);
+    const int vocab = a->vocab_size;
+    for (size_t i = 0; i < data->n_tokens; i++)
+        if (data->tokens[i] < 0 || data->tokens[i] >= vocab)
+            return KV_ERR(KV_EINVAL, "calibration token %zu is id %d, outside the vocabulary (%d)", i,
+                          (int)data->tokens[i], vocab);
+    for (size_t i = 0; data->heldout_tokens && i < data->n_heldout_tokens; i++)
+        if (data->heldout_tokens[i] < 0 || data->heldout_tokens[i] >= vocab)
+            return KV_ERR(KV_EINVAL, "held-out token %zu is id %d, outside the vocabulary (%d)", i,
+                          (int)data->heldout_tokens[i], vocab);
+    if (data->bos_id >= vocab) return KV_ERR(KV_EINVAL, "BOS id %d outside the vocabulary", (int)data->bos_id);
+    const int compressed = cfg->data.seq_len - cfg->cache.sinks;
+    if (cfg->cache.recent < 1 || compressed < cfg->cache.recent)
+        return KV_ERR(KV_EINVAL, "data.seq_len %d with cache.sinks %d and cache.recent %d: a sequence must hold the "
+                      "sinks and at least one chunk of `recent` tokens to compress", cfg->data.seq_len,
+                      cfg->cache.sinks, cfg->cache.recent);
+    return KV_OK;
+}
+
+kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_model_file *mf,
+                     const kv_fit_data *data, const kv_fit_config *cfg, const kv_fit_options *opt_in) {
+    const double t_start = kv_now_seconds();
+    *out = NULL;
+    if (rep) memset(rep, 0, sizeof *rep);
+    kv_fit_options defopt;
+    kv_fit_options_init(&defopt);
+    const kv_fit_options *opt = opt_in ? opt_in : &defopt;
+    fit_run r;
+    memset(&r, 0, sizeof r);
+    kv_fit_ckpt ck;
+    memset(&ck, 0, sizeof ck);
+    ck.layer = -1;
+    char *cfg_yaml = NULL;
+    char inputs_hash[65] = "";
+    kv_fit_report lrep;
+    memset(&lrep, 0, sizeof lrep);
+    kv_status s = check_inputs(m, data, cfg);
+    if (s != KV_OK) return s;
+    const kv_arch *a = kv_model_arch(m);
+    kv_plan_fingerprint fp;
+    if (opt->fingerprint) {
+        fp = *opt->fingerprint;
+    } else {
+        if (!mf) return KV_ERR(KV_EINVAL, "kv_fit_run: neither a model file nor a fingerprint");
+        if ((s = kv_plan_fingerprint_compute(&fp, mf)) != KV_OK) return s;
+    }
+    if (fp.n_layers != a->n_layers || fp.n_kv_heads != a->n_kv_heads || fp.head_dim != a->head_dim)
+        return KV_ERR(KV_EMISMATCH, "the fingerprint does not describe the model (layers %d/%d, kv heads %d/%d, "
+                      "head_dim %d/%d)", fp.n_layers, a->n_layers, fp.n_kv_heads, a->n_kv_heads, fp.head_dim,
+                      a->head_dim);
+    r.m = m;
+    r.cfg = cfg;
+    r.opt = opt;
+    r.L = a->n_layers;
+    r.d_model = a->d_model;
+    r.kv_dim = a->n_kv_heads * a->head_dim;
+    r.seq_len = cfg->data.seq_len;
+    r.sinks = cfg->cache.sinks;
+    r.recent = cfg->cache.recent;
+    r.n_chunks = (r.seq_len - r.sinks) / r.recent;
+    r.n_comp = r.n_chunks * r.recent;
+    lrep.n_layers = r.L;
+    lrep.layers = calloc((size_t)r.L, sizeof *lrep.layers);
+    r.layer_report = malloc((size_t)r.L * KV_FIT_CKPT_DOUBLES * sizeof(double));
+    if (!lrep.layers || !r.layer_report) {
+        s = KV_ERR(KV_ENOMEM, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < (size_t)r.L * KV_FIT_CKPT_DOUBLES; i++) r.layer_report[i] = NAN;
+    if ((s = kv_fit_make_seqs(&r.seqs, data, cfg)) != KV_OK) goto done;
+    r.n_seqs = r.seqs.n_cal + r.seqs.n_ho;
+    if (kv_size_mul(&r.n_hidden, (size_t)r.n_seqs * (size_t)r.seq_len, (size_t)r.d_model) != 0 ||
+        kv_size_mul(&r.n_kv, (size_t)r.n_seqs * (size_t)r.n_comp, (size_t)r.kv_dim) != 0) {
+        s = KV_ERR(KV_EINVAL, "calibration set too large");
+        goto done;
+    }
+    if ((s = alloc_floats(&r.hidden, r.n_hidden, "the hidden states")) != KV_OK ||
+        (s = alloc_floats(&r.K, r.n_kv, "keys")) != KV_OK || (s = alloc_floats(&r.V, r.n_kv, "values")) != KV_OK ||
+        (s = alloc_floats(&r.Kp, r.n_kv, "previous keys")) != KV_OK ||
+        (s = alloc_floats(&r.Vp, r.n_kv, "previous values")) != KV_OK)
+        goto done;
+    if ((s = batch_setup(&r.batch_seqs, &r.pos, r.seq_len, r.n_seqs, opt)) != KV_OK) goto done;
+
+    /* Resume? */
+    if (opt->checkpoint_dir) {
+        if ((s = kv_fit_inputs_hash(inputs_hash, mf, &fp, data, cfg, opt)) != KV_OK) goto done;
+        if ((s = kv_fit_ckpt_load(&ck, opt->checkpoint_dir, inputs_hash, r.L, r.hidden, r.n_hidden, r.Kp, r.Vp,
+                                  r.n_kv)) != KV_OK)
+            goto done;
+    }
+    int first = 0;
+    if (ck.layer >= 0) {
+        r.plan = ck.plan;
+        ck.plan = NULL;
+        memcpy(r.layer_report, ck.layer_report, (size_t)r.L * KV_FIT_CKPT_DOUBLES * sizeof(double));
+        first = ck.layer + 1;
+        for (int l = 0; l < first; l++) {
+            unpack_layer_report(&lrep.layers[l], r.layer_report + (size_t)l * KV_FIT_CKPT_DOUBLES);
+            lrep.layers[l].resumed = 1;
+        }
+        kv_log(KV_LOG_INFO, "fit: resuming after layer %d from the checkpoint in %s", ck.layer, opt->checkpoint_dir);
+    } else {
+        if ((s = kv_plan_create(&r.plan, &fp)) != KV_OK) goto done;
+        if ((s = setup_plan(r.plan, cfg, r.kv_dim, a->head_dim, &lrep.seconds_grids)) != KV_OK) goto done;
+        kv_plan_provenance pv;
+        memset(&pv, 0, sizeof pv);
+        if ((s = kv_fit_config_dump(&cfg_yaml, cfg)) != KV_OK) goto done;
+        char tool[64];
+        snprintf(tool, sizeof tool, "kvcal %s", KV_VERSION_STRING);
+        pv.tool_version = (char *)(opt->tool_version ? opt->tool_version : tool);
+        pv.git_hash = (char *)(opt->git_hash ? opt->git_hash : "");
+        pv.corpus_sha256 = (char *)(opt->corpus_sha256 ? opt->corpus_sha256 : "");
+        pv.seed = cfg->seed;
+        pv.config_yaml = cfg_yaml;
+        if ((s = kv_plan_creation_time(&pv.created)) != KV_OK) goto done;
+        if ((s = kv_plan_set_provenance(r.plan, &pv)) != KV_OK) goto done;
+        /* embeddings: the input of layer 0 */
+        for (int64_t q = 0; q < r.n_seqs; q++) {
+            s = kv_model_embed(m, r.seqs.tokens + (size_t)q * (size_t)r.seq_len, (size_t)r.seq_len,
+                               r.hidden + (size_t)q * (size_t)r.seq_len * (size_t)r.d_model);
+            if (s != KV_OK) goto done;
+        }
+    }
+    lrep.resumed_from_layer = first;
+    lrep.seconds_setup = kv_now_seconds() - t_start;
+
+    kv_progress prog;
+    kv_progress_begin(&prog, "kvcal fit", "tok", (double)(r.L - first) * (double)r.n_seqs * (double)r.seq_len);
+    double done_rows = 0;
+    for (int l = first; l < r.L; l++) {
+        kv_fit_layer_report *lr = &lrep.layers[l];
+        const double t0 = kv_now_seconds();
+        kv_hooks hooks;
+        capture_ctx cc = {&r, 0};
+        memset(&hooks, 0, sizeof hooks);
+        hooks.on_layer = capture;
+        hooks.user = &cc;
+        hooks.layer_begin = l;
+        hooks.layer_end = l + 1;
+        for (int64_t q0 = 0; q0 < r.n_seqs; q0 += r.batch_seqs) {
+            if (opt->interrupt && *opt->interrupt) {
+                s = KV_ERR(KV_EINTERRUPTED, "interrupted during layer %d%s%s", l,
+                           opt->checkpoint_dir && l > 0 ? "; the checkpoint after the previous layer is kept in " : "",
+                           opt->checkpoint_dir && l > 0 ? opt->checkpoint_dir : "");
+                kv_progress_end(&prog);
+                goto done;
+            }
+            const int nb = (int)(r.n_seqs - q0 < r.batch_seqs ? r.n_seqs - q0 : r.batch_seqs);
+            cc.seq0 = q0;
+            s = kv_model_layer_forward(m, l, r.hidden + (size_t)q0 * (size_t)r.seq_len * (size_t)r.d_model, nb,
+                                       r.seq_len, r.pos, NULL, NULL, &hooks);
+            if (s != KV_OK) {
+                kv_progress_end(&prog);
+                s = kv_error_wrap(s, "layer %d forward: ", l);
+                goto done;
+            }
+            done_rows += (double)nb * (double)r.seq_len;
+            kv_progress_update(&prog, done_rows);
+        }
+        const double t1 = kv_now_seconds();
+        if ((s = fit_layer(&r, l, lr)) != KV_OK) {
+            kv_progress_end(&prog);
+            goto done;
+        }
+        const double t2 = kv_now_seconds();
+        lr->seconds_forward = t1 - t0;
+        lr->seconds_fit = t2 - t1;
+        pack_layer_report(r.layer_report + (size_t)l * KV_FIT_CKPT_DOUBLES, lr);
+        if ((s = update_plan_report(&r)) != KV_OK) goto done;
+        kv_log(KV_LOG_INFO,
+               "fit: layer %d: K ev %.4f quant err %.4g (resid %.4g) | V ev %.4f quant err %.4g (resid %.4g) | "
+               "forward %.2fs fit %.2fs",
+               l, lr->explained_var[0], lr->quant_rel_err[0], lr->resid_rel_err[0], lr->explained_var[1],
+               lr->quant_rel_err[1], lr->resid_rel_err[1], lr->seconds_forward, lr->seconds_fit);
+        /* this layer's reconstructions are the next layer's inputs */
+        float *t;
+        t = r.Kp, r.Kp = r.K, r.K = t;
+        t = r.Vp, r.Vp = r.V, r.V = t;
+        if (opt->checkpoint_dir && (l + 1 < r.L)) {
+            const double tc = kv_now_seconds();
+            s = kv_fit_ckpt_save(opt->checkpoint_dir, inputs_hash, l, r.plan, r.layer_report, r.L, r.hidden,
+                                 r.n_hidden, r.Kp, r.Vp, r.n_kv);
+            if (s != KV_OK) {
+                kv_progress_end(&prog);
+                goto done;
+            }
+            lr->seconds_checkpoint = kv_now_seconds() - tc;
+        }
+        if (opt->stop_after_layer >= 0 && l == opt->stop_after_layer && l + 1 < r.L) {
+            kv_progress_end(&prog);
+            s = KV_ERR(KV_EINTERRUPTED, "stopped after layer %d as asked%s%s", l,
+                       opt->checkpoint_dir ? "; checkpoint kept in " : "",
+                       opt->checkpoint_dir ? opt->checkpoint_dir : "");
+            goto done;
+        }
+    }
+    kv_progress_end(&prog);
+    if ((s = kv_plan_validate(r.plan)) != KV_OK) goto done;
+    if (opt->out_path && (s = kv_plan_write(r.plan, opt->out_path, NULL)) != KV_OK) {
+        s = kv_error_wrap(s, "writing the plan: ");
+        goto done;
+    }
+    if (opt->checkpoint_dir) (void)kv_fit_ckpt_remove(opt->checkpoint_dir);
+    /* summary */
+    lrep.seq_len = r.seq_len;
+    lrep.sinks = r.sinks;
+    lrep.recent = r.recent;
+    lrep.n_calib_seqs = r.seqs.n_cal;
+    lrep.n_heldout_seqs = r.seqs.n_ho;
+    lrep.calib_tokens = r.seqs.n_cal * r.seq_len;
+    lrep.heldout_tokens = r.seqs.n_ho * r.seq_len;
+    lrep.fit_rows = r.seqs.n_cal * r.n_comp;
+    lrep.heldout_rows = r.seqs.n_ho * r.n_comp;
+    lrep.hidden_bytes = (uint64_t)r.n_hidden * 4u;
+    {
+        const uint64_t n_in = (uint64_t)r.kv_dim * 2 + 1;
+        lrep.state_bytes = lrep.hidden_bytes + 4u * 4u * (uint64_t)r.n_kv + 8u * n_in * (n_in + (uint64_t)r.kv_dim) +
+                           64u * (uint64_t)r.recent * (uint64_t)r.kv_dim * 4u;
+    }
+    double bsum = 0;
+    for (int l = 0; l < r.L; l++) bsum += kv_plan_stream_bits(r.plan, l, 0) + kv_plan_stream_bits(r.plan, l, 1);
+    lrep.mean_bits = bsum / (2.0 * r.L);
+    lrep.predictor_bytes = kv_plan_predictor_bytes(r.plan);
+    lrep.seconds_total = kv_now_seconds() - t_start;
+    *out = r.plan;
+    r.plan = NULL;
+done:
+    if (rep && (s == KV_OK || s == KV_EINTERRUPTED)) {
+        *rep = lrep;
+        lrep.layers = NULL;
+    }
+    kv_fit_report_free(&lrep);
+    kv_plan_free(r.plan);
+    kv_fit_ckpt_free(&ck);
+    free(cfg_yaml);
+    fit_run_free(&r);
+    return s;
+}
+
+kv_status kv_fit_forward_baseline(double *seconds, kv_model *m, const kv_fit_data *data, const kv_fit_config *cfg,
+                                  const kv_fit_options *opt) {
+    *seconds = 0;
+    kv_status s = check_inputs(m, data, cfg);
+    if (s != KV_OK) return s;
+    kv_fit_seqs seqs;
+    if ((s = kv_fit_make_seqs(&seqs, data, cfg)) != KV_OK) return s;
+    const int64_t n = seqs.n_cal + seqs.n_ho;
+    int bs;
+    int32_t *pos = NULL;
+    if ((s = batch_setup(&bs, &pos, seqs.seq_len, n, opt)) != KV_OK) {
+        kv_fit_seqs_free(&seqs);
+        return s;
+    }
+    free(pos);
+    const double t0 = kv_now_seconds();
+    for (int64_t q0 = 0; q0 < n && s == KV_OK; q0 += bs) {
+        kv_forward f;
+        memset(&f, 0, sizeof f);
+        f.tokens = seqs.tokens + (size_t)q0 * (size_t)seqs.seq_len;
+        f.n_seqs = (int)(n - q0 < bs ? n - q0 : bs);
+        f.n_tokens = seqs.seq_len;
+        s = kv_model_forward(m, &f);
+    }
+    *seconds = kv_now_seconds() - t0;
+    kv_fit_seqs_free(&seqs);
+    return s;
+}

@@ -1,0 +1,325 @@
+/* kvcal fit: calibrate a compression plan (AQUA-KV and baselines) on a text corpus. Thin: parse,
+ * resolve the configuration (defaults < method preset < config file < flags < --set), tokenize,
+ * call kv_fit_run, print the held-out metrics. calib/FIT.md documents the procedure. */
+#define _POSIX_C_SOURCE 200809L
+#include "kv_calib.h"
+#include "kv_tools.h"
+
+#include <ctype.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t g_interrupt;
+
+static void on_signal(int sig) {
+    (void)sig;
+    g_interrupt = 1;
+}
+
+/* The commit the binary was built from: $KVCAL_GIT_HASH when set (may be empty), else
+ * `git rev-parse HEAD` run in the executable's directory (a build tree inside the checkout), else "".
+ * Only a 40-hex-digit answer is kept (PLAN_FORMAT.md §6.7). */
+static void git_hash(char out[41]) {
+    out[0] = '\0';
+    const char *env = getenv("KVCAL_GIT_HASH");
+    char buf[128] = "";
+    if (env) {
+        snprintf(buf, sizeof buf, "%s", env);
+    } else {
+        char exe[4096];
+        const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        if (n <= 0) return;
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (!slash) return;
+        *slash = '\0';
+        char cmd[4300];
+        snprintf(cmd, sizeof cmd, "git -C '%s' rev-parse HEAD 2>/dev/null", exe);
+        if (strchr(exe, '\'')) return;
+        FILE *p = popen(cmd, "r");
+        if (!p) return;
+        if (!fgets(buf, sizeof buf, p)) buf[0] = '\0';
+        pclose(p);
+    }
+    size_t k = 0;
+    while (k < 40 && isxdigit((unsigned char)buf[k])) k++;
+    if (k == 40 && (buf[40] == '\0' || buf[40] == '\n')) {
+        for (int i = 0; i < 40; i++) out[i] = (char)tolower((unsigned char)buf[i]);
+        out[40] = '\0';
+    }
+}
+
+/* Read a text file and tokenize it whole (no BOS; a SentencePiece dummy prefix once at the start);
+ * its SHA-256 into sha256 (may be NULL). */
+static kv_status tokenize_file(int32_t **ids, size_t *n, char sha256[65], const kv_tokenizer *t, const char *path) {
+    char *text = NULL;
+    size_t len = 0;
+    kv_status s = kv_file_read_all(&text, &len, path);
+    if (s != KV_OK) return kv_error_wrap(s, "corpus: ");
+    if (sha256) {
+        kv_sha256 ctx;
+        uint8_t d[32];
+        kv_sha256_init(&ctx);
+        kv_sha256_update(&ctx, text, len);
+        kv_sha256_final(&ctx, d);
+        kv_sha256_hex(sha256, d);
+    }
+    s = kv_tokenizer_encode(ids, n, t, text, len, 0);
+    free(text);
+    if (s != KV_OK) return kv_error_wrap(s, "tokenizing '%s': ", path);
+    return KV_OK;
+}
+
+static int method_from_name(const char *n) {
+    for (int m = 0; m <= KV_FIT_KIVI; m++)
+        if (strcmp(n, kv_fit_method_name(m)) == 0) return m;
+    return -1;
+}
+
+static kv_status set_string(char **dst, const char *v) {
+    char *c = malloc(strlen(v) + 1);
+    if (!c) return KV_ERR(KV_ENOMEM, "out of memory");
+    strcpy(c, v);
+    free(*dst);
+    *dst = c;
+    return KV_OK;
+}
+
+int kvcal_fit(int argc, char **argv) {
+    const char *tool = "kvcal fit";
+    const char *model = NULL, *tokenizer = NULL, *corpus = NULL, *heldout = NULL, *config = NULL, *out = NULL;
+    const char *method = NULL, *set_last = NULL;
+    long bits = 0, seq_len = 0, max_tokens = -1, seed = -1, threads = 0;
+    int json = 0, no_ckpt = 0, bench = 0;
+    const kv_opt opts[] = {
+        {"model", 'm', KV_OPT_STRING, &model, "M", "model: GGUF, safetensors directory or llama2.c checkpoint "
+                                                   "(default: the config's `model`)", 0},
+        {"tokenizer", 0, KV_OPT_STRING, &tokenizer, "T", "tokenizer (default: the model's own)", 0},
+        {"corpus", 'c', KV_OPT_STRING, &corpus, "FILE", "calibration text (default: the config's data.calibration)", 0},
+        {"heldout", 0, KV_OPT_STRING, &heldout, "FILE", "held-out text for the metrics (default: data.heldout, "
+                                                        "else a seeded data.heldout_fraction of the calibration sequences)", 0},
+        {"config", 0, KV_OPT_STRING, &config, "CFG.yaml", "fit configuration (configs/kvcal-example.yaml)", 0},
+        {"out", 'o', KV_OPT_STRING, &out, "PLAN", "plan to write (atomically); PLAN.ckpt/ holds checkpoints", 1},
+        {"method", 0, KV_OPT_STRING, &method, "NAME", "aqua (default), aqua-uniform, higgs or kivi", 0},
+        {"bits", 'b', KV_OPT_INT, &bits, "B", "bits of keys and values: 2, 3 or 4 (default: the config's, 2)", 0},
+        {"seq-len", 0, KV_OPT_INT, &seq_len, "N", "tokens per calibration sequence (data.seq_len, default 1024)", 0},
+        {"max-tokens", 0, KV_OPT_INT, &max_tokens, "N", "calibration tokens at most, 0 = all (data.max_tokens)", 0},
+        {"seed", 0, KV_OPT_INT, &seed, "S", "seed: held-out split, grids, HIGGS signs (default 0)", 0},
+        {"set", 0, KV_OPT_STRING, &set_last, "KEY=VALUE", "override one configuration key (repeatable), e.g. "
+                                                          "--set cache.recent=64", 0},
+        {"threads", 't', KV_OPT_INT, &threads, "N", "threads (default: KVCAL_THREADS or all CPUs)", 0},
+        {"json", 0, KV_OPT_FLAG, &json, NULL, "print the report as JSON", 0},
+        {"no-checkpoint", 0, KV_OPT_FLAG, &no_ckpt, NULL, "do not checkpoint after each layer (no resume)", 0},
+        {"bench", 0, KV_OPT_FLAG, &bench, NULL, "also time one plain forward pass over the same tokens and print "
+                                                "calibration time / forward time", 0},
+        {NULL, 0, KV_OPT_FLAG, NULL, NULL, NULL, 0},
+    };
+    /* --set may be given many times: collect every value in order (the parser keeps the last). */
+    const char **sets = calloc((size_t)argc + 1, sizeof *sets);
+    int n_sets = 0;
+    if (!sets) return kv_cli_fail(tool, KV_ERR(KV_ENOMEM, "out of memory"));
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0) break;
+        if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) sets[n_sets++] = argv[++i];
+        else if (strncmp(argv[i], "--set=", 6) == 0) sets[n_sets++] = argv[i] + 6;
+    }
+    kv_cli_args a;
+    int rc = kv_cli_parse(&a, tool,
+                          "--model M --corpus FILE --out PLAN [--config CFG.yaml] [--method aqua|aqua-uniform|higgs|kivi] "
+                          "[--bits 2|3|4] [--seq-len N] [--max-tokens N] [--seed S] [--json] [--set key=value ...]",
+                          "Fit a KV-cache compression plan for a model on a calibration corpus, layer by layer "
+                          "(AQUA-KV, aquakv.txt Algorithm 1): capture each layer's keys and values, fit linear "
+                          "predictors from the previous layer's reconstructions (aqua, aqua-uniform), quantize the "
+                          "residuals chunk by chunk as the compressed cache will, and report held-out predictor and "
+                          "quantizer errors per layer. Interrupted runs resume from the last finished layer "
+                          "(PLAN.ckpt/). Configuration precedence: defaults < method preset < --config < flags < --set.",
+                          opts, 0, argc, argv);
+    if (rc != KV_EXIT_OK) {
+        free(sets);
+        return rc < 0 ? KV_EXIT_OK : rc;
+    }
+    kv_fit_config cfg;
+    kv_model_file *mf = NULL;
+    kv_model *m = NULL;
+    kv_tokenizer *tok = NULL;
+    int32_t *ids = NULL, *ho_ids = NULL;
+    size_t n_ids = 0, n_ho = 0;
+    kv_plan *plan = NULL;
+    kv_fit_report rep;
+    char *text = NULL, *ckpt = NULL;
+    memset(&rep, 0, sizeof rep);
+    kv_status s = kv_fit_config_init(&cfg);
+    rc = KV_EXIT_OK;
+    if (s != KV_OK) goto fail;
+    /* ---- flags that are usage errors ---- */
+    int method_id = -1;
+    if (method && (method_id = method_from_name(method)) < 0) {
+        rc = kv_cli_usage_error(tool, "--method must be aqua, aqua-uniform, higgs or kivi (got '%s')", method);
+        goto end;
+    }
+    if (kv_cli_given(&a, opts, "bits") && (bits < 2 || bits > 4)) {
+        rc = kv_cli_usage_error(tool, "--bits must be 2, 3 or 4 (got %ld); other widths: --set keys.bits=B "
+                                "--set values.bits=B", bits);
+        goto end;
+    }
+    if (kv_cli_given(&a, opts, "seq-len") && (seq_len < 2 || seq_len > (1 << 20))) {
+        rc = kv_cli_usage_error(tool, "--seq-len must be in 2..1048576 (got %ld)", seq_len);
+        goto end;
+    }
+    if (kv_cli_given(&a, opts, "max-tokens") && max_tokens < 0) {
+        rc = kv_cli_usage_error(tool, "--max-tokens must be >= 0 (got %ld)", max_tokens);
+        goto end;
+    }
+    if (kv_cli_given(&a, opts, "seed") && seed < 0) {
+        rc = kv_cli_usage_error(tool, "--seed must be >= 0 (got %ld)", seed);
+        goto end;
+    }
+    if (threads < 0) {
+        rc = kv_cli_usage_error(tool, "--threads must be >= 0");
+        goto end;
+    }
+    /* ---- configuration: defaults < method preset < file < flags < --set ---- */
+    if (method_id < 0 && config) { /* the file's method picks the preset */
+        kv_fit_config probe;
+        if ((s = kv_fit_config_init(&probe)) != KV_OK) goto fail;
+        s = kv_fit_config_load_file(&probe, config);
+        method_id = (int)probe.method;
+        kv_fit_config_free(&probe);
+        if (s != KV_OK) goto fail;
+    }
+    if (method_id >= 0 && (s = kv_fit_config_method_preset(&cfg, (kv_fit_method)method_id)) != KV_OK) goto fail;
+    if (config && (s = kv_fit_config_load_file(&cfg, config)) != KV_OK) goto fail;
+    if (method) cfg.method = (kv_fit_method)method_id;
+    {
+        char as[96];
+        if (kv_cli_given(&a, opts, "bits")) {
+            snprintf(as, sizeof as, "keys.bits=%ld", bits);
+            if ((s = kv_fit_config_set(&cfg, as)) != KV_OK) goto fail;
+            snprintf(as, sizeof as, "values.bits=%ld", bits);
+            if ((s = kv_fit_config_set(&cfg, as)) != KV_OK) goto fail;
+        }
+        if (kv_cli_given(&a, opts, "seq-len")) {
+            snprintf(as, sizeof as, "data.seq_len=%ld", seq_len);
+            if ((s = kv_fit_config_set(&cfg, as)) != KV_OK) goto fail;
+        }
+        if (kv_cli_given(&a, opts, "max-tokens")) {
+            snprintf(as, sizeof as, "data.max_tokens=%ld", max_tokens);
+            if ((s = kv_fit_config_set(&cfg, as)) != KV_OK) goto fail;
+        }
+        if (kv_cli_given(&a, opts, "seed")) {
+            snprintf(as, sizeof as, "seed=%ld", seed);
+            if ((s = kv_fit_config_set(&cfg, as)) != KV_OK) goto fail;
+        }
+    }
+    if (model && (s = set_string(&cfg.model, model)) != KV_OK) goto fail;
+    if (corpus && (s = set_string(&cfg.data.calibration, corpus)) != KV_OK) goto fail;
+    if (heldout && (s = set_string(&cfg.data.heldout, heldout)) != KV_OK) goto fail;
+    for (int i = 0; i < n_sets; i++)
+        if ((s = kv_fit_config_set(&cfg, sets[i])) != KV_OK) goto fail;
+    if ((s = kv_fit_config_validate(&cfg)) != KV_OK) goto fail;
+    if (!cfg.model[0]) {
+        rc = kv_cli_usage_error(tool, "no model: give --model or `model:` in the configuration");
+        goto end;
+    }
+    if (!cfg.data.calibration[0]) {
+        rc = kv_cli_usage_error(tool, "no corpus: give --corpus or `data.calibration:` in the configuration");
+        goto end;
+    }
+    /* ---- model, tokenizer, corpus ---- */
+    if ((s = kv_model_file_open(&mf, cfg.model)) != KV_OK) goto fail;
+    {
+        kv_model_options mo;
+        memset(&mo, 0, sizeof mo);
+        mo.n_threads = (int)threads;
+        if ((s = kv_model_load(&m, mf, &mo)) != KV_OK) goto fail;
+    }
+    if ((s = kv_tokenizer_load(&tok, mf, tokenizer)) != KV_OK) goto fail;
+    char corpus_sha[65] = "";
+    if ((s = tokenize_file(&ids, &n_ids, corpus_sha, tok, cfg.data.calibration)) != KV_OK) goto fail;
+    if (cfg.data.heldout[0] && (s = tokenize_file(&ho_ids, &n_ho, NULL, tok, cfg.data.heldout)) != KV_OK)
+        goto fail;
+    kv_fit_data data;
+    memset(&data, 0, sizeof data);
+    data.tokens = ids;
+    data.n_tokens = n_ids;
+    data.heldout_tokens = ho_ids;
+    data.n_heldout_tokens = n_ho;
+    data.bos_id = kv_tokenizer_add_bos_default(tok) ? kv_tokenizer_bos(tok) : -1;
+    /* ---- run ---- */
+    char hash[41];
+    git_hash(hash);
+    kv_fit_options fo;
+    kv_fit_options_init(&fo);
+    fo.out_path = out;
+    fo.git_hash = hash;
+    fo.corpus_sha256 = corpus_sha;
+    fo.interrupt = &g_interrupt;
+    if (!no_ckpt) {
+        ckpt = malloc(strlen(out) + 6);
+        if (!ckpt) {
+            s = KV_ERR(KV_ENOMEM, "out of memory");
+            goto fail;
+        }
+        sprintf(ckpt, "%s.ckpt", out);
+        fo.checkpoint_dir = ckpt;
+    }
+    const char *stop = getenv("KVCAL_FIT_STOP_AFTER_LAYER");
+    if (stop && *stop) fo.stop_after_layer = atoi(stop);
+    struct sigaction sa, old_int, old_term;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    s = kv_fit_run(&plan, &rep, m, mf, &data, &cfg, &fo);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    if (s != KV_OK) goto fail;
+    double fwd = 0.0;
+    if (bench && (s = kv_fit_forward_baseline(&fwd, m, &data, &cfg, &fo)) != KV_OK) goto fail;
+    if ((s = kv_fit_report_format(&text, &rep, json)) != KV_OK) goto fail;
+    if (json) {
+        /* the report object, plus where the plan went (and the benchmark) */
+        size_t n = strlen(text);
+        while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '}')) n--;
+        fwrite(text, 1, n, stdout);
+        printf(",\n  \"method\": \"%s\", \"plan\": \"", kv_fit_method_name(cfg.method));
+        for (const char *p = out; *p; p++) {
+            if (*p == '"' || *p == '\\') putchar('\\');
+            if ((unsigned char)*p >= 0x20) putchar(*p);
+        }
+        printf("\"");
+        if (bench)
+            printf(",\n  \"bench\": {\"calibration_s\": %.3f, \"forward_s\": %.3f, \"ratio\": %.3f}", rep.seconds_total, fwd,
+                   fwd > 0 ? rep.seconds_total / fwd : 0.0);
+        printf("\n}\n");
+    } else {
+        fputs(text, stdout);
+        printf("method %s: plan written to %s\n", kv_fit_method_name(cfg.method), out);
+        if (bench)
+            printf("bench: calibration %.2f s, one plain forward pass over the same %lld tokens %.2f s, ratio %.2f\n",
+                   rep.seconds_total, (long long)(rep.calib_tokens + rep.heldout_tokens), fwd,
+                   fwd > 0 ? rep.seconds_total / fwd : 0.0);
+    }
+    goto end;
+fail:
+    rc = kv_cli_fail(tool, s);
+end:
+    free(text);
+    free(ckpt);
+    free(ids);
+    free(ho_ids);
+    kv_fit_report_free(&rep);
+    kv_plan_free(plan);
+    kv_tokenizer_free(tok);
+    kv_model_free(m);
+    kv_model_file_close(mf);
+    kv_fit_config_free(&cfg);
+    kv_cli_args_free(&a);
+    free(sets);
+    return rc;
+}
