@@ -39,7 +39,8 @@ static int write_handler(void *data, unsigned char *buffer, size_t size) {
     return 1;
 }
 
-/* Shortest %.Ng (N = 1..17) that reads back to exactly v; always looks like a number to YAML. */
+/* Fewest digits that read back to exactly v (fixed notation for ordinary magnitudes, %g otherwise);
+ * always looks like a float to YAML. */
 static void format_double(char *buf, size_t n, double v) {
     if (isnan(v)) {
         snprintf(buf, n, ".nan");
@@ -49,9 +50,19 @@ static void format_double(char *buf, size_t n, double v) {
         snprintf(buf, n, v > 0 ? ".inf" : "-.inf");
         return;
     }
-    for (int prec = 1; prec <= 17; prec++) {
-        snprintf(buf, n, "%.*g", prec, v);
-        if (strtod(buf, NULL) == v) break;
+    const double a = fabs(v);
+    if (a == 0.0 || (a >= 1e-4 && a < 1e16)) {
+        /* plain decimals read best: 10000.0 rather than 1e+04 */
+        for (int dec = 0; dec <= 20; dec++) {
+            snprintf(buf, n, "%.*f", dec, v);
+            if (strtod(buf, NULL) == v) break;
+        }
+        if (strtod(buf, NULL) != v) snprintf(buf, n, "%.17g", v);
+    } else {
+        for (int prec = 1; prec <= 17; prec++) {
+            snprintf(buf, n, "%.*g", prec, v);
+            if (strtod(buf, NULL) == v) break;
+        }
     }
     /* "1" would read back as an integer: keep it a float ("1.0", "1e+20" stays as is). */
     if (!strpbrk(buf, ".eEn")) {

@@ -16,6 +16,7 @@ kv_status kv_tool_open_model(kv_model **model, kv_tokenizer **tok, const char *m
 
 /* kvrun */
 int kvrun_info(int argc, char **argv);     /* kvrun_info.c: describe a model file */
+int kvrun_inspect(int argc, char **argv);  /* kvrun_inspect.c: print a plan (YAML/JSON); --check it against a model */
 
 /* kvcal */
 int kvcal_grids(int argc, char **argv);    /* kvcal_grids.c: generate a HIGGS grid file */

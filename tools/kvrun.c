@@ -3,6 +3,7 @@
 
 static const kv_subcommand k_commands[] = {
     {"info", "describe a model: architecture, tensors, KV cache per token", kvrun_info},
+    {"inspect", "print a compression plan (YAML/JSON); --check it against a model", kvrun_inspect},
     {NULL, NULL, NULL},
 };
 
