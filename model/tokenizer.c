@@ -410,6 +410,20 @@ kv_status kv_tokenizer_create(kv_tokenizer **out, const kv_vocab_data *v) {
         goto fail;
     }
 
+    /* isolating bytes (SPM kinds) */
+    if (t->kind != KV_VOCAB_BPE) {
+        memset(t->isolating, 1, sizeof t->isolating);
+        for (int i = 0; i < n; i++) {
+            int ty = t->type[i];
+            if (t->text_len[i] < 2 || ty == KV_TOKEN_BYTE || (t->kind == KV_VOCAB_SPM && (ty == KV_TOKEN_CONTROL ||
+                                                                                            ty == KV_TOKEN_UNKNOWN)))
+                continue;
+            const uint8_t *s = (const uint8_t *)tok_text(t, i);
+            for (uint32_t k = 0; k < t->text_len[i]; k++)
+                if (s[k] < 128) t->isolating[s[k]] = 0;
+        }
+    }
+
     /* pieces */
     size_t ptotal = 0;
     for (int i = 0; i < n; i++) ptotal += (size_t)t->text_len[i] + 1;

@@ -76,6 +76,10 @@ struct kv_tokenizer {
     /* BPE: byte b as a character of the byte-level alphabet (UTF-8, 1 or 2 bytes) */
     char byte_utf8[256][2];
     uint8_t byte_utf8_len[256];
+    /* SPM kinds: ASCII bytes that no mergeable multi-byte token contains. A symbol holding one can
+     * never take part in a merge, so the merge loop runs on the stretches between such symbols
+     * independently (same result, small heaps). */
+    uint8_t isolating[128];
     /* special tokens split out of the text before tokenizing, longest first */
     int32_t *special_ids;
     int n_special;

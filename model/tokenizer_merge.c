@@ -201,6 +201,35 @@ static kv_status score_pair(const kv_tokenizer *t, heap *h, const sym *y, const 
     return heap_push(h, &p, 1);
 }
 
+/* Merge the symbols y[a..b) (linked in order); returns the status. */
+static kv_status spm_segment(const kv_tokenizer *t, kv_tok_scratch *s, const char *text, size_t a, size_t b) {
+    sym *y = s->sym;
+    heap h = {s->heap, 0, s};
+    kv_status st;
+    for (size_t i = a + 1; i < b; i++)
+        if ((st = score_pair(t, &h, y, text, (int32_t)i - 1, (int32_t)i)) != KV_OK) return st;
+    while (h.n > 0) {
+        pair p = heap_pop(&h, 1);
+        sym *l = &y[p.left], *r = &y[p.right];
+        if (l->len == 0 || r->len == 0 || l->len + r->len != p.size) continue;
+        l->len += r->len;
+        r->len = 0;
+        l->next = r->next;
+        if (r->next >= 0) y[r->next].prev = p.left;
+        if ((st = score_pair(t, &h, y, text, l->prev, p.left)) != KV_OK) return st;
+        if ((st = score_pair(t, &h, y, text, p.left, l->next)) != KV_OK) return st;
+    }
+    return KV_OK;
+}
+
+static int isolated(const kv_tokenizer *t, const char *text, const sym *y) {
+    for (uint32_t j = 0; j < y->len; j++) {
+        uint8_t c = (uint8_t)text[y->start + j];
+        if (c < 128 && t->isolating[c]) return 1;
+    }
+    return 0;
+}
+
 kv_status kv_tok_spm_text(const kv_tokenizer *t, kv_tok_scratch *s, const char *text, size_t n, kv_idvec *out) {
     if (n == 0) return KV_OK;
     if (n > UINT32_MAX / 2) return KV_ERR(KV_EUNSUPPORTED, "text of %zu bytes in one piece", n);
@@ -211,15 +240,12 @@ kv_status kv_tok_spm_text(const kv_tokenizer *t, kv_tok_scratch *s, const char *
     for (size_t off = 0; off < n;) {
         size_t l = lead_len((uint8_t)text[off]);
         if (l > n - off) l = n - off;
-        y[ns].prev = (int32_t)ns - 1;
-        y[ns].next = (int32_t)ns + 1;
         y[ns].start = (uint32_t)off;
         y[ns].len = (uint32_t)l;
         y[ns].id = -1;
         ns++;
         off += l;
     }
-    y[ns - 1].next = -1;
 
     if (t->kind == KV_VOCAB_SPM_MERGES) {
         /* HF BPE with byte_fallback: characters outside the vocabulary become their byte tokens
@@ -258,25 +284,24 @@ kv_status kv_tok_spm_text(const kv_tokenizer *t, kv_tok_scratch *s, const char *
         return rank_merge(t, s, k, out);
     }
 
-    heap h = {s->heap, 0, s};
-    for (size_t i = 1; i < ns; i++)
-        if ((st = score_pair(t, &h, y, text, (int32_t)i - 1, (int32_t)i)) != KV_OK) return st;
-    while (h.n > 0) {
-        pair p = heap_pop(&h, 1);
-        sym *a = &y[p.left], *b = &y[p.right];
-        if (a->len == 0 || b->len == 0 || a->len + b->len != p.size) continue;
-        a->len += b->len;
-        b->len = 0;
-        a->next = b->next;
-        if (b->next >= 0) y[b->next].prev = p.left;
-        if ((st = score_pair(t, &h, y, text, a->prev, p.left)) != KV_OK) return st;
-        if ((st = score_pair(t, &h, y, text, p.left, a->next)) != KV_OK) return st;
-    }
-    for (int32_t i = 0; i >= 0; i = y[i].next) {
-        int32_t id = kv_tok_lookup(t, text + y[i].start, y[i].len);
-        if (id >= 0) st = kv_idvec_push(out, id);
-        else st = push_symbol_bytes(t, text, y[i].start, y[i].len, out);
-        if (st != KV_OK) return st;
+    /* score merges, stretch by stretch between isolated symbols */
+    for (size_t a = 0; a < ns;) {
+        size_t b = a;
+        while (b < ns && !isolated(t, text, &y[b])) b++;
+        if (b == a) b = a + 1; /* an isolated symbol alone */
+        for (size_t i = a; i < b; i++) {
+            y[i].prev = i > a ? (int32_t)i - 1 : -1;
+            y[i].next = i + 1 < b ? (int32_t)i + 1 : -1;
+        }
+        if (b - a > 1 && (st = spm_segment(t, s, text, a, b)) != KV_OK) return st;
+        y = s->sym;
+        for (int32_t i = (int32_t)a; i >= 0; i = y[i].next) {
+            int32_t id = kv_tok_lookup(t, text + y[i].start, y[i].len);
+            if (id >= 0) st = kv_idvec_push(out, id);
+            else st = push_symbol_bytes(t, text, y[i].start, y[i].len, out);
+            if (st != KV_OK) return st;
+        }
+        a = b;
     }
     return KV_OK;
 }

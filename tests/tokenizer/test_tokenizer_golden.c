@@ -419,6 +419,52 @@ START_TEST(test_stories_golden) {
 }
 END_TEST
 
+/* The same vocabulary as a Llama-2-style GGUF (written here with the GGUF writer): llama.cpp's
+ * SentencePiece path, which keeps runs of spaces (golden from llama.cpp on the same GGUF). */
+START_TEST(test_stories_gguf_llamacpp) {
+    char path[1024], dir[256], gpath[300];
+    data_path(path, sizeof path, "stories260K/tok512.model");
+    kv_vocab_data *v;
+    ck_assert_kv_ok(kv_vocab_load(&v, NULL, path));
+    kv_gguf_writer *w;
+    ck_assert_kv_ok(kv_gguf_writer_create(&w));
+    ck_assert_kv_ok(kv_gguf_writer_set_str(w, "general.architecture", "llama"));
+    ck_assert_kv_ok(kv_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama"));
+    ck_assert_kv_ok(kv_gguf_writer_set_str_array(w, "tokenizer.ggml.tokens", (const char *const *)v->tokens,
+                                                 (uint64_t)v->n_tokens));
+    ck_assert_kv_ok(kv_gguf_writer_set_array(w, "tokenizer.ggml.scores", KV_GGUF_FLOAT32, v->scores,
+                                             (uint64_t)v->n_tokens));
+    ck_assert_kv_ok(kv_gguf_writer_set_array(w, "tokenizer.ggml.token_type", KV_GGUF_INT32, v->token_type,
+                                             (uint64_t)v->n_tokens));
+    ck_assert_kv_ok(kv_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1));
+    ck_assert_kv_ok(kv_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2));
+    ck_assert_kv_ok(kv_gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0));
+    kv_test_tmpdir(dir, sizeof dir);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(gpath, sizeof gpath, "%s/spm.gguf", dir);
+    ck_assert_kv_ok(kv_gguf_writer_write(w, gpath));
+    kv_gguf_writer_free(w);
+    kv_vocab_free(v);
+    ck_assert_kv_ok(kv_vocab_load(&v, NULL, gpath));
+    ck_assert_int_eq(v->remove_extra_ws, 0);
+    ck_assert_int_eq(v->add_space_prefix, 1);
+    ck_assert_int_eq(v->add_bos, 1);
+    kv_tokenizer *t;
+    ck_assert_kv_ok(kv_tokenizer_create(&t, v));
+    kv_vocab_free(v);
+    int bad = check_all(t, "stories260K_llamacpp.txt", "gguf-spm");
+    ck_assert_msg(bad == 0, "%d cases differ from llama.cpp", bad);
+    /* without the normalizer every string round-trips exactly */
+    golden g = load_golden("stories260K_llamacpp.txt");
+    for (size_t i = 0; i < g.n; i++)
+        if (!g.c[i].file[0]) check_roundtrip(t, g.c[i].text, g.c[i].text_len, g.c[i].text, g.c[i].text_len);
+    free_golden(&g);
+    kv_tokenizer_free(t);
+    unlink(gpath);
+    rmdir(dir);
+}
+END_TEST
+
 /* tok512.bin (llama2.c's export) and tok512.model carry the same vocabulary */
 START_TEST(test_stories_bin_equals_model) {
     char a[1024], b[1024];
@@ -492,6 +538,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, test_stories_golden, 0, 2);
     tcase_add_test(tc, test_stories_bin_equals_model);
+    tcase_add_test(tc, test_stories_gguf_llamacpp);
     tcase_add_test(tc, test_stories_roundtrip);
     tcase_add_test(tc, test_stories_model_file);
     suite_add_tcase(s, tc);
