@@ -58,7 +58,10 @@ size_t kv_dtype_block_elems(int dtype);
 size_t kv_dtype_block_bytes(int dtype);
 /* Bytes taken by n elements (n must be a multiple of the block size): KV_EFORMAT otherwise. */
 kv_status kv_dtype_row_bytes(size_t *out, int dtype, uint64_t n);
-/* 1 when kv_dequantize supports the type. */
+/* 1 when kv_dequantize supports the type: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
+ * Q4_K, Q5_K, Q6_K, I8, I16, I32, I64, F64 (bit-identical to ggml's dequantize_row_*). Other GGML
+ * types (Q8_1, Q8_K, IQ*, TQ*, MXFP4, ...) have known block sizes, so files holding them read fine,
+ * but they do not dequantize (KV_EUNSUPPORTED). */
 int kv_dtype_can_dequantize(int dtype);
 /* Dequantize n elements (a multiple of the block size) of `dtype` at src into dst. */
 kv_status kv_dequantize(float *dst, const void *src, int dtype, size_t n);
@@ -119,7 +122,7 @@ typedef struct kv_tensor_info {
     const void *data;   /* points into the mapped file; valid while the reader is open */
 } kv_tensor_info;
 
-typedef struct kv_gguf kv_gguf; /* opaque */
+typedef struct kv_gguf kv_gguf; /* opaque; immutable once open, so concurrent readers are safe */
 
 /* Name of a metadata value type ("uint32", "string", "array"), or NULL for an unknown value. */
 const char *kv_gguf_type_name(int type);
