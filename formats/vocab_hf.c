@@ -101,7 +101,8 @@ static void walk_norm(json_t *n, hf_shape *s) {
         if (c && pat && strcmp(pat, " ") == 0 && strcmp(c, SPM_SPACE) == 0) s->norm_replace_space = 1;
         else note_other(s, "Replace");
     } else if (jtype_is(n, "NFC")) {
-        /* a no-op for the ASCII-heavy text we see; noted nowhere (Qwen2 uses it) */
+        /* Qwen2's tokenizer.json normalizes to NFC; llama.cpp (our reference for Qwen2 GGUFs) does
+         * not, and neither do we: ids differ from HF only on text that is not already NFC */
     } else {
         note_other(s, jstr(n, "type"));
     }
