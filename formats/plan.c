@@ -541,6 +541,9 @@ kv_status kv_plan_validate(const kv_plan *p) {
             if (strcmp(r->names[i], r->names[j]) == 0)
                 return KV_ERR(KV_EFORMAT, "report: metric '%s' appears twice", r->names[i]);
     }
+    const size_t n_values = (size_t)p->n_layers * 2u * (size_t)(r->n_metrics > 0 ? r->n_metrics : 0);
+    for (size_t i = 0; i < n_values; i++)
+        if (isinf(r->values[i])) return KV_ERR(KV_EFORMAT, "report: value %zu is infinite (NaN = not measured)", i);
     return KV_OK;
 }
 

@@ -644,6 +644,8 @@ static void i_metric_dup(kv_plan *p) {
     p->report.names[1] = strdup("rel_mse");
 }
 static void i_fp_heads(kv_plan *p) { p->fingerprint.n_kv_heads = 3; }
+static void i_report_inf(kv_plan *p) { p->report.values[5] = INFINITY; }
+static void i_arch(kv_plan *p) { p->fingerprint.arch[1] = '\n'; }
 
 static const invalid_case k_invalid[] = {
     {"eta 0.5", i_eta, "layer 1 V: eta 0.5 out of range"},
@@ -664,6 +666,8 @@ static const invalid_case k_invalid[] = {
     {"corpus sha", i_sha, "corpus_sha256 'ABC' is not 64 lowercase hex digits"},
     {"metric twice", i_metric_dup, "metric 'rel_mse' appears twice"},
     {"kv heads", i_fp_heads, "n_kv_heads 3 must divide n_heads 4"},
+    {"report infinity", i_report_inf, "report: value 5 is infinite"},
+    {"arch not printable", i_arch, "arch is not printable ASCII"},
 };
 enum { N_INVALID = sizeof k_invalid / sizeof *k_invalid };
 
