@@ -14,7 +14,24 @@ kv_status kv_tool_tokenize_file(int32_t **ids, size_t *n, char sha256[65], const
 kv_status kv_tool_open_model(kv_model **model, kv_tokenizer **tok, const char *model_path, const char *tok_path,
                              int n_threads);
 
+/* `kvrun eval --plan` (eval_plan.c): the plan's cost on tokenized text (protocol "all", chunks of ctx). */
+typedef struct kv_tool_plan_eval {
+    kv_compare_result cmp;
+    double bits_per_value;        /* compressed tokens: payload + predictors amortized over all evaluated tokens */
+    double bits_per_value_total;  /* everything held: + full-precision tokens at 16 bits, predictors per sequence */
+    double predictor_bits_per_value_sequence; /* predictors amortized over one ctx-token sequence */
+    double compressed_fraction;   /* compressed values / all values */
+    uint64_t cache_bytes;         /* one full sequence: payload + fp16 tokens + predictors */
+    uint64_t fp16_cache_bytes;    /* the same sequence uncompressed in fp16 */
+    int sinks, recent;
+} kv_tool_plan_eval;
+kv_status kv_tool_eval_plan(kv_tool_plan_eval *out, kv_model *m, const char *model_path, const char *plan_path,
+                            const int32_t *tokens, size_t n_tokens, int ctx, int bos, size_t max_chunks,
+                            const char *progress_label);
+void kv_tool_eval_plan_print(const kv_tool_plan_eval *e, int json);
+
 /* kvrun */
+int kvrun_eval(int argc, char **argv);     /* kvrun_eval.c: perplexity; with --plan, the plan's cost */
 int kvrun_info(int argc, char **argv);     /* kvrun_info.c: describe a model file */
 int kvrun_inspect(int argc, char **argv);  /* kvrun_inspect.c: print a plan (YAML/JSON); --check it against a model */
 

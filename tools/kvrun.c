@@ -2,6 +2,7 @@
 #include "kv_tools.h"
 
 static const kv_subcommand k_commands[] = {
+    {"eval", "perplexity on held-out text; with --plan: ppl, KL, bits of a compressed cache", kvrun_eval},
     {"info", "describe a model: architecture, tensors, KV cache per token", kvrun_info},
     {"inspect", "print a compression plan (YAML/JSON); --check it against a model", kvrun_inspect},
     {NULL, NULL, NULL},

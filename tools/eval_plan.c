@@ -1,0 +1,115 @@
+/* eval_plan.c — what a plan costs: `kvrun eval --plan` runs the same chunks exactly and through the
+ * compressed cache (kv_eval_compare) and reports quality (ppl both ways, KL, top-1 agreement),
+ * bits and speed. Bits per value follow the papers' convention for the compressed tokens (codes,
+ * scales, zero points, norms, and the predictor weights amortized over all evaluated tokens), and
+ * bits_per_value_total counts everything the cache held (full-precision sinks and recent buffer
+ * at 16 bits, predictors once per sequence). */
+#include "kv_tools.h"
+#include "kvrt.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct chunk_totals {
+    uint64_t payload_bits, fp_bits, values_compressed, values_total, predictor_bits;
+    uint64_t last_bits, last_values; /* one sequence (the last chunk), for cache_bytes */
+} chunk_totals;
+
+static kv_status on_chunk(void *user, kv_cache *cache, size_t chunk) {
+    (void)chunk;
+    chunk_totals *t = user;
+    kv_ccache_stats st;
+    kv_status s = kv_ccache_get_stats(cache, &st);
+    if (s != KV_OK) return s;
+    t->payload_bits += st.payload_bits;
+    t->fp_bits += st.fp_bits;
+    t->values_compressed += st.values_compressed;
+    t->values_total += st.values_total;
+    t->predictor_bits = st.predictor_bits;
+    t->last_bits = st.payload_bits + st.fp_bits + st.predictor_bits;
+    t->last_values = st.values_total;
+    return KV_OK;
+}
+
+kv_status kv_tool_eval_plan(kv_tool_plan_eval *out, kv_model *m, const char *model_path, const char *plan_path,
+                            const int32_t *tokens, size_t n_tokens, int ctx, int bos, size_t max_chunks,
+                            const char *progress_label) {
+    memset(out, 0, sizeof *out);
+    kv_plan *plan = NULL;
+    kv_model_file *mf = NULL;
+    kv_cache *cache = NULL;
+    kv_status s = kv_plan_read(&plan, plan_path);
+    if (s != KV_OK) return s;
+    /* refuse a plan made for another model before running anything */
+    kv_plan_fingerprint fp;
+    if ((s = kv_model_file_open(&mf, model_path)) != KV_OK) goto done;
+    if ((s = kv_plan_fingerprint_compute(&fp, mf)) != KV_OK) goto done;
+    if ((s = kv_plan_check_fingerprint(plan, &fp)) != KV_OK) {
+        kv_error_wrap(s, "plan '%s' does not belong to model '%s': ", plan_path, model_path);
+        goto done;
+    }
+    if ((s = kv_ccache_create(&cache, plan, m, 1)) != KV_OK) goto done;
+    chunk_totals tot = {0};
+    kv_compare_options o;
+    memset(&o, 0, sizeof o);
+    o.ctx = ctx, o.bos_id = bos, o.max_chunks = max_chunks;
+    /* the first step fills the sinks and one recent buffer; then one buffer per step: identical to
+     * token-by-token decoding for the fixed-buffer semantics (tests/ccache), and the paper's
+     * prefill + decode pattern in buffer-sized blocks for KVmix's RPC */
+    o.first_step = plan->global.sinks + plan->global.recent;
+    o.step = plan->global.recent;
+    o.progress_label = progress_label;
+    o.on_chunk = on_chunk;
+    o.user = &tot;
+    if ((s = kv_eval_compare(m, cache, tokens, n_tokens, &o, &out->cmp)) != KV_OK) goto done;
+    out->bits_per_value = tot.values_compressed
+                              ? (double)(tot.payload_bits + tot.predictor_bits) / (double)tot.values_compressed
+                              : 0.0;
+    out->bits_per_value_total =
+        tot.values_total ? (double)(tot.payload_bits + tot.fp_bits + tot.predictor_bits * out->cmp.n_chunks) /
+                               (double)tot.values_total
+                         : 0.0;
+    out->predictor_bits_per_value_sequence = tot.last_values ? (double)tot.predictor_bits / (double)tot.last_values : 0.0;
+    out->cache_bytes = (tot.last_bits + 7) / 8;
+    out->fp16_cache_bytes = tot.last_values * 2;
+    out->compressed_fraction = tot.values_total ? (double)tot.values_compressed / (double)tot.values_total : 0.0;
+    out->sinks = plan->global.sinks;
+    out->recent = plan->global.recent;
+done:
+    kv_cache_free(cache);
+    kv_model_file_close(mf);
+    kv_plan_free(plan);
+    return s;
+}
+
+void kv_tool_eval_plan_print(const kv_tool_plan_eval *e, int json) {
+    const kv_compare_result *r = &e->cmp;
+    const double rel = r->ppl_ref > 0 ? r->ppl / r->ppl_ref - 1.0 : 0.0;
+    if (json) {
+        printf("{\"ppl\": %.6f, \"ppl_uncompressed\": %.6f, \"ppl_relative_increase\": %.6f, \"nll_mean\": %.6f, "
+               "\"kl_mean\": %.6g, \"top1_agreement\": %.6f, \"bits_per_value\": %.4f, \"bits_per_value_total\": %.4f, "
+               "\"predictor_bits_per_value_per_sequence\": %.4f, \"cache_bytes\": %llu, \"fp16_cache_bytes\": %llu, "
+               "\"compressed_fraction\": %.4f, \"tokens_total\": %zu, \"tokens_evaluated\": %zu, \"tokens_scored\": %zu, "
+               "\"chunks\": %zu, \"tokens_per_second\": %.2f, \"tokens_per_second_uncompressed\": %.2f, "
+               "\"sinks\": %d, \"recent\": %d}\n",
+               r->ppl, r->ppl_ref, rel, r->nll_mean, r->kl_mean, r->top1_agreement, e->bits_per_value,
+               e->bits_per_value_total, e->predictor_bits_per_value_sequence, (unsigned long long)e->cache_bytes,
+               (unsigned long long)e->fp16_cache_bytes, e->compressed_fraction, r->tokens_total, r->tokens_evaluated,
+               r->tokens_scored, r->n_chunks, r->tokens_per_second, r->tokens_per_second_ref, e->sinks, e->recent);
+        return;
+    }
+    printf("ppl                    %.4f  (uncompressed %.4f, %+.2f%%)\n", r->ppl, r->ppl_ref, 100.0 * rel);
+    printf("kl_mean                %.5g nats\n", r->kl_mean);
+    printf("top1_agreement         %.4f\n", r->top1_agreement);
+    printf("bits_per_value         %.3f  (compressed tokens; predictors amortized over all evaluated tokens)\n",
+           e->bits_per_value);
+    printf("bits_per_value_total   %.3f  (everything held: sinks %d and recent %d tokens at 16 bits, predictors per "
+           "sequence)\n", e->bits_per_value_total, e->sinks, e->recent);
+    printf("predictor bits/value   %.3f  (per %zu-token sequence)\n", e->predictor_bits_per_value_sequence,
+           r->n_chunks ? r->tokens_evaluated / r->n_chunks : (size_t)0);
+    printf("cache_bytes            %llu per sequence (fp16: %llu)\n", (unsigned long long)e->cache_bytes,
+           (unsigned long long)e->fp16_cache_bytes);
+    printf("tokens                 %zu evaluated in %zu chunks, %zu scored\n", r->tokens_evaluated, r->n_chunks,
+           r->tokens_scored);
+    printf("tokens_per_second      %.1f compressed, %.1f uncompressed\n", r->tokens_per_second, r->tokens_per_second_ref);
+}
