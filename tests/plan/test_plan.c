@@ -502,8 +502,8 @@ START_TEST(test_corrupt_file_message) {
 }
 END_TEST
 
-/* Every prefix of a plan fails cleanly; so does every single-byte change (or it reads, when the byte
- * is padding or a value that stays valid, and then the plan validates). */
+/* Every prefix of a plan fails cleanly, and so does every single-byte change: the CRCs cover the
+ * header, the table and the payloads, and the reader requires zero padding everywhere else. */
 START_TEST(test_every_truncation_and_flip) {
     kv_plan *p = sample();
     uint8_t *b = NULL;
@@ -522,15 +522,11 @@ START_TEST(test_every_truncation_and_flip) {
         c[i] ^= (uint8_t)((0x5A + i) % 255 + 1); /* never 0: every flip changes the byte */
         kv_plan *q = NULL;
         kv_status s = kv_plan_read_memory(&q, c, n);
-        if (s == KV_OK) {
-            accepted++;
-            ck_assert_kv_ok(kv_plan_validate(q));
-        } else {
-            ck_assert(s == KV_EFORMAT || s == KV_ECHECKSUM || s == KV_EVERSION);
-        }
+        accepted += s == KV_OK;
+        ck_assert_msg(s == KV_EFORMAT || s == KV_ECHECKSUM || s == KV_EVERSION || s == KV_OK, "byte %zu: %s", i,
+                      kv_status_name(s));
         kv_plan_free(q);
     }
-    /* Flips are caught by a CRC except in padding and in bytes no CRC covers: none are. */
     ck_assert_int_eq(accepted, 0);
     free(c);
     free(b);
