@@ -17,6 +17,12 @@ kv_status kv_block_values(size_t *n, size_t tokens, size_t channels);
 /* Scale/zero entries of a uniform block (q already checked). */
 size_t kv_uniform_groups(const kv_uniform *q, size_t tokens, size_t channels);
 
+/* CPU fast paths (cpu/common.c). pack_range ORs `count` codes into stream positions
+ * [j0, j0 + count) (the words must be zero there); codes must be < 2^bits, except that in the
+ * 11-per-word layout slot 10 is clamped to 3 here. unpack_range is its inverse. */
+void kv_pack_range(uint32_t *words, size_t j0, const uint8_t *codes, size_t count, int bits, int per);
+void kv_unpack_range(uint8_t *codes, const uint32_t *words, size_t j0, size_t count, int bits, int per);
+
 #ifdef __cplusplus
 }
 #endif

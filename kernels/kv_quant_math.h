@@ -64,6 +64,13 @@ KV_HD float kv_qm_param_round(float v, int type) {
 
 KV_HD int kv_qm_is_finite(float x) { return x - x == 0.0f; } /* false for NaN and +-Inf */
 
+/* 1 when x is NaN or +-Inf, from the exponent bits (integer ops: vectorizes inside reductions). */
+KV_HD uint32_t kv_qm_nonfinite_bit(float x) {
+    union { float f; uint32_t u; } v;
+    v.f = x;
+    return (v.u & 0x7f800000u) == 0x7f800000u;
+}
+
 /* ---- uniform quantizer ------------------------------------------------------------------------- */
 /* Encoder parameters of a group from its min and max. */
 typedef struct kv_qm_uparams {
@@ -92,7 +99,7 @@ KV_HD uint32_t kv_qm_uniform_code(float x, float z, float inv, uint32_t slot_max
     v = v > 0.0f ? v : 0.0f;
     v = v < hi ? v : hi;
     v = (v + KV_QM_ROUND_MAGIC) - KV_QM_ROUND_MAGIC;
-    return (uint32_t)v;
+    return (uint32_t)(int32_t)v; /* 0 <= v <= 255: the signed conversion vectorizes */
 }
 
 KV_HD float kv_qm_uniform_dequant(uint32_t code, float s, float z) { return (float)code * s + z; }
@@ -167,10 +174,16 @@ KV_HD void kv_qm_fwht_butterfly(float *v, size_t p, size_t h) {
     v[i + h] = a - b;
 }
 
-/* Unnormalized FWHT (v <- H v), stage by stage. */
+/* Unnormalized FWHT (v <- H v), stage by stage: the same butterflies as kv_qm_fwht_butterfly
+ * (pair (j, j + h) for j with bit h clear), in blocks so that the inner loop is contiguous. */
 KV_HD void kv_qm_fwht(float *v, size_t n) {
     for (size_t h = 1; h < n; h *= 2)
-        for (size_t p = 0; p < n / 2; p++) kv_qm_fwht_butterfly(v, p, h);
+        for (size_t i = 0; i < n; i += 2 * h)
+            for (size_t j = i; j < i + h; j++) {
+                const float a = v[j], b = v[j + h];
+                v[j] = a + b;
+                v[j + h] = a - b;
+            }
 }
 
 /* Sum of squares in index order (the one reduction both sides compute serially). */

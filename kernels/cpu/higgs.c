@@ -46,7 +46,7 @@ kv_status kv_grid_search_create(kv_grid_search **out, const float *grid, int d, 
     kv_status st = KV_OK;
     s->d = d;
     s->n = n;
-    s->cells = d == 1 ? 1024 : 64;
+    s->cells = d == 1 ? 4096 : 128;
     const size_t ncell = d == 1 ? (size_t)s->cells : (size_t)s->cells * (size_t)s->cells;
     s->grid = malloc((size_t)n * (size_t)d * sizeof *s->grid);
     s->offs = malloc((ncell + 1) * sizeof *s->offs);
@@ -139,6 +139,7 @@ int kv_grid_search_nearest(const kv_grid_search *s, const float *u) {
     const size_t cell = (size_t)i0 + (size_t)i1 * (size_t)s->cells;
     const uint32_t a = s->offs[cell], b = s->offs[cell + 1];
     int best = s->cand[a];
+    if (b == a + 1) return best; /* the only point that can be nearest anywhere in this cell */
     float bd = kv_qm_grid_dist(u, s->grid, d, best);
     for (uint32_t k = a + 1; k < b; k++) {
         const int i = s->cand[k];
@@ -250,10 +251,16 @@ kv_status kv_higgs_decode_ref(float *x_hat, const kv_higgs *h, size_t tokens, si
     const size_t g = cx.g, per_group = g / (size_t)cx.d;
     const int d = cx.d;
     float *v = cx.v;
+    uint8_t *ib = malloc(per_group);
+    if (!ib) {
+        ctx_free(&cx);
+        return KV_ERR(KV_ENOMEM, "HIGGS: out of memory");
+    }
     for (size_t grp = 0; grp < cx.groups; grp++) {
         const float mul = kv_qm_higgs_dec_mul(kv_qm_param_load(norms, grp, (int)h->norm_type), g);
+        kv_unpack_range(ib, indices, grp * per_group, per_group, cx.bits, cx.per);
         for (size_t p = 0; p < per_group; p++) {
-            const uint32_t i = kv_qm_unpack(indices, grp * per_group + p, cx.bits, cx.per);
+            const uint32_t i = ib[p];
             for (int k = 0; k < d; k++) v[p * (size_t)d + (size_t)k] = h->grid[i * (uint32_t)d + (uint32_t)k] * mul;
         }
         kv_qm_fwht(v, g);
@@ -261,6 +268,7 @@ kv_status kv_higgs_decode_ref(float *x_hat, const kv_higgs *h, size_t tokens, si
         float *yg = x_hat + grp * g;
         for (size_t k = 0; k < g; k++) yg[k] = v[k] * sg[k];
     }
+    free(ib);
     ctx_free(&cx);
     return KV_OK;
 }
