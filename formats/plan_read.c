@@ -358,15 +358,13 @@ static kv_status read_rept(reader *r, cursor *c) {
 }
 
 /* ---- the file ---------------------------------------------------------------------------------- */
-static const struct known_section {
-    const char *tag;
-    int index; /* position in the decode order below */
-} k_known[] = {{"FPRT", 0}, {"GLOB", 1}, {"GRID", 2}, {"LAYR", 3}, {"PRED", 4}, {"SQAT", 5}, {"PROV", 6}, {"REPT", 7}};
-enum { N_KNOWN = 8 };
+/* The sections of §5 in decode order (FPRT first: it sizes everything else). */
+static const char k_known[][5] = {"FPRT", "GLOB", "GRID", "LAYR", "PRED", "SQAT", "PROV", "REPT"};
+enum { N_KNOWN = sizeof k_known / sizeof *k_known };
 
 static int known_index(const char tag[4]) {
     for (int i = 0; i < N_KNOWN; i++)
-        if (memcmp(tag, k_known[i].tag, 4) == 0) return k_known[i].index;
+        if (memcmp(tag, k_known[i], 4) == 0) return i;
     return -1;
 }
 
@@ -574,7 +572,7 @@ static kv_status read_all(reader *r) {
         if (!si) continue;
         s = payload(r, si, &pl, &owned);
         if (s != KV_OK) break;
-        cursor c = {pl, (size_t)si->size, 0, k_known[k].tag, KV_OK};
+        cursor c = {pl, (size_t)si->size, 0, k_known[k], KV_OK};
         s = readers[k](r, &c);
         free(owned);
     }

@@ -10,9 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <zlib.h>
-
 #include "kv_formats.h"
+#include "plan_sample.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -24,26 +23,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
         }                                                                                        \
     } while (0)
 
-/* Recompute the section, table and header CRCs where the (untrusted) layout lets us find them. */
-static void repair_crcs(uint8_t *b, size_t n) {
-    if (n < 64) return;
-    const uint32_t count = kv_load_u32le(b + 20);
-    const uint64_t toff = kv_load_u64le(b + 48);
-    const size_t esize = kv_load_u16le(b + 14), hsize = kv_load_u16le(b + 12);
-    if (count <= 64 && esize >= 40 && esize <= 1024 && toff <= n && (uint64_t)count * esize <= n - toff) {
-        for (uint32_t i = 0; i < count; i++) {
-            uint8_t *e = b + toff + (size_t)i * esize;
-            const uint64_t off = kv_load_u64le(e + 8), stored = kv_load_u64le(e + 16);
-            if (off <= n && stored <= n - off) kv_store_u32le(e + 32, (uint32_t)crc32(0L, b + off, (uInt)stored));
-        }
-        kv_store_u32le(b + 56, (uint32_t)crc32(0L, b + toff, (uInt)(count * esize)));
-    }
-    if (hsize >= 64 && hsize <= n) {
-        kv_store_u32le(b + 60, 0);
-        kv_store_u32le(b + 60, (uint32_t)crc32(0L, b, (uInt)hsize));
-    }
-}
-
 static void read_one(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -51,7 +30,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint8_t *copy = malloc(size ? size : 1);
     if (!copy) return 0;
     memcpy(copy, data, size);
-    repair_crcs(copy, size);
+    plan_bytes_repair_crcs(copy, size);
     read_one(copy, size);
     free(copy);
     return 0;

@@ -190,18 +190,21 @@ size_t plan_bytes_entry(const uint8_t *buf, const char tag[4]) {
     return 0;
 }
 
-void plan_bytes_fix_section_crc(uint8_t *buf, const char tag[4]) {
-    const size_t e = plan_bytes_entry(buf, tag);
-    const uint64_t off = kv_load_u64le(buf + e + 8), stored = kv_load_u64le(buf + e + 16);
-    kv_store_u32le(buf + e + 32, (uint32_t)crc32(0L, buf + off, (uInt)stored));
-}
-
-void plan_bytes_fix_header(uint8_t *buf) {
-    const uint32_t n = kv_load_u32le(buf + 20);
-    const size_t toff = (size_t)kv_load_u64le(buf + 48);
-    const size_t esize = kv_load_u16le(buf + 14);
-    const size_t hsize = kv_load_u16le(buf + 12);
-    if (n <= 64) kv_store_u32le(buf + 56, (uint32_t)crc32(0L, buf + toff, (uInt)(n * esize)));
-    kv_store_u32le(buf + 60, 0);
-    kv_store_u32le(buf + 60, (uint32_t)crc32(0L, buf, (uInt)hsize));
+void plan_bytes_repair_crcs(uint8_t *b, size_t n) {
+    if (n < 64) return;
+    const uint32_t count = kv_load_u32le(b + 20);
+    const uint64_t toff = kv_load_u64le(b + 48);
+    const size_t esize = kv_load_u16le(b + 14), hsize = kv_load_u16le(b + 12);
+    if (count <= 64 && esize >= 40 && esize <= 1024 && toff <= n && (uint64_t)count * esize <= n - toff) {
+        for (uint32_t i = 0; i < count; i++) {
+            uint8_t *e = b + toff + (size_t)i * esize;
+            const uint64_t off = kv_load_u64le(e + 8), stored = kv_load_u64le(e + 16);
+            if (off <= n && stored <= n - off) kv_store_u32le(e + 32, (uint32_t)crc32(0L, b + off, (uInt)stored));
+        }
+        kv_store_u32le(b + 56, (uint32_t)crc32(0L, b + toff, (uInt)(count * esize)));
+    }
+    if (hsize >= 64 && hsize <= n) {
+        kv_store_u32le(b + 60, 0);
+        kv_store_u32le(b + 60, (uint32_t)crc32(0L, b, (uInt)hsize));
+    }
 }

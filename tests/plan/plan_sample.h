@@ -21,9 +21,9 @@ int plan_equal(const kv_plan *a, const kv_plan *b, char *why, size_t why_n);
 /* ---- editing serialized plans (PLAN_FORMAT.md §4, §5) ---- */
 /* Byte offset of the table entry of section `tag`, or 0 when absent. */
 size_t plan_bytes_entry(const uint8_t *buf, const char tag[4]);
-/* Recompute the section CRC of `tag` from its stored bytes (entry must exist). */
-void plan_bytes_fix_section_crc(uint8_t *buf, const char tag[4]);
-/* Recompute the table CRC and then the header CRC. */
-void plan_bytes_fix_header(uint8_t *buf);
+/* Recompute every CRC the (untrusted) layout lets us find: each section whose bytes lie inside the
+ * buffer, then the table, then the header. Used by the corrupt-plan list (to reach the checks behind
+ * the CRCs) and by the fuzz target (to let mutations reach the section decoders). */
+void plan_bytes_repair_crcs(uint8_t *buf, size_t n);
 
 #endif

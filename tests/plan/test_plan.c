@@ -273,18 +273,18 @@ typedef struct corrupt_case {
     const char *message; /* substring of kv_error_last() */
 } corrupt_case;
 
-static void set_u64_fix(uint8_t *b, size_t at, uint64_t v) {
+static void set_u64_fix(uint8_t *b, size_t n, size_t at, uint64_t v) {
     kv_store_u64le(b + at, v);
-    plan_bytes_fix_header(b);
+    plan_bytes_repair_crcs(b, n);
 }
 
 static void m_bad_magic(uint8_t **b, size_t *n) { (*b)[1] = 'X'; }
 static void m_future_major(uint8_t **b, size_t *n) {
     kv_store_u16le(*b + 8, 2);
-    plan_bytes_fix_header(*b);
+    plan_bytes_repair_crcs(*b, *n);
 }
 static void m_unknown_required(uint8_t **b, size_t *n) {
-    set_u64_fix(*b, 32, kv_load_u64le(*b + 32) | (1ull << 40));
+    set_u64_fix(*b, *n, 32, kv_load_u64le(*b + 32) | (1ull << 40));
 }
 static void m_truncated(uint8_t **b, size_t *n) { *n -= 100; }
 static void m_truncated_header(uint8_t **b, size_t *n) { *n = 10; }
@@ -300,94 +300,88 @@ static void m_section_past_end(uint8_t **b, size_t *n) {
     const size_t e = plan_bytes_entry(*b, "PRED");
     kv_store_u64le(*b + e + 16, *n);
     kv_store_u64le(*b + e + 24, *n);
-    plan_bytes_fix_header(*b);
+    plan_bytes_repair_crcs(*b, *n);
 }
 static void m_overlap(uint8_t **b, size_t *n) {
     const size_t e = plan_bytes_entry(*b, "LAYR"), e2 = plan_bytes_entry(*b, "PRED");
     kv_store_u64le(*b + e2 + 8, kv_load_u64le(*b + e + 8) + 64); /* LAYR is 320 bytes */
-    plan_bytes_fix_header(*b);
+    plan_bytes_repair_crcs(*b, *n);
 }
 static void m_out_of_order(uint8_t **b, size_t *n) {
     const size_t e = plan_bytes_entry(*b, "FPRT"), e2 = plan_bytes_entry(*b, "GLOB");
     kv_store_u64le(*b + e2 + 8, kv_load_u64le(*b + e + 8) - 64);
-    plan_bytes_fix_header(*b);
+    plan_bytes_repair_crcs(*b, *n);
 }
 static void m_misaligned(uint8_t **b, size_t *n) {
     const size_t e = plan_bytes_entry(*b, "GLOB");
     kv_store_u64le(*b + e + 8, kv_load_u64le(*b + e + 8) + 4);
-    plan_bytes_fix_header(*b);
+    plan_bytes_repair_crcs(*b, *n);
 }
 static void m_absurd_sections(uint8_t **b, size_t *n) {
     kv_store_u32le(*b + 20, 1000000);
-    plan_bytes_fix_header(*b);
+    plan_bytes_repair_crcs(*b, *n);
 }
 static void m_absurd_layers(uint8_t **b, size_t *n) {
     const size_t e = plan_bytes_entry(*b, "FPRT");
     kv_store_u32le(*b + kv_load_u64le(*b + e + 8), 0xFFFFFFFFu);
-    plan_bytes_fix_section_crc(*b, "FPRT");
-    plan_bytes_fix_header(*b);
+    plan_bytes_repair_crcs(*b, *n);
 }
 static void m_absurd_grid(uint8_t **b, size_t *n) {
     const size_t e = plan_bytes_entry(*b, "GRID");
     kv_store_u32le(*b + kv_load_u64le(*b + e + 8) + 8, 0x40000000u); /* grid 0's n */
-    plan_bytes_fix_section_crc(*b, "GRID");
-    plan_bytes_fix_header(*b);
+    plan_bytes_repair_crcs(*b, *n);
 }
 static void m_absurd_predictor(uint8_t **b, size_t *n) {
     const size_t e = plan_bytes_entry(*b, "PRED");
     kv_store_u32le(*b + kv_load_u64le(*b + e + 8) + 12, 100000u); /* first predictor's n_inputs */
-    plan_bytes_fix_section_crc(*b, "PRED");
-    plan_bytes_fix_header(*b);
+    plan_bytes_repair_crcs(*b, *n);
 }
 static void m_absurd_zlib_size(uint8_t **b, size_t *n) {
     const size_t e = plan_bytes_entry(*b, "PROV");
     kv_store_u32le(*b + e + 4, KV_PLAN_SECTION_ZLIB);
     kv_store_u64le(*b + e + 24, 1ull << 40);
-    plan_bytes_fix_header(*b);
+    plan_bytes_repair_crcs(*b, *n);
 }
 static void m_bad_enum(uint8_t **b, size_t *n) {
     const size_t e = plan_bytes_entry(*b, "LAYR");
     kv_store_u32le(*b + kv_load_u64le(*b + e + 8) + 8 + 8, 7); /* layer 0 K method */
-    plan_bytes_fix_section_crc(*b, "LAYR");
-    plan_bytes_fix_header(*b);
+    plan_bytes_repair_crcs(*b, *n);
 }
 static void m_bad_rule(uint8_t **b, size_t *n) {
     const size_t e = plan_bytes_entry(*b, "LAYR");
     /* layer 1 K eta (record 1 at 8 + 104, stream K at +8, eta at +20) = 0.75 */
     kv_store_f32le(*b + kv_load_u64le(*b + e + 8) + 8 + 104 + 8 + 20, 0.75f);
-    plan_bytes_fix_section_crc(*b, "LAYR");
-    plan_bytes_fix_header(*b);
+    plan_bytes_repair_crcs(*b, *n);
 }
 static void m_bad_crossref(uint8_t **b, size_t *n) {
     const size_t e = plan_bytes_entry(*b, "LAYR");
     /* layer 1 K shares codes with layer 2 (not earlier) */
     kv_store_u32le(*b + kv_load_u64le(*b + e + 8) + 8 + 104 + 8 + 28, 2);
-    plan_bytes_fix_section_crc(*b, "LAYR");
-    plan_bytes_fix_header(*b);
+    plan_bytes_repair_crcs(*b, *n);
 }
 static void m_undeclared_feature(uint8_t **b, size_t *n) {
-    set_u64_fix(*b, 32, kv_load_u64le(*b + 32) & ~KV_PLAN_FEAT_HIGGS);
+    set_u64_fix(*b, *n, 32, kv_load_u64le(*b + 32) & ~KV_PLAN_FEAT_HIGGS);
 }
 static void m_unknown_required_section(uint8_t **b, size_t *n) {
     const size_t e = plan_bytes_entry(*b, "PROV");
     memcpy(*b + e, "XTRA", 4);
     kv_store_u32le(*b + e + 4, KV_PLAN_SECTION_REQUIRED);
-    plan_bytes_fix_header(*b);
+    plan_bytes_repair_crcs(*b, *n);
 }
 static void m_missing_section(uint8_t **b, size_t *n) {
     const size_t e = plan_bytes_entry(*b, "GLOB");
     memcpy(*b + e, "GLOX", 4);
     kv_store_u32le(*b + e + 4, 0); /* now an unknown optional section: skipped */
-    plan_bytes_fix_header(*b);
+    plan_bytes_repair_crcs(*b, *n);
 }
 static void m_duplicate_tag(uint8_t **b, size_t *n) {
     const size_t e = plan_bytes_entry(*b, "GLOB");
     memcpy(*b + e, "FPRT", 4);
-    plan_bytes_fix_header(*b);
+    plan_bytes_repair_crcs(*b, *n);
 }
 static void m_big_endian(uint8_t **b, size_t *n) {
     (*b)[16] = 0x0A, (*b)[17] = 0x0B, (*b)[18] = 0x0C, (*b)[19] = 0x0D;
-    plan_bytes_fix_header(*b);
+    plan_bytes_repair_crcs(*b, *n);
 }
 static void m_trailing(uint8_t **b, size_t *n) {
     uint8_t *nb = realloc(*b, *n + 64);
@@ -400,24 +394,21 @@ static void m_zlib_garbage(uint8_t **b, size_t *n) {
     const size_t e = plan_bytes_entry(*b, "PRED");
     if (!(kv_load_u32le(*b + e + 4) & KV_PLAN_SECTION_ZLIB)) abort();
     (*b)[kv_load_u64le(*b + e + 8) + 20] ^= 0x55;
-    plan_bytes_fix_section_crc(*b, "PRED");
-    plan_bytes_fix_header(*b);
+    plan_bytes_repair_crcs(*b, *n);
 }
 static void m_section_tail(uint8_t **b, size_t *n) {
     /* GLOB claims 4 more bytes (the zero padding after it) */
     const size_t e = plan_bytes_entry(*b, "GLOB");
     kv_store_u64le(*b + e + 16, kv_load_u64le(*b + e + 16) + 4);
     kv_store_u64le(*b + e + 24, kv_load_u64le(*b + e + 24) + 4);
-    plan_bytes_fix_section_crc(*b, "GLOB");
-    plan_bytes_fix_header(*b);
+    plan_bytes_repair_crcs(*b, *n);
 }
 static void m_flag_without_data(uint8_t **b, size_t *n) {
     const size_t e = plan_bytes_entry(*b, "LAYR");
     /* layer 0 V gets the PREDICTOR flag (flags at stream +36; V at record +56) */
     const size_t at = kv_load_u64le(*b + e + 8) + 8 + 56 + 36;
     kv_store_u32le(*b + at, kv_load_u32le(*b + at) | 0x2u);
-    plan_bytes_fix_section_crc(*b, "LAYR");
-    plan_bytes_fix_header(*b);
+    plan_bytes_repair_crcs(*b, *n);
 }
 
 static const corrupt_case k_corrupt[] = {
@@ -542,7 +533,7 @@ START_TEST(test_newer_minor_and_unknown_optional) {
     serialize(&b, &n, p, &k_plain);
     /* a newer minor of the same major is read */
     kv_store_u16le(b + 10, 7);
-    plan_bytes_fix_header(b);
+    plan_bytes_repair_crcs(b, n);
     ck_assert_kv_ok(kv_plan_read_memory(&q, b, n));
     ck_assert_int_eq(q->file.version_minor, 7);
     kv_plan_free(q);
@@ -550,7 +541,7 @@ START_TEST(test_newer_minor_and_unknown_optional) {
     kv_store_u64le(b + 40, kv_load_u64le(b + 40) | (1ull << 50));
     const size_t e = plan_bytes_entry(b, "REPT");
     memcpy(b + e, "ZZZZ", 4);
-    plan_bytes_fix_header(b);
+    plan_bytes_repair_crcs(b, n);
     ck_assert_kv_ok(kv_plan_read_memory(&q, b, n));
     ck_assert_int_eq(q->report.n_metrics, 0);
     ck_assert_str_eq(q->file.sections[7].tag, "ZZZZ");
@@ -564,12 +555,12 @@ START_TEST(test_newer_minor_and_unknown_optional) {
     kv_plan_free(q);
     /* a section with an unknown flag bit: skipped when optional ... */
     kv_store_u32le(b + e + 4, 0x100u);
-    plan_bytes_fix_header(b);
+    plan_bytes_repair_crcs(b, n);
     ck_assert_kv_ok(kv_plan_read_memory(&q, b, n));
     kv_plan_free(q);
     /* ... rejected when required */
     kv_store_u32le(b + e + 4, 0x100u | KV_PLAN_SECTION_REQUIRED);
-    plan_bytes_fix_header(b);
+    plan_bytes_repair_crcs(b, n);
     ck_assert_int_eq(kv_plan_read_memory(&q, b, n), KV_EVERSION);
     ck_assert_ptr_nonnull(strstr(kv_error_last(), "flags 0x100 unknown"));
     free(b);
