@@ -98,6 +98,8 @@ static const struct layer_key {
     {"key_eta", T_DOUBLE, LOFF(key_eta), 0, 0.4999, KV_FIT_LO_KEY_ETA},
     {"value_eta", T_DOUBLE, LOFF(value_eta), 0, 0.4999, KV_FIT_LO_VALUE_ETA},
     {"prune_budget", T_DOUBLE, LOFF(prune_budget), 1e-6, 1, KV_FIT_LO_PRUNE_BUDGET},
+    {"key_rpc_ratio", T_DOUBLE, LOFF(key_rpc_ratio), 0, 1, KV_FIT_LO_KEY_RPC_RATIO},
+    {"value_rpc_ratio", T_DOUBLE, LOFF(value_rpc_ratio), 0, 1, KV_FIT_LO_VALUE_RPC_RATIO},
 };
 #undef LOFF
 enum { N_LAYER_KEYS = sizeof k_layer_keys / sizeof *k_layer_keys, MAX_LAYER = 4095 };
@@ -324,7 +326,7 @@ static kv_status set_path(kv_fit_config *c, const char *path, const char *text, 
             return KV_OK;
         }
         return KV_ERR(KV_EINVAL,
-                      "%s: unknown key '%s' (a layer override has key_bits, value_bits, rpc_ratio, key_eta, value_eta, "
+                      "%s: unknown key '%s' (a layer override has key_bits, value_bits, rpc_ratio, key_rpc_ratio, value_rpc_ratio, key_eta, value_eta, "
                       "prune_budget)", where, path);
     }
     char known[512];

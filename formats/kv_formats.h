@@ -596,9 +596,10 @@ typedef struct kv_fit_layer_override {
     int layer;
     unsigned set;
     int key_bits, value_bits;
-    double rpc_ratio;
+    double rpc_ratio;        /* both streams */
     double key_eta, value_eta;
     double prune_budget;
+    double key_rpc_ratio, value_rpc_ratio; /* one stream (KVmix sets K and V apart); win over rpc_ratio */
 } kv_fit_layer_override;
 #define KV_FIT_LO_KEY_BITS 0x1u
 #define KV_FIT_LO_VALUE_BITS 0x2u
@@ -606,6 +607,8 @@ typedef struct kv_fit_layer_override {
 #define KV_FIT_LO_KEY_ETA 0x8u
 #define KV_FIT_LO_VALUE_ETA 0x10u
 #define KV_FIT_LO_PRUNE_BUDGET 0x20u
+#define KV_FIT_LO_KEY_RPC_RATIO 0x40u
+#define KV_FIT_LO_VALUE_RPC_RATIO 0x80u
 
 typedef struct kv_fit_config {
     kv_fit_method method;

@@ -33,7 +33,7 @@ static kv_status on_chunk(void *user, kv_cache *cache, size_t chunk) {
 
 kv_status kv_tool_eval_plan(kv_tool_plan_eval *out, kv_model *m, const char *model_path, const char *plan_path,
                             const int32_t *tokens, size_t n_tokens, int ctx, int bos, size_t max_chunks,
-                            const char *progress_label) {
+                            int prefill, int step, const char *progress_label) {
     memset(out, 0, sizeof *out);
     kv_plan *plan = NULL;
     kv_model_file *mf = NULL;
@@ -53,11 +53,12 @@ kv_status kv_tool_eval_plan(kv_tool_plan_eval *out, kv_model *m, const char *mod
     kv_compare_options o;
     memset(&o, 0, sizeof o);
     o.ctx = ctx, o.bos_id = bos, o.max_chunks = max_chunks;
-    /* the first step fills the sinks and one recent buffer; then one buffer per step: identical to
-     * token-by-token decoding for the fixed-buffer semantics (tests/ccache), and the paper's
-     * prefill + decode pattern in buffer-sized blocks for KVmix's RPC */
-    o.first_step = plan->global.sinks + plan->global.recent;
-    o.step = plan->global.recent;
+    /* By default the first step fills the sinks and one recent buffer, then one buffer per step:
+     * identical to token-by-token decoding for the fixed-buffer semantics (tests/ccache). KVmix's
+     * recent pivotal context depends on how many tokens each step brings, so its evaluation sets
+     * prefill (a prompt) and step (1 = true decoding) explicitly. */
+    o.first_step = prefill > 0 ? prefill : plan->global.sinks + plan->global.recent;
+    o.step = step > 0 ? step : plan->global.recent;
     o.progress_label = progress_label;
     o.on_chunk = on_chunk;
     o.user = &tot;
@@ -75,6 +76,8 @@ kv_status kv_tool_eval_plan(kv_tool_plan_eval *out, kv_model *m, const char *mod
     out->compressed_fraction = tot.values_total ? (double)tot.values_compressed / (double)tot.values_total : 0.0;
     out->sinks = plan->global.sinks;
     out->recent = plan->global.recent;
+    out->prefill = o.first_step;
+    out->step = o.step;
 done:
     kv_cache_free(cache);
     kv_model_file_close(mf);
@@ -91,11 +94,12 @@ void kv_tool_eval_plan_print(const kv_tool_plan_eval *e, int json) {
                "\"predictor_bits_per_value_per_sequence\": %.4f, \"cache_bytes\": %llu, \"fp16_cache_bytes\": %llu, "
                "\"compressed_fraction\": %.4f, \"tokens_total\": %zu, \"tokens_evaluated\": %zu, \"tokens_scored\": %zu, "
                "\"chunks\": %zu, \"tokens_per_second\": %.2f, \"tokens_per_second_uncompressed\": %.2f, "
-               "\"sinks\": %d, \"recent\": %d}\n",
+               "\"sinks\": %d, \"recent\": %d, \"prefill\": %d, \"step\": %d}\n",
                r->ppl, r->ppl_ref, rel, r->nll_mean, r->kl_mean, r->top1_agreement, e->bits_per_value,
                e->bits_per_value_total, e->predictor_bits_per_value_sequence, (unsigned long long)e->cache_bytes,
                (unsigned long long)e->fp16_cache_bytes, e->compressed_fraction, r->tokens_total, r->tokens_evaluated,
-               r->tokens_scored, r->n_chunks, r->tokens_per_second, r->tokens_per_second_ref, e->sinks, e->recent);
+               r->tokens_scored, r->n_chunks, r->tokens_per_second, r->tokens_per_second_ref, e->sinks, e->recent,
+               e->prefill, e->step);
         return;
     }
     printf("ppl                    %.4f  (uncompressed %.4f, %+.2f%%)\n", r->ppl, r->ppl_ref, 100.0 * rel);
@@ -111,5 +115,6 @@ void kv_tool_eval_plan_print(const kv_tool_plan_eval *e, int json) {
            (unsigned long long)e->fp16_cache_bytes);
     printf("tokens                 %zu evaluated in %zu chunks, %zu scored\n", r->tokens_evaluated, r->n_chunks,
            r->tokens_scored);
-    printf("tokens_per_second      %.1f compressed, %.1f uncompressed\n", r->tokens_per_second, r->tokens_per_second_ref);
+    printf("tokens_per_second      %.1f compressed (steps: %d, then %d), %.1f uncompressed\n", r->tokens_per_second,
+           e->prefill, e->step, r->tokens_per_second_ref);
 }

@@ -24,10 +24,13 @@ typedef struct kv_tool_plan_eval {
     uint64_t cache_bytes;         /* one full sequence: payload + fp16 tokens + predictors */
     uint64_t fp16_cache_bytes;    /* the same sequence uncompressed in fp16 */
     int sinks, recent;
+    int prefill, step;            /* tokens of the first forward step of a chunk, then of each later one */
 } kv_tool_plan_eval;
+/* prefill/step <= 0: sinks + recent, then recent (equivalent to token-by-token decoding for the
+ * fixed-buffer semantics). */
 kv_status kv_tool_eval_plan(kv_tool_plan_eval *out, kv_model *m, const char *model_path, const char *plan_path,
                             const int32_t *tokens, size_t n_tokens, int ctx, int bos, size_t max_chunks,
-                            const char *progress_label);
+                            int prefill, int step, const char *progress_label);
 void kv_tool_eval_plan_print(const kv_tool_plan_eval *e, int json);
 
 /* kvrun */

@@ -10,7 +10,7 @@ static const char *k_tool = "kvrun eval";
 
 int kvrun_eval(int argc, char **argv) {
     const char *model = NULL, *tokp = NULL, *text = NULL, *protocol = "all", *plan = NULL;
-    long ctx = 0, max_tokens = 0, batch = 1, threads = 0;
+    long ctx = 0, max_tokens = 0, batch = 1, threads = 0, prefill = 0, step = 0;
     int json = 0;
     const kv_opt opts[] = {
         {"model", 'm', KV_OPT_STRING, &model, "PATH", "model (GGUF, safetensors directory, llama2.c)", 1},
@@ -22,6 +22,9 @@ int kvrun_eval(int argc, char **argv) {
         {"max-tokens", 'n', KV_OPT_INT, &max_tokens, "N", "evaluate at most N tokens (whole chunks; 0 = all)", 0},
         {"plan", 'p', KV_OPT_STRING, &plan, "PLAN",
          "also run through a compressed cache applying this plan and report what it costs", 0},
+        {"prefill", 0, KV_OPT_INT, &prefill, "N",
+         "with --plan: tokens of a chunk's first forward step (default sinks + recent)", 0},
+        {"step", 0, KV_OPT_INT, &step, "N", "with --plan: tokens per later step (default recent; 1 = decoding)", 0},
         {"batch", 'b', KV_OPT_INT, &batch, "B", "chunks per forward pass without --plan (default 1)", 0},
         {"threads", 't', KV_OPT_INT, &threads, "N", "threads (default: all cores)", 0},
         {"json", 0, KV_OPT_FLAG, &json, NULL, "print the result as one JSON object", 0},
@@ -45,6 +48,7 @@ int kvrun_eval(int argc, char **argv) {
     if (max_tokens < 0 || batch < 1 || batch > 4096 || threads < 0)
         return kv_cli_usage_error(k_tool, "--max-tokens >= 0, --batch in [1, 4096], --threads >= 0");
     if (plan && proto != KV_PPL_ALL) return kv_cli_usage_error(k_tool, "--plan evaluates with protocol 'all' only");
+    if (prefill < 0 || step < 0 || prefill > ctx) return kv_cli_usage_error(k_tool, "--prefill in [0, ctx], --step >= 0");
 
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
@@ -61,7 +65,7 @@ int kvrun_eval(int argc, char **argv) {
     if (plan) {
         kv_tool_plan_eval e;
         if ((s = kv_tool_eval_plan(&e, m, model, plan, ids, n_ids, (int)ctx, kv_tokenizer_bos(tok), max_chunks,
-                                   "eval")) != KV_OK)
+                                   (int)prefill, (int)step, "eval")) != KV_OK)
             goto done;
         kv_tool_eval_plan_print(&e, json);
         goto done;
