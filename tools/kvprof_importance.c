@@ -35,6 +35,8 @@ static kv_status time_forwards(double *seconds, kv_model *m, const kv_importance
 
 int kvprof_importance(int argc, char **argv) {
     const char *model = NULL, *tokp = NULL, *corpus = NULL, *out = NULL, *svg = NULL, *cfg_out = NULL;
+    const char *rand_out = NULL;
+    long rand_seed = 1;
     long prompts = 30, max_len = 1024, seed = 0, threads = 0, k_high = 3, v_high = 4, low = 2;
     double high_frac = 0.2, rpc_high = 0.2, rpc_low = 0.1;
     int json = 0, compare_forward = 0;
@@ -55,6 +57,9 @@ int kvprof_importance(int argc, char **argv) {
         {"rpc-low", 0, KV_OPT_DOUBLE, &rpc_low, "F", "recent pivotal context ratio, low-bit streams (0.1)", 0},
         {"svg", 0, KV_OPT_STRING, &svg, "FILE", "bar chart of K/V importance with the high-bit layers marked", 0},
         {"config-out", 0, KV_OPT_STRING, &cfg_out, "FILE", "kvcal fit configuration fragment (per-layer bits, RPC)", 0},
+        {"random-config-out", 0, KV_OPT_STRING, &rand_out, "FILE",
+         "the paper's baseline: the same number of high-bit layers chosen at random, as a config fragment", 0},
+        {"random-seed", 0, KV_OPT_INT, &rand_seed, "S", "seed of the random allocation (default 1)", 0},
         {"compare-forward", 0, KV_OPT_FLAG, &compare_forward, NULL, "also time plain forwards over the same prompts", 0},
         {"threads", 't', KV_OPT_INT, &threads, "N", "threads (default: all cores)", 0},
         {NULL, 0, 0, NULL, NULL, NULL, 0},
@@ -94,6 +99,13 @@ int kvprof_importance(int argc, char **argv) {
         goto done;
     if ((s = kv_importance_report_write(out, json, &imp, &alloc, &stab, &meta)) != KV_OK) goto done;
     if (cfg_out && (s = kv_alloc_config_write(cfg_out, &alloc, &meta)) != KV_OK) goto done;
+    if (rand_out) {
+        kv_alloc ra;
+        if ((s = kv_alloc_random(&ra, imp.n_layers, &ap, (uint64_t)rand_seed)) != KV_OK) goto done;
+        s = kv_alloc_config_write(rand_out, &ra, &meta);
+        kv_alloc_free(&ra);
+        if (s != KV_OK) goto done;
+    }
     if (svg) {
         char title[256];
         snprintf(title, sizeof title, "KVmix importance: %s, %d prompts x %d tokens", kv_model_arch(m)->name,
