@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The main comparison: fit plans on the calibration split and evaluate them on the held-out split,
+# every method by the same tools on the same tokens, and print a table (markdown).
+#   scripts/results.sh [--model PATH] [--tokenizer PATH] [--ctx N] [--eval-tokens N] [--fit-tokens N]
+#                      [--seq-len N] [--configs "kivi-2 higgs-2 aqua-2 ..."] [--out DIR] [--build DIR]
+# Defaults: the default model (fetched), ctx 2048, 40960 held-out tokens (20 chunks), 131072
+# calibration tokens in sequences of 1024, configs uncompressed kivi-2 kivi-4 higgs-2 higgs-3 higgs-4
+# aqua-2 aqua-3 aqua-4.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="$here/build"
+model=""
+tok=""
+ctx=2048
+eval_tokens=40960
+fit_tokens=131072
+seq_len=1024
+configs="kivi-2 kivi-4 higgs-2 higgs-3 higgs-4 aqua-2 aqua-3 aqua-4"
+out=""
+extra_fit=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --model) model="$2"; shift 2 ;;
+    --tokenizer) tok="$2"; shift 2 ;;
+    --ctx) ctx="$2"; shift 2 ;;
+    --eval-tokens) eval_tokens="$2"; shift 2 ;;
+    --fit-tokens) fit_tokens="$2"; shift 2 ;;
+    --seq-len) seq_len="$2"; shift 2 ;;
+    --configs) configs="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    --build) build="$2"; shift 2 ;;
+    --set) extra_fit+=(--set "$2"); shift 2 ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    *) echo "results: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+[ -n "$model" ] || model="$(bash "$here/scripts/fetch-model.sh" | tail -n 1)"
+data="$(bash "$here/scripts/data-dir.sh")"
+[ -n "$out" ] || out="$build/results/$(basename "$model")"
+mkdir -p "$out"
+tokargs=()
+[ -n "$tok" ] && tokargs=(--tokenizer "$tok")
+kvcal="$build/tools/kvcal"
+kvrun="$build/tools/kvrun"
+calib="$data/wikitext-2-raw/wiki.valid.raw"
+heldout="$data/wikitext-2-raw/wiki.test.raw"
+
+for cfg in $configs; do
+  method="${cfg%-*}"
+  bits="${cfg##*-}"
+  plan="$out/$cfg.kvplan"
+  echo "== $cfg: fit on $(basename "$calib") ($fit_tokens tokens)" >&2
+  start=$(date +%s.%N)
+  "$kvcal" fit --model "$model" "${tokargs[@]}" --corpus "$calib" --out "$plan" --method "$method" \
+      --bits "$bits" --seq-len "$seq_len" --max-tokens "$fit_tokens" "${extra_fit[@]}" > "$out/$cfg.fit.txt"
+  end=$(date +%s.%N)
+  echo "== $cfg: evaluate on $(basename "$heldout") ($eval_tokens tokens, ctx $ctx)" >&2
+  "$kvrun" eval --model "$model" "${tokargs[@]}" --text "$heldout" --ctx "$ctx" --max-tokens "$eval_tokens" \
+      --plan "$plan" --json > "$out/$cfg.json"
+  python3 - "$out/$cfg.json" "$start" "$end" <<'PY'
+import json, sys
+p = sys.argv[1]
+r = json.load(open(p))
+r["fit_seconds"] = float(sys.argv[3]) - float(sys.argv[2])
+json.dump(r, open(p, "w"))
+PY
+done
+python3 "$here/scripts/results_table.py" "$out" $configs
