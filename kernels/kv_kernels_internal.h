@@ -23,6 +23,9 @@ size_t kv_uniform_groups(const kv_uniform *q, size_t tokens, size_t channels);
 void kv_pack_range(uint32_t *words, size_t j0, const uint8_t *codes, size_t count, int bits, int per);
 void kv_unpack_range(uint8_t *codes, const uint32_t *words, size_t j0, size_t count, int bits, int per);
 
+/* The CPU's vectorizable FWHT (unnormalized), bit-identical to kv_qm_fwht (tested). */
+void kv_fwht_unnormalized_ref(float *v, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -13,6 +13,8 @@
 #include <string.h>
 
 /* ---- nearest-point search accelerator -------------------------------------------------------- */
+static inline int search_nearest(const kv_grid_search *s, const float *u);
+
 struct kv_grid_search {
     int d, n;
     float *grid;       /* copy, n*d */
@@ -20,6 +22,7 @@ struct kv_grid_search {
     float lo, inv_w;   /* cell of coordinate u: floor((u - lo) * inv_w) */
     uint32_t *offs;    /* cells^d + 1 */
     uint16_t *cand;    /* candidate indices, ascending within a cell */
+    uint16_t *cell;    /* cells^d: the only candidate (< 0x8000), or 0x8000 when there are several */
 };
 
 /* Squared distance bounds from point p to the box [a, b] (double, per coordinate). */
@@ -46,7 +49,7 @@ kv_status kv_grid_search_create(kv_grid_search **out, const float *grid, int d, 
     kv_status st = KV_OK;
     s->d = d;
     s->n = n;
-    s->cells = d == 1 ? 4096 : 128;
+    s->cells = d == 1 ? 4096 : 256;
     const size_t ncell = d == 1 ? (size_t)s->cells : (size_t)s->cells * (size_t)s->cells;
     s->grid = malloc((size_t)n * (size_t)d * sizeof *s->grid);
     s->offs = malloc((ncell + 1) * sizeof *s->offs);
@@ -103,6 +106,13 @@ kv_status kv_grid_search_create(kv_grid_search **out, const float *grid, int d, 
         }
     }
     s->offs[ncell] = (uint32_t)len;
+    s->cell = malloc(ncell * sizeof *s->cell);
+    if (!s->cell) {
+        st = KV_ERR(KV_ENOMEM, "grid search: out of memory");
+        goto done;
+    }
+    for (size_t c = 0; c < ncell; c++)
+        s->cell[c] = s->offs[c + 1] == s->offs[c] + 1 ? s->cand[s->offs[c]] : (uint16_t)0x8000u;
 done:
     free(maxd);
     free(mind);
@@ -119,6 +129,7 @@ void kv_grid_search_free(kv_grid_search *s) {
     free(s->grid);
     free(s->offs);
     free(s->cand);
+    free(s->cell);
     free(s);
 }
 
@@ -131,15 +142,18 @@ static inline int cell_coord(const kv_grid_search *s, float u) {
     return (int)f;
 }
 
-int kv_grid_search_nearest(const kv_grid_search *s, const float *u) {
+int kv_grid_search_nearest(const kv_grid_search *s, const float *u) { return search_nearest(s, u); }
+
+static inline int search_nearest(const kv_grid_search *s, const float *u) {
     const int d = s->d;
     const int i0 = cell_coord(s, u[0]);
     const int i1 = d == 2 ? cell_coord(s, u[1]) : 0;
     if (i0 < 0 || i1 < 0) return kv_qm_grid_nearest(u, s->grid, d, s->n);
     const size_t cell = (size_t)i0 + (size_t)i1 * (size_t)s->cells;
+    const uint16_t only = s->cell[cell]; /* one compact table first: most cells have one candidate */
+    if (only < 0x8000u) return only;
     const uint32_t a = s->offs[cell], b = s->offs[cell + 1];
     int best = s->cand[a];
-    if (b == a + 1) return best; /* the only point that can be nearest anywhere in this cell */
     float bd = kv_qm_grid_dist(u, s->grid, d, best);
     for (uint32_t k = a + 1; k < b; k++) {
         const int i = s->cand[k];
@@ -152,10 +166,72 @@ int kv_grid_search_nearest(const kv_grid_search *s, const float *u) {
     return best;
 }
 
+/* Nearest points of n 2-D pieces u[2p], u[2p+1]: cell indices for all pieces first (branch-free,
+ * vectorized), then one table load per piece; only pieces in multi-candidate cells or outside the
+ * table take search_nearest. Same answers as search_nearest. */
+static void search_group_2d(const kv_grid_search *s, uint8_t *out, const float *u, size_t n, int32_t *cell) {
+    const float lo = s->lo, inv_w = s->inv_w, top = (float)s->cells;
+    const int32_t cells = s->cells;
+    for (size_t p = 0; p < n; p++) {
+        const float f0 = (u[2 * p] - lo) * inv_w, f1 = (u[2 * p + 1] - lo) * inv_w;
+        const int in = (f0 >= 0.0f) & (f0 < top) & (f1 >= 0.0f) & (f1 < top);
+        const float g0 = in ? f0 : 0.0f, g1 = in ? f1 : 0.0f;
+        cell[p] = in ? (int32_t)g0 + (int32_t)g1 * cells : -1;
+    }
+    for (size_t p = 0; p < n; p++) {
+        const int32_t c = cell[p];
+        const uint16_t only = c >= 0 ? s->cell[c] : (uint16_t)0x8000u;
+        out[p] = only < 0x8000u ? (uint8_t)only : (uint8_t)search_nearest(s, u + 2 * p);
+    }
+}
+
 /* ---- transform ----------------------------------------------------------------------------------- */
+/* The unnormalized FWHT with exactly kv_qm_fwht's butterflies (same pairs, same a + b / a - b per
+ * stage, so bit-identical results), arranged for the vectorizer: the first three stages inside
+ * blocks of 8, later stages in runs of 8 with explicit temporaries. */
+static void fwht_fast(float *KV_RESTRICT v, size_t n) {
+    if (n < 8) {
+        kv_qm_fwht(v, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i += 8) {
+        float t[8], u[8];
+        for (int k = 0; k < 8; k++) t[k] = v[i + (size_t)k];
+        for (int k = 0; k < 8; k += 2) { /* h = 1 */
+            u[k] = t[k] + t[k + 1];
+            u[k + 1] = t[k] - t[k + 1];
+        }
+        for (int k = 0; k < 8; k += 4) /* h = 2 */
+            for (int j = 0; j < 2; j++) {
+                t[k + j] = u[k + j] + u[k + j + 2];
+                t[k + j + 2] = u[k + j] - u[k + j + 2];
+            }
+        for (int j = 0; j < 4; j++) { /* h = 4 */
+            u[j] = t[j] + t[j + 4];
+            u[j + 4] = t[j] - t[j + 4];
+        }
+        for (int k = 0; k < 8; k++) v[i + (size_t)k] = u[k];
+    }
+    for (size_t h = 8; h < n; h *= 2)
+        for (size_t i = 0; i < n; i += 2 * h)
+            for (size_t j = i; j < i + h; j += 8) {
+                float a[8], b[8];
+                for (int k = 0; k < 8; k++) {
+                    a[k] = v[j + (size_t)k];
+                    b[k] = v[j + h + (size_t)k];
+                }
+                for (int k = 0; k < 8; k++) {
+                    v[j + (size_t)k] = a[k] + b[k];
+                    v[j + h + (size_t)k] = a[k] - b[k];
+                }
+            }
+}
+
+void kv_fwht_unnormalized_ref(float *v, size_t n) { fwht_fast(v, n); }
+
 kv_status kv_fwht_ref(float *v, size_t n) {
     if (n == 0 || (n & (n - 1))) return KV_ERR(KV_EINVAL, "FWHT: length must be a power of two (got %zu)", n);
-    kv_qm_fwht(v, n);
+    fwht_fast(v, n);
     const float scale = 1.0f / sqrtf((float)n);
     for (size_t i = 0; i < n; i++) v[i] *= scale;
     return KV_OK;
@@ -209,7 +285,8 @@ kv_status kv_higgs_encode_ref(uint32_t *indices, void *norms, const kv_higgs *h,
     kv_status st = ctx_init(&cx, h, tokens, channels);
     if (st != KV_OK) return st;
     uint8_t *idx = malloc(cx.pieces ? cx.pieces : 1);
-    if (!idx) {
+    int32_t *cell_idx = malloc((cx.g / (size_t)cx.d) * sizeof *cell_idx);
+    if (!idx || !cell_idx) {
         st = KV_ERR(KV_ENOMEM, "HIGGS: out of memory");
         goto done;
     }
@@ -224,13 +301,15 @@ kv_status kv_higgs_encode_ref(uint32_t *indices, void *norms, const kv_higgs *h,
             goto done;
         }
         for (size_t k = 0; k < g; k++) v[k] = xg[k] * sg[k];
-        kv_qm_fwht(v, g);
+        fwht_fast(v, g);
         const float mul = kv_qm_higgs_enc_mul(norm);
         for (size_t k = 0; k < g; k++) v[k] *= mul;
         uint8_t *ig = idx + grp * per_group;
-        if (h->search)
+        if (h->search && cx.d == 2)
+            search_group_2d(h->search, ig, v, per_group, cell_idx);
+        else if (h->search)
             for (size_t p = 0; p < per_group; p++)
-                ig[p] = (uint8_t)kv_grid_search_nearest(h->search, v + p * (size_t)cx.d);
+                ig[p] = (uint8_t)search_nearest(h->search, v + p * (size_t)cx.d);
         else
             for (size_t p = 0; p < per_group; p++)
                 ig[p] = (uint8_t)kv_qm_grid_nearest(v + p * (size_t)cx.d, h->grid, cx.d, h->size);
@@ -239,6 +318,7 @@ kv_status kv_higgs_encode_ref(uint32_t *indices, void *norms, const kv_higgs *h,
     st = kv_pack_ref(indices, idx, cx.pieces, cx.bits, 0);
 done:
     free(idx);
+    free(cell_idx);
     ctx_free(&cx);
     return st;
 }
@@ -263,7 +343,7 @@ kv_status kv_higgs_decode_ref(float *x_hat, const kv_higgs *h, size_t tokens, si
             const uint32_t i = ib[p];
             for (int k = 0; k < d; k++) v[p * (size_t)d + (size_t)k] = h->grid[i * (uint32_t)d + (uint32_t)k] * mul;
         }
-        kv_qm_fwht(v, g);
+        fwht_fast(v, g);
         const float *sg = cx.signs + (grp * g) % channels;
         float *yg = x_hat + grp * g;
         for (size_t k = 0; k < g; k++) yg[k] = v[k] * sg[k];

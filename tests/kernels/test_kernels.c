@@ -1,5 +1,6 @@
 /* kernels/ CPU reference: packing, uniform + XQuant, shared codes, HIGGS, SQuat, bits accounting. */
 #include "kv_test.h"
+#include "kv_kernels_internal.h"
 #include "kv_quant_math.h"
 #include "kvrt.h"
 
@@ -332,6 +333,20 @@ START_TEST(fwht_matches_explicit_hadamard) {
     free(ref);
     float bad[3];
     ck_assert_int_eq(kv_fwht_ref(bad, 3), KV_EINVAL);
+}
+END_TEST
+
+START_TEST(fwht_fast_is_bit_identical) {
+    /* the CPU's blocked FWHT and the shared stage-by-stage one (what the GPU runs) agree bit for bit */
+    for (size_t n = 1; n <= 4096; n *= 2) {
+        float *a = randn(n, 40 + n, 3.0f, 0.5f), *b = malloc(n * sizeof *b);
+        memcpy(b, a, n * sizeof *a);
+        kv_fwht_unnormalized_ref(a, n);
+        kv_qm_fwht(b, n);
+        ck_assert_int_eq(memcmp(a, b, n * sizeof *a), 0);
+        free(a);
+        free(b);
+    }
 }
 END_TEST
 
@@ -681,6 +696,7 @@ int main(void) {
     tc = tcase_create("higgs");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, fwht_matches_explicit_hadamard, 0, 10);
+    tcase_add_test(tc, fwht_fast_is_bit_identical);
     tcase_add_loop_test(tc, higgs_gaussian_mse_matches_grid, 0, (int)(sizeof k_higgs / sizeof k_higgs[0]));
     tcase_add_test(tc, grid_search_equals_exhaustive);
     tcase_add_test(tc, higgs_details);
