@@ -72,18 +72,19 @@ kv_status kv_model_matmul(kv_model *m, const float *x, size_t n, const kv_matrix
         if (s != KV_OK) return s;
         float *dst = m->ws.deq;
         const uint16_t *src = w->f16;
-#pragma omp parallel for num_threads(m->n_threads) schedule(static)
+#pragma omp parallel for num_threads(kv_model_par(m, total)) schedule(static)
         for (long r = 0; r < rows; r++)
             for (int c = 0; c < cols; c++) dst[(size_t)r * cols + c] = kv_f16_to_f32(src[(size_t)r * cols + c]);
         W = dst;
     }
+    kv_model_blas_threads(m, n * (size_t)rows * (size_t)cols < 4 * KV_PAR_MIN_WORK ? 1 : m->n_threads);
     if (n == 1)
         cblas_sgemv(CblasRowMajor, CblasNoTrans, rows, cols, 1.0f, W, cols, x, 1, 0.0f, y, 1);
     else
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, rows, cols, 1.0f, x, cols, W, cols, 0.0f,
                     y, rows);
     if (bias) {
-#pragma omp parallel for num_threads(m->n_threads) schedule(static) if (n > 1)
+#pragma omp parallel for num_threads(kv_model_par(m, n * (size_t)rows)) schedule(static)
         for (long r = 0; r < (long)n; r++)
             for (int c = 0; c < rows; c++) y[(size_t)r * rows + c] += bias[c];
     }
@@ -93,7 +94,7 @@ kv_status kv_model_matmul(kv_model *m, const float *x, size_t n, const kv_matrix
 /* ---- elementwise pieces ----------------------------------------------------------------------- */
 /* y = x / sqrt(mean(x^2) + eps) * w, the mean square summed in double. */
 static void rmsnorm_rows(kv_model *m, float *y, const float *x, const float *w, size_t n, int d, float eps) {
-#pragma omp parallel for num_threads(m->n_threads) schedule(static) if (n > 1)
+#pragma omp parallel for num_threads(kv_model_par(m, n * (size_t)d)) schedule(static)
     for (long r = 0; r < (long)n; r++) {
         const float *xr = x + (size_t)r * d;
         float *yr = y + (size_t)r * d;
@@ -132,7 +133,7 @@ static void rope_row(const kv_model *m, float *x, int n_heads, const float *c, c
 
 void kv_model_rope(const kv_model *m, float *x, size_t n, size_t ld, int n_heads, const int32_t *pos,
                    int inverse) {
-#pragma omp parallel num_threads(m->n_threads) if (n > 1)
+#pragma omp parallel num_threads(kv_model_par(m, n * (size_t)n_heads * m->arch.head_dim))
     {
         float cbuf[2048], sbuf[2048]; /* head_dim <= 4096 (checked at creation) */
 #pragma omp for schedule(static)
@@ -148,7 +149,7 @@ static void rope_table(kv_model *m, const int32_t *pos, size_t n) {
     kv_workspace *w = &m->ws;
     if (w->rope_n == n && memcmp(w->rope_pos, pos, n * sizeof(int32_t)) == 0) return;
     const int half = m->arch.head_dim / 2;
-#pragma omp parallel for num_threads(m->n_threads) schedule(static) if (n > 1)
+#pragma omp parallel for num_threads(kv_model_par(m, n * (size_t)half * 16)) schedule(static)
     for (long r = 0; r < (long)n; r++)
         rope_angles(m, pos[r], w->rope_cos + (size_t)r * half, w->rope_sin + (size_t)r * half);
     memcpy(w->rope_pos, pos, n * sizeof(int32_t));
@@ -179,13 +180,16 @@ static kv_status attend(kv_model *m, const float *q, int T, const float *K, size
     const int qb = T < ATT_QBLOCK ? T : ATT_QBLOCK;
     const int nqb = (T + qb - 1) / qb;
     const int ntasks = nh * nqb;
-    const int nthr = m->n_threads < ntasks ? m->n_threads : ntasks;
+    /* multiply-adds of the whole step, about: 2 * heads * rows * keys * head_dim */
+    const size_t work = 2 * (size_t)nh * (size_t)T * (size_t)S * (size_t)hd;
+    int nthr = kv_model_par(m, work);
+    if (nthr > ntasks) nthr = ntasks;
     const float scale = (float)(1.0 / sqrt((double)hd));
     kv_status s = ws_ensure_floats(&m->ws.scores, &m->ws.scores_cap, (size_t)nthr * qb * (size_t)S,
                                    "attention scores");
     if (s != KV_OK) return s;
     float *scores_all = m->ws.scores;
-    openblas_set_num_threads(1); /* each task calls the BLAS on its own */
+    kv_model_blas_threads(m, 1); /* each task calls the BLAS on its own */
 #pragma omp parallel num_threads(nthr)
     {
         float *sc = scores_all + (size_t)omp_get_thread_num() * qb * (size_t)S;
@@ -215,7 +219,6 @@ static kv_status attend(kv_model *m, const float *q, int T, const float *K, size
             }
         }
     }
-    openblas_set_num_threads(m->n_threads);
     return KV_OK;
 }
 
@@ -264,7 +267,7 @@ kv_status kv_model_layer_forward(kv_model *m, int layer, float *h, int n_seqs, i
     rope_table(m, pos, n);
     {
         const int half = hd / 2;
-#pragma omp parallel for num_threads(m->n_threads) schedule(static) if (n > 1)
+#pragma omp parallel for num_threads(kv_model_par(m, n * (size_t)(qd + kvd))) schedule(static)
         for (long r = 0; r < (long)n; r++) {
             const float *c = w->rope_cos + (size_t)r * half, *sn = w->rope_sin + (size_t)r * half;
             rope_row(m, w->q + (size_t)r * qd, a->n_heads, c, sn, 1.0f);
@@ -299,7 +302,7 @@ kv_status kv_model_layer_forward(kv_model *m, int layer, float *h, int n_seqs, i
         if ((s = attend(m, w->q + r0 * qd, n_tokens, K, ldk, V, ldv, S, w->att + r0 * qd)) != KV_OK) return s;
     }
     if ((s = kv_model_matmul(m, w->att, n, &lw->wo, NULL, w->proj)) != KV_OK) return s;
-#pragma omp parallel for num_threads(m->n_threads) schedule(static) if (n > 1)
+#pragma omp parallel for num_threads(kv_model_par(m, n * (size_t)d)) schedule(static)
     for (long r = 0; r < (long)n; r++)
         for (int i = 0; i < d; i++) h[(size_t)r * d + i] += w->proj[(size_t)r * d + i];
 
@@ -307,14 +310,14 @@ kv_status kv_model_layer_forward(kv_model *m, int layer, float *h, int n_seqs, i
     rmsnorm_rows(m, w->x, h, lw->ffn_norm, n, d, a->rms_eps);
     if ((s = kv_model_matmul(m, w->x, n, &lw->w_gate, NULL, w->gate)) != KV_OK) return s;
     if ((s = kv_model_matmul(m, w->x, n, &lw->w_up, NULL, w->up)) != KV_OK) return s;
-#pragma omp parallel for num_threads(m->n_threads) schedule(static) if (n > 1)
+#pragma omp parallel for num_threads(kv_model_par(m, n * (size_t)ff * 8)) schedule(static)
     for (long r = 0; r < (long)n; r++) {
         float *g = w->gate + (size_t)r * ff;
         const float *u = w->up + (size_t)r * ff;
         for (int i = 0; i < ff; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
     if ((s = kv_model_matmul(m, w->gate, n, &lw->w_down, NULL, w->proj)) != KV_OK) return s;
-#pragma omp parallel for num_threads(m->n_threads) schedule(static) if (n > 1)
+#pragma omp parallel for num_threads(kv_model_par(m, n * (size_t)d)) schedule(static)
     for (long r = 0; r < (long)n; r++)
         for (int i = 0; i < d; i++) h[(size_t)r * d + i] += w->proj[(size_t)r * d + i];
     return KV_OK;

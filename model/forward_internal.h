@@ -40,6 +40,7 @@ struct kv_model {
     kv_arch arch;
     kv_model_options opt;
     int n_threads;
+    int blas_threads; /* the BLAS's current thread count (kv_model_blas_threads) */
     kv_owned_matrix tok_embd;
     kv_owned_matrix output; /* data NULL when tied (m points at tok_embd's) */
     float *output_norm;
@@ -50,6 +51,16 @@ struct kv_model {
     size_t weight_bytes;
     kv_workspace ws;
 };
+
+/* Work (multiply-adds or elements) below which a loop or a BLAS call runs on one thread: the
+ * synchronization would cost more than it saves, and on a loaded machine every barrier waits for a
+ * descheduled peer. */
+#define KV_PAR_MIN_WORK 32768
+static inline int kv_model_par(const kv_model *m, size_t work) {
+    return work < KV_PAR_MIN_WORK ? 1 : m->n_threads;
+}
+/* Set the BLAS thread count (cached: no call when it is already n). */
+void kv_model_blas_threads(kv_model *m, int n);
 
 /* y (n x W.rows) = x (n x W.cols) W^T (+ bias). */
 kv_status kv_model_matmul(kv_model *m, const float *x, size_t n, const kv_matrix *w, const float *bias,

@@ -313,5 +313,12 @@ int kv_model_threads(const kv_model *m) { return m->n_threads; }
 void kv_model_set_threads(kv_model *m, int n_threads) {
     if (n_threads <= 0) n_threads = kv_default_threads();
     m->n_threads = n_threads;
-    openblas_set_num_threads(n_threads);
+    m->blas_threads = 0;
+    kv_model_blas_threads(m, n_threads);
+}
+
+void kv_model_blas_threads(kv_model *m, int n) {
+    if (m->blas_threads == n) return;
+    openblas_set_num_threads(n);
+    m->blas_threads = n;
 }
