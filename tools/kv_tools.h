@@ -35,6 +35,7 @@ void kv_tool_eval_plan_print(const kv_tool_plan_eval *e, int json);
 
 /* kvrun */
 int kvrun_eval(int argc, char **argv);     /* kvrun_eval.c: perplexity; with --plan, the plan's cost */
+int kvrun_generate(int argc, char **argv); /* kvrun_generate.c: text generation through the KV cache */
 int kvrun_info(int argc, char **argv);     /* kvrun_info.c: describe a model file */
 int kvrun_inspect(int argc, char **argv);  /* kvrun_inspect.c: print a plan (YAML/JSON); --check it against a model */
 

@@ -3,6 +3,7 @@
 
 static const kv_subcommand k_commands[] = {
     {"eval", "perplexity on held-out text; with --plan: ppl, KL, bits of a compressed cache", kvrun_eval},
+    {"generate", "generate text through the incremental decoder and the KV cache (greedy or sampled)", kvrun_generate},
     {"info", "describe a model: architecture, tensors, KV cache per token", kvrun_info},
     {"inspect", "print a compression plan (YAML/JSON); --check it against a model", kvrun_inspect},
     {NULL, NULL, NULL},
