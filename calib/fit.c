@@ -8,10 +8,12 @@
 #include "fit_internal.h"
 #include "kvrt.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 const char *const kv_fit_metric_names[KV_FIT_N_METRICS] = {"rel_mse", "explained_var", "quant_rel_err",
                                                            "resid_rel_err"};
@@ -123,6 +125,25 @@ kv_status kv_fit_make_seqs(kv_fit_seqs *out, const kv_fit_data *data, const kv_f
     return KV_OK;
 }
 
+/* mkdir -p (0 on success). */
+static int mkdir_p(const char *dir) {
+    char *p = malloc(strlen(dir) + 1);
+    if (!p) return -1;
+    strcpy(p, dir);
+    for (char *c = p + 1; *c; c++) {
+        if (*c != '/') continue;
+        *c = '\0';
+        if (mkdir(p, 0777) != 0 && errno != EEXIST) {
+            free(p);
+            return -1;
+        }
+        *c = '/';
+    }
+    const int rc = mkdir(p, 0777) != 0 && errno != EEXIST ? -1 : 0;
+    free(p);
+    return rc;
+}
+
 /* ---- presets ------------------------------------------------------------------------------------ */
 kv_status kv_fit_config_method_preset(kv_fit_config *c, kv_fit_method method) {
     static const char *const kivi[] = {"keys.group_axis=tokens", "keys.group_size=32", "values.group_axis=channels",
@@ -158,7 +179,11 @@ static int stream_bits(const kv_fit_config *cfg, int layer, int stream, int *exp
     return bits;
 }
 
-static kv_status grid_index(kv_plan *p, int d, int n, const kv_fit_config *cfg, int *index, double *seconds) {
+/* HIGGS grids are data-free: one fixed seed for every plan, so that a grid cache serves every run. */
+#define FIT_GRID_SEED 1u
+
+static kv_status grid_index(kv_plan *p, int d, int n, const kv_fit_config *cfg, const char *cache_dir, int *index,
+                            double *seconds) {
     for (int i = 0; i < p->n_grids; i++)
         if (p->grids[i].d == d && p->grids[i].n == n) {
             *index = i;
@@ -167,24 +192,56 @@ static kv_status grid_index(kv_plan *p, int d, int n, const kv_fit_config *cfg, 
     if (n > 256)
         return KV_ERR(KV_EINVAL, "a HIGGS grid of %d points in %d dimensions is needed (bits * higgs.d = %d): grids "
                       "of at most 256 points are supported, i.e. bits * higgs.d <= 8", n, d, (int)log2((double)n));
-    kv_grid_opts go;
-    memset(&go, 0, sizeof go);
-    go.seed = kv_rng_u64(cfg->seed, 0x67726964ull); /* "grid" */
-    go.samples = (size_t)cfg->higgs.grid_samples;
-    go.max_iters = cfg->higgs.grid_iters;
-    float *pts = NULL;
     const double t0 = kv_now_seconds();
-    kv_log(KV_LOG_INFO, "fit: generating a HIGGS grid (d = %d, n = %d, %lld samples)", d, n,
-           (long long)cfg->higgs.grid_samples);
-    kv_status s = kv_grid_generate(&pts, NULL, d, n, &go);
-    if (s != KV_OK) return kv_error_wrap(s, "HIGGS grid d=%d n=%d: ", d, n);
+    float *pts = NULL;
+    char *path = NULL;
+    kv_status s = KV_OK;
+    if (cache_dir) {
+        const size_t len = strlen(cache_dir) + 128;
+        path = malloc(len);
+        if (!path) return KV_ERR(KV_ENOMEM, "out of memory");
+        snprintf(path, len, "%s/higgs-d%d-n%d-seed%u-m%lld-it%d.grid", cache_dir, d, n, FIT_GRID_SEED,
+                 (long long)cfg->higgs.grid_samples, cfg->higgs.grid_iters);
+        int gd = 0, gn = 0;
+        uint64_t gseed = 0, gsamples = 0;
+        if (kv_grid_read(&pts, &gd, &gn, &gseed, &gsamples, path) == KV_OK &&
+            !(gd == d && gn == n && gseed == FIT_GRID_SEED && gsamples == (uint64_t)cfg->higgs.grid_samples)) {
+            free(pts);
+            pts = NULL;
+        }
+        kv_error_clear();
+        if (pts) kv_log(KV_LOG_INFO, "fit: HIGGS grid d = %d, n = %d from the cache %s", d, n, path);
+    }
+    if (!pts) {
+        kv_grid_opts go;
+        memset(&go, 0, sizeof go);
+        go.seed = FIT_GRID_SEED;
+        go.samples = (size_t)cfg->higgs.grid_samples;
+        go.max_iters = cfg->higgs.grid_iters;
+        kv_log(KV_LOG_INFO, "fit: generating a HIGGS grid (d = %d, n = %d, %lld samples, %d iterations)%s", d, n,
+               (long long)cfg->higgs.grid_samples, cfg->higgs.grid_iters, path ? "; it will be cached" : "");
+        s = kv_grid_generate(&pts, NULL, d, n, &go);
+        if (s != KV_OK) {
+            free(path);
+            return kv_error_wrap(s, "HIGGS grid d=%d n=%d: ", d, n);
+        }
+        if (path) { /* a cache that cannot be written only costs time */
+            if (mkdir_p(cache_dir) != 0 ||
+                kv_grid_write(path, pts, d, n, FIT_GRID_SEED, (uint64_t)cfg->higgs.grid_samples) != KV_OK)
+                kv_log(KV_LOG_WARN, "fit: could not cache the grid in %s: %s", path,
+                       *kv_error_last() ? kv_error_last() : strerror(errno));
+            kv_error_clear();
+        }
+    }
     s = kv_plan_add_grid(p, d, n, pts, index);
     free(pts);
+    free(path);
     *seconds += kv_now_seconds() - t0;
     return s;
 }
 
-static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, int head_dim, double *grid_seconds) {
+static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, int head_dim, const char *cache_dir,
+                            double *grid_seconds) {
     const kv_fit_method method = cfg->method;
     if (cfg->squat.enabled)
         return KV_ERR(KV_EUNSUPPORTED, "squat.enabled: SQuat key quantization is not fitted by this version of "
@@ -222,6 +279,8 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
             s->share_codes_with_layer = -1;
             s->rpc_ratio = (float)cfg->cache.rpc_ratio;
             if (lo && (lo->set & KV_FIT_LO_RPC_RATIO)) s->rpc_ratio = (float)lo->rpc_ratio;
+            if (lo && st == KV_PLAN_K && (lo->set & KV_FIT_LO_KEY_RPC_RATIO)) s->rpc_ratio = (float)lo->key_rpc_ratio;
+            if (lo && st == KV_PLAN_V && (lo->set & KV_FIT_LO_VALUE_RPC_RATIO)) s->rpc_ratio = (float)lo->value_rpc_ratio;
             s->pre_rope = st == KV_PLAN_K ? cfg->cache.pre_rope : 0;
             s->pack = KV_PLAN_PACK_WORD;
             if (uses_higgs(method)) {
@@ -229,7 +288,7 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
                     return KV_ERR(KV_EINVAL, "layer %d %s stream: %d bits for HIGGS (1..8)", l, sname, bits);
                 int n = (cfg->higgs.n && !explicit_bits) ? cfg->higgs.n : 1 << (bits * cfg->higgs.d > 20 ? 20 : bits * cfg->higgs.d);
                 int gi;
-                kv_status r = grid_index(p, cfg->higgs.d, n, cfg, &gi, grid_seconds);
+                kv_status r = grid_index(p, cfg->higgs.d, n, cfg, cache_dir, &gi, grid_seconds);
                 if (r != KV_OK) return r;
                 s->method = KV_PLAN_HIGGS;
                 s->bits = 0;
@@ -690,7 +749,7 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
         kv_log(KV_LOG_INFO, "fit: resuming after layer %d from the checkpoint in %s", ck.layer, opt->checkpoint_dir);
     } else {
         if ((s = kv_plan_create(&r.plan, &fp)) != KV_OK) goto done;
-        if ((s = setup_plan(r.plan, cfg, r.kv_dim, a->head_dim, &lrep.seconds_grids)) != KV_OK) goto done;
+        if ((s = setup_plan(r.plan, cfg, r.kv_dim, a->head_dim, opt->grid_cache_dir, &lrep.seconds_grids)) != KV_OK) goto done;
         kv_plan_provenance pv;
         memset(&pv, 0, sizeof pv);
         if ((s = kv_fit_config_dump(&cfg_yaml, cfg)) != KV_OK) goto done;

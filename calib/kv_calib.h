@@ -152,6 +152,10 @@ typedef struct kv_fit_options {
     const char *git_hash;           /* provenance: 40 hex digits or NULL/"" */
     const char *corpus_sha256;      /* provenance: 64 hex digits or NULL/"" */
     int batch_rows;                 /* rows (tokens) per forward call; 0 = 8192 (whole sequences) */
+    /* Directory of generated HIGGS grids (grid files, GRID_FORMAT.md, named by d, n, seed, samples
+     * and iterations), or NULL: grids are generated every run. Grids are data-free and deterministic,
+     * so a cached grid is exactly the one that would be generated. */
+    const char *grid_cache_dir;
 } kv_fit_options;
 
 /* Options with the defaults above (no checkpoint, stop_after_layer -1). */

@@ -74,6 +74,26 @@ static kv_status tokenize_file(int32_t **ids, size_t *n, char sha256[65], const 
     return KV_OK;
 }
 
+/* Where generated HIGGS grids are kept between runs: $KVCAL_GRID_CACHE ("" = no cache), else
+ * $XDG_CACHE_HOME/kvcal/grids, else $HOME/.cache/kvcal/grids. Malloc'd or NULL. */
+static char *grid_cache_dir(void) {
+    const char *env = getenv("KVCAL_GRID_CACHE");
+    char buf[4096];
+    if (env) {
+        if (!*env) return NULL;
+        snprintf(buf, sizeof buf, "%s", env);
+    } else if (getenv("XDG_CACHE_HOME") && *getenv("XDG_CACHE_HOME")) {
+        snprintf(buf, sizeof buf, "%s/kvcal/grids", getenv("XDG_CACHE_HOME"));
+    } else if (getenv("HOME") && *getenv("HOME")) {
+        snprintf(buf, sizeof buf, "%s/.cache/kvcal/grids", getenv("HOME"));
+    } else {
+        return NULL;
+    }
+    char *d = malloc(strlen(buf) + 1);
+    if (d) strcpy(d, buf);
+    return d;
+}
+
 static int method_from_name(const char *n) {
     for (int m = 0; m <= KV_FIT_KIVI; m++)
         if (strcmp(n, kv_fit_method_name(m)) == 0) return m;
@@ -150,7 +170,7 @@ int kvcal_fit(int argc, char **argv) {
     size_t n_ids = 0, n_ho = 0;
     kv_plan *plan = NULL;
     kv_fit_report rep;
-    char *text = NULL, *ckpt = NULL;
+    char *text = NULL, *ckpt = NULL, *gcache = grid_cache_dir();
     memset(&rep, 0, sizeof rep);
     kv_status s = kv_fit_config_init(&cfg);
     rc = KV_EXIT_OK;
@@ -258,6 +278,7 @@ int kvcal_fit(int argc, char **argv) {
     fo.git_hash = hash;
     fo.corpus_sha256 = corpus_sha;
     fo.interrupt = &g_interrupt;
+    fo.grid_cache_dir = gcache;
     if (!no_ckpt) {
         ckpt = malloc(strlen(out) + 6);
         if (!ckpt) {
@@ -311,6 +332,7 @@ fail:
 end:
     free(text);
     free(ckpt);
+    free(gcache);
     free(ids);
     free(ho_ids);
     kv_fit_report_free(&rep);

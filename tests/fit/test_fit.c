@@ -1,0 +1,569 @@
+/* kvcal fit on a synthetic model with a known answer (fit_test_util.h: K and V exactly linear from
+ * one layer to the next), plan contents and round trip, method presets, bad inputs, and
+ * checkpoint/resume (an interrupted run resumed gives the same plan bytes as an uninterrupted one). */
+#define _POSIX_C_SOURCE 200809L
+#include "fit_test_util.h"
+#include "kv_test.h"
+#include "kvrt.h"
+
+#include <math.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum { SEQ_LEN = 68, N_SEQS = 40 }; /* 4 sinks + 2 chunks of 32 tokens */
+
+static syn_model g_syn;
+static kv_model *g_model;
+static int32_t *g_tokens;
+static size_t g_n_tokens;
+static kv_plan_fingerprint g_fp;
+
+static void setup(void) {
+    kv_error_clear();
+    syn_init(&g_syn, 12345);
+    kv_model_options mo = {1, 0};
+    ck_assert_kv_ok(kv_model_create(&g_model, &g_syn.arch, syn_read, &g_syn, &mo));
+    g_n_tokens = (size_t)N_SEQS * (SEQ_LEN - 1);
+    g_tokens = malloc(g_n_tokens * sizeof *g_tokens);
+    for (size_t i = 0; i < g_n_tokens; i++) g_tokens[i] = (int32_t)(3 + kv_rng_u64(99, i) % (SYN_VOCAB - 3));
+    syn_fingerprint(&g_fp, &g_syn.arch);
+    setenv("SOURCE_DATE_EPOCH", "1700000000", 1);
+}
+
+static void teardown(void) {
+    kv_model_free(g_model);
+    syn_free(&g_syn);
+    free(g_tokens);
+}
+
+/* A configuration for the synthetic model: chunks of 32 tokens, 4 sinks, small fast grids. */
+static void make_cfg(kv_fit_config *c, kv_fit_method method, const char *const *sets) {
+    ck_assert_kv_ok(kv_fit_config_init(c));
+    ck_assert_kv_ok(kv_fit_config_method_preset(c, method));
+    const char *base[] = {"data.seq_len=68", "cache.recent=32", "cache.sinks=4", "data.heldout_fraction=0.25",
+                          "higgs.grid_samples=20000", "higgs.grid_iters=30", "keys.group_size=16",
+                          "values.group_size=16", NULL};
+    for (int i = 0; base[i]; i++) ck_assert_kv_ok(kv_fit_config_set(c, base[i]));
+    for (int i = 0; sets && sets[i]; i++) ck_assert_kv_ok(kv_fit_config_set(c, sets[i]));
+}
+
+static kv_fit_data make_data(void) {
+    kv_fit_data d;
+    memset(&d, 0, sizeof d);
+    d.tokens = g_tokens;
+    d.n_tokens = g_n_tokens;
+    d.bos_id = 1;
+    return d;
+}
+
+static kv_status run_fit(kv_plan **plan, kv_fit_report *rep, const kv_fit_config *cfg, kv_fit_options *opt) {
+    kv_fit_options o;
+    kv_fit_options_init(&o);
+    if (!opt) opt = &o;
+    opt->fingerprint = &g_fp;
+    kv_fit_data d = make_data();
+    return kv_fit_run(plan, rep, g_model, NULL, &d, cfg, opt);
+}
+
+/* The key predictor recovers A_l and the value predictor [B_l, 0]: with 8-bit residuals the
+ * inputs carry a relative noise of ~1e-5 (uniform 8-bit, one group per token), so the fitted maps
+ * match to ~1e-4; 1e-2 leaves a wide margin while any wiring error (wrong layer, transposed
+ * weights, post-RoPE keys) gives an O(1) error. */
+START_TEST(test_recovers_linear_map) {
+    kv_fit_config cfg;
+    const char *sets[] = {"keys.bits=8", "values.bits=8", "aqua.first_layer_bits=8", "aqua.ridge=1e-9", NULL};
+    make_cfg(&cfg, KV_FIT_AQUA_UNIFORM, sets);
+    kv_plan *plan = NULL;
+    kv_fit_report rep;
+    ck_assert_kv_ok(run_fit(&plan, &rep, &cfg, NULL));
+    ck_assert_int_eq(rep.n_layers, SYN_LAYERS);
+    ck_assert_int_eq(rep.n_calib_seqs + rep.n_heldout_seqs, N_SEQS);
+    ck_assert_int_eq(rep.n_heldout_seqs, 10);
+    ck_assert_int_eq(rep.fit_rows, 30 * 64);
+    const int kvd = SYN_KVD;
+    ck_assert_ptr_null(plan->layers[0].stream[KV_PLAN_K].predictor);
+    ck_assert_ptr_null(plan->layers[0].stream[KV_PLAN_V].predictor);
+    for (int l = 1; l < SYN_LAYERS; l++) {
+        const kv_plan_predictor *pk = plan->layers[l].stream[KV_PLAN_K].predictor;
+        const kv_plan_predictor *pv = plan->layers[l].stream[KV_PLAN_V].predictor;
+        ck_assert_ptr_nonnull(pk);
+        ck_assert_ptr_nonnull(pv);
+        ck_assert_int_eq(pk->n_inputs, 1);
+        ck_assert_int_eq(pk->inputs[0].layer, l - 1);
+        ck_assert_int_eq(pk->inputs[0].stream, KV_PLAN_K);
+        ck_assert_int_eq(pv->n_inputs, 2);
+        ck_assert_int_eq(pv->inputs[0].layer, l - 1);
+        ck_assert_int_eq(pv->inputs[0].stream, KV_PLAN_V);
+        ck_assert_int_eq(pv->inputs[1].layer, l);
+        ck_assert_int_eq(pv->inputs[1].stream, KV_PLAN_K);
+        double ek = 0, nk = 0, ev = 0, nv = 0, bias = 0;
+        for (int o = 0; o < kvd; o++) {
+            for (int i = 0; i < kvd; i++) {
+                const double a = g_syn.A[l][o * kvd + i], b = g_syn.B[l][o * kvd + i];
+                ek += (pk->weight[o * kvd + i] - a) * (pk->weight[o * kvd + i] - a);
+                nk += a * a;
+                ev += (pv->weight[o * 2 * kvd + i] - b) * (pv->weight[o * 2 * kvd + i] - b);
+                ev += (double)pv->weight[o * 2 * kvd + kvd + i] * pv->weight[o * 2 * kvd + kvd + i];
+                nv += b * b;
+            }
+            bias += fabs(pk->bias[o]) + fabs(pv->bias[o]);
+        }
+        ck_assert_msg(sqrt(ek / nk) < 1e-2, "layer %d: key map error %g", l, sqrt(ek / nk));
+        ck_assert_msg(sqrt(ev / nv) < 1e-2, "layer %d: value map error %g", l, sqrt(ev / nv));
+        ck_assert_msg(bias / (2 * kvd) < 1e-2, "layer %d: mean |bias| %g", l, bias / (2 * kvd));
+        /* explained variance ~1 on held-out tokens (the residual is the input's 8-bit noise) */
+        ck_assert_msg(rep.layers[l].explained_var[0] > 0.999, "layer %d K ev %g", l, rep.layers[l].explained_var[0]);
+        ck_assert_msg(rep.layers[l].explained_var[1] > 0.999, "layer %d V ev %g", l, rep.layers[l].explained_var[1]);
+        ck_assert_msg(rep.layers[l].rel_mse[0] < 1e-3, "layer %d K rel_mse %g", l, rep.layers[l].rel_mse[0]);
+    }
+    /* 8-bit reconstruction: total error tiny everywhere; without a predictor total == resid */
+    for (int l = 0; l < SYN_LAYERS; l++)
+        for (int st = 0; st < 2; st++) {
+            ck_assert_msg(rep.layers[l].quant_rel_err[st] < 1e-4, "layer %d stream %d total %g", l, st,
+                          rep.layers[l].quant_rel_err[st]);
+            ck_assert(rep.layers[l].resid_rel_err[st] > 0);
+        }
+    ck_assert(isnan(rep.layers[0].explained_var[0]));
+    ck_assert_double_eq_tol(rep.layers[0].quant_rel_err[0], rep.layers[0].resid_rel_err[0], 1e-12);
+    kv_fit_report_free(&rep);
+    kv_plan_free(plan);
+    kv_fit_config_free(&cfg);
+}
+END_TEST
+
+/* Post-RoPE keys are not a linear function of the previous layer's post-RoPE keys (the rotation
+ * depends on the position; aquakv.txt §3.3): the same model fitted post-RoPE explains less. */
+START_TEST(test_post_rope_is_worse) {
+    kv_fit_config cfg;
+    const char *sets[] = {"keys.bits=8", "values.bits=8", "aqua.first_layer_bits=8", "cache.pre_rope=false", NULL};
+    make_cfg(&cfg, KV_FIT_AQUA_UNIFORM, sets);
+    kv_plan *plan = NULL;
+    kv_fit_report rep;
+    ck_assert_kv_ok(run_fit(&plan, &rep, &cfg, NULL));
+    ck_assert_int_eq(plan->layers[1].stream[KV_PLAN_K].pre_rope, 0);
+    ck_assert_msg(rep.layers[1].explained_var[0] < 0.99, "post-RoPE K ev %g", rep.layers[1].explained_var[0]);
+    kv_fit_report_free(&rep);
+    kv_plan_free(plan);
+    kv_fit_config_free(&cfg);
+}
+END_TEST
+
+/* HIGGS alone (no predictors): the relative error of a stream is the grid's MSE per dimension,
+ * since the RHT makes coordinates ~N(0, 1) after scaling by the group norm. With groups of
+ * head_dim = 8 values the rotated coordinates are only roughly Gaussian, hence the factor 2. */
+START_TEST(test_higgs_error_near_grid_mse) {
+    kv_fit_config cfg;
+    const char *sets[] = {"keys.bits=4", "values.bits=4", NULL};
+    make_cfg(&cfg, KV_FIT_HIGGS, sets);
+    kv_plan *plan = NULL;
+    kv_fit_report rep;
+    ck_assert_kv_ok(run_fit(&plan, &rep, &cfg, NULL));
+    ck_assert_int_eq(plan->n_grids, 1);
+    ck_assert_int_eq(plan->grids[0].d, 2);
+    ck_assert_int_eq(plan->grids[0].n, 256);
+    double mse = 0;
+    ck_assert_kv_ok(kv_grid_mse(&mse, plan->grids[0].points, 2, 256, 7, 200000));
+    for (int l = 0; l < SYN_LAYERS; l++)
+        for (int st = 0; st < 2; st++) {
+            const kv_plan_stream *s = &plan->layers[l].stream[st];
+            ck_assert_int_eq(s->method, KV_PLAN_HIGGS);
+            ck_assert_int_eq(s->group_size, SYN_HEAD_DIM);
+            ck_assert_ptr_null(s->predictor);
+            const double e = rep.layers[l].quant_rel_err[st];
+            ck_assert_msg(e > 0.5 * mse && e < 2.0 * mse, "layer %d stream %d: error %g, grid MSE %g", l, st, e, mse);
+            ck_assert(isnan(rep.layers[l].rel_mse[st]));
+        }
+    kv_fit_report_free(&rep);
+    kv_plan_free(plan);
+    kv_fit_config_free(&cfg);
+}
+END_TEST
+
+/* Plan contents as configured, and a write/read round trip that keeps them. */
+START_TEST(test_plan_round_trip) {
+    kv_fit_config cfg;
+    const char *sets[] = {"keys.bits=3", "values.bits=2", "seed=42", "layers.2.value_bits=4", NULL};
+    make_cfg(&cfg, KV_FIT_AQUA, sets);
+    kv_plan *plan = NULL;
+    kv_fit_report rep;
+    kv_fit_options opt;
+    kv_fit_options_init(&opt);
+    opt.git_hash = "0123456789abcdef0123456789abcdef01234567";
+    opt.corpus_sha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+    ck_assert_kv_ok(run_fit(&plan, &rep, &cfg, &opt));
+    uint8_t *bytes = NULL;
+    size_t size = 0;
+    ck_assert_kv_ok(kv_plan_write_memory(&bytes, &size, plan, NULL));
+    kv_plan *back = NULL;
+    ck_assert_kv_ok(kv_plan_read_memory(&back, bytes, size));
+    ck_assert_kv_ok(kv_plan_validate(back));
+    ck_assert_int_eq(back->global.sinks, 4);
+    ck_assert_int_eq(back->global.recent, 32);
+    ck_assert_int_eq(back->n_layers, SYN_LAYERS);
+    /* grids: layer 0 at 4 bits (n 256), keys 3 bits (n 64), values 2 bits (n 16) */
+    ck_assert_int_eq(back->n_grids, 3);
+    const int want_n[SYN_LAYERS][2] = {{256, 256}, {64, 16}, {64, 256}};
+    for (int l = 0; l < SYN_LAYERS; l++)
+        for (int st = 0; st < 2; st++) {
+            const kv_plan_stream *s = &back->layers[l].stream[st];
+            ck_assert_int_eq(s->method, KV_PLAN_HIGGS);
+            ck_assert_int_eq(back->grids[s->higgs_grid].n, want_n[l][st]);
+            ck_assert_int_eq(back->grids[s->higgs_grid].d, 2);
+            ck_assert_int_eq(s->group_axis, KV_PLAN_GROUP_CHANNELS);
+            ck_assert_int_eq(s->pre_rope, st == KV_PLAN_K);
+            ck_assert_int_eq(s->predictor != NULL, l >= 1);
+            if (s->predictor) {
+                const kv_plan_predictor *a = plan->layers[l].stream[st].predictor;
+                ck_assert_int_eq(s->predictor->in_dim, a->in_dim);
+                ck_assert_int_eq(memcmp(s->predictor->weight, a->weight,
+                                        sizeof(float) * (size_t)a->in_dim * (size_t)a->out_dim), 0);
+            }
+            /* log2(n)-bit indices packed floor(32/B) per word (6 bits: 5 per word), one per d = 2
+             * values, plus an f16 norm per group of head_dim values (PLAN_FORMAT.md §9) */
+            const int B = (int)lround(log2(want_n[l][st]));
+            ck_assert_double_eq_tol(kv_plan_stream_bits(back, l, st),
+                                    32.0 / (32 / B) / 2.0 + 16.0 / SYN_HEAD_DIM, 1e-9);
+        }
+    ck_assert_uint_eq(back->global.rht_seed, plan->global.rht_seed);
+    ck_assert_uint_eq(back->provenance.seed, 42);
+    ck_assert_str_eq(back->provenance.git_hash, opt.git_hash);
+    ck_assert_str_eq(back->provenance.corpus_sha256, opt.corpus_sha256);
+    ck_assert_int_eq(back->provenance.created, 1700000000);
+    char *yaml = NULL;
+    ck_assert_kv_ok(kv_fit_config_dump(&yaml, &cfg));
+    ck_assert_str_eq(back->provenance.config_yaml, yaml);
+    free(yaml);
+    ck_assert_int_eq(back->report.n_metrics, 4);
+    ck_assert_str_eq(back->report.names[0], "rel_mse");
+    ck_assert_str_eq(back->report.names[1], "explained_var");
+    ck_assert_str_eq(back->report.names[2], "quant_rel_err");
+    ck_assert_str_eq(back->report.names[3], "resid_rel_err");
+    for (int l = 0; l < SYN_LAYERS; l++)
+        for (int st = 0; st < 2; st++) {
+            const float *v = back->report.values + (size_t)(l * 2 + st) * 4;
+            ck_assert_float_eq((float)rep.layers[l].quant_rel_err[st], v[2]);
+            ck_assert(l == 0 ? isnan(v[1]) : isfinite(v[1]));
+        }
+    /* the text and JSON reports render */
+    char *text = NULL;
+    ck_assert_kv_ok(kv_fit_report_format(&text, &rep, 0));
+    ck_assert_ptr_nonnull(strstr(text, "held-out metrics"));
+    free(text);
+    ck_assert_kv_ok(kv_fit_report_format(&text, &rep, 1));
+    ck_assert_ptr_nonnull(strstr(text, "\"layers\""));
+    free(text);
+    free(bytes);
+    kv_plan_free(back);
+    kv_fit_report_free(&rep);
+    kv_plan_free(plan);
+    kv_fit_config_free(&cfg);
+}
+END_TEST
+
+/* KIVI: uniform everywhere, keys per-channel (groups along tokens) post-RoPE, values per-token,
+ * groups of 32, no predictors. The keys' group runs along the 32 tokens of a chunk. */
+START_TEST(test_kivi_preset) {
+    kv_fit_config cfg;
+    ck_assert_kv_ok(kv_fit_config_init(&cfg));
+    ck_assert_kv_ok(kv_fit_config_method_preset(&cfg, KV_FIT_KIVI));
+    ck_assert_int_eq(cfg.keys.group_size, 32);
+    ck_assert_int_eq(cfg.keys.group_axis, KV_PLAN_GROUP_TOKENS);
+    ck_assert_int_eq(cfg.values.group_axis, KV_PLAN_GROUP_CHANNELS);
+    ck_assert_int_eq(cfg.cache.pre_rope, 0);
+    const char *sets[] = {"data.seq_len=68", "cache.recent=32", "data.heldout_fraction=0.25", NULL};
+    for (int i = 0; sets[i]; i++) ck_assert_kv_ok(kv_fit_config_set(&cfg, sets[i]));
+    kv_plan *plan = NULL;
+    kv_fit_report rep;
+    ck_assert_kv_ok(run_fit(&plan, &rep, &cfg, NULL));
+    for (int l = 0; l < SYN_LAYERS; l++) {
+        const kv_plan_stream *k = &plan->layers[l].stream[KV_PLAN_K], *v = &plan->layers[l].stream[KV_PLAN_V];
+        ck_assert_int_eq(k->method, KV_PLAN_UNIFORM);
+        ck_assert_int_eq(k->bits, 2);
+        ck_assert_int_eq(k->group_axis, KV_PLAN_GROUP_TOKENS);
+        ck_assert_int_eq(k->group_size, 32);
+        ck_assert_int_eq(k->pre_rope, 0);
+        ck_assert_int_eq(v->group_axis, KV_PLAN_GROUP_CHANNELS);
+        ck_assert_ptr_null(k->predictor);
+        ck_assert_ptr_null(v->predictor);
+        /* 2-bit min-max: a few percent to a few tens of percent of the energy */
+        for (int st = 0; st < 2; st++)
+            ck_assert_msg(rep.layers[l].quant_rel_err[st] > 1e-3 && rep.layers[l].quant_rel_err[st] < 0.5,
+                          "layer %d stream %d: %g", l, st, rep.layers[l].quant_rel_err[st]);
+    }
+    kv_fit_report_free(&rep);
+    kv_plan_free(plan);
+    kv_fit_config_free(&cfg);
+}
+END_TEST
+
+/* The calibration's round trips are libkvrt's: quantizing a held-out chunk's keys with the plan's
+ * quantizer outside the fit reproduces the reported error for a method without predictors. */
+START_TEST(test_same_quantizer_as_runtime) {
+    kv_fit_config cfg;
+    make_cfg(&cfg, KV_FIT_HIGGS, NULL);
+    kv_plan *plan = NULL;
+    kv_fit_report rep;
+    ck_assert_kv_ok(run_fit(&plan, &rep, &cfg, NULL));
+    kv_quant q;
+    ck_assert_kv_ok(kv_quant_from_plan(&q, plan, 0, KV_PLAN_K));
+    ck_assert_int_eq(q.kind, KV_QUANT_HIGGS);
+    kv_block_storage st;
+    ck_assert_kv_ok(kv_quant_storage(&st, &q, 32, SYN_KVD));
+    ck_assert_double_eq_tol(st.bits_per_value, kv_plan_stream_bits(plan, 0, KV_PLAN_K), 1e-9);
+    kv_fit_report_free(&rep);
+    kv_plan_free(plan);
+    kv_fit_config_free(&cfg);
+}
+END_TEST
+
+/* ---- bad inputs ---- */
+START_TEST(test_bad_inputs) {
+    kv_fit_config cfg;
+    make_cfg(&cfg, KV_FIT_KIVI, NULL);
+    kv_plan *plan = NULL;
+    kv_fit_options o;
+    kv_fit_options_init(&o);
+    o.fingerprint = &g_fp;
+    kv_fit_data d = make_data();
+    /* shorter than two sequences */
+    d.n_tokens = SEQ_LEN + 5;
+    ck_assert_int_eq(kv_fit_run(&plan, NULL, g_model, NULL, &d, &cfg, &o), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "fewer than the two sequences"));
+    ck_assert_ptr_null(plan);
+    /* an empty corpus */
+    d.n_tokens = 0;
+    ck_assert_int_eq(kv_fit_run(&plan, NULL, g_model, NULL, &d, &cfg, &o), KV_EINVAL);
+    d = make_data();
+    /* a token outside the vocabulary */
+    int32_t saved = g_tokens[5];
+    g_tokens[5] = SYN_VOCAB;
+    ck_assert_int_eq(kv_fit_run(&plan, NULL, g_model, NULL, &d, &cfg, &o), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "outside the vocabulary"));
+    g_tokens[5] = saved;
+    /* a sequence too short for sinks + one chunk */
+    ck_assert_kv_ok(kv_fit_config_set(&cfg, "data.seq_len=30"));
+    ck_assert_int_eq(kv_fit_run(&plan, NULL, g_model, NULL, &d, &cfg, &o), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "at least one chunk"));
+    ck_assert_kv_ok(kv_fit_config_set(&cfg, "data.seq_len=68"));
+    /* key groups along tokens that do not divide the chunk */
+    ck_assert_kv_ok(kv_fit_config_set(&cfg, "keys.group_size=24"));
+    ck_assert_int_eq(kv_fit_run(&plan, NULL, g_model, NULL, &d, &cfg, &o), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "must divide cache.recent"));
+    ck_assert_kv_ok(kv_fit_config_set(&cfg, "keys.group_size=32"));
+    /* what this version does not fit */
+    ck_assert_kv_ok(kv_fit_config_set(&cfg, "squat.enabled=true"));
+    ck_assert_int_eq(kv_fit_run(&plan, NULL, g_model, NULL, &d, &cfg, &o), KV_EUNSUPPORTED);
+    ck_assert_kv_ok(kv_fit_config_set(&cfg, "squat.enabled=false"));
+    /* HIGGS at 5 bits needs a 1024-point grid */
+    kv_fit_config c2;
+    const char *sets[] = {"keys.bits=5", NULL};
+    make_cfg(&c2, KV_FIT_HIGGS, sets);
+    ck_assert_int_eq(kv_fit_run(&plan, NULL, g_model, NULL, &d, &c2, &o), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "at most 256 points"));
+    /* an interrupt flag already set stops before any work */
+    volatile sig_atomic_t flag = 1;
+    o.interrupt = &flag;
+    ck_assert_int_eq(kv_fit_run(&plan, NULL, g_model, NULL, &d, &cfg, &o), KV_EINTERRUPTED);
+    ck_assert_ptr_null(plan);
+    kv_fit_config_free(&c2);
+    kv_fit_config_free(&cfg);
+}
+END_TEST
+
+/* A held-out corpus given separately. */
+START_TEST(test_separate_heldout) {
+    kv_fit_config cfg;
+    const char *sets[] = {"data.heldout_fraction=0.1", NULL};
+    make_cfg(&cfg, KV_FIT_KIVI, sets);
+    kv_fit_options o;
+    kv_fit_options_init(&o);
+    o.fingerprint = &g_fp;
+    kv_fit_data d = make_data();
+    d.n_tokens = (size_t)30 * (SEQ_LEN - 1);
+    d.heldout_tokens = g_tokens + d.n_tokens;
+    d.n_heldout_tokens = (size_t)10 * (SEQ_LEN - 1);
+    kv_plan *plan = NULL;
+    kv_fit_report rep;
+    ck_assert_kv_ok(kv_fit_run(&plan, &rep, g_model, NULL, &d, &cfg, &o));
+    ck_assert_int_eq(rep.n_calib_seqs, 30);
+    ck_assert_int_eq(rep.n_heldout_seqs, 3);
+    kv_fit_report_free(&rep);
+    kv_plan_free(plan);
+    kv_fit_config_free(&cfg);
+}
+END_TEST
+
+/* ---- checkpoints ---- */
+static int dir_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static void plan_bytes(uint8_t **b, size_t *n, const kv_plan *p) { ck_assert_kv_ok(kv_plan_write_memory(b, n, p, NULL)); }
+
+/* Stop after layer k (k = 0, 1), resume, compare with an uninterrupted run byte for byte. */
+START_TEST(test_resume_equals_uninterrupted) {
+    const int k = _i;
+    kv_fit_config cfg;
+    make_cfg(&cfg, KV_FIT_AQUA, NULL);
+    kv_plan *ref = NULL, *plan = NULL;
+    kv_fit_report rep;
+    ck_assert_kv_ok(run_fit(&ref, NULL, &cfg, NULL));
+    char dir[256];
+    kv_test_tmpdir(dir, sizeof dir);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char ck[300];
+    snprintf(ck, sizeof ck, "%s/plan.ckpt", dir);
+    kv_fit_options o;
+    kv_fit_options_init(&o);
+    o.checkpoint_dir = ck;
+    o.stop_after_layer = k;
+    ck_assert_int_eq(run_fit(&plan, NULL, &cfg, &o), KV_EINTERRUPTED);
+    ck_assert_ptr_null(plan);
+    ck_assert(dir_exists(ck));
+    o.stop_after_layer = -1;
+    ck_assert_kv_ok(run_fit(&plan, &rep, &cfg, &o));
+    ck_assert_int_eq(rep.resumed_from_layer, k + 1);
+    ck_assert_int_eq(rep.layers[0].resumed, 1);
+    ck_assert_int_eq(rep.layers[SYN_LAYERS - 1].resumed, 0);
+    ck_assert(!dir_exists(ck)); /* removed on success */
+    uint8_t *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    plan_bytes(&a, &na, ref);
+    plan_bytes(&b, &nb, plan);
+    ck_assert_uint_eq(na, nb);
+    ck_assert_int_eq(memcmp(a, b, na), 0);
+    free(a);
+    free(b);
+    kv_fit_report_free(&rep);
+    kv_plan_free(plan);
+    kv_plan_free(ref);
+    kv_fit_config_free(&cfg);
+    rmdir(dir);
+}
+END_TEST
+
+/* A checkpoint made with other inputs is not used: the run starts over and gives the plan of a
+ * fresh run with the new inputs; the plan also lands at out_path. */
+START_TEST(test_resume_mismatch_starts_over) {
+    kv_fit_config c1, c2;
+    const char *s1[] = {"seed=1", NULL}, *s2[] = {"seed=2", NULL};
+    make_cfg(&c1, KV_FIT_AQUA, s1);
+    make_cfg(&c2, KV_FIT_AQUA, s2);
+    char dir[256];
+    kv_test_tmpdir(dir, sizeof dir);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char ck[300], out[300];
+    snprintf(ck, sizeof ck, "%s/p.ckpt", dir);
+    snprintf(out, sizeof out, "%s/p.kvplan", dir);
+    kv_fit_options o;
+    kv_fit_options_init(&o);
+    o.checkpoint_dir = ck;
+    o.stop_after_layer = 0;
+    kv_plan *plan = NULL, *ref = NULL;
+    ck_assert_int_eq(run_fit(&plan, NULL, &c1, &o), KV_EINTERRUPTED);
+    o.stop_after_layer = -1;
+    o.out_path = out;
+    kv_fit_report rep;
+    ck_assert_kv_ok(run_fit(&plan, &rep, &c2, &o));
+    ck_assert_int_eq(rep.resumed_from_layer, 0);
+    ck_assert_kv_ok(run_fit(&ref, NULL, &c2, NULL));
+    uint8_t *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    plan_bytes(&a, &na, ref);
+    plan_bytes(&b, &nb, plan);
+    ck_assert_uint_eq(na, nb);
+    ck_assert_int_eq(memcmp(a, b, na), 0);
+    kv_plan *disk = NULL;
+    ck_assert_kv_ok(kv_plan_read(&disk, out));
+    ck_assert_int_eq(disk->n_layers, SYN_LAYERS);
+    kv_plan_free(disk);
+    unlink(out);
+    ck_assert(!dir_exists(ck));
+    free(a);
+    free(b);
+    kv_fit_report_free(&rep);
+    kv_plan_free(plan);
+    kv_plan_free(ref);
+    kv_fit_config_free(&c1);
+    kv_fit_config_free(&c2);
+    rmdir(dir);
+}
+END_TEST
+
+/* A corrupted state file is detected (CRC) and the run starts over. */
+START_TEST(test_resume_corrupt_state) {
+    kv_fit_config cfg;
+    make_cfg(&cfg, KV_FIT_KIVI, NULL);
+    char dir[256];
+    kv_test_tmpdir(dir, sizeof dir);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char ck[300], state[340];
+    snprintf(ck, sizeof ck, "%s/p.ckpt", dir);
+    snprintf(state, sizeof state, "%s/state.0.bin", ck);
+    kv_fit_options o;
+    kv_fit_options_init(&o);
+    o.checkpoint_dir = ck;
+    o.stop_after_layer = 0;
+    kv_plan *plan = NULL, *ref = NULL;
+    ck_assert_int_eq(run_fit(&plan, NULL, &cfg, &o), KV_EINTERRUPTED);
+    FILE *fp = fopen(state, "r+b");
+    ck_assert_ptr_nonnull(fp);
+    fseek(fp, 200, SEEK_SET);
+    fputc(0x5a, fp);
+    fclose(fp);
+    o.stop_after_layer = -1;
+    kv_fit_report rep;
+    ck_assert_kv_ok(run_fit(&plan, &rep, &cfg, &o));
+    ck_assert_int_eq(rep.resumed_from_layer, 0);
+    ck_assert_kv_ok(run_fit(&ref, NULL, &cfg, NULL));
+    uint8_t *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    plan_bytes(&a, &na, ref);
+    plan_bytes(&b, &nb, plan);
+    ck_assert_uint_eq(na, nb);
+    ck_assert_int_eq(memcmp(a, b, na), 0);
+    free(a);
+    free(b);
+    kv_fit_report_free(&rep);
+    kv_plan_free(plan);
+    kv_plan_free(ref);
+    kv_fit_config_free(&cfg);
+    rmdir(dir);
+}
+END_TEST
+
+/* The plain forward baseline runs over the same sequences. */
+START_TEST(test_forward_baseline) {
+    kv_fit_config cfg;
+    make_cfg(&cfg, KV_FIT_KIVI, NULL);
+    kv_fit_data d = make_data();
+    double sec = -1;
+    ck_assert_kv_ok(kv_fit_forward_baseline(&sec, g_model, &d, &cfg, NULL));
+    ck_assert(sec >= 0);
+    kv_fit_config_free(&cfg);
+}
+END_TEST
+
+static Suite *fit_suite(void) {
+    Suite *s = suite_create("fit");
+    TCase *tc = tcase_create("synthetic");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_recovers_linear_map);
+    tcase_add_test(tc, test_post_rope_is_worse);
+    tcase_add_test(tc, test_higgs_error_near_grid_mse);
+    tcase_add_test(tc, test_plan_round_trip);
+    tcase_add_test(tc, test_kivi_preset);
+    tcase_add_test(tc, test_same_quantizer_as_runtime);
+    tcase_add_test(tc, test_bad_inputs);
+    tcase_add_test(tc, test_separate_heldout);
+    tcase_add_loop_test(tc, test_resume_equals_uninterrupted, 0, 2);
+    tcase_add_test(tc, test_resume_mismatch_starts_over);
+    tcase_add_test(tc, test_resume_corrupt_state);
+    tcase_add_test(tc, test_forward_baseline);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return kv_test_run(fit_suite()); }
