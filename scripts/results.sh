@@ -4,8 +4,9 @@
 #   scripts/results.sh [--model PATH] [--tokenizer PATH] [--ctx N] [--eval-tokens N] [--fit-tokens N]
 #                      [--seq-len N] [--configs "kivi-2 higgs-2 aqua-2 ..."] [--out DIR] [--build DIR]
 # Defaults: the default model (fetched), ctx 2048, 40960 held-out tokens (20 chunks), 131072
-# calibration tokens in sequences of 1024, configs uncompressed kivi-2 kivi-4 higgs-2 higgs-3 higgs-4
-# aqua-2 aqua-3 aqua-4.
+# calibration tokens in sequences of 1024 for methods with predictors (aqua*) and 8192 for those
+# without (--fit-tokens-nopred: kivi and higgs fit nothing from data; their calibration pass only
+# measures the held-out errors), configs kivi-2 kivi-4 higgs-2 higgs-3 higgs-4 aqua-2 aqua-3 aqua-4.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="$here/build"
@@ -14,6 +15,7 @@ tok=""
 ctx=2048
 eval_tokens=40960
 fit_tokens=131072
+fit_tokens_nopred=8192
 seq_len=1024
 configs="kivi-2 kivi-4 higgs-2 higgs-3 higgs-4 aqua-2 aqua-3 aqua-4"
 out=""
@@ -25,6 +27,7 @@ while [ $# -gt 0 ]; do
     --ctx) ctx="$2"; shift 2 ;;
     --eval-tokens) eval_tokens="$2"; shift 2 ;;
     --fit-tokens) fit_tokens="$2"; shift 2 ;;
+    --fit-tokens-nopred) fit_tokens_nopred="$2"; shift 2 ;;
     --seq-len) seq_len="$2"; shift 2 ;;
     --configs) configs="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
@@ -49,10 +52,12 @@ for cfg in $configs; do
   method="${cfg%-*}"
   bits="${cfg##*-}"
   plan="$out/$cfg.kvplan"
-  echo "== $cfg: fit on $(basename "$calib") ($fit_tokens tokens)" >&2
+  budget=$fit_tokens
+  case "$method" in kivi|higgs) budget=$fit_tokens_nopred ;; esac
+  echo "== $cfg: fit on $(basename "$calib") ($budget tokens)" >&2
   start=$(date +%s.%N)
   "$kvcal" fit --model "$model" "${tokargs[@]}" --corpus "$calib" --out "$plan" --method "$method" \
-      --bits "$bits" --seq-len "$seq_len" --max-tokens "$fit_tokens" "${extra_fit[@]}" > "$out/$cfg.fit.txt"
+      --bits "$bits" --seq-len "$seq_len" --max-tokens "$budget" "${extra_fit[@]}" > "$out/$cfg.fit.txt"
   end=$(date +%s.%N)
   echo "== $cfg: evaluate on $(basename "$heldout") ($eval_tokens tokens, ctx $ctx)" >&2
   "$kvrun" eval --model "$model" "${tokargs[@]}" --text "$heldout" --ctx "$ctx" --max-tokens "$eval_tokens" \
