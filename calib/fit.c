@@ -280,6 +280,9 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
             s->rpc_ratio = (float)cfg->cache.rpc_ratio;
             if (lo && (lo->set & KV_FIT_LO_RPC_RATIO)) s->rpc_ratio = (float)lo->rpc_ratio;
             if (lo && st == KV_PLAN_K && (lo->set & KV_FIT_LO_KEY_RPC_RATIO)) s->rpc_ratio = (float)lo->key_rpc_ratio;
+            if (lo && st == KV_PLAN_V && (lo->set & KV_FIT_LO_VALUE_RPC_RATIO))
+                s->rpc_ratio = (float)lo->value_rpc_ratio;
+            if (lo && st == KV_PLAN_K && (lo->set & KV_FIT_LO_KEY_RPC_RATIO)) s->rpc_ratio = (float)lo->key_rpc_ratio;
             if (lo && st == KV_PLAN_V && (lo->set & KV_FIT_LO_VALUE_RPC_RATIO)) s->rpc_ratio = (float)lo->value_rpc_ratio;
             s->pre_rope = st == KV_PLAN_K ? cfg->cache.pre_rope : 0;
             s->pack = KV_PLAN_PACK_WORD;

@@ -21,7 +21,9 @@ static kv_plan_fingerprint g_fp;
 static void setup(void) {
     kv_error_clear();
     syn_init(&g_syn, 12345);
-    kv_model_options mo = {1, 0};
+    kv_model_options mo;
+    memset(&mo, 0, sizeof mo);
+    mo.n_threads = 1;
     ck_assert_kv_ok(kv_model_create(&g_model, &g_syn.arch, syn_read, &g_syn, &mo));
     g_n_tokens = (size_t)N_SEQS * (SEQ_LEN - 1);
     g_tokens = malloc(g_n_tokens * sizeof *g_tokens);
@@ -270,15 +272,27 @@ START_TEST(test_kivi_preset) {
     ck_assert_int_eq(cfg.keys.group_axis, KV_PLAN_GROUP_TOKENS);
     ck_assert_int_eq(cfg.values.group_axis, KV_PLAN_GROUP_CHANNELS);
     ck_assert_int_eq(cfg.cache.pre_rope, 0);
-    const char *sets[] = {"data.seq_len=68", "cache.recent=32", "data.heldout_fraction=0.25", NULL};
+    const char *sets[] = {"data.seq_len=68", "cache.recent=32", "data.heldout_fraction=0.25",
+                          /* per-layer overrides as kvprof writes them */
+                          "layers.0.key_bits=4", "layers.1.rpc_ratio=0.1", "layers.1.key_rpc_ratio=0.2",
+                          "layers.2.value_eta=0.1", "layers.2.prune_budget=0.5", NULL};
     for (int i = 0; sets[i]; i++) ck_assert_kv_ok(kv_fit_config_set(&cfg, sets[i]));
     kv_plan *plan = NULL;
     kv_fit_report rep;
     ck_assert_kv_ok(run_fit(&plan, &rep, &cfg, NULL));
+    ck_assert_int_eq(plan->layers[0].stream[KV_PLAN_K].bits, 4);
+    ck_assert_int_eq(plan->layers[0].stream[KV_PLAN_V].bits, 2);
+    ck_assert_float_eq(plan->layers[1].stream[KV_PLAN_K].rpc_ratio, 0.2f); /* the stream's own wins */
+    ck_assert_float_eq(plan->layers[1].stream[KV_PLAN_V].rpc_ratio, 0.1f);
+    ck_assert_float_eq(plan->layers[0].stream[KV_PLAN_V].rpc_ratio, 0.0f);
+    ck_assert_float_eq(plan->layers[2].stream[KV_PLAN_V].eta, 0.1f);
+    ck_assert_float_eq(plan->layers[2].stream[KV_PLAN_K].eta, 0.0f);
+    ck_assert_float_eq(plan->layers[2].prune_budget, 0.5f);
+    ck_assert(rep.layers[0].quant_rel_err[KV_PLAN_K] < rep.layers[1].quant_rel_err[KV_PLAN_K]); /* 4 vs 2 bits */
     for (int l = 0; l < SYN_LAYERS; l++) {
         const kv_plan_stream *k = &plan->layers[l].stream[KV_PLAN_K], *v = &plan->layers[l].stream[KV_PLAN_V];
         ck_assert_int_eq(k->method, KV_PLAN_UNIFORM);
-        ck_assert_int_eq(k->bits, 2);
+        ck_assert_int_eq(k->bits, l == 0 ? 4 : 2);
         ck_assert_int_eq(k->group_axis, KV_PLAN_GROUP_TOKENS);
         ck_assert_int_eq(k->group_size, 32);
         ck_assert_int_eq(k->pre_rope, 0);

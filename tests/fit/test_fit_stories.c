@@ -22,7 +22,9 @@ static void setup(void) {
     char path[4096];
     snprintf(path, sizeof path, "%s/stories260K/stories260K.bin", dir);
     ck_assert_kv_ok(kv_model_file_open(&g_mf, path));
-    kv_model_options mo = {2, 0};
+    kv_model_options mo;
+    memset(&mo, 0, sizeof mo);
+    mo.n_threads = 2;
     ck_assert_kv_ok(kv_model_load(&g_model, g_mf, &mo));
     kv_tokenizer *tok = NULL;
     ck_assert_kv_ok(kv_tokenizer_load(&tok, g_mf, NULL));
@@ -103,19 +105,22 @@ START_TEST(test_aqua) {
     fit(&a, KV_FIT_AQUA, bits);
     fit(&h, KV_FIT_HIGGS, bits);
     for (int l = 1; l < a.rep.n_layers; l++) {
-        /* measured 0.45-0.58 (K) and 0.62-0.76 (V) at 2 bits on this model; 0.3 is a floor far below
-         * what a working predictor gives and far above what a broken one (0 or negative) gives */
-        ck_assert_msg(a.rep.layers[l].explained_var[0] > 0.3, "layer %d K ev %g", l, a.rep.layers[l].explained_var[0]);
-        ck_assert_msg(a.rep.layers[l].explained_var[1] > 0.3, "layer %d V ev %g", l, a.rep.layers[l].explained_var[1]);
+        /* measured (deterministic for this seed) K 0.45-0.56 / V 0.60-0.75 at 2 bits, K 0.49-0.61 /
+         * V 0.71-0.80 at 4 bits (less noise in the inputs). The floors leave room for BLAS and
+         * platform differences while a broken predictor (wrong layer, transposed map, post-RoPE
+         * inputs) falls to ~0 or below. */
+        ck_assert_msg(a.rep.layers[l].explained_var[0] > 0.4, "layer %d K ev %g", l, a.rep.layers[l].explained_var[0]);
+        ck_assert_msg(a.rep.layers[l].explained_var[1] > 0.5, "layer %d V ev %g", l, a.rep.layers[l].explained_var[1]);
         ck_assert(a.plan->layers[l].stream[0].predictor && a.plan->layers[l].stream[1].predictor);
     }
     /* layer 0 is quantized directly at 4 bits in both bit settings */
     ck_assert_double_eq_tol(a.rep.layers[0].quant_rel_err[0], a.rep.layers[0].resid_rel_err[0], 1e-12);
     for (int st = 0; st < 2; st++) {
         const double ea = mean_metric(&a.rep, 1, st, 1), eh = mean_metric(&h.rep, 1, st, 1);
-        /* predictors shrink the quantizer's input: total error at most 0.8x HIGGS alone (measured
-         * well below that; the residual's relative error stays near the grid's MSE) */
-        ck_assert_msg(ea < 0.8 * eh, "stream %d: aqua %g vs higgs %g", st, ea, eh);
+        /* predictors shrink the quantizer's input while its relative error stays near the grid's
+         * MSE: measured aqua/higgs total error 0.04x (K, whose large mean the predictor's bias
+         * captures) and 0.3x (V) at 2 bits, 0.04x / 0.23x at 4 bits; 0.5x is the bound */
+        ck_assert_msg(ea < 0.5 * eh, "stream %d: aqua %g vs higgs %g", st, ea, eh);
     }
     fit_free(&a);
     fit_free(&h);
