@@ -123,14 +123,10 @@ static kv_status pack_check(int bits, int pack11) {
                 c[k * PER + (size_t)s] = (uint8_t)((word >> (s * BITS)) & ((1u << BITS) - 1u));    \
         }                                                                                          \
     }
-KV_PACK_WORDS(1, 32)
-KV_PACK_WORDS(2, 16)
 KV_PACK_WORDS(3, 10)
-KV_PACK_WORDS(4, 8)
 KV_PACK_WORDS(5, 6)
 KV_PACK_WORDS(6, 5)
 KV_PACK_WORDS(7, 4)
-KV_PACK_WORDS(8, 4)
 
 static void pack_words_11(uint32_t *KV_RESTRICT w, const uint8_t *KV_RESTRICT c, size_t nw) {
     for (size_t k = 0; k < nw; k++) {
@@ -215,14 +211,10 @@ static void pack_words(uint32_t *w, const uint8_t *c, size_t nw, int bits, int p
         return;
     }
     switch (bits) {
-    case 1: pack_words_b1(w, c, nw); break;
-    case 2: pack_words_b2(w, c, nw); break;
     case 3: pack_words_b3(w, c, nw); break;
-    case 4: pack_words_b4(w, c, nw); break;
     case 5: pack_words_b5(w, c, nw); break;
     case 6: pack_words_b6(w, c, nw); break;
-    case 7: pack_words_b7(w, c, nw); break;
-    default: pack_words_b8(w, c, nw); break;
+    default: pack_words_b7(w, c, nw); break; /* 7 bits; 1, 2, 4, 8 are handled above */
     }
 }
 
@@ -257,14 +249,10 @@ static void unpack_words(uint8_t *c, const uint32_t *w, size_t nw, int bits, int
         return;
     }
     switch (bits) {
-    case 1: unpack_words_b1(c, w, nw); break;
-    case 2: unpack_words_b2(c, w, nw); break;
     case 3: unpack_words_b3(c, w, nw); break;
-    case 4: unpack_words_b4(c, w, nw); break;
     case 5: unpack_words_b5(c, w, nw); break;
     case 6: unpack_words_b6(c, w, nw); break;
-    case 7: unpack_words_b7(c, w, nw); break;
-    default: unpack_words_b8(c, w, nw); break;
+    default: unpack_words_b7(c, w, nw); break;
     }
 }
 
