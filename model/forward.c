@@ -1,5 +1,6 @@
 /* forward.c — the reference forward pass: embedding, decoder layers (RMSNorm, Q/K/V projections,
  * RoPE, grouped-query causal attention through the KV-cache interface, SwiGLU), output logits.
+ * Matrix products: forward_matmul.c.
  *
  * Threading: GEMMs through CBLAS (the BLAS threads them); row-wise work (norms, RoPE, softmax,
  * SwiGLU) in OpenMP loops where every row is computed by one thread, so no result depends on how
@@ -51,43 +52,13 @@ static kv_status ws_ensure_rows(kv_model *m, size_t rows) {
     return KV_OK;
 }
 
-static kv_status ws_ensure_floats(float **buf, size_t *cap, size_t n, const char *what) {
+kv_status kv_model_ws_floats(float **buf, size_t *cap, size_t n, const char *what) {
     if (n <= *cap) return KV_OK;
     if (!grow(buf, n)) {
         *cap = 0;
         return KV_ERR(KV_ENOMEM, "out of memory for %s (%zu floats)", what, n);
     }
     *cap = n;
-    return KV_OK;
-}
-
-/* ---- matmul ----------------------------------------------------------------------------------- */
-kv_status kv_model_matmul(kv_model *m, const float *x, size_t n, const kv_matrix *w, const float *bias,
-                          float *y) {
-    const int rows = w->rows, cols = w->cols;
-    const float *W = w->f32;
-    if (!W) { /* f16: widen once per call (shared by all n rows) */
-        const size_t total = (size_t)rows * (size_t)cols;
-        kv_status s = ws_ensure_floats(&m->ws.deq, &m->ws.deq_cap, total, "widening an f16 matrix");
-        if (s != KV_OK) return s;
-        float *dst = m->ws.deq;
-        const uint16_t *src = w->f16;
-#pragma omp parallel for num_threads(kv_model_par(m, total)) schedule(static)
-        for (long r = 0; r < rows; r++)
-            for (int c = 0; c < cols; c++) dst[(size_t)r * cols + c] = kv_f16_to_f32(src[(size_t)r * cols + c]);
-        W = dst;
-    }
-    kv_model_blas_threads(m, n * (size_t)rows * (size_t)cols < 4 * KV_PAR_MIN_WORK ? 1 : m->n_threads);
-    if (n == 1)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, rows, cols, 1.0f, W, cols, x, 1, 0.0f, y, 1);
-    else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, rows, cols, 1.0f, x, cols, W, cols, 0.0f,
-                    y, rows);
-    if (bias) {
-#pragma omp parallel for num_threads(kv_model_par(m, n * (size_t)rows)) schedule(static)
-        for (long r = 0; r < (long)n; r++)
-            for (int c = 0; c < rows; c++) y[(size_t)r * rows + c] += bias[c];
-    }
     return KV_OK;
 }
 
@@ -185,7 +156,7 @@ static kv_status attend(kv_model *m, const float *q, int T, const float *K, size
     int nthr = kv_model_par(m, work);
     if (nthr > ntasks) nthr = ntasks;
     const float scale = (float)(1.0 / sqrt((double)hd));
-    kv_status s = ws_ensure_floats(&m->ws.scores, &m->ws.scores_cap, (size_t)nthr * qb * (size_t)S,
+    kv_status s = kv_model_ws_floats(&m->ws.scores, &m->ws.scores_cap, (size_t)nthr * qb * (size_t)S,
                                    "attention scores");
     if (s != KV_OK) return s;
     float *scores_all = m->ws.scores;
@@ -332,12 +303,8 @@ kv_status kv_model_embed(const kv_model *m, const int32_t *tokens, size_t n, flo
             return KV_ERR(KV_EINVAL, "token id %d at row %zu is outside the vocabulary (%d)", (int)tokens[r], r, V);
     const kv_matrix *e = &m->tok_embd.m;
     for (size_t r = 0; r < n; r++) {
-        const size_t off = (size_t)tokens[r] * d;
-        if (e->f32) {
-            memcpy(h + r * d, e->f32 + off, (size_t)d * sizeof(float));
-        } else {
-            for (int i = 0; i < d; i++) h[r * d + i] = kv_f16_to_f32(e->f16[off + i]);
-        }
+        kv_status s = kv_model_matrix_row(e, tokens[r], h + r * d);
+        if (s != KV_OK) return s;
     }
     return KV_OK;
 }

@@ -33,7 +33,9 @@ typedef struct kv_workspace {
     size_t scores_cap; /* floats */
     float *scores;    /* attention scores of the running tasks */
     size_t deq_cap;   /* floats */
-    float *deq;       /* an f16 matrix widened to f32 */
+    float *deq;       /* a tile of weight rows decoded to f32 (forward_matmul.c) */
+    size_t rowbuf_cap; /* floats */
+    float *rowbuf;    /* one decoded weight row per thread (forward_matmul.c) */
 } kv_workspace;
 
 struct kv_model {
@@ -41,6 +43,7 @@ struct kv_model {
     kv_model_options opt;
     int n_threads;
     int blas_threads; /* the BLAS's current thread count (kv_model_blas_threads) */
+    int isa;          /* instruction set of the row kernels (forward_matmul.c); -1 until checked */
     kv_owned_matrix tok_embd;
     kv_owned_matrix output; /* data NULL when tied (m points at tok_embd's) */
     float *output_norm;
@@ -62,8 +65,25 @@ static inline int kv_model_par(const kv_model *m, size_t work) {
 /* Set the BLAS thread count (cached: no call when it is already n). */
 void kv_model_blas_threads(kv_model *m, int n);
 
-/* y (n x W.rows) = x (n x W.cols) W^T (+ bias). */
+/* Grow a workspace buffer to n floats (contents not kept). */
+kv_status kv_model_ws_floats(float **buf, size_t *cap, size_t n, const char *what);
+
+/* y (n x W.rows) = x (n x W.cols) W^T (+ bias), for every storage (forward_matmul.c). Up to
+ * KV_ROWS_MAX input rows take the decoding path (weights read once, decoded in registers). */
+#define KV_ROWS_MAX 8
 kv_status kv_model_matmul(kv_model *m, const float *x, size_t n, const kv_matrix *w, const float *bias,
                           float *y);
+/* The instruction set the row kernels use on this CPU (checked once per model). */
+int kv_model_isa(kv_model *m);
+/* Row r of W decoded to f32 (dst holds W.cols floats). */
+kv_status kv_model_matrix_row(const kv_matrix *w, int r, float *dst);
+
+/* A tensor's stored bytes, for KV_WEIGHTS_NATIVE (weights_file.c supplies one; kv_model_create has
+ * none). Same contract as kv_tensor_read_fn for names and shapes; *data is borrowed (the model copies
+ * it), *row_bytes the bytes of one row of ne[0] elements. */
+typedef kv_status (*kv_tensor_raw_fn)(void *user, const char *name, int n_dims, const uint64_t ne[4], int *dtype,
+                                      const uint8_t **data, size_t *row_bytes);
+kv_status kv_model_create_raw(kv_model **out, const kv_arch *arch, kv_tensor_read_fn read, kv_tensor_raw_fn raw,
+                              void *user, const kv_model_options *opt);
 
 #endif

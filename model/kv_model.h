@@ -10,15 +10,16 @@
 extern "C" {
 #endif
 
-/* ---- model ---- (weights*.c, forward.c, kv_cache.c, eval.c, generate.c)
+/* ---- model ---- (weights*.c, forward*.c, kv_cache.c, eval.c, generate.c)
  *
  * The reference transformer of the Llama family (Llama 2/3.x, Mistral, Qwen2, SmolLM2): RMSNorm,
  * RoPE (adjacent-pair or half layout, theta and linear/llama3 scaling from kv_arch), grouped-query
  * attention, SwiGLU, optional QKV bias, tied or separate output. All arithmetic is f32 (sums that
  * decide accuracy, such as RMSNorm's mean square and softmax's denominator, in double); weights are
- * dequantized to f32 at load time, or kept as f16 (kv_model_options.weights_f16) and widened on the
- * fly. GEMMs go through CBLAS; the rest is threaded with OpenMP over independent rows, so a result
- * depends on the thread count at most through the BLAS and never through a racy reduction.
+ * dequantized to f32 at load time, or kept as f16 or in the file's quantized blocks and decoded on the
+ * fly (kv_model_options.weights). GEMMs go through CBLAS; the rest is threaded with OpenMP over
+ * independent rows, so a result depends on the thread count at most through the BLAS and never
+ * through a racy reduction.
  *
  * Rows of a batch: a forward step takes n_seqs sequences of n_tokens tokens each; row r = b*n_tokens
  * + t holds token t of sequence b. Every activation is a row-major (rows x width) f32 matrix.
@@ -28,12 +29,15 @@ extern "C" {
  */
 typedef struct kv_model kv_model;
 
-/* A weight matrix, y = W x: `rows` outputs, `cols` inputs, row-major. Exactly one of f32 / f16 is
- * set. Borrowed from the model. */
+/* A weight matrix, y = W x: `rows` outputs, `cols` inputs, row-major. Exactly one of f32 / f16 / q is
+ * set (see kv_weight_storage). Borrowed from the model. */
 typedef struct kv_matrix {
     int rows, cols;
     const float *f32;
-    const uint16_t *f16; /* IEEE binary16 */
+    const uint16_t *f16;     /* IEEE binary16 */
+    const uint8_t *q;        /* rows of the model file's quantized blocks (q_dtype, q_row_bytes each) */
+    int q_dtype;             /* kv_dtype */
+    size_t q_row_bytes;
 } kv_matrix;
 
 /* One decoder layer's weights (borrowed from the model). Canonical names: kv_formats.h section 3. */
@@ -48,9 +52,18 @@ typedef struct kv_layer_weights {
     kv_matrix w_down;             /* d_model x d_ff */
 } kv_layer_weights;
 
+/* How the model keeps its weight matrices (norms and biases are always f32). */
+typedef enum kv_weight_storage {
+    KV_WEIGHTS_F32 = 0,   /* dequantized to f32 at load: kv_matrix.f32 (the default) */
+    KV_WEIGHTS_F16 = 1,   /* rounded to f16: kv_matrix.f16 (half the memory; results change by f16 rounding) */
+    KV_WEIGHTS_NATIVE = 2 /* quantized matrices stay in the file's blocks (kv_matrix.q) and f16 ones in f16,
+                             decoded on the fly to the same f32 values as KV_WEIGHTS_F32 (results equal up to
+                             summation order); f32/bf16 tensors and kv_model_create's sources become f32 */
+} kv_weight_storage;
+
 typedef struct kv_model_options {
-    int n_threads;   /* threads for OpenMP and the BLAS; 0 = kv_default_threads() */
-    int weights_f16; /* 1: keep the matrices as f16 (half the memory; results change by f16 rounding) */
+    int n_threads;             /* threads for OpenMP and the BLAS; 0 = kv_default_threads() */
+    kv_weight_storage weights; /* default KV_WEIGHTS_F32 */
 } kv_model_options;
 
 /* Source of weights for kv_model_create: fill dst with the f32 values of tensor `name` (canonical

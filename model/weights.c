@@ -98,17 +98,72 @@ static kv_status read_vec(kv_model *m, float **out, kv_tensor_read_fn read, void
     return KV_OK;
 }
 
-/* Read a rows x cols matrix (GGML ne = {cols, rows}); f32, or converted to f16 through `tmp`. */
-static kv_status read_mat(kv_model *m, kv_owned_matrix *om, kv_tensor_read_fn read, void *user,
-                          const char *name, int rows, int cols, float *tmp, int optional) {
+/* Keep a matrix in its stored blocks (KV_WEIGHTS_NATIVE): 1 when done, 0 when the tensor is not
+ * quantized (or f16) and should be read as f32, or a negative status. */
+static int read_native(kv_model *m, kv_owned_matrix *om, kv_tensor_raw_fn raw, void *user, const char *name,
+                       int rows, int cols, kv_status *status) {
+    const uint64_t ne[4] = {(uint64_t)cols, (uint64_t)rows, 1, 1};
+    int dtype = -1;
+    const uint8_t *data = NULL;
+    size_t row_bytes = 0;
+    kv_error_clear();
+    kv_status s = raw(user, name, 2, ne, &dtype, &data, &row_bytes);
+    if (s != KV_OK) {
+        *status = s;
+        return -1;
+    }
+    if (dtype == KV_DTYPE_F32 || dtype == KV_DTYPE_BF16 || !kv_dtype_can_dequantize(dtype)) return 0;
+    size_t expect = 0;
+    if (kv_dtype_row_bytes(&expect, dtype, (uint64_t)cols) != KV_OK || expect != row_bytes) {
+        *status = KV_ERR(KV_EFORMAT, "tensor '%s': rows of %zu bytes, %s needs %zu", name, row_bytes,
+                         kv_dtype_name(dtype), expect);
+        return -1;
+    }
+    const size_t bytes = row_bytes * (size_t)rows;
+    uint8_t *copy = kv_aligned_alloc(KV_ALIGN, bytes);
+    if (!copy) {
+        *status = KV_ERR(KV_ENOMEM, "out of memory for tensor '%s' (%zu bytes)", name, bytes);
+        return -1;
+    }
+    memcpy(copy, data, bytes);
+    om->data = copy;
+    om->m.rows = rows;
+    om->m.cols = cols;
+    if (dtype == KV_DTYPE_F16) {
+        om->m.f16 = (const uint16_t *)copy; /* little-endian host */
+    } else {
+        om->m.q = copy;
+        om->m.q_dtype = dtype;
+        om->m.q_row_bytes = row_bytes;
+    }
+    m->weight_bytes += bytes;
+    return 1;
+}
+
+/* Read a rows x cols matrix (GGML ne = {cols, rows}): native blocks, f32, or f16 through `tmp`. */
+static kv_status read_mat(kv_model *m, kv_owned_matrix *om, kv_tensor_read_fn read, kv_tensor_raw_fn raw,
+                          void *user, const char *name, int rows, int cols, float *tmp, int optional) {
     memset(om, 0, sizeof *om);
     const size_t n = (size_t)rows * (size_t)cols;
     const uint64_t ne[4] = {(uint64_t)cols, (uint64_t)rows, 1, 1};
-    const int f16 = m->opt.weights_f16;
+    kv_status s = KV_OK;
+    if (m->opt.weights == KV_WEIGHTS_NATIVE && raw) {
+        const int r = read_native(m, om, raw, user, name, rows, cols, &s);
+        if (r > 0) return KV_OK;
+        if (r < 0) {
+            if (s == KV_ENOTFOUND && optional) {
+                kv_error_clear();
+                return KV_OK;
+            }
+            if (s == KV_ENOTFOUND && !*kv_error_last()) return KV_ERR(KV_ENOTFOUND, "model has no tensor '%s'", name);
+            return s;
+        }
+    }
+    const int f16 = m->opt.weights == KV_WEIGHTS_F16;
     float *dst = f16 ? tmp : kv_aligned_alloc(KV_ALIGN, n * sizeof(float));
     if (!dst) return KV_ERR(KV_ENOMEM, "out of memory for tensor '%s' (%d x %d)", name, rows, cols);
     kv_error_clear();
-    kv_status s = read(user, name, 2, ne, dst);
+    s = read(user, name, 2, ne, dst);
     if (s != KV_OK) {
         if (!f16) kv_aligned_free(dst);
         if (s == KV_ENOTFOUND && optional) {
@@ -180,11 +235,17 @@ void kv_model_free(kv_model *m) {
     kv_aligned_free(w->hres);
     kv_aligned_free(w->scores);
     kv_aligned_free(w->deq);
+    kv_aligned_free(w->rowbuf);
     free(m);
 }
 
 kv_status kv_model_create(kv_model **out, const kv_arch *arch, kv_tensor_read_fn read, void *user,
                           const kv_model_options *opt) {
+    return kv_model_create_raw(out, arch, read, NULL, user, opt);
+}
+
+kv_status kv_model_create_raw(kv_model **out, const kv_arch *arch, kv_tensor_read_fn read, kv_tensor_raw_fn raw,
+                              void *user, const kv_model_options *opt) {
     if (!out || !arch || !read) return KV_ERR(KV_EINVAL, "kv_model_create: NULL argument");
     *out = NULL;
     kv_status s = check_arch(arch);
@@ -192,6 +253,7 @@ kv_status kv_model_create(kv_model **out, const kv_arch *arch, kv_tensor_read_fn
     kv_model *m = calloc(1, sizeof *m);
     if (!m) return KV_ERR(KV_ENOMEM, "out of memory for the model");
     m->arch = *arch;
+    m->isa = -1;
     if (opt) m->opt = *opt;
     kv_model_set_threads(m, m->opt.n_threads);
     const kv_arch *a = &m->arch;
@@ -204,7 +266,12 @@ kv_status kv_model_create(kv_model **out, const kv_arch *arch, kv_tensor_read_fn
     size_t maxn = (size_t)V * (size_t)d;
     if ((size_t)ff * (size_t)d > maxn) maxn = (size_t)ff * (size_t)d;
     if ((size_t)qd * (size_t)d > maxn) maxn = (size_t)qd * (size_t)d;
-    if (m->opt.weights_f16) {
+    if (m->opt.weights != KV_WEIGHTS_F32 && m->opt.weights != KV_WEIGHTS_F16 &&
+        m->opt.weights != KV_WEIGHTS_NATIVE) {
+        s = KV_ERR(KV_EINVAL, "unknown weight storage %d", (int)m->opt.weights);
+        goto done;
+    }
+    if (m->opt.weights == KV_WEIGHTS_F16) {
         tmp = kv_aligned_alloc(KV_ALIGN, maxn * sizeof(float));
         if (!tmp) {
             s = KV_ERR(KV_ENOMEM, "out of memory for the weight conversion buffer");
@@ -219,10 +286,10 @@ kv_status kv_model_create(kv_model **out, const kv_arch *arch, kv_tensor_read_fn
         s = KV_ERR(KV_ENOMEM, "out of memory for the model");
         goto done;
     }
-    if ((s = read_mat(m, &m->tok_embd, read, user, "token_embd.weight", V, d, tmp, 0)) != KV_OK) goto done;
+    if ((s = read_mat(m, &m->tok_embd, read, raw, user, "token_embd.weight", V, d, tmp, 0)) != KV_OK) goto done;
     if ((s = read_vec(m, &m->output_norm, read, user, "output_norm.weight", (uint64_t)d, 0)) != KV_OK) goto done;
     if (!arch->tied_embeddings) {
-        if ((s = read_mat(m, &m->output, read, user, "output.weight", V, d, tmp, 1)) != KV_OK) goto done;
+        if ((s = read_mat(m, &m->output, read, raw, user, "output.weight", V, d, tmp, 1)) != KV_OK) goto done;
     }
     if (!m->output.data) {
         m->output.m = m->tok_embd.m; /* tied (or a file that ties without saying so) */
@@ -233,7 +300,7 @@ kv_status kv_model_create(kv_model **out, const kv_arch *arch, kv_tensor_read_fn
 #define MAT(field, suffix, rows, cols)                                                               \
     do {                                                                                             \
         snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                         \
-        if ((s = read_mat(m, &st->field, read, user, name, rows, cols, tmp, 0)) != KV_OK) goto done; \
+        if ((s = read_mat(m, &st->field, read, raw, user, name, rows, cols, tmp, 0)) != KV_OK) goto done; \
     } while (0)
 #define VEC(field, suffix, n, optional)                                                                   \
     do {                                                                                                  \

@@ -2,13 +2,13 @@
  * safetensors, llama2.c) through the canonical tensor names of kv_formats.h section 3, shapes checked
  * against the file's kv_arch. (Separate from weights.c so that code building models from memory does
  * not link the file readers.) */
-#include "kv_model.h"
+#include "forward_internal.h"
 
-static kv_status file_reader(void *user, const char *name, int n_dims, const uint64_t ne[4], float *dst) {
-    const kv_model_file *mf = user;
+/* The tensor `name` with exactly the shape ne (trailing dims of 1 are equivalent). */
+static kv_status find_tensor(const kv_tensor_info **out, const kv_model_file *mf, const char *name, int n_dims,
+                             const uint64_t ne[4]) {
     const kv_tensor_info *t = kv_model_file_find(mf, name);
     if (!t) return KV_ENOTFOUND;
-    /* Shapes must match exactly (trailing dims of 1 are equivalent). */
     for (int i = 0; i < 4; i++) {
         const uint64_t want = i < n_dims ? ne[i] : 1;
         const uint64_t got = i < t->n_dims ? t->ne[i] : 1;
@@ -21,8 +21,30 @@ static kv_status file_reader(void *user, const char *name, int n_dims, const uin
                           (unsigned long long)t->ne[3], (unsigned long long)ne[0],
                           (unsigned long long)(n_dims > 1 ? ne[1] : 1));
     }
-    kv_status s = kv_model_file_read_f32(mf, t, dst);
+    *out = t;
+    return KV_OK;
+}
+
+static kv_status file_reader(void *user, const char *name, int n_dims, const uint64_t ne[4], float *dst) {
+    const kv_model_file *mf = user;
+    const kv_tensor_info *t = NULL;
+    kv_status s = find_tensor(&t, mf, name, n_dims, ne);
+    if (s != KV_OK) return s;
+    s = kv_model_file_read_f32(mf, t, dst);
     if (s != KV_OK) return kv_error_wrap(s, "reading tensor '%s': ", name);
+    return KV_OK;
+}
+
+static kv_status file_raw(void *user, const char *name, int n_dims, const uint64_t ne[4], int *dtype,
+                          const uint8_t **data, size_t *row_bytes) {
+    const kv_model_file *mf = user;
+    const kv_tensor_info *t = NULL;
+    kv_status s = find_tensor(&t, mf, name, n_dims, ne);
+    if (s != KV_OK) return s;
+    if ((s = kv_dtype_row_bytes(row_bytes, t->dtype, t->ne[0])) != KV_OK)
+        return kv_error_wrap(s, "tensor '%s': ", name);
+    *dtype = t->dtype;
+    *data = t->data;
     return KV_OK;
 }
 
@@ -31,7 +53,7 @@ kv_status kv_model_load(kv_model **out, const kv_model_file *mf, const kv_model_
     *out = NULL;
     const kv_arch *a = kv_model_file_arch(mf);
     if (!a) return KV_ERR(KV_EINVAL, "kv_model_load: model file has no architecture");
-    kv_status s = kv_model_create(out, a, file_reader, (void *)mf, opt);
+    kv_status s = kv_model_create_raw(out, a, file_reader, file_raw, (void *)mf, opt);
     if (s != KV_OK) return kv_error_wrap(s, "loading model '%s': ", kv_model_file_path(mf));
     return KV_OK;
 }

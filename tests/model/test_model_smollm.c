@@ -1,6 +1,7 @@
 /* SmolLM2-135M-Instruct (GGUF Q4_1, the default model), logits and perplexity:
  *   - against an exact reference (gguf-py dequantization + float64 numpy forward, gen_gguf_ref.py) on
- *     one chunk of 512 tokens: equal up to f32 rounding;
+ *     one chunk of 512 tokens, prefilled and decoded token by token, with f32 weights and with the
+ *     file's blocks (KV_WEIGHTS_NATIVE): equal up to f32 rounding;
  *   - against llama.cpp on the same file (llama-cpp-python 0.3.36, CPU, default settings;
  *     gen_llamacpp_ref.py): 4 chunks x 512 tokens of wiki.test.raw (2048 positions): top-1 agreement
  *     and the error of our logits at llama.cpp's top-8 tokens and over 4 full rows, relative to the
@@ -56,12 +57,15 @@ static double meta(const char *key) {
     return v;
 }
 
-static kv_model *g_model;
+static kv_model *g_model;  /* f32 weights */
+static kv_model *g_native; /* the file's Q4_1 / Q8_0 blocks, decoded on the fly */
 static int32_t *g_tokens; /* 16 * 512 ids */
 
 static void setup(void) {
     const char *path = getenv("KVCAL_DEFAULT_MODEL");
     ck_assert_kv_ok(kv_model_open(&g_model, path, NULL));
+    kv_model_options o = {0, KV_WEIGHTS_NATIVE};
+    ck_assert_kv_ok(kv_model_open(&g_native, path, &o));
     const char *raw = read_file("smollm2_llamacpp_tokens.i32", 16 * CTX * 4);
     g_tokens = malloc(16 * CTX * sizeof(int32_t));
     for (int i = 0; i < 16 * CTX; i++) g_tokens[i] = (int32_t)kv_load_u32le((const uint8_t *)raw + 4 * i);
@@ -70,6 +74,7 @@ static void setup(void) {
 
 static void teardown(void) {
     kv_model_free(g_model);
+    kv_model_free(g_native);
     free(g_tokens);
 }
 
@@ -105,14 +110,14 @@ static void compare_row(cmp_stats *st, const float *row, int V, const uint8_t *r
     st->lse_max = fmax(st->lse_max, fabs(mx + log(se) - lse) / amax);
 }
 
-static void forward_chunk(float *lg, int c) {
+static void forward_chunk(kv_model *m, float *lg, int c) {
     kv_forward f;
     memset(&f, 0, sizeof f);
     f.tokens = g_tokens + c * CTX;
     f.n_seqs = 1;
     f.n_tokens = CTX;
     f.logits = lg;
-    ck_assert_kv_ok(kv_model_forward(g_model, &f));
+    ck_assert_kv_ok(kv_model_forward(m, &f));
 }
 
 /* Against the exact reference: the GGUF dequantized by gguf-py and a float64 numpy forward
@@ -120,20 +125,49 @@ static void forward_chunk(float *lg, int c) {
  * max |diff| 4e-5 on logits up to 38 (1.2e-6 relative); 2e-5 relative bounds it with margin, and every
  * argmax agrees (the reference has no near-ties at this tolerance in chunk 0). */
 START_TEST(test_logits_exact) {
-    const int V = kv_model_arch(g_model)->vocab_size;
+    kv_model *m = _i ? g_native : g_model;
+    const int V = kv_model_arch(m)->vocab_size;
+    if (_i) {
+        ck_assert_ptr_nonnull(kv_model_layer(m, 0)->wq.q);
+        ck_assert_int_eq(kv_model_layer(m, 0)->wq.q_dtype, KV_DTYPE_Q4_1);
+        ck_assert_int_eq(kv_model_token_embedding(m).q_dtype, KV_DTYPE_Q8_0);
+        ck_assert_uint_lt(kv_model_weight_bytes(m), kv_model_weight_bytes(g_model) / 4);
+    }
     const uint8_t *top = read_file("smollm2_exact_top.bin", (size_t)CTX * REC_BYTES);
     float *lg = malloc((size_t)CTX * V * sizeof(float));
-    forward_chunk(lg, 0);
-    cmp_stats st;
-    memset(&st, 0, sizeof st);
-    for (int t = 0; t < CTX; t++) compare_row(&st, lg + (size_t)t * V, V, top + (size_t)t * REC_BYTES);
-    printf("SmolLM2 vs exact float64 reference over %zu positions: top-1 agreement %.4f; at the reference's "
-           "top-%d: max |diff| %.3g (relative to max |logit| %.3g), mean %.3g; log-sum-exp relative %.3g\n",
-           st.n_pos, (double)st.agree / st.n_pos, TOPK, st.abs_max, st.top_max, st.abs_sum / st.n_top, st.lse_max);
-    fflush(stdout);
-    ck_assert_uint_eq(st.agree, st.n_pos);
-    ck_assert_msg(st.top_max <= 2e-5, "relative error %.3g at the top-%d", st.top_max, TOPK);
-    ck_assert_msg(st.lse_max <= 2e-5, "relative log-sum-exp error %.3g", st.lse_max);
+    for (int pass = 0; pass < 2; pass++) {
+        /* pass 0: one prefill of the chunk; pass 1: the same tokens decoded one by one through the cache
+         * (the few-rows kernels for every matrix) */
+        if (pass == 0) {
+            forward_chunk(m, lg, 0);
+        } else {
+            kv_cache *c = NULL;
+            ck_assert_kv_ok(kv_cache_plain_create(&c, kv_model_arch(m), 1, CTX));
+            for (int t = 0; t < CTX; t++) {
+                kv_forward f;
+                memset(&f, 0, sizeof f);
+                f.tokens = g_tokens + t;
+                f.n_seqs = 1;
+                f.n_tokens = 1;
+                f.cache = c;
+                f.logits = lg + (size_t)t * V;
+                ck_assert_kv_ok(kv_model_forward(m, &f));
+            }
+            kv_cache_free(c);
+        }
+        cmp_stats st;
+        memset(&st, 0, sizeof st);
+        for (int t = 0; t < CTX; t++) compare_row(&st, lg + (size_t)t * V, V, top + (size_t)t * REC_BYTES);
+        printf("SmolLM2 (%s weights, %s) vs exact float64 reference over %zu positions: top-1 agreement %.4f; at "
+               "the reference's top-%d: max |diff| %.3g (relative to max |logit| %.3g), mean %.3g; log-sum-exp "
+               "relative %.3g\n",
+               _i ? "native" : "f32", pass ? "decode" : "prefill", st.n_pos, (double)st.agree / st.n_pos, TOPK,
+               st.abs_max, st.top_max, st.abs_sum / st.n_top, st.lse_max);
+        fflush(stdout);
+        ck_assert_uint_eq(st.agree, st.n_pos);
+        ck_assert_msg(st.top_max <= 2e-5, "relative error %.3g at the top-%d", st.top_max, TOPK);
+        ck_assert_msg(st.lse_max <= 2e-5, "relative log-sum-exp error %.3g", st.lse_max);
+    }
     free(lg);
     free((void *)top);
 }
@@ -150,7 +184,7 @@ START_TEST(test_logits_vs_llamacpp) {
     double row_max = 0, row_sum = 0;
     size_t row_n = 0;
     for (int c = 0; c < N_LOGIT_CHUNKS; c++) {
-        forward_chunk(lg, c);
+        forward_chunk(g_model, lg, c);
         for (int t = 0; t < CTX; t++) {
             const float *row = lg + (size_t)t * V;
             compare_row(&st, row, V, top + ((size_t)c * CTX + t) * REC_BYTES);
@@ -212,7 +246,7 @@ int main(void) {
     TCase *tc = tcase_create("smollm2_vs_llamacpp");
     tcase_set_timeout(tc, 600);
     tcase_add_unchecked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, test_logits_exact);
+    tcase_add_loop_test(tc, test_logits_exact, 0, 2); /* f32, native weights */
     tcase_add_test(tc, test_logits_vs_llamacpp);
     tcase_add_test(tc, test_ppl_vs_llamacpp);
     suite_add_tcase(s, tc);

@@ -1,0 +1,405 @@
+/* forward_matmul.c — y = x W^T for every weight storage (kv_weight_storage):
+ *   f32: CBLAS (sgemv for one row, sgemm otherwise);
+ *   f16 / quantized blocks, few input rows (decoding): each thread decodes its weight rows to f32 and
+ *     takes the dot products with every input row (Q4_0, Q4_1 and Q8_0 fused in registers; other block
+ *     types through kv_dequantize of the row), reading the compact weights once;
+ *   f16 / quantized blocks, many input rows (prefill): tiles of rows decoded to f32, then sgemm.
+ * The decoded weights are bit-identical to kv_dequantize's (the fused kernels apply the same
+ * operations: (float)q * d + m, ((float)q - 8) * d, (float)q * d; tests/model/test_model_matmul.c
+ * checks them value by value), so the storages differ only in summation order.
+ *
+ * The kernels have AVX-512, AVX2 and portable versions that sum in the same order (bit-identical
+ * results on every CPU). Each output element is summed by one thread: results do not depend on the
+ * thread count. */
+#include "forward_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+#include <omp.h>
+
+#define QK 32               /* elements per Q4_0 / Q4_1 / Q8_0 block */
+#define TILE_FLOATS (1u << 21) /* decoded tile of the prefill path: 8 MiB */
+
+/* ---- row kernels ------------------------------------------------------------------------------
+ * Every kernel sums a dot product in 32 lanes (lane l takes elements l, l+32, l+64, ... in order;
+ * two independent accumulator chains per 16 lanes keep the adds from waiting on each other) and adds
+ * the lanes in lane order at the end, so the AVX-512, AVX2 and portable versions give bit-identical
+ * results; which one runs depends on the CPU (checked at run time). */
+enum { KV_ISA_PORTABLE = 0, KV_ISA_AVX2 = 1, KV_ISA_AVX512 = 2 };
+
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#include <immintrin.h>
+#define KV_HAVE_X86 1
+static int cpu_isa(void) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("f16c")) return KV_ISA_PORTABLE;
+    if (__builtin_cpu_supports("avx512f")) return KV_ISA_AVX512;
+    if (__builtin_cpu_supports("avx2")) return KV_ISA_AVX2;
+    return KV_ISA_PORTABLE;
+}
+#else
+#define KV_HAVE_X86 0
+static int cpu_isa(void) { return KV_ISA_PORTABLE; }
+#endif
+
+static inline float lanes_sum(const float *l32) {
+    float s = 0.0f;
+    for (int k = 0; k < 32; k++) s += l32[k];
+    return s;
+}
+
+/* The 32 weights of one block, in f32, exactly as kv_dequantize computes them. */
+static inline void block_weights(float *w, const uint8_t *blk, int dtype) {
+    const float d = kv_f16_to_f32(kv_load_u16le(blk));
+    if (dtype == KV_DTYPE_Q4_1) {
+        const float m = kv_f16_to_f32(kv_load_u16le(blk + 2));
+        for (int j = 0; j < QK / 2; j++) {
+            w[j] = (float)(blk[4 + j] & 0x0f) * d + m;
+            w[j + QK / 2] = (float)(blk[4 + j] >> 4) * d + m;
+        }
+    } else if (dtype == KV_DTYPE_Q4_0) {
+        for (int j = 0; j < QK / 2; j++) {
+            w[j] = (float)((int)(blk[2 + j] & 0x0f) - 8) * d;
+            w[j + QK / 2] = (float)((int)(blk[2 + j] >> 4) - 8) * d;
+        }
+    } else { /* Q8_0 */
+        for (int j = 0; j < QK; j++) w[j] = (float)(int8_t)blk[2 + j] * d;
+    }
+}
+
+static size_t block_bytes(int dtype) { return dtype == KV_DTYPE_Q4_1 ? 20 : dtype == KV_DTYPE_Q4_0 ? 18 : 34; }
+
+/* y[i*ldy + r] = W_r . x_i for rows r0..r1 and inputs i < n. */
+static void rows_portable(const uint8_t *W, size_t row_bytes, int dtype, int cols, int r0, int r1, const float *x,
+                          size_t ldx, int n, float *y, size_t ldy) {
+    const size_t bb = block_bytes(dtype);
+    for (int r = r0; r < r1; r++) {
+        float acc[KV_ROWS_MAX][32];
+        memset(acc, 0, sizeof acc);
+        const uint8_t *blk = W + (size_t)r * row_bytes;
+        for (int j0 = 0; j0 < cols; j0 += QK, blk += bb) {
+            float w[QK];
+            block_weights(w, blk, dtype);
+            for (int i = 0; i < n; i++) {
+                const float *xi = x + (size_t)i * ldx + j0;
+                for (int l = 0; l < 32; l++) acc[i][l] += w[l] * xi[l];
+            }
+        }
+        for (int i = 0; i < n; i++) y[(size_t)i * ldy + r] = lanes_sum(acc[i]);
+    }
+}
+
+static void dot_portable(const float *w, int cols, const float *x, size_t ldx, int n, float *y, size_t ldy) {
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * ldx;
+        float acc[32] = {0};
+        int j = 0;
+        for (; j + 32 <= cols; j += 32)
+            for (int l = 0; l < 32; l++) acc[l] += w[j + l] * xi[j + l];
+        float tail = 0.0f;
+        for (; j < cols; j++) tail += w[j] * xi[j];
+        y[(size_t)i * ldy] = lanes_sum(acc) + tail;
+    }
+}
+
+#if KV_HAVE_X86
+/* AVX-512: the 16 lanes are one register. */
+#define AVX512_BLOCK(w0, w1, blk, dtype)                                                                  \
+    do {                                                                                                 \
+        const __m512 d_ = _mm512_set1_ps(_cvtsh_ss(kv_load_u16le(blk)));                                 \
+        if ((dtype) == KV_DTYPE_Q8_0) {                                                                  \
+            w0 = _mm512_mul_ps(                                                                          \
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((blk) + 2)))), d_);  \
+            w1 = _mm512_mul_ps(                                                                          \
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((blk) + 18)))), d_); \
+        } else {                                                                                         \
+            const int q4_1_ = (dtype) == KV_DTYPE_Q4_1;                                                  \
+            const __m128i q_ = _mm_loadu_si128((const __m128i *)((blk) + (q4_1_ ? 4 : 2)));            \
+            w0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q_, low4)));                      \
+            w1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q_, 4), low4)));   \
+            if (q4_1_) {                                                                                 \
+                const __m512 m_ = _mm512_set1_ps(_cvtsh_ss(kv_load_u16le((blk) + 2)));                   \
+                w0 = _mm512_add_ps(_mm512_mul_ps(w0, d_), m_);                                           \
+                w1 = _mm512_add_ps(_mm512_mul_ps(w1, d_), m_);                                           \
+            } else {                                                                                     \
+                w0 = _mm512_mul_ps(_mm512_sub_ps(w0, eight), d_);                                        \
+                w1 = _mm512_mul_ps(_mm512_sub_ps(w1, eight), d_);                                        \
+            }                                                                                            \
+        }                                                                                                \
+    } while (0)
+
+__attribute__((target("avx512f,f16c"))) static void rows_avx512(const uint8_t *W, size_t row_bytes, int dtype,
+                                                                int cols, int r0, int r1, const float *x,
+                                                                size_t ldx, int n, float *y, size_t ldy) {
+    const size_t bb = block_bytes(dtype);
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    const __m512 eight = _mm512_set1_ps(8.0f);
+    float l32[32];
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *blk = W + (size_t)r * row_bytes;
+        if (n == 1) { /* decoding: the accumulators stay in registers */
+            __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), w0, w1;
+            for (int j0 = 0; j0 < cols; j0 += QK, blk += bb) {
+                AVX512_BLOCK(w0, w1, blk, dtype);
+                a0 = _mm512_add_ps(a0, _mm512_mul_ps(w0, _mm512_loadu_ps(x + j0)));
+                a1 = _mm512_add_ps(a1, _mm512_mul_ps(w1, _mm512_loadu_ps(x + j0 + 16)));
+            }
+            _mm512_storeu_ps(l32, a0);
+            _mm512_storeu_ps(l32 + 16, a1);
+            y[r] = lanes_sum(l32);
+            continue;
+        }
+        __m512 acc[KV_ROWS_MAX][2], w0, w1;
+        for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+        for (int j0 = 0; j0 < cols; j0 += QK, blk += bb) {
+            AVX512_BLOCK(w0, w1, blk, dtype);
+            for (int i = 0; i < n; i++) {
+                const float *xi = x + (size_t)i * ldx + j0;
+                acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_mul_ps(w0, _mm512_loadu_ps(xi)));
+                acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_mul_ps(w1, _mm512_loadu_ps(xi + 16)));
+            }
+        }
+        for (int i = 0; i < n; i++) {
+            _mm512_storeu_ps(l32, acc[i][0]);
+            _mm512_storeu_ps(l32 + 16, acc[i][1]);
+            y[(size_t)i * ldy + r] = lanes_sum(l32);
+        }
+    }
+}
+
+__attribute__((target("avx512f,f16c"))) static void dot_avx512(const float *w, int cols, const float *x, size_t ldx,
+                                                          int n, float *y, size_t ldy) {
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * ldx;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        int j = 0;
+        for (; j + 32 <= cols; j += 32) {
+            a0 = _mm512_add_ps(a0, _mm512_mul_ps(_mm512_loadu_ps(w + j), _mm512_loadu_ps(xi + j)));
+            a1 = _mm512_add_ps(a1, _mm512_mul_ps(_mm512_loadu_ps(w + j + 16), _mm512_loadu_ps(xi + j + 16)));
+        }
+        float tail = 0.0f;
+        for (; j < cols; j++) tail += w[j] * xi[j];
+        float l32[32];
+        _mm512_storeu_ps(l32, a0);
+        _mm512_storeu_ps(l32 + 16, a1);
+        y[(size_t)i * ldy] = lanes_sum(l32) + tail;
+    }
+}
+
+/* AVX2: lanes 0-7 in one register, 8-15 in another. w[0..1]: the block's first 16 weights, w[2..3]:
+ * the last 16. */
+#define AVX2_BLOCK(w, blk, dtype)                                                                       \
+    do {                                                                                               \
+        const __m256 d_ = _mm256_set1_ps(_cvtsh_ss(kv_load_u16le(blk)));                               \
+        if ((dtype) == KV_DTYPE_Q8_0) {                                                                \
+            const __m128i q0_ = _mm_loadu_si128((const __m128i *)((blk) + 2));                        \
+            const __m128i q1_ = _mm_loadu_si128((const __m128i *)((blk) + 18));                       \
+            w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q0_)), d_);                   \
+            w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q0_, 8))), d_); \
+            w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q1_)), d_);                   \
+            w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q1_, 8))), d_); \
+        } else {                                                                                       \
+            const int q4_1_ = (dtype) == KV_DTYPE_Q4_1;                                                \
+            const __m128i q_ = _mm_loadu_si128((const __m128i *)((blk) + (q4_1_ ? 4 : 2)));          \
+            const __m128i lo_ = _mm_and_si128(q_, low4), hi_ = _mm_and_si128(_mm_srli_epi16(q_, 4), low4); \
+            w[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo_));                                      \
+            w[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo_, 8)));                   \
+            w[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi_));                                      \
+            w[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi_, 8)));                   \
+            if (q4_1_) {                                                                               \
+                const __m256 m_ = _mm256_set1_ps(_cvtsh_ss(kv_load_u16le((blk) + 2)));                 \
+                for (int k_ = 0; k_ < 4; k_++) w[k_] = _mm256_add_ps(_mm256_mul_ps(w[k_], d_), m_);    \
+            } else {                                                                                   \
+                for (int k_ = 0; k_ < 4; k_++) w[k_] = _mm256_mul_ps(_mm256_sub_ps(w[k_], eight), d_);  \
+            }                                                                                          \
+        }                                                                                              \
+    } while (0)
+
+__attribute__((target("avx2,f16c"))) static void rows_avx2(const uint8_t *W, size_t row_bytes, int dtype, int cols,
+                                                           int r0, int r1, const float *x, size_t ldx, int n,
+                                                           float *y, size_t ldy) {
+    const size_t bb = block_bytes(dtype);
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    const __m256 eight = _mm256_set1_ps(8.0f);
+    float l32[32];
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *blk = W + (size_t)r * row_bytes;
+        __m256 w[4];
+        __m256 acc[KV_ROWS_MAX][4];
+        for (int i = 0; i < n; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = _mm256_setzero_ps();
+        for (int j0 = 0; j0 < cols; j0 += QK, blk += bb) {
+            AVX2_BLOCK(w, blk, dtype);
+            for (int i = 0; i < n; i++) {
+                const float *xi = x + (size_t)i * ldx + j0;
+                for (int k = 0; k < 4; k++)
+                    acc[i][k] = _mm256_add_ps(acc[i][k], _mm256_mul_ps(w[k], _mm256_loadu_ps(xi + 8 * k)));
+            }
+        }
+        for (int i = 0; i < n; i++) {
+            for (int k = 0; k < 4; k++) _mm256_storeu_ps(l32 + 8 * k, acc[i][k]);
+            y[(size_t)i * ldy + r] = lanes_sum(l32);
+        }
+    }
+}
+
+__attribute__((target("avx2,f16c"))) static void dot_avx2(const float *w, int cols, const float *x, size_t ldx, int n,
+                                                     float *y, size_t ldy) {
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * ldx;
+        __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        int j = 0;
+        for (; j + 32 <= cols; j += 32)
+            for (int k = 0; k < 4; k++)
+                a[k] = _mm256_add_ps(a[k], _mm256_mul_ps(_mm256_loadu_ps(w + j + 8 * k), _mm256_loadu_ps(xi + j + 8 * k)));
+        float tail = 0.0f;
+        for (; j < cols; j++) tail += w[j] * xi[j];
+        float l32[32];
+        for (int k = 0; k < 4; k++) _mm256_storeu_ps(l32 + 8 * k, a[k]);
+        y[(size_t)i * ldy] = lanes_sum(l32) + tail;
+    }
+}
+#endif
+
+static void rows_q(int isa, const uint8_t *W, size_t row_bytes, int dtype, int cols, int r0, int r1,
+                   const float *x, size_t ldx, int n, float *y, size_t ldy) {
+#if KV_HAVE_X86
+    if (isa == KV_ISA_AVX512) {
+        rows_avx512(W, row_bytes, dtype, cols, r0, r1, x, ldx, n, y, ldy);
+        return;
+    }
+    if (isa == KV_ISA_AVX2) {
+        rows_avx2(W, row_bytes, dtype, cols, r0, r1, x, ldx, n, y, ldy);
+        return;
+    }
+#endif
+    rows_portable(W, row_bytes, dtype, cols, r0, r1, x, ldx, n, y, ldy);
+}
+
+static void dot_rows(int isa, const float *w, int cols, const float *x, size_t ldx, int n, float *y, size_t ldy) {
+#if KV_HAVE_X86
+    if (isa == KV_ISA_AVX512) {
+        dot_avx512(w, cols, x, ldx, n, y, ldy);
+        return;
+    }
+    if (isa == KV_ISA_AVX2) {
+        dot_avx2(w, cols, x, ldx, n, y, ldy);
+        return;
+    }
+#endif
+    dot_portable(w, cols, x, ldx, n, y, ldy);
+}
+
+int kv_model_isa(kv_model *m) {
+    if (m->isa < 0) m->isa = cpu_isa();
+    return m->isa;
+}
+
+/* Row r of a non-f32 matrix, decoded to f32 (the values kv_dequantize gives). */
+static kv_status decode_row(const kv_matrix *w, int r, float *dst) {
+    if (w->f16) {
+        const uint16_t *src = w->f16 + (size_t)r * w->cols;
+        for (int j = 0; j < w->cols; j++) dst[j] = kv_f16_to_f32(src[j]);
+        return KV_OK;
+    }
+    return kv_dequantize(dst, w->q + (size_t)r * w->q_row_bytes, w->q_dtype, (size_t)w->cols);
+}
+
+static int fused_type(const kv_matrix *w) {
+    return w->q && (w->cols % QK) == 0 &&
+           (w->q_dtype == KV_DTYPE_Q4_0 || w->q_dtype == KV_DTYPE_Q4_1 || w->q_dtype == KV_DTYPE_Q8_0);
+}
+
+/* Few input rows: every thread decodes its weight rows and dots them with all n inputs. */
+static kv_status matmul_rows(kv_model *m, const float *x, int n, const kv_matrix *w, float *y) {
+    const int rows = w->rows, cols = w->cols;
+    const int nt = kv_model_par(m, (size_t)rows * cols);
+    const int fused = fused_type(w), isa = kv_model_isa(m);
+    kv_status s = KV_OK;
+    if (!fused) {
+        s = kv_model_ws_floats(&m->ws.rowbuf, &m->ws.rowbuf_cap, (size_t)nt * cols, "decoding weight rows");
+        if (s != KV_OK) return s;
+    }
+    int failed = 0;
+#pragma omp parallel num_threads(nt)
+    {
+        float *buf = fused ? NULL : m->ws.rowbuf + (size_t)omp_get_thread_num() * cols;
+        enum { CHUNK = 16 };
+#pragma omp for schedule(static)
+        for (int r0 = 0; r0 < rows; r0 += CHUNK) {
+            const int r1 = r0 + CHUNK < rows ? r0 + CHUNK : rows;
+            if (fused) {
+                rows_q(isa, w->q, w->q_row_bytes, w->q_dtype, cols, r0, r1, x, (size_t)cols, n, y, (size_t)rows);
+                continue;
+            }
+            for (int r = r0; r < r1; r++) {
+                if (decode_row(w, r, buf) != KV_OK) {
+#pragma omp atomic write
+                    failed = 1;
+                    continue;
+                }
+                dot_rows(isa, buf, cols, x, (size_t)cols, n, y + r, (size_t)rows);
+            }
+        }
+    }
+    if (failed) s = KV_ERR(KV_EUNSUPPORTED, "cannot decode a weight matrix of type %d", w->q_dtype);
+    return s;
+}
+
+/* Many input rows: decode tiles of weight rows to f32 and multiply with sgemm. */
+static kv_status matmul_tiles(kv_model *m, const float *x, size_t n, const kv_matrix *w, float *y) {
+    const int rows = w->rows, cols = w->cols;
+    int tile = (int)(TILE_FLOATS / (size_t)cols);
+    if (tile < 1) tile = 1;
+    if (tile > rows) tile = rows;
+    kv_status s = kv_model_ws_floats(&m->ws.deq, &m->ws.deq_cap, (size_t)tile * cols, "decoding a weight tile");
+    if (s != KV_OK) return s;
+    for (int r0 = 0; r0 < rows; r0 += tile) {
+        const int nr = r0 + tile < rows ? tile : rows - r0;
+        int failed = 0;
+#pragma omp parallel for num_threads(kv_model_par(m, (size_t)nr * cols)) schedule(static)
+        for (int r = 0; r < nr; r++)
+            if (decode_row(w, r0 + r, m->ws.deq + (size_t)r * cols) != KV_OK) {
+#pragma omp atomic write
+                failed = 1;
+            }
+        if (failed) return KV_ERR(KV_EUNSUPPORTED, "cannot decode a weight matrix of type %d", w->q_dtype);
+        kv_model_blas_threads(m, n * (size_t)nr * cols < 4 * KV_PAR_MIN_WORK ? 1 : m->n_threads);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, nr, cols, 1.0f, x, cols, m->ws.deq, cols, 0.0f,
+                    y + r0, rows);
+    }
+    return KV_OK;
+}
+
+kv_status kv_model_matmul(kv_model *m, const float *x, size_t n, const kv_matrix *w, const float *bias, float *y) {
+    const int rows = w->rows, cols = w->cols;
+    kv_status s = KV_OK;
+    if (w->f32) {
+        kv_model_blas_threads(m, n * (size_t)rows * (size_t)cols < 4 * KV_PAR_MIN_WORK ? 1 : m->n_threads);
+        if (n == 1)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, rows, cols, 1.0f, w->f32, cols, x, 1, 0.0f, y, 1);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, rows, cols, 1.0f, x, cols, w->f32, cols,
+                        0.0f, y, rows);
+    } else if (n <= KV_ROWS_MAX) {
+        s = matmul_rows(m, x, (int)n, w, y);
+    } else {
+        s = matmul_tiles(m, x, n, w, y);
+    }
+    if (s != KV_OK) return s;
+    if (bias) {
+#pragma omp parallel for num_threads(kv_model_par(m, n * (size_t)rows)) schedule(static)
+        for (long r = 0; r < (long)n; r++)
+            for (int c = 0; c < rows; c++) y[(size_t)r * rows + c] += bias[c];
+    }
+    return KV_OK;
+}
+
+kv_status kv_model_matrix_row(const kv_matrix *w, int r, float *dst) {
+    if (w->f32) {
+        memcpy(dst, w->f32 + (size_t)r * w->cols, (size_t)w->cols * sizeof(float));
+        return KV_OK;
+    }
+    return decode_row(w, r, dst);
+}
