@@ -13,6 +13,11 @@ kv_status kv_tool_tokenize_file(int32_t **ids, size_t *n, char sha256[65], const
  * tokenizer (tok_path NULL = the model's own). */
 kv_status kv_tool_open_model(kv_model **model, kv_tokenizer **tok, const char *model_path, const char *tok_path,
                              int n_threads);
+/* The same with every model option (weight storage, threads). */
+kv_status kv_tool_open_model_opt(kv_model **model, kv_tokenizer **tok, const char *model_path, const char *tok_path,
+                                 const kv_model_options *opt);
+/* Parse a --weights value ("f32", "f16", "native"); -1 when it is none of them. */
+int kv_tool_weight_storage(const char *name);
 
 /* `kvrun eval --plan` (eval_plan.c): the plan's cost on tokenized text (protocol "all", chunks of ctx). */
 typedef struct kv_tool_plan_eval {

@@ -25,7 +25,7 @@ static kv_status print_token(void *user, int32_t token) {
 }
 
 int kvrun_generate(int argc, char **argv) {
-    const char *model = NULL, *tokp = NULL, *prompt = "";
+    const char *model = NULL, *tokp = NULL, *prompt = "", *weights = "native";
     long n_new = 256, threads = 0, seed = 0;
     double temp = 0.0, top_p = 1.0;
     int ignore_eos = 0;
@@ -39,6 +39,8 @@ int kvrun_generate(int argc, char **argv) {
         {"seed", 's', KV_OPT_INT, &seed, "S", "sampling seed (default 0)", 0},
         {"ignore-eos", 0, KV_OPT_FLAG, &ignore_eos, NULL, "do not stop at end-of-generation tokens", 0},
         {"threads", 't', KV_OPT_INT, &threads, "N", "threads (default: all cores)", 0},
+        {"weights", 0, KV_OPT_STRING, &weights, "KIND",
+         "weight storage: native (the file's blocks decoded on the fly; default), f32, f16", 0},
         {NULL, 0, 0, NULL, NULL, NULL, 0},
     };
     kv_cli_args args;
@@ -51,6 +53,12 @@ int kvrun_generate(int argc, char **argv) {
     if (n_new < 0 || n_new > (1L << 24)) return kv_cli_usage_error(k_tool, "-n must be in [0, 2^24]");
     if (!(temp >= 0.0) || !(top_p > 0.0 && top_p <= 1.0) || threads < 0 || seed < 0)
         return kv_cli_usage_error(k_tool, "--temp >= 0, --top-p in (0, 1], --seed >= 0, --threads >= 0");
+    kv_model_options mo;
+    memset(&mo, 0, sizeof mo);
+    mo.n_threads = (int)threads;
+    const int storage = kv_tool_weight_storage(weights);
+    if (storage < 0) return kv_cli_usage_error(k_tool, "--weights must be native, f32 or f16, not '%s'", weights);
+    mo.weights = (kv_weight_storage)storage;
 
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
@@ -58,7 +66,7 @@ int kvrun_generate(int argc, char **argv) {
     int32_t *ids = NULL, *out = NULL, *stops = NULL;
     size_t n_ids = 0;
     kv_status s;
-    if ((s = kv_tool_open_model(&m, &tok, model, tokp, (int)threads)) != KV_OK) goto done;
+    if ((s = kv_tool_open_model_opt(&m, &tok, model, tokp, &mo)) != KV_OK) goto done;
     const int32_t bos = kv_tokenizer_bos(tok);
     /* BOS first when the vocabulary adds it, and always for an empty prompt (something to start from). */
     const unsigned flags = (bos >= 0 && (kv_tokenizer_add_bos_default(tok) || !*prompt)) ? KV_TOK_ADD_BOS : 0;

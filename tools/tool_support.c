@@ -28,15 +28,20 @@ kv_status kv_tool_tokenize_file(int32_t **ids, size_t *n, char sha256[65], const
 
 kv_status kv_tool_open_model(kv_model **model, kv_tokenizer **tok, const char *model_path, const char *tok_path,
                              int n_threads) {
+    kv_model_options opt;
+    memset(&opt, 0, sizeof opt);
+    opt.n_threads = n_threads;
+    return kv_tool_open_model_opt(model, tok, model_path, tok_path, &opt);
+}
+
+kv_status kv_tool_open_model_opt(kv_model **model, kv_tokenizer **tok, const char *model_path, const char *tok_path,
+                                 const kv_model_options *opt) {
     *model = NULL;
     if (tok) *tok = NULL;
     kv_model_file *mf = NULL;
     kv_status s = kv_model_file_open(&mf, model_path);
     if (s != KV_OK) return s;
-    kv_model_options opt;
-    memset(&opt, 0, sizeof opt);
-    opt.n_threads = n_threads;
-    if ((s = kv_model_load(model, mf, &opt)) != KV_OK) goto done;
+    if ((s = kv_model_load(model, mf, opt)) != KV_OK) goto done;
     if (tok && (s = kv_tokenizer_load(tok, mf, tok_path)) != KV_OK) {
         kv_model_free(*model);
         *model = NULL;
@@ -44,4 +49,11 @@ kv_status kv_tool_open_model(kv_model **model, kv_tokenizer **tok, const char *m
 done:
     kv_model_file_close(mf);
     return s;
+}
+
+int kv_tool_weight_storage(const char *name) {
+    if (strcmp(name, "f32") == 0) return KV_WEIGHTS_F32;
+    if (strcmp(name, "f16") == 0) return KV_WEIGHTS_F16;
+    if (strcmp(name, "native") == 0) return KV_WEIGHTS_NATIVE;
+    return -1;
 }
