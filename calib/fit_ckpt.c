@@ -6,7 +6,8 @@
  *   state.<L>.bin       hidden states after layer L, reconstructed K/V of layer L, per-layer report
  *   plan.<L>.kvplan     the plan so far (a valid plan: later layers still full precision)
  *
- * Every file is written atomically (temporary file, fsync, rename) and the manifest last, naming
+ * Every file is written atomically (temporary file, rename; the manifest and plan also fsync'd) and
+ * the manifest last, naming
  * files that carry the layer number, so a crash at any point leaves either the previous complete
  * checkpoint or the new one. The state file is private to this machine (host float layout, checked
  * by a byte-order mark) and carries a CRC-32 of its payload. */
@@ -202,9 +203,27 @@ kv_status kv_fit_ckpt_save(const char *dir, const char *inputs_hash, int layer, 
             s = KV_ERR(KV_EIO, "writing checkpoint '%s': %s", state_path, strerror(errno));
             goto done;
         }
-        if ((s = kv_atomic_commit(&af)) != KV_OK) goto done;
+        /* Renamed into place without fsync: a process killed at any point leaves the old or the new
+         * file (the rename is atomic), which is what resuming needs; after a power loss a file whose
+         * data did not reach the disk fails its size or CRC check and the run starts over. Syncing
+         * the state (hundreds of MB per layer on a real model) would cost more than the layer. */
+        const int closed = fclose(af.fp) == 0;
+        af.fp = NULL;
+        if (!closed || rename(af.tmp_path, af.final_path) != 0) {
+            s = KV_ERR(KV_EIO, "writing checkpoint '%s': %s", state_path, strerror(errno));
+            unlink(af.tmp_path);
+            free(af.tmp_path);
+            free(af.final_path);
+            goto done;
+        }
+        free(af.tmp_path);
+        free(af.final_path);
     }
-    if ((s = kv_plan_write(plan, plan_path, NULL)) != KV_OK) {
+    /* uncompressed: zlib level 9 over the predictors (MBs) would cost more than the whole write */
+    kv_plan_write_options wo;
+    memset(&wo, 0, sizeof wo);
+    wo.compress = 0;
+    if ((s = kv_plan_write(plan, plan_path, &wo)) != KV_OK) {
         s = kv_error_wrap(s, "writing checkpoint plan: ");
         goto done;
     }
