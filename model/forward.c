@@ -230,9 +230,12 @@ kv_status kv_model_layer_forward(kv_model *m, int layer, float *h, int n_seqs, i
 
     /* attention block */
     rmsnorm_rows(m, w->x, h, lw->attn_norm, n, d, a->rms_eps);
-    if ((s = kv_model_matmul(m, w->x, n, &lw->wq, lw->bq, w->q)) != KV_OK) return s;
-    if ((s = kv_model_matmul(m, w->x, n, &lw->wk, lw->bk, w->k)) != KV_OK) return s;
-    if ((s = kv_model_matmul(m, w->x, n, &lw->wv, lw->bv, w->v)) != KV_OK) return s;
+    {
+        const kv_matrix *mats[3] = {&lw->wq, &lw->wk, &lw->wv};
+        const float *bias[3] = {lw->bq, lw->bk, lw->bv};
+        float *outs[3] = {w->q, w->k, w->v};
+        if ((s = kv_model_matmul_multi(m, w->x, n, mats, bias, outs, 3)) != KV_OK) return s;
+    }
     if (capture) memcpy(w->q_pre, w->q, n * (size_t)qd * sizeof(float));
     if (capture || cache) memcpy(w->k_pre, w->k, n * (size_t)kvd * sizeof(float));
     rope_table(m, pos, n);
@@ -279,8 +282,11 @@ kv_status kv_model_layer_forward(kv_model *m, int layer, float *h, int n_seqs, i
 
     /* feed-forward block */
     rmsnorm_rows(m, w->x, h, lw->ffn_norm, n, d, a->rms_eps);
-    if ((s = kv_model_matmul(m, w->x, n, &lw->w_gate, NULL, w->gate)) != KV_OK) return s;
-    if ((s = kv_model_matmul(m, w->x, n, &lw->w_up, NULL, w->up)) != KV_OK) return s;
+    {
+        const kv_matrix *mats[2] = {&lw->w_gate, &lw->w_up};
+        float *outs[2] = {w->gate, w->up};
+        if ((s = kv_model_matmul_multi(m, w->x, n, mats, NULL, outs, 2)) != KV_OK) return s;
+    }
 #pragma omp parallel for num_threads(kv_model_par(m, n * (size_t)ff * 8)) schedule(static)
     for (long r = 0; r < (long)n; r++) {
         float *g = w->gate + (size_t)r * ff;
@@ -291,6 +297,7 @@ kv_status kv_model_layer_forward(kv_model *m, int layer, float *h, int n_seqs, i
 #pragma omp parallel for num_threads(kv_model_par(m, n * (size_t)d)) schedule(static)
     for (long r = 0; r < (long)n; r++)
         for (int i = 0; i < d; i++) h[(size_t)r * d + i] += w->proj[(size_t)r * d + i];
+    kv_model_blas_threads(m, m->n_threads); /* leave the BLAS as the model's thread count says */
     return KV_OK;
 }
 
@@ -315,7 +322,9 @@ kv_status kv_model_logits(kv_model *m, const float *h, size_t n, float *logits) 
     kv_status s = ws_ensure_rows(m, n);
     if (s != KV_OK) return s;
     rmsnorm_rows(m, m->ws.x, h, m->output_norm, n, m->arch.d_model, m->arch.rms_eps);
-    return kv_model_matmul(m, m->ws.x, n, &m->output.m, NULL, logits);
+    s = kv_model_matmul(m, m->ws.x, n, &m->output.m, NULL, logits);
+    kv_model_blas_threads(m, m->n_threads);
+    return s;
 }
 
 kv_status kv_model_forward(kv_model *m, const kv_forward *f) {

@@ -73,6 +73,9 @@ kv_status kv_model_ws_floats(float **buf, size_t *cap, size_t n, const char *wha
 #define KV_ROWS_MAX 8
 kv_status kv_model_matmul(kv_model *m, const float *x, size_t n, const kv_matrix *w, const float *bias,
                           float *y);
+/* The same for count matrices of equal width sharing the input x (bias may be NULL, or hold NULLs). */
+kv_status kv_model_matmul_multi(kv_model *m, const float *x, size_t n, const kv_matrix *const *w,
+                                const float *const *bias, float *const *y, int count);
 /* The instruction set the row kernels use on this CPU (checked once per model). */
 int kv_model_isa(kv_model *m);
 /* Row r of W decoded to f32 (dst holds W.cols floats). */

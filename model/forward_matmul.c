@@ -1,9 +1,9 @@
 /* forward_matmul.c — y = x W^T for every weight storage (kv_weight_storage):
- *   f32: CBLAS (sgemv for one row, sgemm otherwise);
- *   f16 / quantized blocks, few input rows (decoding): each thread decodes its weight rows to f32 and
- *     takes the dot products with every input row (Q4_0, Q4_1 and Q8_0 fused in registers; other block
- *     types through kv_dequantize of the row), reading the compact weights once;
- *   f16 / quantized blocks, many input rows (prefill): tiles of rows decoded to f32, then sgemm.
+ *   few input rows (decoding): each thread takes a range of weight rows, decodes them to f32 (Q4_0,
+ *     Q4_1 and Q8_0 fused in registers; other block types through kv_dequantize of the row; f32 rows
+ *     as they are) and takes the dot products with every input row, reading the weights once;
+ *   many input rows (prefill): each thread takes a slice of the weight rows and multiplies it with a
+ *     single-threaded CBLAS sgemm, after decoding it tile by tile for non-f32 storages.
  * The decoded weights are bit-identical to kv_dequantize's (the fused kernels apply the same
  * operations: (float)q * d + m, ((float)q - 8) * d, (float)q * d; tests/model/test_model_matmul.c
  * checks them value by value), so the storages differ only in summation order.
@@ -20,7 +20,7 @@
 #include <omp.h>
 
 #define QK 32               /* elements per Q4_0 / Q4_1 / Q8_0 block */
-#define TILE_FLOATS (1u << 21) /* decoded tile of the prefill path: 8 MiB */
+#define TILE_FLOATS (1u << 20) /* decoded tile per thread in the prefill path: 4 MiB */
 
 /* ---- row kernels ------------------------------------------------------------------------------
  * Every kernel sums a dot product in 32 lanes (lane l takes elements l, l+32, l+64, ... in order;
@@ -311,89 +311,117 @@ static int fused_type(const kv_matrix *w) {
            (w->q_dtype == KV_DTYPE_Q4_0 || w->q_dtype == KV_DTYPE_Q4_1 || w->q_dtype == KV_DTYPE_Q8_0);
 }
 
-/* Few input rows: every thread decodes its weight rows and dots them with all n inputs. */
-static kv_status matmul_rows(kv_model *m, const float *x, int n, const kv_matrix *w, float *y) {
-    const int rows = w->rows, cols = w->cols;
-    const int nt = kv_model_par(m, (size_t)rows * cols);
-    const int fused = fused_type(w), isa = kv_model_isa(m);
-    kv_status s = KV_OK;
-    if (!fused) {
-        s = kv_model_ws_floats(&m->ws.rowbuf, &m->ws.rowbuf_cap, (size_t)nt * cols, "decoding weight rows");
+/* Few input rows: every thread decodes its weight rows and dots them with all n inputs. Several
+ * matrices with the same input (Q, K and V; gate and up) share one parallel region. */
+static kv_status matmul_rows(kv_model *m, const float *x, int n, const kv_matrix *const *ws, float *const *ys,
+                             int count) {
+    enum { CHUNK = 16 };
+    const int cols = ws[0]->cols;
+    int n_chunks = 0, any_decode = 0;
+    size_t work = 0;
+    for (int k = 0; k < count; k++) {
+        n_chunks += (ws[k]->rows + CHUNK - 1) / CHUNK;
+        work += (size_t)ws[k]->rows * cols;
+        any_decode |= !ws[k]->f32 && !fused_type(ws[k]);
+    }
+    const int nt = kv_model_par(m, work), isa = kv_model_isa(m);
+    if (any_decode) {
+        kv_status s = kv_model_ws_floats(&m->ws.rowbuf, &m->ws.rowbuf_cap, (size_t)nt * cols, "decoding weight rows");
         if (s != KV_OK) return s;
     }
     int failed = 0;
 #pragma omp parallel num_threads(nt)
     {
-        float *buf = fused ? NULL : m->ws.rowbuf + (size_t)omp_get_thread_num() * cols;
-        enum { CHUNK = 16 };
+        float *buf = any_decode ? m->ws.rowbuf + (size_t)omp_get_thread_num() * cols : NULL;
 #pragma omp for schedule(static)
-        for (int r0 = 0; r0 < rows; r0 += CHUNK) {
-            const int r1 = r0 + CHUNK < rows ? r0 + CHUNK : rows;
-            if (fused) {
+        for (int c = 0; c < n_chunks; c++) {
+            int k = 0, r0 = c * CHUNK;
+            while (r0 >= (ws[k]->rows + CHUNK - 1) / CHUNK * CHUNK) r0 -= (ws[k++]->rows + CHUNK - 1) / CHUNK * CHUNK;
+            const kv_matrix *w = ws[k];
+            float *y = ys[k];
+            const int rows = w->rows, r1 = r0 + CHUNK < rows ? r0 + CHUNK : rows;
+            if (fused_type(w)) {
                 rows_q(isa, w->q, w->q_row_bytes, w->q_dtype, cols, r0, r1, x, (size_t)cols, n, y, (size_t)rows);
                 continue;
             }
             for (int r = r0; r < r1; r++) {
-                if (decode_row(w, r, buf) != KV_OK) {
+                const float *wr = w->f32 ? w->f32 + (size_t)r * cols : buf;
+                if (!w->f32 && decode_row(w, r, buf) != KV_OK) {
 #pragma omp atomic write
                     failed = 1;
                     continue;
                 }
-                dot_rows(isa, buf, cols, x, (size_t)cols, n, y + r, (size_t)rows);
+                dot_rows(isa, wr, cols, x, (size_t)cols, n, y + r, (size_t)rows);
             }
         }
     }
-    if (failed) s = KV_ERR(KV_EUNSUPPORTED, "cannot decode a weight matrix of type %d", w->q_dtype);
-    return s;
+    if (failed) return KV_ERR(KV_EUNSUPPORTED, "cannot decode a weight matrix of type %d", ws[0]->q_dtype);
+    return KV_OK;
 }
 
-/* Many input rows: decode tiles of weight rows to f32 and multiply with sgemm. */
-static kv_status matmul_tiles(kv_model *m, const float *x, size_t n, const kv_matrix *w, float *y) {
+/* Many input rows: every thread takes a slice of the weight rows (output columns) and multiplies it
+ * with a single-threaded sgemm (f32), or decodes it tile by tile into its own buffer first. One pool
+ * of threads (OpenMP) does all the work, so no second pool spins while this one computes. */
+static kv_status matmul_slices(kv_model *m, const float *x, size_t n, const kv_matrix *w, float *y) {
     const int rows = w->rows, cols = w->cols;
+    int nt = kv_model_par(m, n * (size_t)rows * cols / 4);
+    if (nt > (rows + 15) / 16) nt = (rows + 15) / 16;
+    if (nt < 1) nt = 1;
     int tile = (int)(TILE_FLOATS / (size_t)cols);
     if (tile < 1) tile = 1;
-    if (tile > rows) tile = rows;
-    kv_status s = kv_model_ws_floats(&m->ws.deq, &m->ws.deq_cap, (size_t)tile * cols, "decoding a weight tile");
-    if (s != KV_OK) return s;
-    for (int r0 = 0; r0 < rows; r0 += tile) {
-        const int nr = r0 + tile < rows ? tile : rows - r0;
-        int failed = 0;
-#pragma omp parallel for num_threads(kv_model_par(m, (size_t)nr * cols)) schedule(static)
-        for (int r = 0; r < nr; r++)
-            if (decode_row(w, r0 + r, m->ws.deq + (size_t)r * cols) != KV_OK) {
-#pragma omp atomic write
-                failed = 1;
-            }
-        if (failed) return KV_ERR(KV_EUNSUPPORTED, "cannot decode a weight matrix of type %d", w->q_dtype);
-        kv_model_blas_threads(m, n * (size_t)nr * cols < 4 * KV_PAR_MIN_WORK ? 1 : m->n_threads);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, nr, cols, 1.0f, x, cols, m->ws.deq, cols, 0.0f,
-                    y + r0, rows);
+    if (!w->f32) {
+        kv_status s = kv_model_ws_floats(&m->ws.deq, &m->ws.deq_cap, (size_t)nt * tile * cols, "decoding weight tiles");
+        if (s != KV_OK) return s;
     }
+    kv_model_blas_threads(m, 1);
+    int failed = 0;
+#pragma omp parallel num_threads(nt)
+    {
+        const int t = omp_get_thread_num(), per = ((rows + nt - 1) / nt + 15) / 16 * 16;
+        const int s0 = t * per < rows ? t * per : rows, s1 = s0 + per < rows ? s0 + per : rows;
+        if (w->f32) {
+            if (s1 > s0)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, s1 - s0, cols, 1.0f, x, cols,
+                            w->f32 + (size_t)s0 * cols, cols, 0.0f, y + s0, rows);
+        } else {
+            float *buf = m->ws.deq + (size_t)t * tile * cols;
+            for (int r0 = s0; r0 < s1 && !failed; r0 += tile) {
+                const int nr = r0 + tile < s1 ? tile : s1 - r0;
+                for (int r = 0; r < nr; r++)
+                    if (decode_row(w, r0 + r, buf + (size_t)r * cols) != KV_OK) {
+#pragma omp atomic write
+                        failed = 1;
+                    }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, nr, cols, 1.0f, x, cols, buf, cols, 0.0f,
+                            y + r0, rows);
+            }
+        }
+    }
+    if (failed) return KV_ERR(KV_EUNSUPPORTED, "cannot decode a weight matrix of type %d", w->q_dtype);
     return KV_OK;
+}
+
+static void add_bias(kv_model *m, float *y, size_t n, int rows, const float *bias) {
+#pragma omp parallel for num_threads(kv_model_par(m, n * (size_t)rows)) schedule(static)
+    for (long r = 0; r < (long)n; r++)
+        for (int c = 0; c < rows; c++) y[(size_t)r * rows + c] += bias[c];
 }
 
 kv_status kv_model_matmul(kv_model *m, const float *x, size_t n, const kv_matrix *w, const float *bias, float *y) {
-    const int rows = w->rows, cols = w->cols;
+    return kv_model_matmul_multi(m, x, n, &w, &bias, &y, 1);
+}
+
+kv_status kv_model_matmul_multi(kv_model *m, const float *x, size_t n, const kv_matrix *const *w,
+                                const float *const *bias, float *const *y, int count) {
     kv_status s = KV_OK;
-    if (w->f32) {
-        kv_model_blas_threads(m, n * (size_t)rows * (size_t)cols < 4 * KV_PAR_MIN_WORK ? 1 : m->n_threads);
-        if (n == 1)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, rows, cols, 1.0f, w->f32, cols, x, 1, 0.0f, y, 1);
-        else
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, rows, cols, 1.0f, x, cols, w->f32, cols,
-                        0.0f, y, rows);
-    } else if (n <= KV_ROWS_MAX) {
-        s = matmul_rows(m, x, (int)n, w, y);
+    if (n <= KV_ROWS_MAX) {
+        s = matmul_rows(m, x, (int)n, w, y, count);
     } else {
-        s = matmul_tiles(m, x, n, w, y);
+        for (int k = 0; k < count && s == KV_OK; k++) s = matmul_slices(m, x, n, w[k], y[k]);
     }
-    if (s != KV_OK) return s;
-    if (bias) {
-#pragma omp parallel for num_threads(kv_model_par(m, n * (size_t)rows)) schedule(static)
-        for (long r = 0; r < (long)n; r++)
-            for (int c = 0; c < rows; c++) y[(size_t)r * rows + c] += bias[c];
-    }
-    return KV_OK;
+    for (int k = 0; k < count && s == KV_OK; k++)
+        if (bias && bias[k]) add_bias(m, y[k], n, w[k]->rows, bias[k]);
+    return s;
 }
 
 kv_status kv_model_matrix_row(const kv_matrix *w, int r, float *dst) {
