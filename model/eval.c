@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LOGIT_ROWS 32 /* output rows computed at a time (bounds the logits buffer) */
+#define LOGIT_ROWS 128 /* output rows computed at a time (bounds the logits buffer: 128 x vocab floats) */
 
 double kv_nll_of(const float *logits, int n_vocab, int target) {
     float mx = logits[0];

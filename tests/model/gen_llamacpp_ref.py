@@ -14,10 +14,12 @@ Writes (little-endian):
   smollm2_llamacpp.txt          "key value" lines: ctx, counts, llama.cpp perplexity (its protocol: chunks
                                 of CTX tokens, first one replaced by BOS when the vocabulary adds BOS,
                                 positions CTX/2 .. CTX-2 scored) over the first N_SUB_CHUNKS chunks and,
-                                with --full, over the whole file
+                                with --full, over the whole file (--full-only: only that, appended to the
+                                existing file; the goldens are left as they are)
 """
 import hashlib
 import math
+import os
 import sys
 import time
 
@@ -38,15 +40,44 @@ def log_softmax_nll(row, tok):
     return -(float(row[tok] - mx) - math.log(s))
 
 
+def ppl_of(llm, toks, n_chunks, add_bos, bos):
+    """llama.cpp's perplexity tool: chunk c is toks[c*CTX:(c+1)*CTX] from an empty cache, its first token
+    replaced by BOS when the vocabulary adds BOS; positions CTX/2 .. CTX-2 predict the next original token."""
+    nll, cnt, t0 = 0.0, 0, time.time()
+    first = CTX // 2
+    for c in range(n_chunks):
+        chunk = list(toks[c * CTX:(c + 1) * CTX])
+        if add_bos:
+            chunk[0] = bos
+        llm.reset()
+        llm.eval(chunk)
+        lg = np.array(llm.scores[:CTX], dtype=np.float32)
+        for i in range(first, CTX - 1):
+            nll += log_softmax_nll(lg[i], toks[c * CTX + i + 1])
+            cnt += 1
+        if c % 20 == 0:
+            print(f"chunk {c}/{n_chunks}: ppl {math.exp(nll / cnt):.4f} ({time.time() - t0:.0f} s)", file=sys.stderr)
+    return math.exp(nll / cnt), cnt, time.time() - t0
+
+
 def main():
     model, text_path, out = sys.argv[1], sys.argv[2], sys.argv[3]
     full = "--full" in sys.argv
-    llm = Llama(model_path=model, logits_all=True, n_ctx=CTX, n_batch=CTX, n_threads=2, verbose=False)
+    threads = int(os.environ.get("KVCAL_REF_THREADS", "2"))
+    llm = Llama(model_path=model, logits_all=True, n_ctx=CTX, n_batch=CTX, n_threads=threads, verbose=False)
     text = open(text_path, "rb").read()
     add_bos = llm._model.add_bos_token() if hasattr(llm._model, "add_bos_token") else False
     toks = llm.tokenize(text, add_bos=True, special=False)  # add_bos=True means "add special tokens"
     bos = llm.token_bos()
     print(f"tokens {len(toks)}, add_bos {add_bos}, bos {bos}", file=sys.stderr)
+    if "--full-only" in sys.argv:
+        n = len(toks) // CTX
+        p, cnt, secs = ppl_of(llm, toks, n, add_bos, bos)
+        lines = [l for l in open(f"{out}/smollm2_llamacpp.txt").read().splitlines() if not l.startswith("full_")]
+        lines += [f"full_chunks {n}", f"full_scored {cnt}", f"full_ppl {p:.6f}", f"full_seconds {secs:.1f}"]
+        open(f"{out}/smollm2_llamacpp.txt", "w").write("\n".join(lines) + "\n")
+        print("\n".join(lines[-4:]))
+        return
     np.array(toks[:N_SUB_CHUNKS * CTX], dtype="<i4").tofile(f"{out}/smollm2_llamacpp_tokens.i32")
 
     def eval_chunk(chunk):
@@ -72,19 +103,7 @@ def main():
         return
 
     def ppl(n_chunks):
-        nll, cnt, t0 = 0.0, 0, time.time()
-        first = CTX // 2
-        for c in range(n_chunks):
-            chunk = list(toks[c * CTX:(c + 1) * CTX])
-            if add_bos:
-                chunk[0] = bos
-            lg = eval_chunk(chunk)
-            for i in range(first, CTX - 1):
-                nll += log_softmax_nll(lg[i], toks[c * CTX + i + 1])
-                cnt += 1
-            if c % 20 == 0:
-                print(f"chunk {c}/{n_chunks}: ppl {math.exp(nll / cnt):.4f} ({time.time() - t0:.0f} s)", file=sys.stderr)
-        return math.exp(nll / cnt), cnt, time.time() - t0
+        return ppl_of(llm, toks, n_chunks, add_bos, bos)
 
     lines = [f"ctx {CTX}", f"n_tokens {len(toks)}", f"add_bos {int(bool(add_bos))}",
              f"tokens_sha256 {hashlib.sha256(np.array(toks, dtype='<i4').tobytes()).hexdigest()}",
