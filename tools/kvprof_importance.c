@@ -16,7 +16,12 @@ static kv_status time_forwards(double *seconds, kv_model *m, const kv_importance
                                int bos) {
     const int len = imp->prompt_len, body = len - (bos >= 0);
     int32_t *buf = malloc(sizeof(int32_t) * (size_t)len);
-    if (!buf) return KV_ERR(KV_ENOMEM, "out of memory");
+    float *logits = malloc(sizeof(float) * (size_t)len * (size_t)kv_model_arch(m)->vocab_size);
+    if (!buf || !logits) {
+        free(buf);
+        free(logits);
+        return KV_ERR(KV_ENOMEM, "out of memory");
+    }
     kv_status s = KV_OK;
     const double t0 = kv_now_seconds();
     for (int p = 0; p < imp->n_prompts && s == KV_OK; p++) {
@@ -25,11 +30,12 @@ static kv_status time_forwards(double *seconds, kv_model *m, const kv_importance
         memcpy(buf + n, tokens + imp->prompt_starts[p], sizeof(int32_t) * (size_t)body);
         kv_forward f;
         memset(&f, 0, sizeof f);
-        f.tokens = buf, f.n_seqs = 1, f.n_tokens = len;
-        s = kv_model_forward(m, &f); /* logits are not needed: the hidden states are the work */
+        f.tokens = buf, f.n_seqs = 1, f.n_tokens = len, f.logits = logits; /* a whole forward: logits too */
+        s = kv_model_forward(m, &f);
     }
     *seconds = kv_now_seconds() - t0;
     free(buf);
+    free(logits);
     return s;
 }
 
