@@ -41,6 +41,8 @@ kv_status kv_eval_perplexity(kv_ppl_result *out, kv_model *m, const int32_t *tok
     const int batch = opt->batch > 0 ? opt->batch : 1;
 
     kv_status s = KV_OK;
+    kv_progress prog;
+    memset(&prog, 0, sizeof prog); /* inactive until begun; kv_progress_end is then a no-op */
     int32_t *inp = malloc((size_t)batch * ctx * sizeof(int32_t));
     int32_t *tgt = malloc((size_t)batch * ctx * sizeof(int32_t));
     float *hidden = kv_aligned_alloc(64, (size_t)batch * ctx * d * sizeof(float));
@@ -51,7 +53,6 @@ kv_status kv_eval_perplexity(kv_ppl_result *out, kv_model *m, const int32_t *tok
         s = KV_ERR(KV_ENOMEM, "out of memory for perplexity batches of %d x %d tokens", batch, ctx);
         goto done;
     }
-    kv_progress prog;
     if (opt->progress_label) kv_progress_begin(&prog, opt->progress_label, "tok", (double)(n_chunks * ctx));
     double nll_sum = 0.0;
     size_t scored = 0;
@@ -98,7 +99,7 @@ kv_status kv_eval_perplexity(kv_ppl_result *out, kv_model *m, const int32_t *tok
         if (opt->progress_label) kv_progress_update(&prog, (double)((c0 + nb) * ctx));
     }
     out->seconds = kv_now_seconds() - t0;
-    if (opt->progress_label) kv_progress_end(&prog);
+    kv_progress_end(&prog);
     out->n_chunks = n_chunks;
     out->tokens_total = n_tokens;
     out->tokens_evaluated = n_chunks * (size_t)ctx;
@@ -108,6 +109,7 @@ kv_status kv_eval_perplexity(kv_ppl_result *out, kv_model *m, const int32_t *tok
     out->tokens_per_second = out->seconds > 0 ? (double)out->tokens_evaluated / out->seconds : 0.0;
     if (!isfinite(out->nll_mean)) s = KV_ERR(KV_ENUMERIC, "perplexity is not finite (NLL mean %g)", out->nll_mean);
 done:
+    kv_progress_end(&prog); /* after an error: finish the line */
     free(inp);
     free(tgt);
     kv_aligned_free(hidden);

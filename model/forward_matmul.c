@@ -385,7 +385,7 @@ static kv_status matmul_slices(kv_model *m, const float *x, size_t n, const kv_m
                             w->f32 + (size_t)s0 * cols, cols, 0.0f, y + s0, rows);
         } else {
             float *buf = m->ws.deq + (size_t)t * tile * cols;
-            for (int r0 = s0; r0 < s1 && !failed; r0 += tile) {
+            for (int r0 = s0; r0 < s1; r0 += tile) {
                 const int nr = r0 + tile < s1 ? tile : s1 - r0;
                 for (int r = 0; r < nr; r++)
                     if (decode_row(w, r0 + r, buf + (size_t)r * cols) != KV_OK) {

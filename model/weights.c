@@ -74,6 +74,17 @@ static void owned_matrix_free(kv_owned_matrix *om) {
     om->data = NULL;
 }
 
+/* A tensor source's failure: KV_OK for an optional tensor that is absent (nothing is read), the
+ * status with a message otherwise. */
+static kv_status read_failed(kv_status s, const char *name, int optional) {
+    if (s == KV_ENOTFOUND && optional) {
+        kv_error_clear();
+        return KV_OK;
+    }
+    if (s == KV_ENOTFOUND && !*kv_error_last()) return KV_ERR(KV_ENOTFOUND, "model has no tensor '%s'", name);
+    return s;
+}
+
 /* Read a vector tensor (always f32). optional: KV_ENOTFOUND leaves *out NULL. */
 static kv_status read_vec(kv_model *m, float **out, kv_tensor_read_fn read, void *user, const char *name,
                           uint64_t n, int optional) {
@@ -85,13 +96,7 @@ static kv_status read_vec(kv_model *m, float **out, kv_tensor_read_fn read, void
     kv_status s = read(user, name, 1, ne, buf);
     if (s != KV_OK) {
         kv_aligned_free(buf);
-        if (s == KV_ENOTFOUND && optional) {
-            kv_error_clear();
-            return KV_OK;
-        }
-        if (s == KV_ENOTFOUND && !*kv_error_last())
-            return KV_ERR(KV_ENOTFOUND, "model has no tensor '%s'", name);
-        return s;
+        return read_failed(s, name, optional);
     }
     m->weight_bytes += (size_t)n * sizeof(float);
     *out = buf;
@@ -150,14 +155,7 @@ static kv_status read_mat(kv_model *m, kv_owned_matrix *om, kv_tensor_read_fn re
     if (m->opt.weights == KV_WEIGHTS_NATIVE && raw) {
         const int r = read_native(m, om, raw, user, name, rows, cols, &s);
         if (r > 0) return KV_OK;
-        if (r < 0) {
-            if (s == KV_ENOTFOUND && optional) {
-                kv_error_clear();
-                return KV_OK;
-            }
-            if (s == KV_ENOTFOUND && !*kv_error_last()) return KV_ERR(KV_ENOTFOUND, "model has no tensor '%s'", name);
-            return s;
-        }
+        if (r < 0) return read_failed(s, name, optional);
     }
     const int f16 = m->opt.weights == KV_WEIGHTS_F16;
     float *dst = f16 ? tmp : kv_aligned_alloc(KV_ALIGN, n * sizeof(float));
@@ -166,13 +164,7 @@ static kv_status read_mat(kv_model *m, kv_owned_matrix *om, kv_tensor_read_fn re
     s = read(user, name, 2, ne, dst);
     if (s != KV_OK) {
         if (!f16) kv_aligned_free(dst);
-        if (s == KV_ENOTFOUND && optional) {
-            kv_error_clear();
-            return KV_OK;
-        }
-        if (s == KV_ENOTFOUND && !*kv_error_last())
-            return KV_ERR(KV_ENOTFOUND, "model has no tensor '%s'", name);
-        return s;
+        return read_failed(s, name, optional);
     }
     om->m.rows = rows;
     om->m.cols = cols;
