@@ -17,9 +17,11 @@ extern "C" {
  * attention, SwiGLU, optional QKV bias, tied or separate output. All arithmetic is f32 (sums that
  * decide accuracy, such as RMSNorm's mean square and softmax's denominator, in double); weights are
  * dequantized to f32 at load time, or kept as f16 or in the file's quantized blocks and decoded on the
- * fly (kv_model_options.weights). GEMMs go through CBLAS; the rest is threaded with OpenMP over
- * independent rows, so a result depends on the thread count at most through the BLAS and never
- * through a racy reduction.
+ * fly (kv_model_options.weights). One pool of OpenMP threads does the work: products of many rows
+ * as single-threaded CBLAS sgemm calls on slices of the output, products of a few rows (decoding)
+ * in the model's own kernels, the rest row by row. Every output element is summed by one thread in
+ * a fixed order, so results are deterministic for a thread count (and the matrix products do not
+ * depend on it); no reduction is racy. The BLAS's own thread count is left at n_threads.
  *
  * Rows of a batch: a forward step takes n_seqs sequences of n_tokens tokens each; row r = b*n_tokens
  * + t holds token t of sequence b. Every activation is a row-major (rows x width) f32 matrix.
@@ -77,8 +79,8 @@ typedef kv_status (*kv_tensor_read_fn)(void *user, const char *name, int n_dims,
  * NULL (defaults). The arch is copied; on failure *out is NULL. Free with kv_model_free. */
 kv_status kv_model_create(kv_model **out, const kv_arch *arch, kv_tensor_read_fn read, void *user,
                           const kv_model_options *opt);
-/* Load every weight of an open model file (dequantized; shapes checked against kv_arch). The file
- * may be closed afterwards: the model keeps its own copy. */
+/* Load every weight of an open model file (stored as opt->weights says; shapes checked against
+ * kv_arch). The file may be closed afterwards: the model keeps its own copy. */
 kv_status kv_model_load(kv_model **out, const kv_model_file *mf, const kv_model_options *opt);
 /* kv_model_file_open + kv_model_load + close. */
 kv_status kv_model_open(kv_model **out, const char *path, const kv_model_options *opt);

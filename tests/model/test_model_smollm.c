@@ -25,7 +25,13 @@
 #define CTX 512
 #define N_LOGIT_CHUNKS 4
 #define TOPK 8
-static const int k_rows[4] = {0, 1, 255, 511};
+/* Under the sanitizers (an unoptimized build, 10x slower) the checks against llama.cpp are left to
+ * the normal build; the exact comparison runs on 128 decoded positions instead of 512. */
+#ifdef KV_TEST_SANITIZE
+#define N_DECODE 128
+#else
+#define N_DECODE CTX
+#endif
 #define TOP1_MIN 0.94
 #define REL_MEAN_MAX 0.015
 #define REL_MAX 0.15
@@ -43,18 +49,6 @@ static void *read_file(const char *name, size_t want) {
     ck_assert_kv_ok(kv_file_read_all(&buf, &size, golden_path(name)));
     ck_assert_msg(want == 0 || size == want, "%s: %zu bytes, expected %zu", name, size, want);
     return buf;
-}
-
-/* "key value" lines of smollm2_llamacpp.txt; NAN when absent. */
-static double meta(const char *key) {
-    char *txt = read_file("smollm2_llamacpp.txt", 0);
-    double v = NAN;
-    for (char *line = strtok(txt, "\n"); line; line = strtok(NULL, "\n")) {
-        const size_t n = strlen(key);
-        if (strncmp(line, key, n) == 0 && line[n] == ' ') v = strtod(line + n + 1, NULL);
-    }
-    free(txt);
-    return v;
 }
 
 static kv_model *g_model;  /* f32 weights */
@@ -143,7 +137,7 @@ START_TEST(test_logits_exact) {
         } else {
             kv_cache *c = NULL;
             ck_assert_kv_ok(kv_cache_plain_create(&c, kv_model_arch(m), 1, CTX));
-            for (int t = 0; t < CTX; t++) {
+            for (int t = 0; t < N_DECODE; t++) {
                 kv_forward f;
                 memset(&f, 0, sizeof f);
                 f.tokens = g_tokens + t;
@@ -157,7 +151,7 @@ START_TEST(test_logits_exact) {
         }
         cmp_stats st;
         memset(&st, 0, sizeof st);
-        for (int t = 0; t < CTX; t++) compare_row(&st, lg + (size_t)t * V, V, top + (size_t)t * REC_BYTES);
+        for (int t = 0; t < (pass ? N_DECODE : CTX); t++) compare_row(&st, lg + (size_t)t * V, V, top + (size_t)t * REC_BYTES);
         printf("SmolLM2 (%s weights, %s) vs exact float64 reference over %zu positions: top-1 agreement %.4f; at "
                "the reference's top-%d: max |diff| %.3g (relative to max |logit| %.3g), mean %.3g; log-sum-exp "
                "relative %.3g\n",
@@ -172,6 +166,21 @@ START_TEST(test_logits_exact) {
     free((void *)top);
 }
 END_TEST
+
+#ifndef KV_TEST_SANITIZE
+static const int k_rows[4] = {0, 1, 255, 511}; /* full rows stored of chunk 0 */
+
+/* "key value" lines of smollm2_llamacpp.txt; NAN when absent. */
+static double meta(const char *key) {
+    char *txt = read_file("smollm2_llamacpp.txt", 0);
+    double v = NAN;
+    for (char *line = strtok(txt, "\n"); line; line = strtok(NULL, "\n")) {
+        const size_t n = strlen(key);
+        if (strncmp(line, key, n) == 0 && line[n] == ' ') v = strtod(line + n + 1, NULL);
+    }
+    free(txt);
+    return v;
+}
 
 /* Against llama.cpp itself (default CPU settings: Q8_1 activations, f16 KV cache), 4 chunks. */
 START_TEST(test_logits_vs_llamacpp) {
@@ -233,6 +242,7 @@ START_TEST(test_ppl_vs_llamacpp) {
     ck_assert_msg(rel <= 0.005, "perplexity %.4f vs llama.cpp %.4f", r.ppl, ref);
 }
 END_TEST
+#endif /* KV_TEST_SANITIZE */
 
 int main(void) {
     const char *path = getenv("KVCAL_DEFAULT_MODEL");
@@ -247,8 +257,10 @@ int main(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_unchecked_fixture(tc, setup, teardown);
     tcase_add_loop_test(tc, test_logits_exact, 0, 2); /* f32, native weights */
+#ifndef KV_TEST_SANITIZE
     tcase_add_test(tc, test_logits_vs_llamacpp);
     tcase_add_test(tc, test_ppl_vs_llamacpp);
+#endif
     suite_add_tcase(s, tc);
     return kv_test_run(s);
 }
