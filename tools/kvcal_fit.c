@@ -53,27 +53,6 @@ static void git_hash(char out[41]) {
     }
 }
 
-/* Read a text file and tokenize it whole (no BOS; a SentencePiece dummy prefix once at the start);
- * its SHA-256 into sha256 (may be NULL). */
-static kv_status tokenize_file(int32_t **ids, size_t *n, char sha256[65], const kv_tokenizer *t, const char *path) {
-    char *text = NULL;
-    size_t len = 0;
-    kv_status s = kv_file_read_all(&text, &len, path);
-    if (s != KV_OK) return kv_error_wrap(s, "corpus: ");
-    if (sha256) {
-        kv_sha256 ctx;
-        uint8_t d[32];
-        kv_sha256_init(&ctx);
-        kv_sha256_update(&ctx, text, len);
-        kv_sha256_final(&ctx, d);
-        kv_sha256_hex(sha256, d);
-    }
-    s = kv_tokenizer_encode(ids, n, t, text, len, 0);
-    free(text);
-    if (s != KV_OK) return kv_error_wrap(s, "tokenizing '%s': ", path);
-    return KV_OK;
-}
-
 /* Where generated HIGGS grids are kept between runs: $KVCAL_GRID_CACHE ("" = no cache), else
  * $XDG_CACHE_HOME/kvcal/grids, else $HOME/.cache/kvcal/grids. Malloc'd or NULL. */
 static char *grid_cache_dir(void) {
@@ -259,8 +238,8 @@ int kvcal_fit(int argc, char **argv) {
     }
     if ((s = kv_tokenizer_load(&tok, mf, tokenizer)) != KV_OK) goto fail;
     char corpus_sha[65] = "";
-    if ((s = tokenize_file(&ids, &n_ids, corpus_sha, tok, cfg.data.calibration)) != KV_OK) goto fail;
-    if (cfg.data.heldout[0] && (s = tokenize_file(&ho_ids, &n_ho, NULL, tok, cfg.data.heldout)) != KV_OK)
+    if ((s = kv_tool_tokenize_file(&ids, &n_ids, corpus_sha, tok, cfg.data.calibration)) != KV_OK) goto fail;
+    if (cfg.data.heldout[0] && (s = kv_tool_tokenize_file(&ho_ids, &n_ho, NULL, tok, cfg.data.heldout)) != KV_OK)
         goto fail;
     kv_fit_data data;
     memset(&data, 0, sizeof data);
