@@ -15,7 +15,8 @@ Writes (little-endian):
                                 of CTX tokens, first one replaced by BOS when the vocabulary adds BOS,
                                 positions CTX/2 .. CTX-2 scored) over the first N_SUB_CHUNKS chunks and,
                                 with --full, over the whole file (--full-only: only that, appended to the
-                                existing file; the goldens are left as they are)
+                                existing file, the goldens left as they are; with KVCAL_REF_CHUNKS=N the
+                                first N chunks, as part_* lines)
 """
 import hashlib
 import math
@@ -74,8 +75,9 @@ def main():
         # KVCAL_REF_CHUNKS=N: only the first N chunks (the whole file takes hours on a busy 2-core machine)
         n = min(len(toks) // CTX, int(os.environ.get("KVCAL_REF_CHUNKS", len(toks) // CTX)))
         p, cnt, secs = ppl_of(llm, toks, n, add_bos, bos)
-        lines = [l for l in open(f"{out}/smollm2_llamacpp.txt").read().splitlines() if not l.startswith("full_")]
-        lines += [f"full_chunks {n}", f"full_scored {cnt}", f"full_ppl {p:.6f}", f"full_seconds {secs:.1f}"]
+        key = "full" if n == len(toks) // CTX else "part"  # part: the first n chunks
+        lines = [l for l in open(f"{out}/smollm2_llamacpp.txt").read().splitlines() if not l.startswith(key + "_")]
+        lines += [f"{key}_chunks {n}", f"{key}_scored {cnt}", f"{key}_ppl {p:.6f}", f"{key}_seconds {secs:.1f}"]
         open(f"{out}/smollm2_llamacpp.txt", "w").write("\n".join(lines) + "\n")
         print("\n".join(lines[-4:]))
         return
