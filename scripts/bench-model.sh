@@ -5,7 +5,8 @@
 # sides, and 2-thread runs badly when the cores are oversubscribed).
 #   scripts/bench-model.sh [--model GGUF] [--threads T] [--prefill N] [--decode N] [--reps R] [--rounds K]
 # Needs a build (build/ or $KVCAL_BUILD) and llama-cpp-python ($KVCAL_REF_PYTHON, default .venv-ref/bin/python).
-# The engines alternate for K rounds (default 2); the table keeps each configuration's best round.
+# The engines alternate for K rounds (default 2); each round's ratios compare measurements taken
+# back to back (the load of a shared machine drifts between rounds).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 model="$here/data/cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -40,17 +41,15 @@ for round in $(seq "$rounds"); do
 done
 "$py" - "$out" <<'PY'
 import json, sys
-rows = {}
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    best = rows.setdefault(r["engine"], r)
-    best["prefill_tps"] = max(best["prefill_tps"], r["prefill_tps"])
-    best["decode_tps"] = max(best["decode_tps"], r["decode_tps"])
-    best["peak_rss_mb"] = max(best["peak_rss_mb"], r["peak_rss_mb"])
-ref = next(v for k, v in rows.items() if k.startswith("llama.cpp"))
-print("| engine | threads | prefill tok/s | vs llama.cpp | decode tok/s | vs llama.cpp | peak RSS MB |")
-print("|---|---|---|---|---|---|---|")
-for k, r in rows.items():
-    print(f"| {k} | {r['threads']} | {r['prefill_tps']:.1f} | {r['prefill_tps'] / ref['prefill_tps']:.2f}x | "
-          f"{r['decode_tps']:.1f} | {r['decode_tps'] / ref['decode_tps']:.2f}x | {r['peak_rss_mb']:.0f} |")
+lines = [json.loads(l) for l in open(sys.argv[1])]
+per_round = 3  # kvcal native, kvcal f32, llama.cpp: measured back to back
+print("| round | engine | threads | prefill tok/s | vs llama.cpp | decode tok/s | vs llama.cpp | peak RSS MB |")
+print("|---|---|---|---|---|---|---|---|")
+for i in range(0, len(lines), per_round):
+    rnd = lines[i:i + per_round]
+    ref = rnd[-1]
+    for r in rnd:
+        print(f"| {i // per_round + 1} | {r['engine']} | {r['threads']} | {r['prefill_tps']:.1f} | "
+              f"{r['prefill_tps'] / ref['prefill_tps']:.2f}x | {r['decode_tps']:.1f} | "
+              f"{r['decode_tps'] / ref['decode_tps']:.2f}x | {r['peak_rss_mb']:.0f} |")
 PY
