@@ -62,7 +62,7 @@ static void add_param(kv_grad *g, const char *name, const float *src, size_t num
 }
 
 static kv_status need_f32(const kv_matrix *mx, const char *what) {
-    if (!mx->f32) return KV_ERR(KV_EUNSUPPORTED, "backward needs f32 weights (%s is stored as f16)", what);
+    if (!mx->f32) return KV_ERR(KV_EUNSUPPORTED, "backward needs f32 weights (%s is stored as f16 or native blocks)", what);
     return KV_OK;
 }
 

@@ -317,7 +317,7 @@ kv_status kv_eval_compare(kv_model *m, kv_cache *cache, const int32_t *tokens, s
 /* ---- backward (backward.c) ----------------------------------------------------------------
  * Gradients of the mean next-token cross-entropy of a prompt, for KVmix layer importance: one
  * forward (activations kept) and ONE backward over all layers per prompt. The model must hold f32
- * weights (not weights_f16). Precision F32 borrows the model's weights; F64 copies them widened to
+ * weights (kv_model_options.weights = f32, the default). Precision F32 borrows the model's weights; F64 copies them widened to
  * double (for finite-difference checks). With all_grads = 0 only the K/V projection gradients are
  * computed (and the backward stops after layer 0's K/V); 1 computes every parameter's gradient. */
 typedef enum kv_grad_precision { KV_GRAD_F32 = 0, KV_GRAD_F64 = 1 } kv_grad_precision;
