@@ -9,23 +9,28 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define R float
 #define GEMM cblas_sgemm
+#define EXP expf /* as the reference forward computes softmax and SiLU */
 #define FN(name) name##_f32
 #include "backward_impl.inc"
 #undef R
 #undef GEMM
+#undef EXP
 #undef FN
 
 #define R double
 #define GEMM cblas_dgemm
+#define EXP exp
 #define FN(name) name##_f64
 #include "backward_impl.inc"
 #undef R
 #undef GEMM
+#undef EXP
 #undef FN
 
 /* One named parameter: value and gradient (float* or double* by precision), element count. */
@@ -219,13 +224,27 @@ static double frob(const kv_grad *g, const void *grad, size_t n) {
     return sqrt(ss);
 }
 
+/* One forward (and backward) with the BLAS single-threaded: the run splits its GEMMs and attention
+ * heads over its own OpenMP threads (backward_impl.inc), and a multi-threaded BLAS inside them would
+ * oversubscribe the cores. The BLAS's previous thread count is restored afterwards. */
+static kv_status run_single_blas(kv_grad *g, const int32_t *tokens, int n_tokens, int backward, double *loss) {
+    const int prev = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+    const kv_status s =
+        g->prec == KV_GRAD_F64
+            ? run_f64(&g->s64, &g->arch, g->inv_freq, tokens, n_tokens, backward, backward && g->all_grads, loss,
+                      g->n_threads)
+            : run_f32(&g->s32, &g->arch, g->inv_freq, tokens, n_tokens, backward, backward && g->all_grads, loss,
+                      g->n_threads);
+    openblas_set_num_threads(prev);
+    return s;
+}
+
 kv_status kv_grad_run(kv_grad *g, const int32_t *tokens, int n_tokens, double *loss, double *k_norm,
                       double *v_norm) {
     memset(g->grads, 0, total_grad_elems(g) * elem_size(g->prec));
     double l = 0;
-    kv_status s = g->prec == KV_GRAD_F64
-                      ? run_f64(&g->s64, &g->arch, g->inv_freq, tokens, n_tokens, 1, g->all_grads, &l, g->n_threads)
-                      : run_f32(&g->s32, &g->arch, g->inv_freq, tokens, n_tokens, 1, g->all_grads, &l, g->n_threads);
+    kv_status s = run_single_blas(g, tokens, n_tokens, 1, &l);
     if (s != KV_OK) return s;
     if (loss) *loss = l;
     for (int layer = 0; layer < g->arch.n_layers; layer++) {
@@ -237,8 +256,7 @@ kv_status kv_grad_run(kv_grad *g, const int32_t *tokens, int n_tokens, double *l
 }
 
 kv_status kv_grad_loss(kv_grad *g, const int32_t *tokens, int n_tokens, double *loss) {
-    return g->prec == KV_GRAD_F64 ? run_f64(&g->s64, &g->arch, g->inv_freq, tokens, n_tokens, 0, 0, loss, g->n_threads)
-                                  : run_f32(&g->s32, &g->arch, g->inv_freq, tokens, n_tokens, 0, 0, loss, g->n_threads);
+    return run_single_blas(g, tokens, n_tokens, 0, loss);
 }
 
 kv_status kv_grad_param(kv_grad *g, const char *name, void **value, const void **grad, size_t *numel) {

@@ -239,6 +239,62 @@ START_TEST(test_fd_stories260k) {
 END_TEST
 
 
+/* The threaded paths (GEMM rows split across threads, attention heads in parallel with per-thread
+ * scratch) give the single-threaded gradients: stories260K with 512 tokens, so that the SwiGLU and
+ * output GEMMs and the attention heads are large enough to be split, every gradient in double.
+ * Each output element is summed in the same order whatever the split, so the two agree to
+ * rounding (1e-12 of the tensor's largest entry); a wrong row offset or a shared scratch would be
+ * off by O(1). */
+START_TEST(test_threads_agree_stories260k) {
+    const char *dir = kv_test_data_dir();
+    char path[1024];
+    snprintf(path, sizeof path, "%s/stories260K/stories260K.bin", dir);
+    kv_model *m1 = NULL, *m2 = NULL;
+    kv_model_options o1 = {1, 0}, o2 = {2, 0};
+    ck_assert_kv_ok(kv_model_open(&m1, path, &o1));
+    ck_assert_kv_ok(kv_model_open(&m2, path, &o2));
+    kv_grad *g1 = NULL, *g2 = NULL;
+    ck_assert_kv_ok(kv_grad_create(&g1, m1, KV_GRAD_F64, 1));
+    ck_assert_kv_ok(kv_grad_create(&g2, m2, KV_GRAD_F64, 1));
+    enum { T = 512 };
+    static int32_t tok[T];
+    kv_rng r;
+    kv_rng_init(&r, 91);
+    tok[0] = 1;
+    for (int i = 1; i < T; i++) tok[i] = 3 + (int32_t)(kv_rng_next_u64(&r) % 500);
+    double l1, l2, k1[5], k2[5], v1[5], v2[5];
+    ck_assert_kv_ok(kv_grad_run(g1, tok, T, &l1, k1, v1));
+    ck_assert_kv_ok(kv_grad_run(g2, tok, T, &l2, k2, v2));
+    ck_assert_double_eq_tol(l1, l2, 1e-12 * l1);
+    const char *names[] = {"token_embd.weight", "output_norm.weight", "blk.0.attn_k.weight", "blk.2.attn_v.weight",
+                           "blk.4.attn_q.weight", "blk.3.attn_output.weight", "blk.1.ffn_gate.weight",
+                           "blk.4.ffn_down.weight", "blk.0.attn_norm.weight"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const void *a = NULL, *b = NULL;
+        size_t n1 = 0, n2 = 0;
+        ck_assert_kv_ok(kv_grad_param(g1, names[i], NULL, &a, &n1));
+        ck_assert_kv_ok(kv_grad_param(g2, names[i], NULL, &b, &n2));
+        ck_assert_uint_eq(n1, n2);
+        const double *x = a, *y = b;
+        double mx = 0, diff = 0;
+        for (size_t j = 0; j < n1; j++) {
+            mx = fmax(mx, fabs(x[j]));
+            diff = fmax(diff, fabs(x[j] - y[j]));
+        }
+        ck_assert_msg(mx > 0 && diff <= 1e-12 * mx, "%s: 1 vs 2 threads differ by %g (largest entry %g)", names[i],
+                      diff, mx);
+    }
+    for (int l = 0; l < 5; l++) {
+        ck_assert_double_eq_tol(k1[l], k2[l], 1e-12 * k1[l]);
+        ck_assert_double_eq_tol(v1[l], v2[l], 1e-12 * v1[l]);
+    }
+    kv_grad_free(g1);
+    kv_grad_free(g2);
+    kv_model_free(m1);
+    kv_model_free(m2);
+}
+END_TEST
+
 /* ---- independent reference: JAX (gen_jax_ref.py) -------------------------------------------- */
 
 /* The weights gen_jax_ref.py builds: SplitMix64 of FNV-1a(name) and the element index, uniform
@@ -345,6 +401,7 @@ int main(int argc, char **argv) {
             return 77;
         }
         tcase_add_test(tc, test_fd_stories260k);
+        tcase_add_test(tc, test_threads_agree_stories260k);
     } else {
         const int nc = (int)(sizeof k_cases / sizeof k_cases[0]);
         tcase_add_loop_test(tc, test_fd_every_parameter, 0, nc);
