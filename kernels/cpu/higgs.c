@@ -166,10 +166,14 @@ static inline int search_nearest(const kv_grid_search *s, const float *u) {
     return best;
 }
 
-/* Nearest points of n 2-D pieces u[2p], u[2p+1]: cell indices for all pieces first (branch-free,
- * vectorized), then one table load per piece; only pieces in multi-candidate cells or outside the
- * table take search_nearest. Same answers as search_nearest. */
-static void search_group_2d(const kv_grid_search *s, uint8_t *out, const float *u, size_t n, int32_t *cell) {
+/* Nearest points of n 2-D pieces u[2p], u[2p+1], in three branch-light passes: cell indices for all
+ * pieces (vectorized); one table load per piece, collecting the pieces whose cell has several
+ * candidates (or lies outside the table) without a data-dependent branch; then the nearest
+ * candidate of each collected piece. The distance is kv_qm_grid_dist's for d = 2 (e0^2 + e1^2 in
+ * that order, so the same floats) and ties keep the earlier (lower) candidate: the same answers as
+ * search_nearest. cell, multi: n scratch entries each. */
+static void search_group_2d(const kv_grid_search *s, uint8_t *out, const float *u, size_t n, int32_t *cell,
+                            int32_t *multi) {
     const float lo = s->lo, inv_w = s->inv_w, top = (float)s->cells;
     const int32_t cells = s->cells;
     for (size_t p = 0; p < n; p++) {
@@ -178,10 +182,36 @@ static void search_group_2d(const kv_grid_search *s, uint8_t *out, const float *
         const float g0 = in ? f0 : 0.0f, g1 = in ? f1 : 0.0f;
         cell[p] = in ? (int32_t)g0 + (int32_t)g1 * cells : -1;
     }
+    size_t nm = 0;
     for (size_t p = 0; p < n; p++) {
         const int32_t c = cell[p];
         const uint16_t only = c >= 0 ? s->cell[c] : (uint16_t)0x8000u;
-        out[p] = only < 0x8000u ? (uint8_t)only : (uint8_t)search_nearest(s, u + 2 * p);
+        out[p] = (uint8_t)only;
+        multi[nm] = (int32_t)p;
+        nm += only >> 15; /* kept only when the cell has several candidates or none */
+    }
+    const float *grid = s->grid;
+    for (size_t m = 0; m < nm; m++) {
+        const size_t p = (size_t)multi[m];
+        const int32_t c = cell[p];
+        if (c < 0) {
+            out[p] = (uint8_t)search_nearest(s, u + 2 * p);
+            continue;
+        }
+        const float u0 = u[2 * p], u1 = u[2 * p + 1];
+        const uint32_t a = s->offs[c], b = s->offs[c + 1];
+        int best = s->cand[a];
+        float e0 = u0 - grid[2 * best], e1 = u1 - grid[2 * best + 1];
+        float bd = e0 * e0 + e1 * e1;
+        for (uint32_t k = a + 1; k < b; k++) {
+            const int i = s->cand[k];
+            e0 = u0 - grid[2 * i];
+            e1 = u1 - grid[2 * i + 1];
+            const float e = e0 * e0 + e1 * e1;
+            best = e < bd ? i : best;
+            bd = e < bd ? e : bd;
+        }
+        out[p] = (uint8_t)best;
     }
 }
 
@@ -285,7 +315,7 @@ kv_status kv_higgs_encode_ref(uint32_t *indices, void *norms, const kv_higgs *h,
     kv_status st = ctx_init(&cx, h, tokens, channels);
     if (st != KV_OK) return st;
     uint8_t *idx = malloc(cx.pieces ? cx.pieces : 1);
-    int32_t *cell_idx = malloc((cx.g / (size_t)cx.d) * sizeof *cell_idx);
+    int32_t *cell_idx = malloc(2 * (cx.g / (size_t)cx.d) * sizeof *cell_idx); /* cells, then multi */
     if (!idx || !cell_idx) {
         st = KV_ERR(KV_ENOMEM, "HIGGS: out of memory");
         goto done;
@@ -306,7 +336,7 @@ kv_status kv_higgs_encode_ref(uint32_t *indices, void *norms, const kv_higgs *h,
         for (size_t k = 0; k < g; k++) v[k] *= mul;
         uint8_t *ig = idx + grp * per_group;
         if (h->search && cx.d == 2)
-            search_group_2d(h->search, ig, v, per_group, cell_idx);
+            search_group_2d(h->search, ig, v, per_group, cell_idx, cell_idx + per_group);
         else if (h->search)
             for (size_t p = 0; p < per_group; p++)
                 ig[p] = (uint8_t)search_nearest(h->search, v + p * (size_t)cx.d);
@@ -315,7 +345,9 @@ kv_status kv_higgs_encode_ref(uint32_t *indices, void *norms, const kv_higgs *h,
                 ig[p] = (uint8_t)kv_qm_grid_nearest(v + p * (size_t)cx.d, h->grid, cx.d, h->size);
         kv_qm_param_store(norms, grp, norm, (int)h->norm_type);
     }
-    st = kv_pack_ref(indices, idx, cx.pieces, cx.bits, 0);
+    /* every index is < size <= 2^bits: pack directly (kv_pack_ref would mask each code first) */
+    memset(indices, 0, kv_pack_words(cx.pieces, cx.bits, 0) * sizeof *indices);
+    kv_pack_range(indices, 0, idx, cx.pieces, cx.bits, cx.per);
 done:
     free(idx);
     free(cell_idx);
