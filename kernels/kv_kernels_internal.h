@@ -23,6 +23,14 @@ size_t kv_uniform_groups(const kv_uniform *q, size_t tokens, size_t channels);
 void kv_pack_range(uint32_t *words, size_t j0, const uint8_t *codes, size_t count, int bits, int per);
 void kv_unpack_range(uint8_t *codes, const uint32_t *words, size_t j0, size_t count, int bits, int per);
 
+/* The uniform encoder's two CPU paths behind kv_uniform_encode_ref, which tries the first: SSE2
+ * (cpu/uniform_sse2.c) returns 1 when it handled the call (then *st is its status), 0 when this
+ * machine or layout is left to the portable C (cpu/uniform.c). Same output bits (tested). */
+int kv_uniform_encode_sse2(uint32_t *codes, void *scales, void *zeros, const kv_uniform *q, size_t tokens,
+                           size_t channels, const float *x, kv_status *st);
+kv_status kv_uniform_encode_portable(uint32_t *codes, void *scales, void *zeros, const kv_uniform *q,
+                                     size_t tokens, size_t channels, const float *x);
+
 /* The CPU's vectorizable FWHT (unnormalized), bit-identical to kv_qm_fwht (tested). */
 void kv_fwht_unnormalized_ref(float *v, size_t n);
 

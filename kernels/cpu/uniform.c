@@ -115,6 +115,15 @@ kv_status kv_uniform_encode_ref(uint32_t *codes, void *scales, void *zeros, cons
     size_t n;
     kv_status st = prologue(&n, q, tokens, channels);
     if (st != KV_OK || n == 0) return st;
+    if (kv_uniform_encode_sse2(codes, scales, zeros, q, tokens, channels, x, &st)) return st;
+    return kv_uniform_encode_portable(codes, scales, zeros, q, tokens, channels, x);
+}
+
+kv_status kv_uniform_encode_portable(uint32_t *codes, void *scales, void *zeros, const kv_uniform *q,
+                                     size_t tokens, size_t channels, const float *x) {
+    size_t n;
+    kv_status st = prologue(&n, q, tokens, channels);
+    if (st != KV_OK || n == 0) return st;
     const int bits = q->bits, per = kv_qm_per_word(bits, q->pack11);
     const uint32_t full = (1u << bits) - 1u;
     const size_t G = (size_t)q->group, C = channels;

@@ -39,19 +39,29 @@ typedef struct bench_ctx {
     void *p1, *p2;
 } bench_ctx;
 
-static double best_of(int reps, kv_status (*fn)(void *), void *arg) {
-    double best = INFINITY;
-    for (int r = 0; r < reps; r++) {
-        const double t0 = cpu_seconds();
-        kv_status s = fn(arg);
-        const double t = cpu_seconds() - t0;
-        if (s != KV_OK) {
-            fprintf(stderr, "bench: %s: %s\n", kv_status_name(s), kv_error_last());
-            exit(1);
-        }
-        best = t < best ? t : best;
+static double time_one(kv_status (*fn)(void *), void *arg) {
+    const double t0 = cpu_seconds();
+    kv_status s = fn(arg);
+    const double t = cpu_seconds() - t0;
+    if (s != KV_OK) {
+        fprintf(stderr, "bench: %s: %s\n", kv_status_name(s), kv_error_last());
+        exit(1);
     }
-    return best;
+    return t;
+}
+
+/* Best of R times of memcpy, encode and (when given) decode, taken in turn within each repetition
+ * so that the three see the same machine state (load on the other core changes memory bandwidth
+ * from one second to the next). */
+static void best_of3(int reps, kv_status (*mem)(void *), kv_status (*enc)(void *), kv_status (*dec)(void *), void *arg,
+                     double *tm, double *te, double *td) {
+    *tm = *te = *td = INFINITY;
+    for (int r = 0; r < reps; r++) {
+        const double a = time_one(mem, arg), b = time_one(enc, arg), c = dec ? time_one(dec, arg) : 0.0;
+        *tm = a < *tm ? a : *tm;
+        *te = b < *te ? b : *te;
+        *td = c < *td ? c : *td;
+    }
 }
 
 /* ---- the operations -------------------------------------------------------------------------- */
@@ -314,9 +324,8 @@ int main(int argc, char **argv) {
             kv_uniform u = {.bits = bits, .group = axis == KV_AXIS_TOKENS ? 64 : 64, .axis = (kv_axis)axis,
                             .param_type = KV_PARAM_F16};
             o.u = &u;
-            const double tm = best_of(reps, run_memcpy, &o);
-            const double te = best_of(reps, run_uenc, &o);
-            const double td = best_of(reps, run_udec, &o);
+            double tm, te, td;
+            best_of3(reps, run_memcpy, run_uenc, run_udec, &o, &tm, &te, &td);
             char name[96];
             snprintf(name, sizeof name, "uniform, G=64 along %s", axis == KV_AXIS_TOKENS ? "tokens (keys)" : "channels (values)");
             row(name, bits, bytes, te, td, tm);
@@ -335,9 +344,8 @@ int main(int argc, char **argv) {
             if (kv_grid_search_create(&gs, grid, 2, gn) != KV_OK) return 1;
             kv_higgs h = {.dim = 2, .size = gn, .group = 128, .norm_type = KV_PARAM_F16, .seed = 7, .grid = grid, .search = gs};
             o.h = &h;
-            const double tm = best_of(reps, run_memcpy, &o);
-            const double te = best_of(reps, run_henc, &o);
-            const double td = best_of(reps, run_hdec, &o);
+            double tm, te, td;
+            best_of3(reps, run_memcpy, run_henc, run_hdec, &o, &tm, &te, &td);
             char name[96];
             snprintf(name, sizeof name, "HIGGS d=2 n=%d, g=128", gn);
             row(name, bits, bytes, te, td, tm);
@@ -353,8 +361,8 @@ int main(int argc, char **argv) {
             kv_uniform u = {.bits = bits, .group = 64, .axis = KV_AXIS_TOKENS, .param_type = KV_PARAM_F16};
             o.u = &u;
             o.sq = sq;
-            const double tm = best_of(reps, run_memcpy, &o);
-            const double te = best_of(reps, run_senc, &o);
+            double tm, te, td;
+            best_of3(reps, run_memcpy, run_senc, NULL, &o, &tm, &te, &td);
             row("SQuat keys d=128 g=64 r=5, G=64", bits, bytes, te, 0.0, tm);
             kv_squat_free(sq);
             free(qh);

@@ -246,6 +246,75 @@ START_TEST(uniform_shared_codes_decode) {
 }
 END_TEST
 
+/* The SSE2 encoder (cpu/uniform_sse2.c, taken by kv_uniform_encode_ref on x86-64 for 1/2/4/8 bits
+ * in whole-word layouts) writes exactly the portable path's words, scales and zero points: random
+ * data with constant groups, signed zeros, values on rounding ties and large offsets; both axes,
+ * eta 0 and 0.1, f16 and f32 parameters, odd channel counts and partial token groups (those go
+ * to the portable path — the comparison then holds trivially, and the test checks which path ran). */
+typedef struct sse2_case {
+    int bits, axis, group;
+    size_t tokens, channels;
+} sse2_case;
+static const sse2_case k_sse2[] = {
+    {2, KV_AXIS_CHANNELS, 64, 37, 128, }, {4, KV_AXIS_CHANNELS, 32, 16, 96},  {1, KV_AXIS_CHANNELS, 32, 5, 64},
+    {8, KV_AXIS_CHANNELS, 8, 9, 40},      {2, KV_AXIS_TOKENS, 64, 192, 128},  {4, KV_AXIS_TOKENS, 32, 96, 36},
+    {1, KV_AXIS_TOKENS, 32, 64, 20},      {8, KV_AXIS_TOKENS, 16, 40, 12},    {2, KV_AXIS_TOKENS, 32, 48, 64},
+    {2, KV_AXIS_TOKENS, 64, 70, 128},     {3, KV_AXIS_CHANNELS, 64, 8, 128}, {2, KV_AXIS_CHANNELS, 64, 8, 100},
+};
+
+START_TEST(uniform_sse2_matches_portable) {
+    const sse2_case *c = &k_sse2[_i];
+    const size_t n = c->tokens * c->channels;
+    float *x = randn(n, 900 + (uint64_t)_i, 1.5f, 0.25f);
+    for (size_t j = 0; j < n; j += 37) x[j] = 0.0f;
+    for (size_t j = 5; j < n; j += 41) x[j] = -0.0f;
+    for (size_t j = 11; j < n; j += 53) x[j] = 1000.0f; /* a large offset widens its group */
+    for (size_t j = 0; j < c->channels && j < n; j++) x[j] = 0.5f; /* constant runs: s = 0 */
+    for (int variant = 0; variant < 4; variant++) {
+        kv_uniform q = {.bits = c->bits, .group = c->group, .axis = (kv_axis)c->axis, .eta = variant & 1 ? 0.1f : 0.0f,
+                        .param_type = variant & 2 ? KV_PARAM_F32 : KV_PARAM_F16};
+        const size_t nw = kv_pack_words(n, c->bits, 0), ng = kv_uniform_groups(&q, c->tokens, c->channels);
+        uint32_t *w1 = calloc(nw + 1, 4), *w2 = calloc(nw + 1, 4);
+        float *s1 = calloc(ng, 4), *s2 = calloc(ng, 4), *z1 = calloc(ng, 4), *z2 = calloc(ng, 4);
+        kv_status st = KV_EINVAL;
+        const int handled = kv_uniform_encode_sse2(w1, s1, z1, &q, c->tokens, c->channels, x, &st);
+        const int per = 32 / c->bits;
+        const int eligible = c->bits != 3 && c->group % per == 0 &&
+                             (c->axis == KV_AXIS_CHANNELS ? c->group % 8 == 0 && c->channels % (size_t)c->group == 0
+                                                          : c->channels % 4 == 0 && (c->tokens % (size_t)c->group) % (size_t)per == 0);
+#if defined(__SSE2__)
+        ck_assert_int_eq(handled, eligible);
+#else
+        ck_assert_int_eq(handled, 0);
+#endif
+        if (!handled) ck_assert_kv_ok(kv_uniform_encode_ref(w1, s1, z1, &q, c->tokens, c->channels, x));
+        else ck_assert_kv_ok(st);
+        ck_assert_kv_ok(kv_uniform_encode_portable(w2, s2, z2, &q, c->tokens, c->channels, x));
+        ck_assert_msg(memcmp(w1, w2, nw * 4) == 0, "case %d variant %d: codes differ", _i, variant);
+        const size_t pb = variant & 2 ? 4 : 2;
+        ck_assert_msg(memcmp(s1, s2, ng * pb) == 0 && memcmp(z1, z2, ng * pb) == 0, "case %d variant %d: parameters differ",
+                      _i, variant);
+        free(w1);
+        free(w2);
+        free(s1);
+        free(s2);
+        free(z1);
+        free(z2);
+    }
+    x[n / 2] = NAN; /* a non-finite value is refused by both paths */
+    kv_uniform q = {.bits = c->bits, .group = c->group, .axis = (kv_axis)c->axis};
+    uint32_t *w = calloc(kv_pack_words(n, c->bits, 0) + 1, 4);
+    uint16_t *p1 = calloc(n, 2), *p2 = calloc(n, 2);
+    ck_assert_int_eq(kv_uniform_encode_ref(w, p1, p2, &q, c->tokens, c->channels, x), KV_ENUMERIC);
+    x[n / 2] = INFINITY;
+    ck_assert_int_eq(kv_uniform_encode_ref(w, p1, p2, &q, c->tokens, c->channels, x), KV_ENUMERIC);
+    free(w);
+    free(p1);
+    free(p2);
+    free(x);
+}
+END_TEST
+
 START_TEST(uniform_errors) {
     kv_uniform q = {.bits = 5, .group = 4, .axis = KV_AXIS_CHANNELS};
     float x[4] = {0, 1, 2, NAN}, s[1], z[1];
@@ -691,6 +760,7 @@ int main(void) {
     tcase_add_loop_test(tc, uniform_roundtrip_bound, 0, (int)(sizeof k_rt / sizeof k_rt[0]));
     tcase_add_test(tc, uniform_shared_codes_decode);
     tcase_add_test(tc, uniform_errors);
+    tcase_add_loop_test(tc, uniform_sse2_matches_portable, 0, (int)(sizeof k_sse2 / sizeof k_sse2[0]));
     tcase_add_test(tc, storage_hand_computed);
     suite_add_tcase(s, tc);
     tc = tcase_create("higgs");

@@ -1,0 +1,219 @@
+/* uniform_sse2.c — the uniform encoder's x86-64 path (SSE2, the x86-64 baseline: no dispatch).
+ *
+ * gcc vectorizes the portable loops in uniform.c, but keeps their min/max accumulators in memory
+ * and narrows every code to a byte before a separate packing pass; written with SSE2 intrinsics
+ * the min/max stay in registers and the codes are packed into words in registers, which doubles
+ * the encode's throughput (BENCHMARKS.md, "Kernels"). The arithmetic is kv_quant_math.h's, operation
+ * for operation — minps/maxps with the scalar code's operand order (so NaN and signed-zero
+ * behaviour match), the same 8-lane min/max assignment and reduction order, the same magic-number
+ * rounding and truncation — so the words, scales and zero points are bit-identical to the portable
+ * path's (tests/kernels: uniform_sse2_matches_portable). Other layouts and other machines use the
+ * portable path. */
+#include "kv_quant_math.h"
+#include "kv_kernels_internal.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+
+#if defined(__GNUC__)
+#define SSE2_INLINE inline __attribute__((always_inline))
+#else
+#define SSE2_INLINE inline
+#endif
+/* Loops over a block's vectors are unrolled so that their arrays of __m128 live in registers. */
+#define EACH_VECTOR _Pragma("GCC unroll 4")
+
+/* kv_qm_uniform_code of four values: clamp((x - z) * inv, 0, hi), rounded to nearest (even) by
+ * the magic-number addition, truncated to int32. */
+static SSE2_INLINE __m128i code4(const float *x, __m128 z, __m128 inv, __m128 hi) {
+    const __m128 magic = _mm_set1_ps(KV_QM_ROUND_MAGIC);
+    __m128 v = _mm_mul_ps(_mm_sub_ps(_mm_loadu_ps(x), z), inv);
+    v = _mm_max_ps(v, _mm_setzero_ps()); /* v > 0 ? v : 0 */
+    v = _mm_min_ps(v, hi);               /* v < hi ? v : hi */
+    v = _mm_sub_ps(_mm_add_ps(v, magic), magic);
+    return _mm_cvttps_epi32(v);
+}
+
+/* One packed word: the 32 / bits consecutive values at x (code i at bit i * bits). The vector of
+ * codes 4v..4v+3 is shifted by 4 * bits * v and OR-ed, so lane l holds codes l, 4 + l, 8 + l ...
+ * at their places relative to bit l * bits; two shift-and-fold steps then move lane l up by
+ * l * bits and OR the lanes into lane 0. */
+static SSE2_INLINE uint32_t word_of(const float *x, const int bits, __m128 z, __m128 inv, __m128 hi) {
+    const int per = 32 / bits;
+    __m128i e = code4(x, z, inv, hi);
+    _Pragma("GCC unroll 8") for (int v = 1; v < per / 4; v++)
+        e = _mm_or_si128(e, _mm_sll_epi32(code4(x + 4 * v, z, inv, hi), _mm_cvtsi32_si128(4 * bits * v)));
+    const __m128i f = _mm_or_si128(e, _mm_srli_si128(_mm_sll_epi32(e, _mm_cvtsi32_si128(bits)), 4));
+    const __m128i g = _mm_or_si128(f, _mm_srli_si128(_mm_sll_epi32(f, _mm_cvtsi32_si128(2 * bits)), 8));
+    return (uint32_t)_mm_cvtsi128_si32(g);
+}
+
+/* Min and max of n values (n a multiple of 8) exactly as uniform.c's 8-lane min/max: lanes start
+ * at x[0], lane k takes x[i + k], lanes reduce in order 0..7. Returns 1 on a NaN or infinity
+ * (v - v is NaN exactly then, and a NaN sticks in the running sums). */
+static SSE2_INLINE int minmax8(const float *x, size_t n, float *lo_out, float *hi_out) {
+    __m128 lo0 = _mm_set1_ps(x[0]), lo1 = lo0, hi0 = lo0, hi1 = lo0;
+    __m128 nf0 = _mm_setzero_ps(), nf1 = _mm_setzero_ps();
+    for (size_t i = 0; i < n; i += 8) {
+        const __m128 a = _mm_loadu_ps(x + i), b = _mm_loadu_ps(x + i + 4);
+        nf0 = _mm_add_ps(nf0, _mm_sub_ps(a, a));
+        nf1 = _mm_add_ps(nf1, _mm_sub_ps(b, b));
+        lo0 = _mm_min_ps(a, lo0); /* v < lo ? v : lo */
+        lo1 = _mm_min_ps(b, lo1);
+        hi0 = _mm_max_ps(a, hi0); /* v > hi ? v : hi */
+        hi1 = _mm_max_ps(b, hi1);
+    }
+    float l[8], h[8], f[4];
+    _mm_storeu_ps(l, lo0);
+    _mm_storeu_ps(l + 4, lo1);
+    _mm_storeu_ps(h, hi0);
+    _mm_storeu_ps(h + 4, hi1);
+    _mm_storeu_ps(f, _mm_add_ps(nf0, nf1));
+    float lo = l[0], hi = h[0];
+    for (int k = 1; k < 8; k++) {
+        lo = l[k] < lo ? l[k] : lo;
+        hi = h[k] > hi ? h[k] : hi;
+    }
+    *lo_out = lo;
+    *hi_out = hi;
+    return (f[0] + f[1]) + (f[2] + f[3]) != 0.0f; /* NaN != 0 */
+}
+
+/* Values: groups of G channels of one token; every group whole and word-aligned (checked). */
+static SSE2_INLINE int encode_values(uint32_t *codes, void *scales, void *zeros, const kv_uniform *q, size_t T,
+                                     size_t C, const float *x, const int bits) {
+    const size_t G = (size_t)q->group, per = (size_t)(32 / bits), ncg = C / G;
+    const __m128 hi = _mm_set1_ps((float)((1u << bits) - 1u));
+    const int pt = (int)q->param_type;
+    for (size_t t = 0; t < T; t++)
+        for (size_t cg = 0; cg < ncg; cg++) {
+            const float *xr = x + t * C + cg * G;
+            float lo_v, hi_v;
+            if (minmax8(xr, G, &lo_v, &hi_v)) return 1;
+            const kv_qm_uparams p = kv_qm_uniform_params(lo_v, hi_v, bits, q->eta);
+            kv_qm_param_store(scales, t * ncg + cg, p.sc, pt);
+            kv_qm_param_store(zeros, t * ncg + cg, p.zc, pt);
+            const __m128 z = _mm_set1_ps(p.z), inv = _mm_set1_ps(p.inv);
+            uint32_t *w = codes + (t * C + cg * G) / per;
+            for (size_t b = 0; b < G / per; b++) w[b] = word_of(xr + b * per, bits, z, inv, hi);
+        }
+    return 0;
+}
+
+/* Keys, one token group of `rows` rows at xt and channels c0 .. c0 + 4 * NV: per-channel min/max
+ * down the rows (NV vectors of running min/max in registers; per lane the portable path's order),
+ * the channels' parameters, then each channel's codes OR-ed into its words row by row (all lanes
+ * share the slot's shift) and stored to the channel's run (word b of channel c holds rows
+ * b*per .. b*per+per-1). Returns 1 on a non-finite value. */
+static SSE2_INLINE int key_block(uint32_t *words, void *scales, void *zeros, const float *xt, size_t rows, size_t C,
+                                 size_t c0, const int NV, size_t k, const int bits, float eta, int pt, size_t w0,
+                                 const float *xn, size_t rows_n) {
+    enum { MAXV = 4 };
+    const size_t per = (size_t)(32 / bits), wpc = rows / per;
+    __m128 lo[MAXV], hi[MAXV], nf[MAXV], z[MAXV], inv[MAXV];
+    EACH_VECTOR for (int v = 0; v < NV; v++) {
+        lo[v] = hi[v] = _mm_loadu_ps(xt + c0 + 4 * (size_t)v);
+        nf[v] = _mm_setzero_ps();
+    }
+    for (size_t i = 0; i < rows; i++) {
+        /* The block reads one cache line per row, 4C bytes apart, which the hardware prefetchers
+         * do not follow: fetch the next token group's line for this row and block now. */
+        if (i < rows_n) _mm_prefetch((const char *)(xn + i * C + c0), _MM_HINT_T1);
+        EACH_VECTOR for (int v = 0; v < NV; v++) {
+            const __m128 a = _mm_loadu_ps(xt + i * C + c0 + 4 * (size_t)v);
+            nf[v] = _mm_add_ps(nf[v], _mm_sub_ps(a, a));
+            lo[v] = _mm_min_ps(a, lo[v]);
+            hi[v] = _mm_max_ps(a, hi[v]);
+        }
+    }
+    EACH_VECTOR for (int v = 0; v < NV; v++) {
+        float l[4], h[4], f[4], zz[4], ii[4];
+        _mm_storeu_ps(l, lo[v]);
+        _mm_storeu_ps(h, hi[v]);
+        _mm_storeu_ps(f, nf[v]);
+        if ((f[0] + f[1]) + (f[2] + f[3]) != 0.0f) return 1;
+        for (int j = 0; j < 4; j++) {
+            const size_t c = c0 + 4 * (size_t)v + (size_t)j;
+            const kv_qm_uparams p = kv_qm_uniform_params(l[j], h[j], bits, eta);
+            kv_qm_param_store(scales, k * C + c, p.sc, pt);
+            kv_qm_param_store(zeros, k * C + c, p.zc, pt);
+            zz[j] = p.z;
+            ii[j] = p.inv;
+        }
+        z[v] = _mm_loadu_ps(zz);
+        inv[v] = _mm_loadu_ps(ii);
+    }
+    const __m128 top = _mm_set1_ps((float)((1u << bits) - 1u));
+    for (size_t b = 0; b < wpc; b++) {
+        __m128i acc[MAXV];
+        EACH_VECTOR for (int v = 0; v < NV; v++) acc[v] = _mm_setzero_si128();
+        for (size_t sl = 0; sl < per; sl++) {
+            const float *xr = xt + (b * per + sl) * C + c0;
+            const __m128i sh = _mm_cvtsi32_si128((int)sl * bits);
+            EACH_VECTOR for (int v = 0; v < NV; v++)
+                acc[v] = _mm_or_si128(acc[v], _mm_sll_epi32(code4(xr + 4 * v, z[v], inv[v], top), sh));
+        }
+        EACH_VECTOR for (int v = 0; v < NV; v++) {
+            uint32_t o[4];
+            _mm_storeu_si128((__m128i *)o, acc[v]);
+            for (int j = 0; j < 4; j++) words[w0 + (c0 + 4 * (size_t)v + (size_t)j) * wpc + b] = o[j];
+        }
+    }
+    return 0;
+}
+
+/* Keys: groups of G tokens of one channel; every channel's run whole words (checked). */
+static SSE2_INLINE int encode_keys(uint32_t *codes, void *scales, void *zeros, const kv_uniform *q, size_t T,
+                                   size_t C, const float *x, const int bits) {
+    const size_t G = (size_t)q->group, per = (size_t)(32 / bits);
+    const int pt = (int)q->param_type;
+    for (size_t k = 0; k * G < T; k++) {
+        const size_t rows = kv_qm_tok_group_rows(G, T, k), w0 = k * G * C / per;
+        const float *xt = x + k * G * C;
+        const size_t rows_n = (k + 1) * G < T ? kv_qm_tok_group_rows(G, T, k + 1) : 0;
+        const float *xn = rows_n ? xt + G * C : xt; /* the next group (none: rows_n = 0) */
+        size_t c0 = 0;
+        for (; c0 + 16 <= C; c0 += 16)
+            if (key_block(codes, scales, zeros, xt, rows, C, c0, 4, k, bits, q->eta, pt, w0, xn, rows_n)) return 1;
+        for (; c0 < C; c0 += 4)
+            if (key_block(codes, scales, zeros, xt, rows, C, c0, 1, k, bits, q->eta, pt, w0, xn, rows_n)) return 1;
+    }
+    return 0;
+}
+
+int kv_uniform_encode_sse2(uint32_t *codes, void *scales, void *zeros, const kv_uniform *q, size_t tokens,
+                           size_t channels, const float *x, kv_status *st) {
+    const int bits = q->bits;
+    if (!codes || q->pack11 || (bits != 1 && bits != 2 && bits != 4 && bits != 8)) return 0;
+    const size_t G = (size_t)q->group, per = (size_t)(32 / bits), C = channels;
+    int bad;
+    if (q->axis == KV_AXIS_CHANNELS) {
+        if (G % 8 || G % per || C % G) return 0;
+        switch (bits) {
+        case 1: bad = encode_values(codes, scales, zeros, q, tokens, C, x, 1); break;
+        case 2: bad = encode_values(codes, scales, zeros, q, tokens, C, x, 2); break;
+        case 4: bad = encode_values(codes, scales, zeros, q, tokens, C, x, 4); break;
+        default: bad = encode_values(codes, scales, zeros, q, tokens, C, x, 8); break;
+        }
+    } else {
+        if (G % per || C % 4 || (tokens % G) % per) return 0;
+        switch (bits) {
+        case 1: bad = encode_keys(codes, scales, zeros, q, tokens, C, x, 1); break;
+        case 2: bad = encode_keys(codes, scales, zeros, q, tokens, C, x, 2); break;
+        case 4: bad = encode_keys(codes, scales, zeros, q, tokens, C, x, 4); break;
+        default: bad = encode_keys(codes, scales, zeros, q, tokens, C, x, 8); break;
+        }
+    }
+    *st = bad ? KV_ERR(KV_ENUMERIC, "uniform encode: non-finite input value") : KV_OK;
+    return 1;
+}
+
+#else /* not x86-64: the portable path everywhere */
+
+int kv_uniform_encode_sse2(uint32_t *codes, void *scales, void *zeros, const kv_uniform *q, size_t tokens,
+                           size_t channels, const float *x, kv_status *st) {
+    (void)codes, (void)scales, (void)zeros, (void)q, (void)tokens, (void)channels, (void)x, (void)st;
+    return 0;
+}
+
+#endif
