@@ -1,4 +1,5 @@
-/* uniform_sse2.c — the uniform encoder's x86-64 path (SSE2, the x86-64 baseline: no dispatch).
+/* uniform_sse2.c — the uniform encoder's (and the keys decoder's) x86-64 path (SSE2, the x86-64
+ * baseline: no dispatch).
  *
  * gcc vectorizes the portable loops in uniform.c, but keeps their min/max accumulators in memory
  * and narrows every code to a byte before a separate packing pass; written with SSE2 intrinsics
@@ -208,11 +209,82 @@ int kv_uniform_encode_sse2(uint32_t *codes, void *scales, void *zeros, const kv_
     return 1;
 }
 
+/* Keys decode, one token group and channels c0 .. c0 + 4 * NV: the channels' words for one run of
+ * per rows are loaded once (one vector per 4 channels), then each row's codes are a uniform shift
+ * and mask of them, dequantized as kv_qm_uniform_dequant (code * s, then + z) and stored as whole
+ * rows of the block. sv/zv: the group's C scales and zero points as floats. */
+static SSE2_INLINE void key_block_decode(float *y, const uint32_t *words, const float *sv, const float *zv,
+                                         size_t rows, size_t C, size_t c0, const int NV, const int bits, size_t w0) {
+    enum { MAXV = 4 };
+    const size_t per = (size_t)(32 / bits), wpc = rows / per;
+    const __m128i mask = _mm_set1_epi32((int)((1u << bits) - 1u));
+    __m128 sc[MAXV], zc[MAXV];
+    EACH_VECTOR for (int v = 0; v < NV; v++) {
+        sc[v] = _mm_loadu_ps(sv + c0 + 4 * (size_t)v);
+        zc[v] = _mm_loadu_ps(zv + c0 + 4 * (size_t)v);
+    }
+    for (size_t b = 0; b < wpc; b++) {
+        __m128i w[MAXV];
+        EACH_VECTOR for (int v = 0; v < NV; v++) {
+            const size_t c = c0 + 4 * (size_t)v;
+            w[v] = _mm_set_epi32((int)words[w0 + (c + 3) * wpc + b], (int)words[w0 + (c + 2) * wpc + b],
+                                 (int)words[w0 + (c + 1) * wpc + b], (int)words[w0 + c * wpc + b]);
+        }
+        for (size_t sl = 0; sl < per; sl++) {
+            float *yr = y + (b * per + sl) * C + c0;
+            const __m128i sh = _mm_cvtsi32_si128((int)sl * bits);
+            EACH_VECTOR for (int v = 0; v < NV; v++) {
+                const __m128 code = _mm_cvtepi32_ps(_mm_and_si128(_mm_srl_epi32(w[v], sh), mask));
+                _mm_storeu_ps(yr + 4 * v, _mm_add_ps(_mm_mul_ps(code, sc[v]), zc[v]));
+            }
+        }
+    }
+}
+
+static SSE2_INLINE void decode_keys(float *y, const kv_uniform *q, size_t T, size_t C, const uint32_t *codes,
+                                    const void *scales, const void *zeros, float *sv, float *zv, const int bits) {
+    const size_t G = (size_t)q->group, per = (size_t)(32 / bits);
+    const int pt = (int)q->param_type;
+    for (size_t k = 0; k * G < T; k++) {
+        const size_t rows = kv_qm_tok_group_rows(G, T, k), w0 = k * G * C / per;
+        for (size_t c = 0; c < C; c++) {
+            sv[c] = kv_qm_param_load(scales, k * C + c, pt);
+            zv[c] = kv_qm_param_load(zeros, k * C + c, pt);
+        }
+        float *yt = y + k * G * C;
+        size_t c0 = 0;
+        for (; c0 + 16 <= C; c0 += 16) key_block_decode(yt, codes, sv, zv, rows, C, c0, 4, bits, w0);
+        for (; c0 < C; c0 += 4) key_block_decode(yt, codes, sv, zv, rows, C, c0, 1, bits, w0);
+    }
+}
+
+int kv_uniform_decode_keys_sse2(float *x_hat, const kv_uniform *q, size_t tokens, size_t channels,
+                                const uint32_t *codes, const void *scales, const void *zeros, float *scratch) {
+    const int bits = q->bits;
+    if (q->axis != KV_AXIS_TOKENS || q->pack11 || (bits != 1 && bits != 2 && bits != 4 && bits != 8)) return 0;
+    const size_t G = (size_t)q->group, per = (size_t)(32 / bits);
+    if (G % per || channels % 4 || (tokens % G) % per) return 0;
+    float *sv = scratch, *zv = scratch + channels;
+    switch (bits) {
+    case 1: decode_keys(x_hat, q, tokens, channels, codes, scales, zeros, sv, zv, 1); break;
+    case 2: decode_keys(x_hat, q, tokens, channels, codes, scales, zeros, sv, zv, 2); break;
+    case 4: decode_keys(x_hat, q, tokens, channels, codes, scales, zeros, sv, zv, 4); break;
+    default: decode_keys(x_hat, q, tokens, channels, codes, scales, zeros, sv, zv, 8); break;
+    }
+    return 1;
+}
+
 #else /* not x86-64: the portable path everywhere */
 
 int kv_uniform_encode_sse2(uint32_t *codes, void *scales, void *zeros, const kv_uniform *q, size_t tokens,
                            size_t channels, const float *x, kv_status *st) {
     (void)codes, (void)scales, (void)zeros, (void)q, (void)tokens, (void)channels, (void)x, (void)st;
+    return 0;
+}
+
+int kv_uniform_decode_keys_sse2(float *x_hat, const kv_uniform *q, size_t tokens, size_t channels,
+                                const uint32_t *codes, const void *scales, const void *zeros, float *scratch) {
+    (void)x_hat, (void)q, (void)tokens, (void)channels, (void)codes, (void)scales, (void)zeros, (void)scratch;
     return 0;
 }
 

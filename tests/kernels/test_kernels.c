@@ -247,7 +247,8 @@ START_TEST(uniform_shared_codes_decode) {
 END_TEST
 
 /* The SSE2 encoder (cpu/uniform_sse2.c, taken by kv_uniform_encode_ref on x86-64 for 1/2/4/8 bits
- * in whole-word layouts) writes exactly the portable path's words, scales and zero points: random
+ * in whole-word layouts) writes exactly the portable path's words, scales and zero points, and the
+ * decoder (SSE2 on the keys axis) gives exactly the shared element formula's values: random
  * data with constant groups, signed zeros, values on rounding ties and large offsets; both axes,
  * eta 0 and 0.1, f16 and f32 parameters, odd channel counts and partial token groups (those go
  * to the portable path — the comparison then holds trivially, and the test checks which path ran). */
@@ -294,6 +295,18 @@ START_TEST(uniform_sse2_matches_portable) {
         const size_t pb = variant & 2 ? 4 : 2;
         ck_assert_msg(memcmp(s1, s2, ng * pb) == 0 && memcmp(z1, z2, ng * pb) == 0, "case %d variant %d: parameters differ",
                       _i, variant);
+        /* decode (the keys axis takes the SSE2 decoder where eligible) equals the shared element
+         * formula (the one the CUDA decode kernel uses), bit for bit */
+        float *y = malloc(n * sizeof *y);
+        ck_assert_kv_ok(kv_uniform_decode_ref(y, &q, c->tokens, c->channels, w1, s1, z1));
+        for (size_t t = 0; t < c->tokens; t++)
+            for (size_t ch = 0; ch < c->channels; ch++) {
+                const float e = kv_qm_uniform_elem(c->bits, per, c->axis, (size_t)c->group, c->tokens, c->channels, t, ch,
+                                                   w1, s1, z1, (int)q.param_type);
+                ck_assert_msg(memcmp(&e, &y[t * c->channels + ch], 4) == 0, "case %d variant %d: decode differs at %zu,%zu", _i,
+                              variant, t, ch);
+            }
+        free(y);
         free(w1);
         free(w2);
         free(s1);
