@@ -4,12 +4,12 @@
  * gcc vectorizes the portable loops in uniform.c, but keeps their min/max accumulators in memory
  * and narrows every code to a byte before a separate packing pass; written with SSE2 intrinsics
  * the min/max stay in registers and the codes are packed into words in registers, which doubles
- * the encode's throughput (BENCHMARKS.md, "Kernels"). The arithmetic is kv_quant_math.h's, operation
- * for operation — minps/maxps with the scalar code's operand order (so NaN and signed-zero
- * behaviour match), the same 8-lane min/max assignment and reduction order, the same magic-number
- * rounding and truncation — so the words, scales and zero points are bit-identical to the portable
- * path's (tests/kernels: uniform_sse2_matches_portable). Other layouts and other machines use the
- * portable path. */
+ * the encode's throughput (BENCHMARKS.md, "Kernels"). The arithmetic is kv_quant_math.h's —
+ * minps/maxps with the scalar code's operand order (so NaN and signed-zero behaviour match), the
+ * same 8-lane min/max assignment and reduction order, and codes rounded as the scalar code rounds
+ * them (see code4) — so the words, scales and zero points are bit-identical to the portable path's
+ * (tests/kernels: uniform_sse2_matches_portable). Other layouts and other machines use the portable
+ * path. */
 #include "kv_quant_math.h"
 #include "kv_kernels_internal.h"
 
@@ -24,15 +24,13 @@
 /* Loops over a block's vectors are unrolled so that their arrays of __m128 live in registers. */
 #define EACH_VECTOR _Pragma("GCC unroll 4")
 
-/* kv_qm_uniform_code of four values: clamp((x - z) * inv, 0, hi), rounded to nearest (even) by
- * the magic-number addition, truncated to int32. */
+/* kv_qm_uniform_code of four values x >= z (z is the group's minimum, so x - z >= 0 and the
+ * clamp at 0 never acts): min((x - z) * inv, hi), rounded to nearest-even by cvtps2dq in the
+ * default rounding mode — the integer the magic-number addition and truncation produce for every
+ * value in [0, 255]. Three fewer operations than the literal formula, the same codes (tested). */
 static SSE2_INLINE __m128i code4(const float *x, __m128 z, __m128 inv, __m128 hi) {
-    const __m128 magic = _mm_set1_ps(KV_QM_ROUND_MAGIC);
-    __m128 v = _mm_mul_ps(_mm_sub_ps(_mm_loadu_ps(x), z), inv);
-    v = _mm_max_ps(v, _mm_setzero_ps()); /* v > 0 ? v : 0 */
-    v = _mm_min_ps(v, hi);               /* v < hi ? v : hi */
-    v = _mm_sub_ps(_mm_add_ps(v, magic), magic);
-    return _mm_cvttps_epi32(v);
+    const __m128 v = _mm_min_ps(_mm_mul_ps(_mm_sub_ps(_mm_loadu_ps(x), z), inv), hi); /* v < hi ? v : hi */
+    return _mm_cvtps_epi32(v);
 }
 
 /* One packed word: the 32 / bits consecutive values at x (code i at bit i * bits). The vector of

@@ -249,7 +249,7 @@ END_TEST
 /* The SSE2 encoder (cpu/uniform_sse2.c, taken by kv_uniform_encode_ref on x86-64 for 1/2/4/8 bits
  * in whole-word layouts) writes exactly the portable path's words, scales and zero points, and the
  * decoder (SSE2 on the keys axis) gives exactly the shared element formula's values: random
- * data with constant groups, signed zeros, values on rounding ties and large offsets; both axes,
+ * data with constant groups, signed zeros and large offsets, and data on exact rounding ties; both axes,
  * eta 0 and 0.1, f16 and f32 parameters, odd channel counts and partial token groups (those go
  * to the portable path — the comparison then holds trivially, and the test checks which path ran). */
 typedef struct sse2_case {
@@ -271,7 +271,10 @@ START_TEST(uniform_sse2_matches_portable) {
     for (size_t j = 5; j < n; j += 41) x[j] = -0.0f;
     for (size_t j = 11; j < n; j += 53) x[j] = 1000.0f; /* a large offset widens its group */
     for (size_t j = 0; j < c->channels && j < n; j++) x[j] = 0.5f; /* constant runs: s = 0 */
-    for (int variant = 0; variant < 4; variant++) {
+    for (int variant = 0; variant < 6; variant++) {
+        if (variant == 4) /* exact rounding ties: groups span 0 .. 2^bits - 1 (so s = 1, inv = 1) and hold k + 0.5 */
+            for (size_t j = 0; j < n; j++)
+                x[j] = j % 7 == 0 ? 0.0f : j % 7 == 1 ? (float)((1u << c->bits) - 1u) : (float)(j % 5 % (1u << c->bits)) + 0.5f;
         kv_uniform q = {.bits = c->bits, .group = c->group, .axis = (kv_axis)c->axis, .eta = variant & 1 ? 0.1f : 0.0f,
                         .param_type = variant & 2 ? KV_PARAM_F32 : KV_PARAM_F16};
         const size_t nw = kv_pack_words(n, c->bits, 0), ng = kv_uniform_groups(&q, c->tokens, c->channels);
