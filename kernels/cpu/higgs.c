@@ -257,11 +257,13 @@ static void fwht_fast(float *KV_RESTRICT v, size_t n) {
             }
 }
 
-void kv_fwht_unnormalized_ref(float *v, size_t n) { fwht_fast(v, n); }
+void kv_fwht_unnormalized_ref(float *v, size_t n) {
+    if (!kv_fwht_sse2(v, v, n)) fwht_fast(v, n);
+}
 
 kv_status kv_fwht_ref(float *v, size_t n) {
     if (n == 0 || (n & (n - 1))) return KV_ERR(KV_EINVAL, "FWHT: length must be a power of two (got %zu)", n);
-    fwht_fast(v, n);
+    kv_fwht_unnormalized_ref(v, n);
     const float scale = 1.0f / sqrtf((float)n);
     for (size_t i = 0; i < n; i++) v[i] *= scale;
     return KV_OK;
@@ -330,10 +332,12 @@ kv_status kv_higgs_encode_ref(uint32_t *indices, void *norms, const kv_higgs *h,
             st = KV_ERR(KV_ENUMERIC, "HIGGS encode: non-finite input in group %zu", grp);
             goto done;
         }
-        for (size_t k = 0; k < g; k++) v[k] = xg[k] * sg[k];
-        fwht_fast(v, g);
         const float mul = kv_qm_higgs_enc_mul(norm);
-        for (size_t k = 0; k < g; k++) v[k] *= mul;
+        if (!kv_fwht_sse2_encode(v, xg, g, sg, mul)) {
+            for (size_t k = 0; k < g; k++) v[k] = xg[k] * sg[k];
+            fwht_fast(v, g);
+            for (size_t k = 0; k < g; k++) v[k] *= mul;
+        }
         uint8_t *ig = idx + grp * per_group;
         if (h->search && cx.d == 2)
             search_group_2d(h->search, ig, v, per_group, cell_idx, cell_idx + per_group);
@@ -375,10 +379,12 @@ kv_status kv_higgs_decode_ref(float *x_hat, const kv_higgs *h, size_t tokens, si
             const uint32_t i = ib[p];
             for (int k = 0; k < d; k++) v[p * (size_t)d + (size_t)k] = h->grid[i * (uint32_t)d + (uint32_t)k] * mul;
         }
-        fwht_fast(v, g);
         const float *sg = cx.signs + (grp * g) % channels;
         float *yg = x_hat + grp * g;
-        for (size_t k = 0; k < g; k++) yg[k] = v[k] * sg[k];
+        if (!kv_fwht_sse2_decode(yg, v, g, sg)) {
+            fwht_fast(v, g);
+            for (size_t k = 0; k < g; k++) yg[k] = v[k] * sg[k];
+        }
     }
     free(ib);
     ctx_free(&cx);

@@ -547,6 +547,48 @@ START_TEST(grid_search_equals_exhaustive) {
 }
 END_TEST
 
+/* HIGGS encode and decode (the CPU's fused SSE2 transform on x86-64) against the shared element
+ * math step by step — signs, kv_qm_fwht, the norm's multiplier, exhaustive nearest point; decode:
+ * grid point times multiplier, kv_qm_fwht, signs — bit for bit, for groups 8 .. 256 (one, two and
+ * three fused passes, with and without the odd last stage). */
+START_TEST(higgs_matches_element_math) {
+    const size_t g = (size_t)8 << _i, tokens = 5, channels = 2 * g, n = tokens * channels;
+    float *grid = randn(16 * 2, 77, 1.0f, 0.0f);
+    const kv_higgs h = {.dim = 2, .size = 16, .group = (int)g, .norm_type = KV_PARAM_F32, .seed = 3, .grid = grid};
+    float *x = randn(n, 500 + (uint64_t)_i, 2.0f, 0.1f), *y = malloc(n * sizeof *y), *v = malloc(g * sizeof *v);
+    uint32_t *idx = calloc(n, sizeof *idx);
+    float *norms = malloc(n / g * sizeof *norms);
+    ck_assert_kv_ok(kv_higgs_encode_ref(idx, norms, &h, tokens, channels, x));
+    ck_assert_kv_ok(kv_higgs_decode_ref(y, &h, tokens, channels, idx, norms));
+    for (size_t grp = 0; grp < n / g; grp++) {
+        const float *xg = x + grp * g;
+        const float norm = sqrtf(kv_qm_sumsq(xg, g)), mul = kv_qm_higgs_enc_mul(norm);
+        ck_assert(memcmp(&norm, &norms[grp], 4) == 0);
+        for (size_t k = 0; k < g; k++) v[k] = xg[k] * kv_qm_higgs_sign(h.seed, (grp * g + k) % channels);
+        kv_qm_fwht(v, g);
+        for (size_t k = 0; k < g; k++) v[k] *= mul;
+        for (size_t p = 0; p < g / 2; p++) {
+            const size_t piece = grp * g / 2 + p;
+            const uint32_t got = (idx[piece / 8] >> (4 * (piece % 8))) & 15u;
+            ck_assert_uint_eq(got, (uint32_t)kv_qm_grid_nearest(v + 2 * p, grid, 2, 16));
+            v[2 * p] = grid[2 * got] * kv_qm_higgs_dec_mul(norm, g);
+            v[2 * p + 1] = grid[2 * got + 1] * kv_qm_higgs_dec_mul(norm, g);
+        }
+        kv_qm_fwht(v, g);
+        for (size_t k = 0; k < g; k++) {
+            const float e = v[k] * kv_qm_higgs_sign(h.seed, (grp * g + k) % channels);
+            ck_assert_msg(memcmp(&e, &y[grp * g + k], 4) == 0, "g %zu group %zu: decode differs at %zu", g, grp, k);
+        }
+    }
+    free(grid);
+    free(x);
+    free(y);
+    free(v);
+    free(idx);
+    free(norms);
+}
+END_TEST
+
 START_TEST(higgs_details) {
     /* signs are deterministic and balanced */
     int neg = 0;
@@ -783,6 +825,7 @@ int main(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, fwht_matches_explicit_hadamard, 0, 10);
     tcase_add_test(tc, fwht_fast_is_bit_identical);
+    tcase_add_loop_test(tc, higgs_matches_element_math, 0, 6);
     tcase_add_loop_test(tc, higgs_gaussian_mse_matches_grid, 0, (int)(sizeof k_higgs / sizeof k_higgs[0]));
     tcase_add_test(tc, grid_search_equals_exhaustive);
     tcase_add_test(tc, higgs_details);

@@ -1,0 +1,126 @@
+/* fwht_sse2.c — the unnormalized Walsh-Hadamard transform for x86-64 (SSE2, the baseline: no
+ * dispatch), bit-identical to kv_qm_fwht, which the GPU runs.
+ *
+ * Same butterflies as kv_qm_fwht — stage h pairs (j, j + h) into (a + b, a - b), stages in order
+ * h = 1, 2, 4, ... — in three kinds of pass: stages 1, 2 and 4 inside each block of 8 values (two
+ * vectors; within a vector the pairs come from shuffles, and a - b is computed as a + (-b) by
+ * flipping b's sign bit, which IEEE defines to be the same operation); then stages two at a time
+ * (h and 2h on four vectors j, j + h, j + 2h, j + 3h, in registers); then a last single stage when
+ * the count is odd. So n = 128 takes 3 passes over v instead of 7. tests/kernels checks the bits
+ * against kv_qm_fwht for every power of two up to 4096. */
+#include "kv_quant_math.h"
+#include "kv_kernels_internal.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+
+#if defined(__GNUC__)
+#define FWHT_INLINE inline __attribute__((always_inline))
+#else
+#define FWHT_INLINE inline
+#endif
+
+/* Output lane: the transform's value, times post[k] (when given), times scale (when used). */
+static FWHT_INLINE __m128 finish(__m128 v, const float *post, size_t k, const int use_scale, __m128 scale) {
+    if (post) v = _mm_mul_ps(v, _mm_loadu_ps(post + k));
+    if (use_scale) v = _mm_mul_ps(v, scale);
+    return v;
+}
+
+/* dst = H (src * pre) * post * scale, pre/post/scale optional (NULL / use_scale 0); dst may be
+ * src. n >= 8, a power of two. */
+static FWHT_INLINE void fwht(float *dst, const float *src, size_t n, const float *pre, const float *post,
+                             const int use_scale, float scale_f) {
+    const __m128 scale = _mm_set1_ps(scale_f);
+    const __m128 neg_odd = _mm_castsi128_ps(_mm_set_epi32((int)0x80000000u, 0, (int)0x80000000u, 0)); /* lanes 1, 3 */
+    const __m128 neg_hi = _mm_castsi128_ps(_mm_set_epi32((int)0x80000000u, (int)0x80000000u, 0, 0)); /* lanes 2, 3 */
+    const int block_is_last = n == 8;
+    for (size_t i = 0; i < n; i += 8) {
+        __m128 v[2];
+        for (int h = 0; h < 2; h++) {
+            __m128 a = _mm_loadu_ps(src + i + 4 * (size_t)h);
+            if (pre) a = _mm_mul_ps(a, _mm_loadu_ps(pre + i + 4 * (size_t)h));
+            /* h = 1: [a0 + a1, a0 - a1, a2 + a3, a2 - a3] */
+            const __m128 p1 = _mm_shuffle_ps(a, a, _MM_SHUFFLE(2, 2, 0, 0));
+            const __m128 q1 = _mm_shuffle_ps(a, a, _MM_SHUFFLE(3, 3, 1, 1));
+            const __m128 u = _mm_add_ps(p1, _mm_xor_ps(q1, neg_odd));
+            /* h = 2: [u0 + u2, u1 + u3, u0 - u2, u1 - u3] */
+            const __m128 p2 = _mm_shuffle_ps(u, u, _MM_SHUFFLE(1, 0, 1, 0));
+            const __m128 q2 = _mm_shuffle_ps(u, u, _MM_SHUFFLE(3, 2, 3, 2));
+            v[h] = _mm_add_ps(p2, _mm_xor_ps(q2, neg_hi));
+        }
+        /* h = 4: across the two vectors */
+        const __m128 lo = _mm_add_ps(v[0], v[1]), hi = _mm_sub_ps(v[0], v[1]);
+        if (block_is_last) {
+            _mm_storeu_ps(dst + i, finish(lo, post, i, use_scale, scale));
+            _mm_storeu_ps(dst + i + 4, finish(hi, post, i + 4, use_scale, scale));
+        } else {
+            _mm_storeu_ps(dst + i, lo);
+            _mm_storeu_ps(dst + i + 4, hi);
+        }
+    }
+    size_t h = 8;
+    for (; 4 * h <= n; h *= 4) { /* stages h and 2h together */
+        const int last = 4 * h == n;
+        for (size_t i = 0; i < n; i += 4 * h)
+            for (size_t j = i; j < i + h; j += 4) {
+                const __m128 a = _mm_loadu_ps(dst + j), b = _mm_loadu_ps(dst + j + h);
+                const __m128 c = _mm_loadu_ps(dst + j + 2 * h), d = _mm_loadu_ps(dst + j + 3 * h);
+                const __m128 ab = _mm_add_ps(a, b), amb = _mm_sub_ps(a, b); /* stage h */
+                const __m128 cd = _mm_add_ps(c, d), cmd = _mm_sub_ps(c, d);
+                __m128 o0 = _mm_add_ps(ab, cd), o1 = _mm_add_ps(amb, cmd); /* stage 2h */
+                __m128 o2 = _mm_sub_ps(ab, cd), o3 = _mm_sub_ps(amb, cmd);
+                if (last) {
+                    o0 = finish(o0, post, j, use_scale, scale);
+                    o1 = finish(o1, post, j + h, use_scale, scale);
+                    o2 = finish(o2, post, j + 2 * h, use_scale, scale);
+                    o3 = finish(o3, post, j + 3 * h, use_scale, scale);
+                }
+                _mm_storeu_ps(dst + j, o0);
+                _mm_storeu_ps(dst + j + h, o1);
+                _mm_storeu_ps(dst + j + 2 * h, o2);
+                _mm_storeu_ps(dst + j + 3 * h, o3);
+            }
+    }
+    if (h < n) /* one stage left: h = n / 2 */
+        for (size_t j = 0; j < h; j += 4) {
+            const __m128 a = _mm_loadu_ps(dst + j), b = _mm_loadu_ps(dst + j + h);
+            _mm_storeu_ps(dst + j, finish(_mm_add_ps(a, b), post, j, use_scale, scale));
+            _mm_storeu_ps(dst + j + h, finish(_mm_sub_ps(a, b), post, j + h, use_scale, scale));
+        }
+}
+
+int kv_fwht_sse2(float *dst, const float *src, size_t n) {
+    if (n < 8) return 0;
+    fwht(dst, src, n, NULL, NULL, 0, 1.0f);
+    return 1;
+}
+
+int kv_fwht_sse2_encode(float *dst, const float *x, size_t n, const float *signs, float mul) {
+    if (n < 8) return 0;
+    fwht(dst, x, n, signs, NULL, 1, mul);
+    return 1;
+}
+
+int kv_fwht_sse2_decode(float *dst, const float *v, size_t n, const float *signs) {
+    if (n < 8) return 0;
+    fwht(dst, v, n, NULL, signs, 0, 1.0f);
+    return 1;
+}
+
+#else /* not x86-64 */
+
+int kv_fwht_sse2(float *dst, const float *src, size_t n) {
+    (void)dst, (void)src, (void)n;
+    return 0;
+}
+int kv_fwht_sse2_encode(float *dst, const float *x, size_t n, const float *signs, float mul) {
+    (void)dst, (void)x, (void)n, (void)signs, (void)mul;
+    return 0;
+}
+int kv_fwht_sse2_decode(float *dst, const float *v, size_t n, const float *signs) {
+    (void)dst, (void)v, (void)n, (void)signs;
+    return 0;
+}
+
+#endif
