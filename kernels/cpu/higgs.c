@@ -194,11 +194,19 @@ static void search_group_2d(const kv_grid_search *s, uint8_t *out, const float *
     for (size_t m = 0; m < nm; m++) {
         const size_t p = (size_t)multi[m];
         const int32_t c = cell[p];
-        if (c < 0) {
-            out[p] = (uint8_t)search_nearest(s, u + 2 * p);
+        const float u0 = u[2 * p], u1 = u[2 * p + 1];
+        if (c < 0) { /* outside the table (a few % of Gaussian pieces for small grids): every point */
+            int best = 0;
+            float bd = (u0 - grid[0]) * (u0 - grid[0]) + (u1 - grid[1]) * (u1 - grid[1]);
+            for (int i = 1; i < s->n; i++) {
+                const float e0 = u0 - grid[2 * i], e1 = u1 - grid[2 * i + 1];
+                const float e = e0 * e0 + e1 * e1;
+                best = e < bd ? i : best;
+                bd = e < bd ? e : bd;
+            }
+            out[p] = (uint8_t)best;
             continue;
         }
-        const float u0 = u[2 * p], u1 = u[2 * p + 1];
         const uint32_t a = s->offs[c], b = s->offs[c + 1];
         int best = s->cand[a];
         float e0 = u0 - grid[2 * best], e1 = u1 - grid[2 * best + 1];
