@@ -4,7 +4,9 @@
 # recent pivotal context (RPC), evaluated on the held-out split as a prompt followed by
 # token-by-token decoding (the regime the RPC is for). Prints a markdown table.
 #   scripts/kvmix.sh [--model PATH] [--prompts N] [--max-len N] [--ctx N] [--prefill N]
-#                    [--eval-tokens N] [--out DIR] [--build DIR]
+#                    [--eval-tokens N] [--random-seeds "2 3 ..."] [--out DIR] [--build DIR]
+# --random-seeds: more random allocations (one draw is a weak baseline), each fitted and evaluated
+# with and without RPC; the table adds their mean.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="$here/build"
@@ -14,6 +16,7 @@ max_len=512
 ctx=1024
 prefill=512
 eval_tokens=4096
+random_seeds=""
 out=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -23,9 +26,10 @@ while [ $# -gt 0 ]; do
     --ctx) ctx="$2"; shift 2 ;;
     --prefill) prefill="$2"; shift 2 ;;
     --eval-tokens) eval_tokens="$2"; shift 2 ;;
+    --random-seeds) random_seeds="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "kvmix: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -42,8 +46,14 @@ echo "== importance: $prompts prompts x $max_len tokens from $(basename "$calib"
     --out "$out/importance.yaml" --svg "$out/importance.svg" --config-out "$out/kvmix.yaml" \
     --random-config-out "$out/random.yaml" --compare-forward > "$out/importance.txt"
 cat "$out/importance.txt" >&2
+# More random allocations: the draw depends only on the layer count, --high-frac and the seed, so a
+# minimal importance run (2 prompts of 16 tokens) is enough to have the tool write it.
+for s in $random_seeds; do
+  "$B/kvprof" importance -q --model "$model" --corpus "$calib" --prompts 2 --max-len 16 \
+      --out "$out/random$s.importance.yaml" --random-config-out "$out/random$s.yaml" --random-seed "$s" > /dev/null
+done
 # the same allocations without RPC: every per-layer ratio set to 0
-for a in kvmix random; do
+for a in kvmix random $(for s in $random_seeds; do echo "random$s"; done); do
   sed -E 's/(rpc_ratio: )[0-9.]+/\10.0/' "$out/$a.yaml" > "$out/$a-norpc.yaml"
 done
 printf 'layers: {}\n' > "$out/uniform.yaml"
@@ -65,15 +75,21 @@ fit kvmix "$out/kvmix.yaml"
 fit kvmix-norpc "$out/kvmix-norpc.yaml"
 fit random "$out/random.yaml"
 fit random-norpc "$out/random-norpc.yaml"
+for s in $random_seeds; do
+  fit "random$s" "$out/random$s.yaml"
+  fit "random$s-norpc" "$out/random$s-norpc.yaml"
+done
 fit uniform2 "$out/uniform.yaml" --set cache.rpc_ratio=0.1
 fit uniform2-norpc "$out/uniform.yaml"
 
-python3 - "$out" <<'PY'
+python3 - "$out" $random_seeds <<'PY'
 import json, os, sys
-out = sys.argv[1]
+out, seeds = sys.argv[1], sys.argv[2:]
 rows = [("KVmix allocation, RPC 20%/10%", "kvmix"), ("KVmix allocation, no RPC", "kvmix-norpc"),
-        ("random allocation (same bits), RPC", "random"), ("random allocation, no RPC", "random-norpc"),
-        ("uniform 2-bit, RPC 10%", "uniform2"), ("uniform 2-bit, no RPC", "uniform2-norpc")]
+        ("random allocation (same bits, seed 1), RPC", "random"), ("random allocation (seed 1), no RPC", "random-norpc")]
+for s in seeds:
+    rows += [(f"random allocation (seed {s}), RPC", f"random{s}"), (f"random allocation (seed {s}), no RPC", f"random{s}-norpc")]
+rows += [("uniform 2-bit, RPC 10%", "uniform2"), ("uniform 2-bit, no RPC", "uniform2-norpc")]
 print("| configuration | bits/value | bits/value (total) | ppl | Δppl | KL (nats) | top-1 agree |")
 print("|---|---|---|---|---|---|---|")
 base = None
@@ -85,6 +101,14 @@ for label, name in rows:
     base = base or r
     print(f"| {label} | {r['bits_per_value']:.3f} | {r['bits_per_value_total']:.3f} | {r['ppl']:.4f} | "
           f"{100 * r['ppl_relative_increase']:+.2f}% | {r['kl_mean']:.4f} | {r['top1_agreement']:.4f} |")
+for suffix, label in (("", "RPC"), ("-norpc", "no RPC")):
+    rs = [json.load(open(os.path.join(out, n + suffix + ".json"))) for n in ["random"] + [f"random{s}" for s in seeds]
+          if os.path.exists(os.path.join(out, n + suffix + ".json"))]
+    if len(rs) > 1:
+        m = lambda k: sum(r[k] for r in rs) / len(rs)
+        print(f"| random allocation, {label}: mean of {len(rs)} seeds | {m('bits_per_value'):.3f} | "
+              f"{m('bits_per_value_total'):.3f} | {m('ppl'):.4f} | {100 * m('ppl_relative_increase'):+.2f}% | "
+              f"{m('kl_mean'):.4f} | {m('top1_agreement'):.4f} |")
 if base:
     print(f"\nuncompressed ppl {base['ppl_uncompressed']:.4f}; {base['tokens_evaluated']} held-out tokens in "
           f"{base['chunks']} chunks, each a {base['prefill']}-token prompt then single-token decoding steps.")
