@@ -85,7 +85,9 @@ KV_HD kv_qm_uparams kv_qm_uniform_params(float mn, float mx, int bits, float eta
     kv_qm_uparams p;
     const float qmax = (float)((1u << bits) - 1u);
     p.z = mn;
-    p.s = (mx - mn) / qmax;
+    /* + 0.0f turns a -0 range (a group of zeros of both signs, whose min and max signs depend on the
+     * order they were compared in) into +0, so every reduction order stores the same scale */
+    p.s = (mx - mn) / qmax + 0.0f;
     p.inv = p.s > 0.0f ? 1.0f / p.s : 0.0f;
     p.zc = p.z + (eta * p.s) * qmax;
     p.sc = (1.0f - 2.0f * eta) * p.s;

@@ -78,24 +78,74 @@ static SSE2_INLINE int minmax8(const float *x, size_t n, float *lo_out, float *h
     return (f[0] + f[1]) + (f[2] + f[3]) != 0.0f; /* NaN != 0 */
 }
 
-/* Values: groups of G channels of one token; every group whole and word-aligned (checked). */
+/* One group's codes: the words of G values at xr with parameters z, inv. */
+static SSE2_INLINE void value_words(uint32_t *w, const float *xr, size_t G, __m128 z, __m128 inv, __m128 hi,
+                                    const int bits) {
+    const size_t per = (size_t)(32 / bits);
+    for (size_t b = 0; b < G / per; b++) w[b] = word_of(xr + b * per, bits, z, inv, hi);
+}
+
+/* Values: groups of G channels of one token; every group whole and word-aligned (checked), so the
+ * groups are simply consecutive runs of G values. Four groups at a time: their min/max vectors are
+ * transposed so that the reductions and the parameters (kv_qm_uniform_params, operation for
+ * operation) run on one vector per quantity instead of four scalar chains. */
 static SSE2_INLINE int encode_values(uint32_t *codes, void *scales, void *zeros, const kv_uniform *q, size_t T,
                                      size_t C, const float *x, const int bits) {
-    const size_t G = (size_t)q->group, per = (size_t)(32 / bits), ncg = C / G;
-    const __m128 hi = _mm_set1_ps((float)((1u << bits) - 1u));
+    const size_t G = (size_t)q->group, per = (size_t)(32 / bits), ngroups = T * (C / G);
+    const float qmax_f = (float)((1u << bits) - 1u);
+    const __m128 hi = _mm_set1_ps(qmax_f), qmax = hi, zero = _mm_setzero_ps();
+    const __m128 eta = _mm_set1_ps(q->eta), one_m_2eta = _mm_set1_ps(1.0f - 2.0f * q->eta);
     const int pt = (int)q->param_type;
-    for (size_t t = 0; t < T; t++)
-        for (size_t cg = 0; cg < ncg; cg++) {
-            const float *xr = x + t * C + cg * G;
-            float lo_v, hi_v;
-            if (minmax8(xr, G, &lo_v, &hi_v)) return 1;
-            const kv_qm_uparams p = kv_qm_uniform_params(lo_v, hi_v, bits, q->eta);
-            kv_qm_param_store(scales, t * ncg + cg, p.sc, pt);
-            kv_qm_param_store(zeros, t * ncg + cg, p.zc, pt);
-            const __m128 z = _mm_set1_ps(p.z), inv = _mm_set1_ps(p.inv);
-            uint32_t *w = codes + (t * C + cg * G) / per;
-            for (size_t b = 0; b < G / per; b++) w[b] = word_of(xr + b * per, bits, z, inv, hi);
+    size_t g = 0;
+    for (; g + 4 <= ngroups; g += 4) {
+        __m128 lo[4], hv[4], nf = zero;
+        for (int j = 0; j < 4; j++) {
+            const float *xr = x + (g + (size_t)j) * G;
+            __m128 lo0 = _mm_loadu_ps(xr), lo1 = _mm_loadu_ps(xr + 4), hi0 = lo0, hi1 = lo1;
+            for (size_t i = 0; i < G; i += 8) {
+                const __m128 a = _mm_loadu_ps(xr + i), b = _mm_loadu_ps(xr + i + 4);
+                nf = _mm_add_ps(nf, _mm_add_ps(_mm_sub_ps(a, a), _mm_sub_ps(b, b)));
+                lo0 = _mm_min_ps(a, lo0);
+                lo1 = _mm_min_ps(b, lo1);
+                hi0 = _mm_max_ps(a, hi0);
+                hi1 = _mm_max_ps(b, hi1);
+            }
+            lo[j] = _mm_min_ps(lo0, lo1);
+            hv[j] = _mm_max_ps(hi0, hi1);
         }
+        _MM_TRANSPOSE4_PS(lo[0], lo[1], lo[2], lo[3]); /* lane j of every vector: group j */
+        _MM_TRANSPOSE4_PS(hv[0], hv[1], hv[2], hv[3]);
+        const __m128 mn = _mm_min_ps(_mm_min_ps(lo[0], lo[1]), _mm_min_ps(lo[2], lo[3]));
+        const __m128 mx = _mm_max_ps(_mm_max_ps(hv[0], hv[1]), _mm_max_ps(hv[2], hv[3]));
+        float f[4];
+        _mm_storeu_ps(f, nf);
+        if ((f[0] + f[1]) + (f[2] + f[3]) != 0.0f) return 1; /* NaN != 0 */
+        /* kv_qm_uniform_params, four groups at once */
+        const __m128 s = _mm_add_ps(_mm_div_ps(_mm_sub_ps(mx, mn), qmax), zero);
+        const __m128 inv = _mm_and_ps(_mm_cmpgt_ps(s, zero), _mm_div_ps(_mm_set1_ps(1.0f), s));
+        const __m128 zc = _mm_add_ps(mn, _mm_mul_ps(_mm_mul_ps(eta, s), qmax));
+        const __m128 sc = _mm_mul_ps(one_m_2eta, s);
+        float zs[4], is[4], zcs[4], scs[4];
+        _mm_storeu_ps(zs, mn);
+        _mm_storeu_ps(is, inv);
+        _mm_storeu_ps(zcs, zc);
+        _mm_storeu_ps(scs, sc);
+        for (int j = 0; j < 4; j++) {
+            kv_qm_param_store(scales, g + (size_t)j, scs[j], pt);
+            kv_qm_param_store(zeros, g + (size_t)j, zcs[j], pt);
+            value_words(codes + (g + (size_t)j) * G / per, x + (g + (size_t)j) * G, G, _mm_set1_ps(zs[j]),
+                        _mm_set1_ps(is[j]), hi, bits);
+        }
+    }
+    for (; g < ngroups; g++) { /* the last groups one by one */
+        const float *xr = x + g * G;
+        float lo_v, hi_v;
+        if (minmax8(xr, G, &lo_v, &hi_v)) return 1;
+        const kv_qm_uparams p = kv_qm_uniform_params(lo_v, hi_v, bits, q->eta);
+        kv_qm_param_store(scales, g, p.sc, pt);
+        kv_qm_param_store(zeros, g, p.zc, pt);
+        value_words(codes + g * G / per, xr, G, _mm_set1_ps(p.z), _mm_set1_ps(p.inv), hi, bits);
+    }
     return 0;
 }
 

@@ -271,6 +271,10 @@ START_TEST(uniform_sse2_matches_portable) {
     for (size_t j = 5; j < n; j += 41) x[j] = -0.0f;
     for (size_t j = 11; j < n; j += 53) x[j] = 1000.0f; /* a large offset widens its group */
     for (size_t j = 0; j < c->channels && j < n; j++) x[j] = 0.5f; /* constant runs: s = 0 */
+    /* zeros of both signs filling a values group (row 1's first channels) and a keys group
+     * (channel 1 down the rows): the scale must not depend on which zero the min/max keeps */
+    for (size_t j = 0; j < (size_t)c->group && c->channels + j < n; j++) x[c->channels + j] = j % 2 ? -0.0f : 0.0f;
+    for (size_t t = 0; t < c->tokens && c->channels > 1; t++) x[t * c->channels + 1] = t % 3 ? -0.0f : 0.0f;
     for (int variant = 0; variant < 6; variant++) {
         if (variant == 4) /* exact rounding ties: groups span 0 .. 2^bits - 1 (so s = 1, inv = 1) and hold k + 0.5 */
             for (size_t j = 0; j < n; j++)
