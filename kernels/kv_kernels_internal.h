@@ -37,8 +37,10 @@ int kv_uniform_decode_keys_sse2(float *x_hat, const kv_uniform *q, size_t tokens
 
 /* The CPU's vectorizable FWHT (unnormalized), bit-identical to kv_qm_fwht (tested). */
 void kv_fwht_unnormalized_ref(float *v, size_t n);
-/* The SSE2 FWHT (cpu/fwht_sse2.c), bit-identical to kv_qm_fwht; 0 (nothing done) for n < 8 or off
- * x86-64. dst may equal the input. _encode: dst = H (x * signs) * mul; _decode: dst = (H v) * signs. */
+/* HIGGS's SSE2 paths (cpu/higgs_sse2.c), 0 (nothing done) off x86-64. kv_sumsq_sse2: kv_qm_sumsq's
+ * bits, n a multiple of 8. The FWHT: kv_qm_fwht's bits, n >= 8; dst may equal the input; _encode:
+ * dst = H (x * signs) * mul; _decode: dst = (H v) * signs. */
+int kv_sumsq_sse2(const float *v, size_t n, float *out);
 int kv_fwht_sse2(float *dst, const float *src, size_t n);
 int kv_fwht_sse2_encode(float *dst, const float *x, size_t n, const float *signs, float mul);
 int kv_fwht_sse2_decode(float *dst, const float *v, size_t n, const float *signs);

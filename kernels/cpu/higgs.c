@@ -11,6 +11,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 /* ---- nearest-point search accelerator -------------------------------------------------------- */
 static inline int search_nearest(const kv_grid_search *s, const float *u);
@@ -176,7 +179,29 @@ static void search_group_2d(const kv_grid_search *s, uint8_t *out, const float *
                             int32_t *multi) {
     const float lo = s->lo, inv_w = s->inv_w, top = (float)s->cells;
     const int32_t cells = s->cells;
-    for (size_t p = 0; p < n; p++) {
+    size_t p0 = 0; /* pieces done by the SSE2 loop */
+#if defined(__SSE2__)
+    /* four pieces at a time, the same arithmetic: de-interleave the coordinates, scale, test the
+     * range, truncate; cells (256 for d = 2) is a power of two, so the row offset is a shift */
+    if ((cells & (cells - 1)) == 0) {
+        int sh = 0;
+        while ((1 << sh) < cells) sh++;
+        const __m128 vlo = _mm_set1_ps(lo), vinv = _mm_set1_ps(inv_w), vtop = _mm_set1_ps(top), zero = _mm_setzero_ps();
+        const __m128i shift = _mm_cvtsi32_si128(sh);
+        for (; p0 + 4 <= n; p0 += 4) {
+            const __m128 a = _mm_loadu_ps(u + 2 * p0), b = _mm_loadu_ps(u + 2 * p0 + 4);
+            const __m128 f0 = _mm_mul_ps(_mm_sub_ps(_mm_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)), vlo), vinv);
+            const __m128 f1 = _mm_mul_ps(_mm_sub_ps(_mm_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)), vlo), vinv);
+            const __m128 in = _mm_and_ps(_mm_and_ps(_mm_cmpge_ps(f0, zero), _mm_cmplt_ps(f0, vtop)),
+                                         _mm_and_ps(_mm_cmpge_ps(f1, zero), _mm_cmplt_ps(f1, vtop)));
+            const __m128i c = _mm_add_epi32(_mm_cvttps_epi32(_mm_and_ps(f0, in)),
+                                            _mm_sll_epi32(_mm_cvttps_epi32(_mm_and_ps(f1, in)), shift));
+            const __m128i m = _mm_castps_si128(in);
+            _mm_storeu_si128((__m128i *)(cell + p0), _mm_or_si128(_mm_and_si128(m, c), _mm_andnot_si128(m, _mm_set1_epi32(-1))));
+        }
+    }
+#endif
+    for (size_t p = p0; p < n; p++) {
         const float f0 = (u[2 * p] - lo) * inv_w, f1 = (u[2 * p + 1] - lo) * inv_w;
         const int in = (f0 >= 0.0f) & (f0 < top) & (f1 >= 0.0f) & (f1 < top);
         const float g0 = in ? f0 : 0.0f, g1 = in ? f1 : 0.0f;
@@ -335,7 +360,9 @@ kv_status kv_higgs_encode_ref(uint32_t *indices, void *norms, const kv_higgs *h,
     for (size_t grp = 0; grp < cx.groups; grp++) {
         const float *xg = x + grp * g;
         const float *sg = cx.signs + (grp * g) % channels;
-        const float norm = sqrtf(kv_qm_sumsq(xg, g));
+        float ss;
+        if (!kv_sumsq_sse2(xg, g, &ss)) ss = kv_qm_sumsq(xg, g);
+        const float norm = sqrtf(ss);
         if (!kv_qm_is_finite(norm)) {
             st = KV_ERR(KV_ENUMERIC, "HIGGS encode: non-finite input in group %zu", grp);
             goto done;

@@ -1,5 +1,9 @@
-/* fwht_sse2.c — the unnormalized Walsh-Hadamard transform for x86-64 (SSE2, the baseline: no
- * dispatch), bit-identical to kv_qm_fwht, which the GPU runs.
+/* higgs_sse2.c — HIGGS's x86-64 paths (SSE2, the baseline: no dispatch): the group's sum of squares
+ * and the unnormalized Walsh-Hadamard transform, bit-identical to kv_qm_sumsq and kv_qm_fwht, which
+ * the GPU runs.
+ *
+ * The sum of squares keeps kv_qm_sumsq's 8 lanes (lane k sums elements k, k + 8, ... in order) in
+ * two vectors instead of an array gcc leaves in memory, and adds the lanes in its order.
  *
  * Same butterflies as kv_qm_fwht — stage h pairs (j, j + h) into (a + b, a - b), stages in order
  * h = 1, 2, 4, ... — in three kinds of pass: stages 1, 2 and 4 inside each block of 8 values (two
@@ -90,6 +94,21 @@ static FWHT_INLINE void fwht(float *dst, const float *src, size_t n, const float
         }
 }
 
+int kv_sumsq_sse2(const float *v, size_t n, float *out) {
+    if (n % 8) return 0; /* kv_qm_sumsq puts a tail into lane 0: left to it */
+    __m128 a = _mm_setzero_ps(), b = _mm_setzero_ps();
+    for (size_t i = 0; i < n; i += 8) {
+        const __m128 x = _mm_loadu_ps(v + i), y = _mm_loadu_ps(v + i + 4);
+        a = _mm_add_ps(a, _mm_mul_ps(x, x));
+        b = _mm_add_ps(b, _mm_mul_ps(y, y));
+    }
+    float l[8];
+    _mm_storeu_ps(l, a);
+    _mm_storeu_ps(l + 4, b);
+    *out = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    return 1;
+}
+
 int kv_fwht_sse2(float *dst, const float *src, size_t n) {
     if (n < 8) return 0;
     fwht(dst, src, n, NULL, NULL, 0, 1.0f);
@@ -109,6 +128,11 @@ int kv_fwht_sse2_decode(float *dst, const float *v, size_t n, const float *signs
 }
 
 #else /* not x86-64 */
+
+int kv_sumsq_sse2(const float *v, size_t n, float *out) {
+    (void)v, (void)n, (void)out;
+    return 0;
+}
 
 int kv_fwht_sse2(float *dst, const float *src, size_t n) {
     (void)dst, (void)src, (void)n;
