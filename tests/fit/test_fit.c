@@ -413,7 +413,32 @@ static int dir_exists(const char *p) {
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-static void plan_bytes(uint8_t **b, size_t *n, const kv_plan *p) { ck_assert_kv_ok(kv_plan_write_memory(b, n, p, NULL)); }
+/* Two plans serialize to the same bytes. */
+static void assert_same_plan(const kv_plan *x, const kv_plan *y) {
+    uint8_t *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    ck_assert_kv_ok(kv_plan_write_memory(&a, &na, x, NULL));
+    ck_assert_kv_ok(kv_plan_write_memory(&b, &nb, y, NULL));
+    ck_assert_uint_eq(na, nb);
+    ck_assert_int_eq(memcmp(a, b, na), 0);
+    free(a);
+    free(b);
+}
+
+/* A fresh temporary directory, a checkpoint folder path inside it, and fit options that write the
+ * checkpoint there and stop after layer `stop_after`. */
+typedef struct ckpt_env {
+    char dir[256], ck[300];
+    kv_fit_options o;
+} ckpt_env;
+static void ckpt_env_init(ckpt_env *e, int stop_after) {
+    kv_test_tmpdir(e->dir, sizeof e->dir);
+    ck_assert_ptr_nonnull(mkdtemp(e->dir));
+    snprintf(e->ck, sizeof e->ck, "%s/plan.ckpt", e->dir);
+    kv_fit_options_init(&e->o);
+    e->o.checkpoint_dir = e->ck;
+    e->o.stop_after_layer = stop_after;
+}
 
 /* Stop after layer k (k = 0, 1), resume, compare with an uninterrupted run byte for byte. */
 START_TEST(test_resume_equals_uninterrupted) {
@@ -423,15 +448,10 @@ START_TEST(test_resume_equals_uninterrupted) {
     kv_plan *ref = NULL, *plan = NULL;
     kv_fit_report rep;
     ck_assert_kv_ok(run_fit(&ref, NULL, &cfg, NULL));
-    char dir[256];
-    kv_test_tmpdir(dir, sizeof dir);
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    char ck[300];
-    snprintf(ck, sizeof ck, "%s/plan.ckpt", dir);
-    kv_fit_options o;
-    kv_fit_options_init(&o);
-    o.checkpoint_dir = ck;
-    o.stop_after_layer = k;
+    ckpt_env e;
+    ckpt_env_init(&e, k);
+    char *dir = e.dir, *ck = e.ck;
+    kv_fit_options o = e.o;
     ck_assert_int_eq(run_fit(&plan, NULL, &cfg, &o), KV_EINTERRUPTED);
     ck_assert_ptr_null(plan);
     ck_assert(dir_exists(ck));
@@ -441,14 +461,7 @@ START_TEST(test_resume_equals_uninterrupted) {
     ck_assert_int_eq(rep.layers[0].resumed, 1);
     ck_assert_int_eq(rep.layers[SYN_LAYERS - 1].resumed, 0);
     ck_assert(!dir_exists(ck)); /* removed on success */
-    uint8_t *a = NULL, *b = NULL;
-    size_t na = 0, nb = 0;
-    plan_bytes(&a, &na, ref);
-    plan_bytes(&b, &nb, plan);
-    ck_assert_uint_eq(na, nb);
-    ck_assert_int_eq(memcmp(a, b, na), 0);
-    free(a);
-    free(b);
+    assert_same_plan(ref, plan);
     kv_fit_report_free(&rep);
     kv_plan_free(plan);
     kv_plan_free(ref);
@@ -464,16 +477,11 @@ START_TEST(test_resume_mismatch_starts_over) {
     const char *s1[] = {"seed=1", NULL}, *s2[] = {"seed=2", NULL};
     make_cfg(&c1, KV_FIT_AQUA, s1);
     make_cfg(&c2, KV_FIT_AQUA, s2);
-    char dir[256];
-    kv_test_tmpdir(dir, sizeof dir);
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    char ck[300], out[300];
-    snprintf(ck, sizeof ck, "%s/p.ckpt", dir);
+    ckpt_env e;
+    ckpt_env_init(&e, 0);
+    char *dir = e.dir, *ck = e.ck, out[300];
     snprintf(out, sizeof out, "%s/p.kvplan", dir);
-    kv_fit_options o;
-    kv_fit_options_init(&o);
-    o.checkpoint_dir = ck;
-    o.stop_after_layer = 0;
+    kv_fit_options o = e.o;
     kv_plan *plan = NULL, *ref = NULL;
     ck_assert_int_eq(run_fit(&plan, NULL, &c1, &o), KV_EINTERRUPTED);
     o.stop_after_layer = -1;
@@ -482,20 +490,13 @@ START_TEST(test_resume_mismatch_starts_over) {
     ck_assert_kv_ok(run_fit(&plan, &rep, &c2, &o));
     ck_assert_int_eq(rep.resumed_from_layer, 0);
     ck_assert_kv_ok(run_fit(&ref, NULL, &c2, NULL));
-    uint8_t *a = NULL, *b = NULL;
-    size_t na = 0, nb = 0;
-    plan_bytes(&a, &na, ref);
-    plan_bytes(&b, &nb, plan);
-    ck_assert_uint_eq(na, nb);
-    ck_assert_int_eq(memcmp(a, b, na), 0);
+    assert_same_plan(ref, plan);
     kv_plan *disk = NULL;
     ck_assert_kv_ok(kv_plan_read(&disk, out));
     ck_assert_int_eq(disk->n_layers, SYN_LAYERS);
     kv_plan_free(disk);
     unlink(out);
     ck_assert(!dir_exists(ck));
-    free(a);
-    free(b);
     kv_fit_report_free(&rep);
     kv_plan_free(plan);
     kv_plan_free(ref);
@@ -509,16 +510,11 @@ END_TEST
 START_TEST(test_resume_corrupt_state) {
     kv_fit_config cfg;
     make_cfg(&cfg, KV_FIT_KIVI, NULL);
-    char dir[256];
-    kv_test_tmpdir(dir, sizeof dir);
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    char ck[300], state[340];
-    snprintf(ck, sizeof ck, "%s/p.ckpt", dir);
-    snprintf(state, sizeof state, "%s/state.0.bin", ck);
-    kv_fit_options o;
-    kv_fit_options_init(&o);
-    o.checkpoint_dir = ck;
-    o.stop_after_layer = 0;
+    ckpt_env e;
+    ckpt_env_init(&e, 0);
+    char *dir = e.dir, state[340];
+    snprintf(state, sizeof state, "%s/state.0.bin", e.ck);
+    kv_fit_options o = e.o;
     kv_plan *plan = NULL, *ref = NULL;
     ck_assert_int_eq(run_fit(&plan, NULL, &cfg, &o), KV_EINTERRUPTED);
     FILE *fp = fopen(state, "r+b");
@@ -531,14 +527,7 @@ START_TEST(test_resume_corrupt_state) {
     ck_assert_kv_ok(run_fit(&plan, &rep, &cfg, &o));
     ck_assert_int_eq(rep.resumed_from_layer, 0);
     ck_assert_kv_ok(run_fit(&ref, NULL, &cfg, NULL));
-    uint8_t *a = NULL, *b = NULL;
-    size_t na = 0, nb = 0;
-    plan_bytes(&a, &na, ref);
-    plan_bytes(&b, &nb, plan);
-    ck_assert_uint_eq(na, nb);
-    ck_assert_int_eq(memcmp(a, b, na), 0);
-    free(a);
-    free(b);
+    assert_same_plan(ref, plan);
     kv_fit_report_free(&rep);
     kv_plan_free(plan);
     kv_plan_free(ref);
