@@ -110,6 +110,20 @@ static void row(const char *name, int bits, double bytes, double t_enc, double t
     }
 }
 
+/* The SQuat case of both tables: a random rank-5 query subspace for C channels, lambda 1e-3,
+ * blocks of 64 (exits on failure: a benchmark has nothing to fall back to). */
+static kv_squat *bench_squat(kv_rng *r, size_t C) {
+    float *qh = malloc(5 * C * sizeof *qh);
+    for (size_t i = 0; i < 5 * C; i++) qh[i] = (float)kv_rng_next_normal(r);
+    kv_squat *sq = NULL;
+    if (!qh || kv_squat_create(&sq, qh, 5, (int)C, 1e-3f, 64) != KV_OK) {
+        fprintf(stderr, "bench: SQuat set-up: %s\n", kv_error_last());
+        exit(1);
+    }
+    free(qh);
+    return sq;
+}
+
 #ifdef KV_HAVE_CUDA
 /* ---- GPU: the same operations on device buffers ------------------------------------------------
  * Each timing is the best of R event-timed batches of GPU_BATCH back-to-back launches (one 64 MiB
@@ -255,10 +269,7 @@ static int bench_gpu(const float *x, size_t tokens, size_t C, int reps) {
             free(grid);
         }
         {
-            float *qh = malloc(5 * C * sizeof *qh);
-            for (size_t i = 0; i < 5 * C; i++) qh[i] = (float)kv_rng_next_normal(&r);
-            kv_squat *sq = NULL;
-            if (kv_squat_create(&sq, qh, 5, (int)C, 1e-3f, 64) != KV_OK) return 1;
+            kv_squat *sq = bench_squat(&r, C);
             kv_uniform u = {.bits = bits, .group = 64, .axis = KV_AXIS_TOKENS, .param_type = KV_PARAM_F16};
             g.u = &u;
             g.sq = sq;
@@ -266,7 +277,6 @@ static int bench_gpu(const float *x, size_t tokens, size_t C, int reps) {
             const double te = gpu_best_ms(reps, gpu_senc, &g);
             gpu_row("SQuat keys d=128 g=64 r=5, G=64", bits, bytes, te, 0.0, 0.0, tc);
             kv_squat_free(sq);
-            free(qh);
         }
     }
     cudaFree(dx);
@@ -354,10 +364,7 @@ int main(int argc, char **argv) {
         }
         {
             /* SQuat keys: d=128, block 64 (T=2), r=5, G=64 tokens; decode = uniform decode */
-            float *qh = malloc(5 * C * sizeof *qh);
-            for (size_t i = 0; i < 5 * C; i++) qh[i] = (float)kv_rng_next_normal(&r);
-            kv_squat *sq = NULL;
-            if (kv_squat_create(&sq, qh, 5, (int)C, 1e-3f, 64) != KV_OK) return 1;
+            kv_squat *sq = bench_squat(&r, C);
             kv_uniform u = {.bits = bits, .group = 64, .axis = KV_AXIS_TOKENS, .param_type = KV_PARAM_F16};
             o.u = &u;
             o.sq = sq;
@@ -365,7 +372,6 @@ int main(int argc, char **argv) {
             best_of3(reps, run_memcpy, run_senc, NULL, &o, &tm, &te, &td);
             row("SQuat keys d=128 g=64 r=5, G=64", bits, bytes, te, 0.0, tm);
             kv_squat_free(sq);
-            free(qh);
         }
     }
 #ifdef KV_HAVE_CUDA
