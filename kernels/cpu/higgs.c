@@ -72,7 +72,10 @@ kv_status kv_grid_search_create(kv_grid_search **out, const float *grid, int d, 
         }
         r = fabsf(grid[i]) > r ? fabsf(grid[i]) : r;
     }
-    r += 0.5f;
+    /* The table spans the grid plus a margin, and at least +-4: HIGGS's rotated pieces are ~N(0, 1)
+     * per coordinate, so fewer than 1e-4 of them fall outside (those take an exhaustive search),
+     * against 2% for a small grid's own span (+-2.5 at n = 16). */
+    r = r + 0.5f > 4.0f ? r + 0.5f : 4.0f;
     s->lo = -r;
     const float w = 2.0f * r / (float)s->cells;
     s->inv_w = 1.0f / w;
