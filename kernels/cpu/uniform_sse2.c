@@ -5,9 +5,9 @@
  * and narrows every code to a byte before a separate packing pass; written with SSE2 intrinsics
  * the min/max stay in registers and the codes are packed into words in registers, which doubles
  * the encode's throughput (BENCHMARKS.md, "Kernels"). The arithmetic is kv_quant_math.h's —
- * minps/maxps with the scalar code's operand order (so NaN and signed-zero behaviour match), the
- * same 8-lane min/max assignment and reduction order, and codes rounded as the scalar code rounds
- * them (see code4) — so the words, scales and zero points are bit-identical to the portable path's
+ * exact min/max (the reduction order may differ: kv_qm_uniform_params stores the same bits whichever
+ * signed zero survives), its parameter formulas, and codes rounded as the scalar code rounds them
+ * (see code4) — so the words, scales and zero points are bit-identical to the portable path's
  * (tests/kernels: uniform_sse2_matches_portable). Other layouts and other machines use the portable
  * path. */
 #include "kv_quant_math.h"
@@ -47,37 +47,6 @@ static SSE2_INLINE uint32_t word_of(const float *x, const int bits, __m128 z, __
     return (uint32_t)_mm_cvtsi128_si32(g);
 }
 
-/* Min and max of n values (n a multiple of 8) exactly as uniform.c's 8-lane min/max: lanes start
- * at x[0], lane k takes x[i + k], lanes reduce in order 0..7. Returns 1 on a NaN or infinity
- * (v - v is NaN exactly then, and a NaN sticks in the running sums). */
-static SSE2_INLINE int minmax8(const float *x, size_t n, float *lo_out, float *hi_out) {
-    __m128 lo0 = _mm_set1_ps(x[0]), lo1 = lo0, hi0 = lo0, hi1 = lo0;
-    __m128 nf0 = _mm_setzero_ps(), nf1 = _mm_setzero_ps();
-    for (size_t i = 0; i < n; i += 8) {
-        const __m128 a = _mm_loadu_ps(x + i), b = _mm_loadu_ps(x + i + 4);
-        nf0 = _mm_add_ps(nf0, _mm_sub_ps(a, a));
-        nf1 = _mm_add_ps(nf1, _mm_sub_ps(b, b));
-        lo0 = _mm_min_ps(a, lo0); /* v < lo ? v : lo */
-        lo1 = _mm_min_ps(b, lo1);
-        hi0 = _mm_max_ps(a, hi0); /* v > hi ? v : hi */
-        hi1 = _mm_max_ps(b, hi1);
-    }
-    float l[8], h[8], f[4];
-    _mm_storeu_ps(l, lo0);
-    _mm_storeu_ps(l + 4, lo1);
-    _mm_storeu_ps(h, hi0);
-    _mm_storeu_ps(h + 4, hi1);
-    _mm_storeu_ps(f, _mm_add_ps(nf0, nf1));
-    float lo = l[0], hi = h[0];
-    for (int k = 1; k < 8; k++) {
-        lo = l[k] < lo ? l[k] : lo;
-        hi = h[k] > hi ? h[k] : hi;
-    }
-    *lo_out = lo;
-    *hi_out = hi;
-    return (f[0] + f[1]) + (f[2] + f[3]) != 0.0f; /* NaN != 0 */
-}
-
 /* One group's codes: the words of G values at xr with parameters z, inv. */
 static SSE2_INLINE void value_words(uint32_t *w, const float *xr, size_t G, __m128 z, __m128 inv, __m128 hi,
                                     const int bits) {
@@ -88,7 +57,11 @@ static SSE2_INLINE void value_words(uint32_t *w, const float *xr, size_t G, __m1
 /* Values: groups of G channels of one token; every group whole and word-aligned (checked), so the
  * groups are simply consecutive runs of G values. Four groups at a time: their min/max vectors are
  * transposed so that the reductions and the parameters (kv_qm_uniform_params, operation for
- * operation) run on one vector per quantity instead of four scalar chains. */
+ * operation) run on one vector per quantity instead of four scalar chains. The order of the min/max
+ * reduction differs from the portable path's, which changes no output: min and max are exact, and
+ * kv_qm_uniform_params stores the same bits whichever signed zero a reduction keeps. A last batch
+ * of fewer than four groups repeats its last group in the spare lanes and stores only the real ones.
+ * Returns 1 on a NaN or infinity (v - v is NaN exactly then, and a NaN sticks in the running sum). */
 static SSE2_INLINE int encode_values(uint32_t *codes, void *scales, void *zeros, const kv_uniform *q, size_t T,
                                      size_t C, const float *x, const int bits) {
     const size_t G = (size_t)q->group, per = (size_t)(32 / bits), ngroups = T * (C / G);
@@ -96,11 +69,11 @@ static SSE2_INLINE int encode_values(uint32_t *codes, void *scales, void *zeros,
     const __m128 hi = _mm_set1_ps(qmax_f), qmax = hi, zero = _mm_setzero_ps();
     const __m128 eta = _mm_set1_ps(q->eta), one_m_2eta = _mm_set1_ps(1.0f - 2.0f * q->eta);
     const int pt = (int)q->param_type;
-    size_t g = 0;
-    for (; g + 4 <= ngroups; g += 4) {
+    for (size_t g = 0; g < ngroups; g += 4) {
+        const size_t nb = ngroups - g < 4 ? ngroups - g : 4; /* groups in this batch */
         __m128 lo[4], hv[4], nf = zero;
         for (int j = 0; j < 4; j++) {
-            const float *xr = x + (g + (size_t)j) * G;
+            const float *xr = x + (g + ((size_t)j < nb ? (size_t)j : nb - 1)) * G;
             __m128 lo0 = _mm_loadu_ps(xr), lo1 = _mm_loadu_ps(xr + 4), hi0 = lo0, hi1 = lo1;
             for (size_t i = 0; i < G; i += 8) {
                 const __m128 a = _mm_loadu_ps(xr + i), b = _mm_loadu_ps(xr + i + 4);
@@ -130,21 +103,12 @@ static SSE2_INLINE int encode_values(uint32_t *codes, void *scales, void *zeros,
         _mm_storeu_ps(is, inv);
         _mm_storeu_ps(zcs, zc);
         _mm_storeu_ps(scs, sc);
-        for (int j = 0; j < 4; j++) {
+        for (size_t j = 0; j < nb; j++) {
             kv_qm_param_store(scales, g + (size_t)j, scs[j], pt);
             kv_qm_param_store(zeros, g + (size_t)j, zcs[j], pt);
             value_words(codes + (g + (size_t)j) * G / per, x + (g + (size_t)j) * G, G, _mm_set1_ps(zs[j]),
                         _mm_set1_ps(is[j]), hi, bits);
         }
-    }
-    for (; g < ngroups; g++) { /* the last groups one by one */
-        const float *xr = x + g * G;
-        float lo_v, hi_v;
-        if (minmax8(xr, G, &lo_v, &hi_v)) return 1;
-        const kv_qm_uparams p = kv_qm_uniform_params(lo_v, hi_v, bits, q->eta);
-        kv_qm_param_store(scales, g, p.sc, pt);
-        kv_qm_param_store(zeros, g, p.zc, pt);
-        value_words(codes + g * G / per, xr, G, _mm_set1_ps(p.z), _mm_set1_ps(p.inv), hi, bits);
     }
     return 0;
 }
