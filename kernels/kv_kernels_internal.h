@@ -30,10 +30,11 @@ int kv_uniform_encode_sse2(uint32_t *codes, void *scales, void *zeros, const kv_
                            size_t channels, const float *x, kv_status *st);
 kv_status kv_uniform_encode_portable(uint32_t *codes, void *scales, void *zeros, const kv_uniform *q,
                                      size_t tokens, size_t channels, const float *x);
-/* Keys-axis decode by SSE2 (1 when handled; scratch: 2 * channels floats), else the portable loop
- * in kv_uniform_decode_ref. Same output bits (tested). */
+/* Keys-axis decode by SSE2 (1 when handled; sv, zv: channels floats each of scratch for a token
+ * group's scales and zero points), else the portable loop in kv_uniform_decode_ref. Same output
+ * bits (tested). */
 int kv_uniform_decode_keys_sse2(float *x_hat, const kv_uniform *q, size_t tokens, size_t channels,
-                                const uint32_t *codes, const void *scales, const void *zeros, float *scratch);
+                                const uint32_t *codes, const void *scales, const void *zeros, float *sv, float *zv);
 
 /* The CPU's vectorizable FWHT (unnormalized), bit-identical to kv_qm_fwht (tested). */
 void kv_fwht_unnormalized_ref(float *v, size_t n);

@@ -121,7 +121,7 @@ kv_status kv_uniform_encode_ref(uint32_t *codes, void *scales, void *zeros, cons
 
 kv_status kv_uniform_encode_portable(uint32_t *codes, void *scales, void *zeros, const kv_uniform *q,
                                      size_t tokens, size_t channels, const float *x) {
-    size_t n;
+    size_t n; /* checked again (two comparisons) so that the portable path can be called alone */
     kv_status st = prologue(&n, q, tokens, channels);
     if (st != KV_OK || n == 0) return st;
     const int bits = q->bits, per = kv_qm_per_word(bits, q->pack11);
@@ -224,7 +224,7 @@ kv_status kv_uniform_decode_ref(float *x_hat, const kv_uniform *q, size_t tokens
     const int pt = (int)q->param_type;
     const size_t TR = q->axis == KV_AXIS_CHANNELS ? tile_rows(C) : G;
     uint8_t *buf = malloc((TR < tokens ? TR : tokens) * C);
-    float *sv = q->axis == KV_AXIS_TOKENS ? malloc(2 * C * sizeof *sv) : NULL; /* 2C: the SSE2 path's scratch */
+    float *sv = q->axis == KV_AXIS_TOKENS ? malloc(C * sizeof *sv) : NULL;
     float *zv = q->axis == KV_AXIS_TOKENS ? malloc(C * sizeof *zv) : NULL;
     if (!buf || (q->axis == KV_AXIS_TOKENS && (!sv || !zv))) {
         st = KV_ERR(KV_ENOMEM, "uniform decode: out of memory");
@@ -245,7 +245,7 @@ kv_status kv_uniform_decode_ref(float *x_hat, const kv_uniform *q, size_t tokens
                 }
             }
         }
-    } else if (!kv_uniform_decode_keys_sse2(x_hat, q, tokens, C, codes, scales, zeros, sv)) {
+    } else if (!kv_uniform_decode_keys_sse2(x_hat, q, tokens, C, codes, scales, zeros, sv, zv)) {
         for (size_t k = 0; k * G < tokens; k++) {
             const size_t r0 = k * G, rows = kv_qm_tok_group_rows(G, tokens, k);
             kv_unpack_range(buf, codes, k * G * C, rows * C, bits, per);

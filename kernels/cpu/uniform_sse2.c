@@ -271,12 +271,11 @@ static SSE2_INLINE void decode_keys(float *y, const kv_uniform *q, size_t T, siz
 }
 
 int kv_uniform_decode_keys_sse2(float *x_hat, const kv_uniform *q, size_t tokens, size_t channels,
-                                const uint32_t *codes, const void *scales, const void *zeros, float *scratch) {
+                                const uint32_t *codes, const void *scales, const void *zeros, float *sv, float *zv) {
     const int bits = q->bits;
     if (q->axis != KV_AXIS_TOKENS || q->pack11 || (bits != 1 && bits != 2 && bits != 4 && bits != 8)) return 0;
     const size_t G = (size_t)q->group, per = (size_t)(32 / bits);
     if (G % per || channels % 4 || (tokens % G) % per) return 0;
-    float *sv = scratch, *zv = scratch + channels;
     switch (bits) {
     case 1: decode_keys(x_hat, q, tokens, channels, codes, scales, zeros, sv, zv, 1); break;
     case 2: decode_keys(x_hat, q, tokens, channels, codes, scales, zeros, sv, zv, 2); break;
@@ -295,8 +294,8 @@ int kv_uniform_encode_sse2(uint32_t *codes, void *scales, void *zeros, const kv_
 }
 
 int kv_uniform_decode_keys_sse2(float *x_hat, const kv_uniform *q, size_t tokens, size_t channels,
-                                const uint32_t *codes, const void *scales, const void *zeros, float *scratch) {
-    (void)x_hat, (void)q, (void)tokens, (void)channels, (void)codes, (void)scales, (void)zeros, (void)scratch;
+                                const uint32_t *codes, const void *scales, const void *zeros, float *sv, float *zv) {
+    (void)x_hat, (void)q, (void)tokens, (void)channels, (void)codes, (void)scales, (void)zeros, (void)sv, (void)zv;
     return 0;
 }
 
