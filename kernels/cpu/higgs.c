@@ -175,9 +175,8 @@ static inline int search_nearest(const kv_grid_search *s, const float *u) {
 /* Nearest points of n 2-D pieces u[2p], u[2p+1], in three branch-light passes: cell indices for all
  * pieces (vectorized); one table load per piece, collecting the pieces whose cell has several
  * candidates (or lies outside the table) without a data-dependent branch; then the nearest
- * candidate of each collected piece. The distance is kv_qm_grid_dist's for d = 2 (e0^2 + e1^2 in
- * that order, so the same floats) and ties keep the earlier (lower) candidate: the same answers as
- * search_nearest. cell, multi: n scratch entries each. */
+ * candidate of each collected piece (kv_qm_grid_dist with d = 2, ties keeping the earlier, lower,
+ * candidate): the same answers as search_nearest. cell, multi: n scratch entries each. */
 static void search_group_2d(const kv_grid_search *s, uint8_t *out, const float *u, size_t n, int32_t *cell,
                             int32_t *multi) {
     const float lo = s->lo, inv_w = s->inv_w, top = (float)s->cells;
@@ -222,28 +221,15 @@ static void search_group_2d(const kv_grid_search *s, uint8_t *out, const float *
     for (size_t m = 0; m < nm; m++) {
         const size_t p = (size_t)multi[m];
         const int32_t c = cell[p];
-        const float u0 = u[2 * p], u1 = u[2 * p + 1];
-        if (c < 0) { /* outside the table (a few % of Gaussian pieces for small grids): every point */
-            int best = 0;
-            float bd = (u0 - grid[0]) * (u0 - grid[0]) + (u1 - grid[1]) * (u1 - grid[1]);
-            for (int i = 1; i < s->n; i++) {
-                const float e0 = u0 - grid[2 * i], e1 = u1 - grid[2 * i + 1];
-                const float e = e0 * e0 + e1 * e1;
-                best = e < bd ? i : best;
-                bd = e < bd ? e : bd;
-            }
-            out[p] = (uint8_t)best;
+        if (c < 0) { /* outside the table (under 1e-4 of Gaussian pieces): every point */
+            out[p] = (uint8_t)kv_qm_grid_nearest(u + 2 * p, grid, 2, s->n);
             continue;
         }
-        const uint32_t a = s->offs[c], b = s->offs[c + 1];
-        int best = s->cand[a];
-        float e0 = u0 - grid[2 * best], e1 = u1 - grid[2 * best + 1];
-        float bd = e0 * e0 + e1 * e1;
-        for (uint32_t k = a + 1; k < b; k++) {
+        int best = s->cand[s->offs[c]];
+        float bd = kv_qm_grid_dist(u + 2 * p, grid, 2, best);
+        for (uint32_t k = s->offs[c] + 1; k < s->offs[c + 1]; k++) {
             const int i = s->cand[k];
-            e0 = u0 - grid[2 * i];
-            e1 = u1 - grid[2 * i + 1];
-            const float e = e0 * e0 + e1 * e1;
+            const float e = kv_qm_grid_dist(u + 2 * p, grid, 2, i);
             best = e < bd ? i : best;
             bd = e < bd ? e : bd;
         }
