@@ -36,6 +36,28 @@ kv_status kv_uniform_encode_portable(uint32_t *codes, void *scales, void *zeros,
 int kv_uniform_decode_keys_sse2(float *x_hat, const kv_uniform *q, size_t tokens, size_t channels,
                                 const uint32_t *codes, const void *scales, const void *zeros, float *sv, float *zv);
 
+/* AVX2 code (function target attributes, chosen at run time) needs GCC or Clang on x86-64. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KV_HAVE_X86_AVX2 1
+#else
+#define KV_HAVE_X86_AVX2 0
+#endif
+
+/* The vector paths the CPU kernels may take (cpu/simd.c): the best this build and machine have,
+ * capped by kv_simd_level_limit (for tests, which run each level and compare the bits; every level
+ * gives the same output). */
+typedef enum kv_simd_level { KV_SIMD_NONE = 0, KV_SIMD_SSE2 = 1, KV_SIMD_AVX2 = 2 } kv_simd_level;
+kv_simd_level kv_simd_level_now(void);
+void kv_simd_level_limit(kv_simd_level max);
+
+/* HIGGS's AVX2 paths (cpu/higgs_avx2.c): kv_qm_fwht's bits, n >= 16 a power of two, 0 (nothing
+ * done) otherwise or without AVX2 code. _transform: dst = H (x * signs) * kv_qm_higgs_enc_mul(norm)
+ * with *sumsq = kv_qm_sumsq(x) and norm = sqrtf(*sumsq); _decode: dst = (H v) * signs. The caller
+ * checks that the CPU has AVX2. */
+int kv_fwht_avx2(float *dst, const float *src, size_t n);
+int kv_higgs_transform_avx2(float *dst, const float *x, size_t n, const float *signs, float *sumsq);
+int kv_fwht_avx2_decode(float *dst, const float *v, size_t n, const float *signs);
+
 /* The CPU's vectorizable FWHT (unnormalized), bit-identical to kv_qm_fwht (tested). */
 void kv_fwht_unnormalized_ref(float *v, size_t n);
 /* HIGGS's SSE2 paths (cpu/higgs_sse2.c), 0 (nothing done) off x86-64. kv_sumsq_sse2: kv_qm_sumsq's

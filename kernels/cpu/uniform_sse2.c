@@ -1,5 +1,5 @@
 /* uniform_sse2.c — the uniform encoder's (and the keys decoder's) x86-64 path (SSE2, the x86-64
- * baseline: no dispatch).
+ * baseline: compiled in, skipped only when a test lowers kv_simd_level_limit).
  *
  * gcc vectorizes the portable loops in uniform.c, but keeps their min/max accumulators in memory
  * and narrows every code to a byte before a separate packing pass; written with SSE2 intrinsics
@@ -197,6 +197,7 @@ static SSE2_INLINE int encode_keys(uint32_t *codes, void *scales, void *zeros, c
 int kv_uniform_encode_sse2(uint32_t *codes, void *scales, void *zeros, const kv_uniform *q, size_t tokens,
                            size_t channels, const float *x, kv_status *st) {
     const int bits = q->bits;
+    if (kv_simd_level_now() < KV_SIMD_SSE2) return 0;
     if (!codes || q->pack11 || (bits != 1 && bits != 2 && bits != 4 && bits != 8)) return 0;
     const size_t G = (size_t)q->group, per = (size_t)(32 / bits), C = channels;
     int bad;
@@ -273,6 +274,7 @@ static SSE2_INLINE void decode_keys(float *y, const kv_uniform *q, size_t T, siz
 int kv_uniform_decode_keys_sse2(float *x_hat, const kv_uniform *q, size_t tokens, size_t channels,
                                 const uint32_t *codes, const void *scales, const void *zeros, float *sv, float *zv) {
     const int bits = q->bits;
+    if (kv_simd_level_now() < KV_SIMD_SSE2) return 0;
     if (q->axis != KV_AXIS_TOKENS || q->pack11 || (bits != 1 && bits != 2 && bits != 4 && bits != 8)) return 0;
     const size_t G = (size_t)q->group, per = (size_t)(32 / bits);
     if (G % per || channels % 4 || (tokens % G) % per) return 0;
