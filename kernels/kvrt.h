@@ -75,6 +75,8 @@ kv_status kv_grid_search_create(kv_grid_search **out, const float *grid, int d, 
 void kv_grid_search_free(kv_grid_search *s);
 /* Index of the grid point nearest to u[d]; ties go to the lowest index. */
 int kv_grid_search_nearest(const kv_grid_search *s, const float *u);
+/* The same for n queries u[p*d .. p*d + d) (batched: faster per query for d = 2). */
+void kv_grid_search_nearest_many(const kv_grid_search *s, uint8_t *out, const float *u, size_t n);
 int kv_grid_search_dim(const kv_grid_search *s);
 int kv_grid_search_size(const kv_grid_search *s);
 

@@ -31,6 +31,15 @@ static FWHT_INLINE __m128 finish(__m128 v, const float *post, size_t k, const in
     return v;
 }
 
+/* Stages 1 and 2 inside one vector of 4 (named values, not an array: gcc -O2 keeps a small array
+ * indexed in a loop in memory). */
+static FWHT_INLINE __m128 stages_in_vector(__m128 a, __m128 neg_odd, __m128 neg_hi) {
+    /* h = 1: [a0 + a1, a0 - a1, a2 + a3, a2 - a3] */
+    const __m128 u = _mm_add_ps(_mm_shuffle_ps(a, a, _MM_SHUFFLE(2, 2, 0, 0)), _mm_xor_ps(_mm_shuffle_ps(a, a, _MM_SHUFFLE(3, 3, 1, 1)), neg_odd));
+    /* h = 2: [u0 + u2, u1 + u3, u0 - u2, u1 - u3] */
+    return _mm_add_ps(_mm_shuffle_ps(u, u, _MM_SHUFFLE(1, 0, 1, 0)), _mm_xor_ps(_mm_shuffle_ps(u, u, _MM_SHUFFLE(3, 2, 3, 2)), neg_hi));
+}
+
 /* dst = H (src * pre) * post * scale, pre/post/scale optional (NULL / use_scale 0); dst may be
  * src. n >= 8, a power of two. */
 static FWHT_INLINE void fwht(float *dst, const float *src, size_t n, const float *pre, const float *post,
@@ -40,21 +49,14 @@ static FWHT_INLINE void fwht(float *dst, const float *src, size_t n, const float
     const __m128 neg_hi = _mm_castsi128_ps(_mm_set_epi32((int)0x80000000u, (int)0x80000000u, 0, 0)); /* lanes 2, 3 */
     const int block_is_last = n == 8;
     for (size_t i = 0; i < n; i += 8) {
-        __m128 v[2];
-        for (int h = 0; h < 2; h++) {
-            __m128 a = _mm_loadu_ps(src + i + 4 * (size_t)h);
-            if (pre) a = _mm_mul_ps(a, _mm_loadu_ps(pre + i + 4 * (size_t)h));
-            /* h = 1: [a0 + a1, a0 - a1, a2 + a3, a2 - a3] */
-            const __m128 p1 = _mm_shuffle_ps(a, a, _MM_SHUFFLE(2, 2, 0, 0));
-            const __m128 q1 = _mm_shuffle_ps(a, a, _MM_SHUFFLE(3, 3, 1, 1));
-            const __m128 u = _mm_add_ps(p1, _mm_xor_ps(q1, neg_odd));
-            /* h = 2: [u0 + u2, u1 + u3, u0 - u2, u1 - u3] */
-            const __m128 p2 = _mm_shuffle_ps(u, u, _MM_SHUFFLE(1, 0, 1, 0));
-            const __m128 q2 = _mm_shuffle_ps(u, u, _MM_SHUFFLE(3, 2, 3, 2));
-            v[h] = _mm_add_ps(p2, _mm_xor_ps(q2, neg_hi));
+        __m128 a = _mm_loadu_ps(src + i), b = _mm_loadu_ps(src + i + 4);
+        if (pre) {
+            a = _mm_mul_ps(a, _mm_loadu_ps(pre + i));
+            b = _mm_mul_ps(b, _mm_loadu_ps(pre + i + 4));
         }
+        const __m128 v0 = stages_in_vector(a, neg_odd, neg_hi), v1 = stages_in_vector(b, neg_odd, neg_hi);
         /* h = 4: across the two vectors */
-        const __m128 lo = _mm_add_ps(v[0], v[1]), hi = _mm_sub_ps(v[0], v[1]);
+        const __m128 lo = _mm_add_ps(v0, v1), hi = _mm_sub_ps(v0, v1);
         if (block_is_last) {
             _mm_storeu_ps(dst + i, finish(lo, post, i, use_scale, scale));
             _mm_storeu_ps(dst + i + 4, finish(hi, post, i + 4, use_scale, scale));

@@ -425,17 +425,24 @@ START_TEST(fwht_matches_explicit_hadamard) {
 }
 END_TEST
 
+/* The CPU's vector paths, lowest first: every test below that runs per level caps the kernels at
+ * k_levels[_i % 3] (the machine may lack the top ones: then the lower path runs twice). */
+static const kv_simd_level k_levels[] = {KV_SIMD_NONE, KV_SIMD_SSE2, KV_SIMD_AVX2};
+
 START_TEST(fwht_fast_is_bit_identical) {
-    /* the CPU's blocked FWHT and the shared stage-by-stage one (what the GPU runs) agree bit for bit */
+    /* the CPU's FWHT (portable blocked C, SSE2, AVX2) and the shared stage-by-stage one (what the GPU
+     * runs) agree bit for bit */
+    kv_simd_level_limit(k_levels[_i]);
     for (size_t n = 1; n <= 4096; n *= 2) {
         float *a = randn(n, 40 + n, 3.0f, 0.5f), *b = malloc(n * sizeof *b);
         memcpy(b, a, n * sizeof *a);
         kv_fwht_unnormalized_ref(a, n);
         kv_qm_fwht(b, n);
-        ck_assert_int_eq(memcmp(a, b, n * sizeof *a), 0);
+        ck_assert_msg(memcmp(a, b, n * sizeof *a) == 0, "level %d, n %zu", (int)k_levels[_i], n);
         free(a);
         free(b);
     }
+    kv_simd_level_limit(KV_SIMD_AVX2);
 }
 END_TEST
 
@@ -551,12 +558,78 @@ START_TEST(grid_search_equals_exhaustive) {
 }
 END_TEST
 
-/* HIGGS encode and decode (the CPU's fused SSE2 transform on x86-64) against the shared element
- * math step by step — signs, kv_qm_fwht, the norm's multiplier, exhaustive nearest point; decode:
- * grid point times multiplier, kv_qm_fwht, signs — bit for bit, for groups 8 .. 256 (one, two and
- * three fused passes, with and without the odd last stage). */
+/* Grids for the batched search: random Gaussian ones (the HIGGS case), a tight cluster (cells with
+ * up to dozens of candidates: the quad records and the scalar fall-back), repeated points (exact
+ * ties between different indices), a product grid (ties on whole lines) and a single point. */
+static float *search_test_grid(int kind, int *n) {
+    switch (kind) {
+    case 0: *n = 256; return randn(2 * 256, 61, 1.0f, 0.0f);
+    case 1: *n = 16; return randn(2 * 16, 62, 1.0f, 0.0f);
+    case 2: *n = 64; return randn(2 * 64, 63, 0.01f, 0.3f);
+    case 3: {
+        *n = 128;
+        float *g = randn(2 * 128, 64, 1.0f, 0.0f);
+        for (int i = 64; i < 128; i++) g[2 * i] = g[2 * (i - 64)], g[2 * i + 1] = g[2 * (i - 64) + 1];
+        return g;
+    }
+    case 4: *n = 16; return product_grid(2, 4);
+    default: *n = 1; return randn(2, 65, 1.0f, 0.0f);
+    }
+}
+
+START_TEST(grid_search_many_equals_exhaustive) {
+    /* kv_grid_search_nearest_many (the encoder's batched search: table, pair and quad records, SSE2
+     * or AVX2 first pass) gives the exhaustive search's index for every query, at every level: queries
+     * Gaussian, wide, at midpoints between two points and on points (ties), far outside the table,
+     * NaN and infinite; counts around the vector widths and the 512-query chunk */
+    kv_simd_level_limit(k_levels[_i % 3]);
+    int n = 0;
+    float *g = search_test_grid(_i / 3, &n);
+    kv_grid_search *s = NULL;
+    ck_assert_kv_ok(kv_grid_search_create(&s, g, 2, n));
+    const size_t counts[] = {0, 1, 3, 7, 8, 9, 17, 511, 512, 513, 1500};
+    kv_rng r;
+    kv_rng_init(&r, 100 + (uint64_t)_i);
+    for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+        const size_t m = counts[c];
+        float *u = malloc((2 * m + 1) * sizeof *u);
+        uint8_t *got = malloc(m + 1);
+        for (size_t q = 0; q < m; q++) {
+            const int a = (int)(kv_rng_next_u64(&r) % (uint64_t)n), b = (int)(kv_rng_next_u64(&r) % (uint64_t)n);
+            const float wide = (float)kv_rng_next_normal(&r) * 2.5f;
+            switch (q % 8) {
+            case 0: case 1: case 2:
+                u[2 * q] = (float)kv_rng_next_normal(&r), u[2 * q + 1] = (float)kv_rng_next_normal(&r);
+                break;
+            case 3: u[2 * q] = wide, u[2 * q + 1] = (float)kv_rng_next_normal(&r) * 2.5f; break;
+            case 4: u[2 * q] = 0.5f * (g[2 * a] + g[2 * b]), u[2 * q + 1] = 0.5f * (g[2 * a + 1] + g[2 * b + 1]); break;
+            case 5: u[2 * q] = g[2 * a], u[2 * q + 1] = g[2 * a + 1]; break;
+            case 6: u[2 * q] = wide * 8.0f, u[2 * q + 1] = 0.5f; break;
+            default: u[2 * q] = q % 16 == 7 ? NAN : 0.1f, u[2 * q + 1] = q % 16 == 7 ? 0.2f : INFINITY; break;
+            }
+        }
+        kv_grid_search_nearest_many(s, got, u, m);
+        for (size_t q = 0; q < m; q++)
+            ck_assert_msg(got[q] == kv_qm_grid_nearest(u + 2 * q, g, 2, n), "level %d grid %d count %zu query %zu (%g, %g): %d vs %d",
+                          (int)k_levels[_i % 3], _i / 3, m, q, (double)u[2 * q], (double)u[2 * q + 1], got[q],
+                          kv_qm_grid_nearest(u + 2 * q, g, 2, n));
+        free(u);
+        free(got);
+    }
+    kv_grid_search_free(s);
+    free(g);
+    kv_simd_level_limit(KV_SIMD_AVX2);
+}
+END_TEST
+
+/* HIGGS encode and decode (each CPU path: portable, SSE2, AVX2 with the sum of squares fused into
+ * the transform) against the shared element math step by step — signs, kv_qm_sumsq, kv_qm_fwht, the
+ * norm's multiplier, exhaustive nearest point; decode: grid point times multiplier, kv_qm_fwht,
+ * signs — bit for bit, for groups 8 .. 256 (one, two and three passes, with and without an odd
+ * last stage). */
 START_TEST(higgs_matches_element_math) {
-    const size_t g = (size_t)8 << _i, tokens = 5, channels = 2 * g, n = tokens * channels;
+    kv_simd_level_limit(k_levels[_i % 3]); /* _i / 3: the group size */
+    const size_t g = (size_t)8 << (_i / 3), tokens = 5, channels = 2 * g, n = tokens * channels;
     float *grid = randn(16 * 2, 77, 1.0f, 0.0f);
     const kv_higgs h = {.dim = 2, .size = 16, .group = (int)g, .norm_type = KV_PARAM_F32, .seed = 3, .grid = grid};
     float *x = randn(n, 500 + (uint64_t)_i, 2.0f, 0.1f), *y = malloc(n * sizeof *y), *v = malloc(g * sizeof *v);
@@ -584,6 +657,7 @@ START_TEST(higgs_matches_element_math) {
             ck_assert_msg(memcmp(&e, &y[grp * g + k], 4) == 0, "g %zu group %zu: decode differs at %zu", g, grp, k);
         }
     }
+    kv_simd_level_limit(KV_SIMD_AVX2);
     free(grid);
     free(x);
     free(y);
@@ -828,10 +902,11 @@ int main(void) {
     tc = tcase_create("higgs");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, fwht_matches_explicit_hadamard, 0, 10);
-    tcase_add_test(tc, fwht_fast_is_bit_identical);
-    tcase_add_loop_test(tc, higgs_matches_element_math, 0, 6);
+    tcase_add_loop_test(tc, fwht_fast_is_bit_identical, 0, 3);
+    tcase_add_loop_test(tc, higgs_matches_element_math, 0, 6 * 3);
     tcase_add_loop_test(tc, higgs_gaussian_mse_matches_grid, 0, (int)(sizeof k_higgs / sizeof k_higgs[0]));
     tcase_add_test(tc, grid_search_equals_exhaustive);
+    tcase_add_loop_test(tc, grid_search_many_equals_exhaustive, 0, 3 * 6);
     tcase_add_test(tc, higgs_details);
     suite_add_tcase(s, tc);
     tc = tcase_create("squat");
