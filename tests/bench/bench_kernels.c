@@ -6,7 +6,8 @@
  * Single-threaded (the CPU reference is single-threaded; memcpy is too). Times are the thread's CPU
  * time (CLOCK_THREAD_CPUTIME_ID), best of R.
  *
- * usage: bench_kernels [--values N] [--reps R] [--markdown]
+ * usage: bench_kernels [--values N] [--reps R] [--simd none|sse2|avx2]
+ * (--simd caps the CPU's vector paths, to measure what a CPU without AVX2 gets.)
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -15,6 +16,7 @@
 #include <string.h>
 
 #include "kv_calib.h"
+#include "kv_kernels_internal.h"
 #include "kvrt.h"
 
 #include <time.h>
@@ -297,8 +299,11 @@ int main(int argc, char **argv) {
             values = (size_t)strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             reps = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: bench_kernels [--values N] [--reps R]\n");
+        else if (!strcmp(argv[i], "--simd") && i + 1 < argc && (!strcmp(argv[i + 1], "none") || !strcmp(argv[i + 1], "sse2") || !strcmp(argv[i + 1], "avx2"))) {
+            i++;
+            kv_simd_level_limit(!strcmp(argv[i], "none") ? KV_SIMD_NONE : !strcmp(argv[i], "sse2") ? KV_SIMD_SSE2 : KV_SIMD_AVX2);
+        } else {
+            fprintf(stderr, "usage: bench_kernels [--values N] [--reps R] [--simd none|sse2|avx2]\n");
             return 2;
         }
     }
@@ -324,8 +329,9 @@ int main(int argc, char **argv) {
     memset(c.p1, 0, n * sizeof(float));
     memset(c.p2, 0, n * sizeof(float));
 
-    printf("bench_kernels: %zu values (%zu tokens x %zu channels, %.0f MiB f32), best of %d, 1 thread, thread CPU time\n\n", n,
-           c.tokens, C, bytes / 1048576.0, reps);
+    static const char *const level_name[] = {"portable C", "SSE2", "AVX2"};
+    printf("bench_kernels: %zu values (%zu tokens x %zu channels, %.0f MiB f32), best of %d, 1 thread, thread CPU time, CPU paths: %s\n\n", n,
+           c.tokens, C, bytes / 1048576.0, reps, level_name[kv_simd_level_now()]);
     printf("| quantizer (CPU) | bits | encode GB/s | vs memcpy | decode GB/s | vs memcpy | memcpy GB/s |\n");
     printf("|---|---|---|---|---|---|---|\n");
     op o = {.c = &c};
