@@ -8,9 +8,10 @@
  *
  * Many 2-D queries at once (kv_grid_search_nearest_many: HIGGS's encoder) go in two passes, so that
  * no branch depends on the data:
- *  1. the cell of each query (four at a time in SSE2) and its 16-bit entry: a cell with one
- *     candidate (70% of Gaussian queries for n = 256, 92% for n = 16) answers at once; the others
- *     are appended to one of two lists, with unconditional stores and counters;
+ *  1. the cell of each query and its 16-bit entry (four queries at a time in SSE2, eight in AVX2
+ *     where the CPU has it): a cell with one candidate (70% of Gaussian queries for n = 256, 92%
+ *     for n = 16) answers at once; the others are appended to one of two lists, with
+ *     unconditional stores and counters (SSE2) or a lane permutation (AVX2);
  *  2. the two-candidate list, then the three-or-four list: the candidates' coordinates are in a
  *     record of the cell (contiguous, no gather), both or all four distances come from one vector
  *     (SSE2), the nearest with the lowest index among equals. Cells with more than four candidates
@@ -37,7 +38,7 @@ struct kv_grid_search {
     float lo, inv_w; /* cell of coordinate u: floor((u - lo) * inv_w) */
     uint32_t *offs;  /* cells^d + 1 */
     uint16_t *cand;  /* candidate indices, ascending within a cell */
-    /* d = 2: cells^2 + 1 entries, the last for queries outside the table: see ENTRY_* */
+    /* d = 2: cells^2 + 2 entries, cells^2 for queries outside the table, one spare: see ENTRY_* */
     uint16_t *entry;
     float *pair_xy;    /* per two-candidate record: ax, ay, bx, by (16-byte aligned) */
     uint16_t *pair_id; /* a | b << 8, a < b */
