@@ -60,12 +60,10 @@ int kv_fwht_avx2_decode(float *dst, const float *v, size_t n, const float *signs
 
 /* The CPU's vectorizable FWHT (unnormalized), bit-identical to kv_qm_fwht (tested). */
 void kv_fwht_unnormalized_ref(float *v, size_t n);
-/* HIGGS's SSE2 paths (cpu/higgs_sse2.c), 0 (nothing done) off x86-64. kv_sumsq_sse2: kv_qm_sumsq's
- * bits, n a multiple of 8. The FWHT: kv_qm_fwht's bits, n >= 8; dst may equal the input; _encode:
- * dst = H (x * signs) * mul; _decode: dst = (H v) * signs. */
-int kv_sumsq_sse2(const float *v, size_t n, float *out);
+/* HIGGS's SSE2 paths (cpu/higgs_sse2.c), 0 (nothing done) off x86-64 or for n < 8; otherwise as the
+ * AVX2 ones above (kv_qm_fwht's and kv_qm_sumsq's bits; dst may equal the input). */
 int kv_fwht_sse2(float *dst, const float *src, size_t n);
-int kv_fwht_sse2_encode(float *dst, const float *x, size_t n, const float *signs, float mul);
+int kv_higgs_transform_sse2(float *dst, const float *x, size_t n, const float *signs, float *sumsq);
 int kv_fwht_sse2_decode(float *dst, const float *v, size_t n, const float *signs);
 
 #ifdef __cplusplus

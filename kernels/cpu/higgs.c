@@ -67,13 +67,11 @@ void kv_fwht_unnormalized_ref(float *v, size_t n) {
 static float encode_transform(float *v, const float *x, size_t g, const float *signs, kv_simd_level lv) {
     float ss;
     if (lv >= KV_SIMD_AVX2 && kv_higgs_transform_avx2(v, x, g, signs, &ss)) return sqrtf(ss);
-    if (!(lv >= KV_SIMD_SSE2 && kv_sumsq_sse2(x, g, &ss))) ss = kv_qm_sumsq(x, g);
-    const float norm = sqrtf(ss), mul = kv_qm_higgs_enc_mul(norm);
-    if (!(lv >= KV_SIMD_SSE2 && kv_fwht_sse2_encode(v, x, g, signs, mul))) {
-        for (size_t k = 0; k < g; k++) v[k] = x[k] * signs[k];
-        fwht_fast(v, g);
-        for (size_t k = 0; k < g; k++) v[k] *= mul;
-    }
+    if (lv >= KV_SIMD_SSE2 && kv_higgs_transform_sse2(v, x, g, signs, &ss)) return sqrtf(ss);
+    const float norm = sqrtf(kv_qm_sumsq(x, g)), mul = kv_qm_higgs_enc_mul(norm);
+    for (size_t k = 0; k < g; k++) v[k] = x[k] * signs[k];
+    fwht_fast(v, g);
+    for (size_t k = 0; k < g; k++) v[k] *= mul;
     return norm;
 }
 

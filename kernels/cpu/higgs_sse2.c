@@ -1,9 +1,9 @@
-/* higgs_sse2.c — HIGGS's x86-64 paths (SSE2, the baseline: no dispatch): the group's sum of squares
- * and the unnormalized Walsh-Hadamard transform, bit-identical to kv_qm_sumsq and kv_qm_fwht, which
- * the GPU runs.
+/* higgs_sse2.c — HIGGS's x86-64 paths (SSE2, the baseline, compiled in; AVX2 CPUs take
+ * higgs_avx2.c): the unnormalized Walsh-Hadamard transform, and the encoder's with the group's sum
+ * of squares, bit-identical to kv_qm_fwht and kv_qm_sumsq, which the GPU runs.
  *
  * The sum of squares keeps kv_qm_sumsq's 8 lanes (lane k sums elements k, k + 8, ... in order) in
- * two vectors instead of an array gcc leaves in memory, and adds the lanes in its order.
+ * two vectors, fed by the transform's first pass, and adds the lanes in its order.
  *
  * Same butterflies as kv_qm_fwht — stage h pairs (j, j + h) into (a + b, a - b), stages in order
  * h = 1, 2, 4, ... — in three kinds of pass: stages 1, 2 and 4 inside each block of 8 values (two
@@ -17,6 +17,7 @@
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#include <math.h>
 
 #if defined(__GNUC__)
 #define FWHT_INLINE inline __attribute__((always_inline))
@@ -40,16 +41,38 @@ static FWHT_INLINE __m128 stages_in_vector(__m128 a, __m128 neg_odd, __m128 neg_
     return _mm_add_ps(_mm_shuffle_ps(u, u, _MM_SHUFFLE(1, 0, 1, 0)), _mm_xor_ps(_mm_shuffle_ps(u, u, _MM_SHUFFLE(3, 2, 3, 2)), neg_hi));
 }
 
+/* kv_qm_sumsq's final sum of its 8 lanes (lanes 0-3 in lo, 4-7 in hi). */
+static FWHT_INLINE float lanes_sum(__m128 lo, __m128 hi) {
+    float l[8];
+    _mm_storeu_ps(l, lo);
+    _mm_storeu_ps(l + 4, hi);
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
 /* dst = H (src * pre) * post * scale, pre/post/scale optional (NULL / use_scale 0); dst may be
- * src. n >= 8, a power of two. */
+ * src. n >= 8, a power of two. With sumsq set: *sumsq = kv_qm_sumsq(src), and the scale is
+ * kv_qm_higgs_enc_mul(sqrtf(*sumsq)) instead of scale_f (the encoder's transform). The sum rides on
+ * the first pass, which reads the values in kv_qm_sumsq's lane order (lane k: elements k, k + 8,
+ * ...); x^2, not (x * sign)^2, though they are equal. */
 static FWHT_INLINE void fwht(float *dst, const float *src, size_t n, const float *pre, const float *post,
-                             const int use_scale, float scale_f) {
-    const __m128 scale = _mm_set1_ps(scale_f);
+                             int use_scale, float scale_f, float *sumsq) {
+    __m128 scale = _mm_set1_ps(scale_f);
     const __m128 neg_odd = _mm_castsi128_ps(_mm_set_epi32((int)0x80000000u, 0, (int)0x80000000u, 0)); /* lanes 1, 3 */
     const __m128 neg_hi = _mm_castsi128_ps(_mm_set_epi32((int)0x80000000u, (int)0x80000000u, 0, 0)); /* lanes 2, 3 */
     const int block_is_last = n == 8;
+    __m128 acc_lo = _mm_setzero_ps(), acc_hi = _mm_setzero_ps();
+    if (sumsq && block_is_last) { /* the scale is needed before the only block is finished */
+        const __m128 a = _mm_loadu_ps(src), b = _mm_loadu_ps(src + 4);
+        *sumsq = lanes_sum(_mm_mul_ps(a, a), _mm_mul_ps(b, b)); /* 0 + x^2 = x^2 */
+        scale = _mm_set1_ps(kv_qm_higgs_enc_mul(sqrtf(*sumsq)));
+        use_scale = 1;
+    }
     for (size_t i = 0; i < n; i += 8) {
         __m128 a = _mm_loadu_ps(src + i), b = _mm_loadu_ps(src + i + 4);
+        if (sumsq && !block_is_last) {
+            acc_lo = _mm_add_ps(acc_lo, _mm_mul_ps(a, a));
+            acc_hi = _mm_add_ps(acc_hi, _mm_mul_ps(b, b));
+        }
         if (pre) {
             a = _mm_mul_ps(a, _mm_loadu_ps(pre + i));
             b = _mm_mul_ps(b, _mm_loadu_ps(pre + i + 4));
@@ -64,6 +87,11 @@ static FWHT_INLINE void fwht(float *dst, const float *src, size_t n, const float
             _mm_storeu_ps(dst + i, lo);
             _mm_storeu_ps(dst + i + 4, hi);
         }
+    }
+    if (sumsq && !block_is_last) {
+        *sumsq = lanes_sum(acc_lo, acc_hi);
+        scale = _mm_set1_ps(kv_qm_higgs_enc_mul(sqrtf(*sumsq)));
+        use_scale = 1;
     }
     size_t h = 8;
     for (; 4 * h <= n; h *= 4) { /* stages h and 2h together */
@@ -96,52 +124,32 @@ static FWHT_INLINE void fwht(float *dst, const float *src, size_t n, const float
         }
 }
 
-int kv_sumsq_sse2(const float *v, size_t n, float *out) {
-    if (n % 8) return 0; /* kv_qm_sumsq puts a tail into lane 0: left to it */
-    __m128 a = _mm_setzero_ps(), b = _mm_setzero_ps();
-    for (size_t i = 0; i < n; i += 8) {
-        const __m128 x = _mm_loadu_ps(v + i), y = _mm_loadu_ps(v + i + 4);
-        a = _mm_add_ps(a, _mm_mul_ps(x, x));
-        b = _mm_add_ps(b, _mm_mul_ps(y, y));
-    }
-    float l[8];
-    _mm_storeu_ps(l, a);
-    _mm_storeu_ps(l + 4, b);
-    *out = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-    return 1;
-}
-
 int kv_fwht_sse2(float *dst, const float *src, size_t n) {
     if (n < 8) return 0;
-    fwht(dst, src, n, NULL, NULL, 0, 1.0f);
+    fwht(dst, src, n, NULL, NULL, 0, 1.0f, NULL);
     return 1;
 }
 
-int kv_fwht_sse2_encode(float *dst, const float *x, size_t n, const float *signs, float mul) {
+int kv_higgs_transform_sse2(float *dst, const float *x, size_t n, const float *signs, float *sumsq) {
     if (n < 8) return 0;
-    fwht(dst, x, n, signs, NULL, 1, mul);
+    fwht(dst, x, n, signs, NULL, 0, 1.0f, sumsq);
     return 1;
 }
 
 int kv_fwht_sse2_decode(float *dst, const float *v, size_t n, const float *signs) {
     if (n < 8) return 0;
-    fwht(dst, v, n, NULL, signs, 0, 1.0f);
+    fwht(dst, v, n, NULL, signs, 0, 1.0f, NULL);
     return 1;
 }
 
 #else /* not x86-64 */
 
-int kv_sumsq_sse2(const float *v, size_t n, float *out) {
-    (void)v, (void)n, (void)out;
-    return 0;
-}
-
 int kv_fwht_sse2(float *dst, const float *src, size_t n) {
     (void)dst, (void)src, (void)n;
     return 0;
 }
-int kv_fwht_sse2_encode(float *dst, const float *x, size_t n, const float *signs, float mul) {
-    (void)dst, (void)x, (void)n, (void)signs, (void)mul;
+int kv_higgs_transform_sse2(float *dst, const float *x, size_t n, const float *signs, float *sumsq) {
+    (void)dst, (void)x, (void)n, (void)signs, (void)sumsq;
     return 0;
 }
 int kv_fwht_sse2_decode(float *dst, const float *v, size_t n, const float *signs) {
