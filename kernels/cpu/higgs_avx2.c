@@ -61,11 +61,10 @@ AVX2_FN void stages3(float *dst, size_t j, size_t h, int last, const float *post
     BUTTERFLY(r0, r2); BUTTERFLY(r1, r3); BUTTERFLY(r4, r6); BUTTERFLY(r5, r7); /* stage 2h */
     BUTTERFLY(r0, r4); BUTTERFLY(r1, r5); BUTTERFLY(r2, r6); BUTTERFLY(r3, r7); /* stage 4h */
     if (last) {
-        const size_t k = j;
-        r0 = finish(r0, post, k, use_scale, scale), r1 = finish(r1, post, k + h, use_scale, scale);
-        r2 = finish(r2, post, k + 2 * h, use_scale, scale), r3 = finish(r3, post, k + 3 * h, use_scale, scale);
-        r4 = finish(r4, post, k + 4 * h, use_scale, scale), r5 = finish(r5, post, k + 5 * h, use_scale, scale);
-        r6 = finish(r6, post, k + 6 * h, use_scale, scale), r7 = finish(r7, post, k + 7 * h, use_scale, scale);
+        r0 = finish(r0, post, j, use_scale, scale), r1 = finish(r1, post, j + h, use_scale, scale);
+        r2 = finish(r2, post, j + 2 * h, use_scale, scale), r3 = finish(r3, post, j + 3 * h, use_scale, scale);
+        r4 = finish(r4, post, j + 4 * h, use_scale, scale), r5 = finish(r5, post, j + 5 * h, use_scale, scale);
+        r6 = finish(r6, post, j + 6 * h, use_scale, scale), r7 = finish(r7, post, j + 7 * h, use_scale, scale);
     }
     _mm256_storeu_ps(p0, r0), _mm256_storeu_ps(p1, r1), _mm256_storeu_ps(p2, r2), _mm256_storeu_ps(p3, r3);
     _mm256_storeu_ps(p4, r4), _mm256_storeu_ps(p5, r5), _mm256_storeu_ps(p6, r6), _mm256_storeu_ps(p7, r7);
