@@ -191,13 +191,18 @@ KV_HD void kv_qm_fwht(float *v, size_t n) {
 /* Sum of squares in a fixed order that both sides compute the same way (the GPU on one thread):
  * 8 lanes (lane k sums elements k, k + 8, ...; a tail below 8 goes to lane 0), then the lanes
  * pairwise. The lanes let the CPU vectorize it without reassociating anything. */
+/* kv_qm_sumsq's final sum of its 8 lanes (the CPU's vector paths call it too). */
+KV_HD float kv_qm_sum_lanes8(const float *acc) {
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 KV_HD float kv_qm_sumsq(const float *v, size_t n) {
     float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
         for (int k = 0; k < 8; k++) acc[k] += v[i + (size_t)k] * v[i + (size_t)k];
     for (; i < n; i++) acc[0] += v[i] * v[i];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    return kv_qm_sum_lanes8(acc);
 }
 
 /* Squared distance of a d-vector to grid point i, summed in coordinate order. */

@@ -30,11 +30,13 @@ typedef struct fwht_io {
     float *sumsq;      /* when set: kv_qm_sumsq of the input, and outputs times kv_qm_higgs_enc_mul */
 } fwht_io;
 
-/* kv_qm_sumsq's final sum of its 8 lanes. */
-AVX2_FN float lanes_sum(__m256 acc) {
+/* The encoder's scale from kv_qm_sumsq's 8 lanes in acc: *sumsq = their sum, and
+ * kv_qm_higgs_enc_mul(sqrtf(*sumsq)) in every lane. */
+AVX2_FN __m256 encoder_scale(__m256 acc, float *sumsq) {
     float l[8];
     _mm256_storeu_ps(l, acc);
-    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    *sumsq = kv_qm_sum_lanes8(l);
+    return _mm256_set1_ps(kv_qm_higgs_enc_mul(sqrtf(*sumsq)));
 }
 
 AVX2_FN __m256 finish(__m256 v, const float *post, size_t k, int use_scale, __m256 scale) {
@@ -115,8 +117,7 @@ AVX2_FN void fwht(float *dst, const float *src, size_t n, fwht_io io) {
             const __m256 x = _mm256_loadu_ps(src + i);
             acc = _mm256_add_ps(acc, _mm256_mul_ps(x, x));
         }
-        *io.sumsq = lanes_sum(acc);
-        scale = _mm256_set1_ps(kv_qm_higgs_enc_mul(sqrtf(*io.sumsq)));
+        scale = encoder_scale(acc, io.sumsq);
         use_scale = 1;
     }
     for (size_t i = 0; i < n; i += 16) {
@@ -137,8 +138,7 @@ AVX2_FN void fwht(float *dst, const float *src, size_t n, fwht_io io) {
     }
     if (one_pass) return;
     if (io.sumsq) {
-        *io.sumsq = lanes_sum(acc);
-        scale = _mm256_set1_ps(kv_qm_higgs_enc_mul(sqrtf(*io.sumsq)));
+        scale = encoder_scale(acc, io.sumsq);
         use_scale = 1;
     }
     for (size_t h = 16; h < n;) {

@@ -41,12 +41,14 @@ static FWHT_INLINE __m128 stages_in_vector(__m128 a, __m128 neg_odd, __m128 neg_
     return _mm_add_ps(_mm_shuffle_ps(u, u, _MM_SHUFFLE(1, 0, 1, 0)), _mm_xor_ps(_mm_shuffle_ps(u, u, _MM_SHUFFLE(3, 2, 3, 2)), neg_hi));
 }
 
-/* kv_qm_sumsq's final sum of its 8 lanes (lanes 0-3 in lo, 4-7 in hi). */
-static FWHT_INLINE float lanes_sum(__m128 lo, __m128 hi) {
+/* The encoder's scale from kv_qm_sumsq's 8 lanes (0-3 in lo, 4-7 in hi): *sumsq = their sum, and
+ * kv_qm_higgs_enc_mul(sqrtf(*sumsq)) in every lane. */
+static FWHT_INLINE __m128 encoder_scale(__m128 lo, __m128 hi, float *sumsq) {
     float l[8];
     _mm_storeu_ps(l, lo);
     _mm_storeu_ps(l + 4, hi);
-    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    *sumsq = kv_qm_sum_lanes8(l);
+    return _mm_set1_ps(kv_qm_higgs_enc_mul(sqrtf(*sumsq)));
 }
 
 /* dst = H (src * pre) * post * scale, pre/post/scale optional (NULL / use_scale 0); dst may be
@@ -63,8 +65,7 @@ static FWHT_INLINE void fwht(float *dst, const float *src, size_t n, const float
     __m128 acc_lo = _mm_setzero_ps(), acc_hi = _mm_setzero_ps();
     if (sumsq && block_is_last) { /* the scale is needed before the only block is finished */
         const __m128 a = _mm_loadu_ps(src), b = _mm_loadu_ps(src + 4);
-        *sumsq = lanes_sum(_mm_mul_ps(a, a), _mm_mul_ps(b, b)); /* 0 + x^2 = x^2 */
-        scale = _mm_set1_ps(kv_qm_higgs_enc_mul(sqrtf(*sumsq)));
+        scale = encoder_scale(_mm_mul_ps(a, a), _mm_mul_ps(b, b), sumsq); /* lanes 0 + x^2 = x^2 */
         use_scale = 1;
     }
     for (size_t i = 0; i < n; i += 8) {
@@ -89,8 +90,7 @@ static FWHT_INLINE void fwht(float *dst, const float *src, size_t n, const float
         }
     }
     if (sumsq && !block_is_last) {
-        *sumsq = lanes_sum(acc_lo, acc_hi);
-        scale = _mm_set1_ps(kv_qm_higgs_enc_mul(sqrtf(*sumsq)));
+        scale = encoder_scale(acc_lo, acc_hi, sumsq);
         use_scale = 1;
     }
     size_t h = 8;
