@@ -403,10 +403,9 @@ AVX2_FN static void first_pass_avx2(const kv_grid_search *s, uint8_t *out, const
 #endif
 
 /* Passes 1 and 2 for n <= CHUNK queries. */
-static void nearest_chunk_2d(const kv_grid_search *s, uint8_t *out, const float *u, size_t n) {
+static void nearest_chunk_2d(const kv_grid_search *s, uint8_t *out, const float *u, size_t n, kv_simd_level lv) {
     uint32_t pairs[CHUNK + 8], quads[CHUNK + 8]; /* + 8: the AVX2 pass stores whole vectors */
     size_t np = 0, nq = 0;
-    const kv_simd_level lv = kv_simd_level_now();
 #if KV_HAVE_X86_AVX2
     if (lv >= KV_SIMD_AVX2 && s->cells == 256)
         first_pass_avx2(s, out, u, n, pairs, quads, &np, &nq);
@@ -436,5 +435,6 @@ void kv_grid_search_nearest_many(const kv_grid_search *s, uint8_t *out, const fl
         for (size_t p = 0; p < n; p++) out[p] = (uint8_t)kv_grid_search_nearest(s, u + p * (size_t)s->d);
         return;
     }
-    for (size_t p = 0; p < n; p += CHUNK) nearest_chunk_2d(s, out + p, u + 2 * p, n - p < CHUNK ? n - p : CHUNK);
+    const kv_simd_level lv = kv_simd_level_now();
+    for (size_t p = 0; p < n; p += CHUNK) nearest_chunk_2d(s, out + p, u + 2 * p, n - p < CHUNK ? n - p : CHUNK, lv);
 }
