@@ -291,6 +291,14 @@ static int bench_gpu(const float *x, size_t tokens, size_t C, int reps) {
 }
 #endif
 
+/* --simd's argument as a kv_simd_level (the names in its order), -1 when unknown. */
+static int simd_level_arg(const char *name) {
+    static const char *const names[] = {"none", "sse2", "avx2"};
+    for (int k = 0; k < 3; k++)
+        if (!strcmp(name, names[k])) return k;
+    return -1;
+}
+
 int main(int argc, char **argv) {
     size_t values = (size_t)1 << 24; /* 64 MiB of f32: far beyond the caches */
     int reps = 5;
@@ -299,10 +307,9 @@ int main(int argc, char **argv) {
             values = (size_t)strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--simd") && i + 1 < argc && (!strcmp(argv[i + 1], "none") || !strcmp(argv[i + 1], "sse2") || !strcmp(argv[i + 1], "avx2"))) {
-            i++;
-            kv_simd_level_limit(!strcmp(argv[i], "none") ? KV_SIMD_NONE : !strcmp(argv[i], "sse2") ? KV_SIMD_SSE2 : KV_SIMD_AVX2);
-        } else {
+        else if (!strcmp(argv[i], "--simd") && i + 1 < argc && simd_level_arg(argv[i + 1]) >= 0)
+            kv_simd_level_limit((kv_simd_level)simd_level_arg(argv[++i]));
+        else {
             fprintf(stderr, "usage: bench_kernels [--values N] [--reps R] [--simd none|sse2|avx2]\n");
             return 2;
         }
