@@ -4,8 +4,9 @@
  *
  * Threading: GEMMs through CBLAS (the BLAS threads them); row-wise work (norms, RoPE, softmax,
  * SwiGLU) in OpenMP loops where every row is computed by one thread, so no result depends on how
- * rows are split between threads. Attention runs (head, query block) tasks in parallel, each with a
- * single-threaded BLAS call. */
+ * rows are split between threads. Attention runs (head, query block) tasks on the model's thread
+ * pool (kv_model_pool), each with a single-threaded BLAS call; a cache with its own `attend` (the
+ * compressed runtime) computes attention itself. */
 #include "forward_internal.h"
 
 #include <math.h>
@@ -142,54 +143,60 @@ static void softmax_row(float *s, int nvalid, int ntotal) {
 }
 
 /* Attention of one sequence: T queries (q: T x q_dim) over S keys/values of which the last T are
- * the queries' own tokens (query t sees keys 0 .. S-T+t). out: T x q_dim. */
+ * the queries' own tokens (query t sees keys 0 .. S-T+t). out: T x q_dim. Tasks (head, block of query
+ * rows) run on the model's thread pool, the heaviest (last) blocks first for balance; a task's result
+ * does not depend on the thread that runs it. */
+typedef struct attend_job {
+    kv_model *m;
+    const float *q, *K, *V;
+    size_t ldk, ldv;
+    int T, S, qb, nqb;
+    float scale;
+    float *out;
+} attend_job;
+
+static void attend_task(void *ctx, int task, int thread) {
+    const attend_job *jb = ctx;
+    const kv_arch *a = &jb->m->arch;
+    const int hd = a->head_dim, nh = a->n_heads, group = a->n_heads / a->n_kv_heads, qd = nh * hd;
+    const int past = jb->S - jb->T, qb = jb->qb;
+    float *sc = jb->m->ws.scores + (size_t)thread * qb * (size_t)jb->S;
+    const int h = task % nh, blk = jb->nqb - 1 - task / nh;
+    const int t0 = blk * qb, t1 = t0 + qb < jb->T ? t0 + qb : jb->T, nq = t1 - t0;
+    const int nk = past + t1; /* keys visible to the block's last row */
+    const float *Qh = jb->q + (size_t)t0 * qd + (size_t)h * hd;
+    const float *Kh = jb->K + (size_t)(h / group) * hd;
+    const float *Vh = jb->V + (size_t)(h / group) * hd;
+    float *Oh = jb->out + (size_t)t0 * qd + (size_t)h * hd;
+    if (nq == 1) {
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, nk, hd, jb->scale, Kh, (int)jb->ldk, Qh, 1, 0.0f, sc, 1);
+    } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, jb->scale, Qh, qd, Kh, (int)jb->ldk, 0.0f, sc,
+                    nk);
+    }
+    for (int i = 0; i < nq; i++) softmax_row(sc + (size_t)i * nk, past + t0 + i + 1, nk);
+    if (nq == 1) {
+        cblas_sgemv(CblasRowMajor, CblasTrans, nk, hd, 1.0f, Vh, (int)jb->ldv, sc, 1, 0.0f, Oh, 1);
+    } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, sc, nk, Vh, (int)jb->ldv, 0.0f, Oh, qd);
+    }
+}
+
 static kv_status attend(kv_model *m, const float *q, int T, const float *K, size_t ldk, const float *V,
                         size_t ldv, int S, float *out) {
     const kv_arch *a = &m->arch;
-    const int hd = a->head_dim, nh = a->n_heads, group = a->n_heads / a->n_kv_heads;
-    const int qd = nh * hd, past = S - T;
+    const int hd = a->head_dim, nh = a->n_heads;
     const int qb = T < ATT_QBLOCK ? T : ATT_QBLOCK;
     const int nqb = (T + qb - 1) / qb;
-    const int ntasks = nh * nqb;
     /* multiply-adds of the whole step, about: 2 * heads * rows * keys * head_dim */
     const size_t work = 2 * (size_t)nh * (size_t)T * (size_t)S * (size_t)hd;
-    int nthr = kv_model_par(m, work);
-    if (nthr > ntasks) nthr = ntasks;
-    const float scale = (float)(1.0 / sqrt((double)hd));
-    kv_status s = kv_model_ws_floats(&m->ws.scores, &m->ws.scores_cap, (size_t)nthr * qb * (size_t)S,
-                                   "attention scores");
+    const int nthr = kv_model_par(m, work);
+    kv_status s = kv_model_ws_floats(&m->ws.scores, &m->ws.scores_cap, (size_t)m->n_threads * qb * (size_t)S,
+                                     "attention scores");
     if (s != KV_OK) return s;
-    float *scores_all = m->ws.scores;
     kv_model_blas_threads(m, 1); /* each task calls the BLAS on its own */
-#pragma omp parallel num_threads(nthr)
-    {
-        float *sc = scores_all + (size_t)omp_get_thread_num() * qb * (size_t)S;
-        /* Tasks are ordered with the heaviest (last) query blocks first for balance; the result of
-         * a task does not depend on the thread that runs it. */
-#pragma omp for schedule(dynamic, 1)
-        for (int task = 0; task < ntasks; task++) {
-            const int h = task % nh, blk = nqb - 1 - task / nh;
-            const int t0 = blk * qb, t1 = t0 + qb < T ? t0 + qb : T, nq = t1 - t0;
-            const int nk = past + t1; /* keys visible to the block's last row */
-            const float *Qh = q + (size_t)t0 * qd + (size_t)h * hd;
-            const float *Kh = K + (size_t)(h / group) * hd;
-            const float *Vh = V + (size_t)(h / group) * hd;
-            float *Oh = out + (size_t)t0 * qd + (size_t)h * hd;
-            if (nq == 1) {
-                cblas_sgemv(CblasRowMajor, CblasNoTrans, nk, hd, scale, Kh, (int)ldk, Qh, 1, 0.0f, sc, 1);
-            } else {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, Qh, qd, Kh, (int)ldk,
-                            0.0f, sc, nk);
-            }
-            for (int i = 0; i < nq; i++) softmax_row(sc + (size_t)i * nk, past + t0 + i + 1, nk);
-            if (nq == 1) {
-                cblas_sgemv(CblasRowMajor, CblasTrans, nk, hd, 1.0f, Vh, (int)ldv, sc, 1, 0.0f, Oh, 1);
-            } else {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, sc, nk, Vh, (int)ldv,
-                            0.0f, Oh, qd);
-            }
-        }
-    }
+    attend_job jb = {m, q, K, V, ldk, ldv, T, S, qb, nqb, (float)(1.0 / sqrt((double)hd)), out};
+    kv_pool_run(nthr > 1 ? kv_model_pool(m) : NULL, nh * nqb, attend_task, &jb);
     return KV_OK;
 }
 
@@ -261,6 +268,13 @@ kv_status kv_model_layer_forward(kv_model *m, int layer, float *h, int n_seqs, i
             const int sid = seq_ids ? seq_ids[b] : b;
             s = cache->ops->append(cache, layer, sid, n_tokens, pos + r0, w->k_pre + r0 * kvd, K, V, (size_t)kvd);
             if (s != KV_OK) return s;
+            if (cache->ops->attend) { /* the cache attends over what it holds (a compressed form) */
+                kv_model_blas_threads(m, 1); /* it may call the BLAS from its own threads */
+                s = cache->ops->attend(cache, layer, sid, n_tokens, w->q + r0 * qd, (size_t)qd, w->att + r0 * qd,
+                                       (size_t)qd);
+                if (s != KV_OK) return s;
+                continue;
+            }
             kv_cache_view view;
             memset(&view, 0, sizeof view);
             if ((s = cache->ops->view(cache, layer, sid, &view)) != KV_OK) return s;

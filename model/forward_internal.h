@@ -53,6 +53,7 @@ struct kv_model {
     float *inv_freq;     /* the same, rounded */
     size_t weight_bytes;
     kv_workspace ws;
+    kv_pool *pool; /* the decode path's threads (kv_model_pool), n_threads of them */
 };
 
 /* Work (multiply-adds or elements) below which a loop or a BLAS call runs on one thread: the
@@ -62,6 +63,10 @@ struct kv_model {
 static inline int kv_model_par(const kv_model *m, size_t work) {
     return work < KV_PAR_MIN_WORK ? 1 : m->n_threads;
 }
+/* The model's thread pool (n_threads), for the work of a decoding step: OpenMP's barriers spin and
+ * wait for descheduled threads, which made decoding on a busy machine 50x slower (pool.c); prefill
+ * keeps OpenMP. NULL when the model runs on one thread (kv_pool_run then runs on the caller). */
+kv_pool *kv_model_pool(kv_model *m);
 /* Set the BLAS thread count (cached: no call when it is already n). */
 void kv_model_blas_threads(kv_model *m, int n);
 

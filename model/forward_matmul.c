@@ -311,51 +311,63 @@ static int fused_type(const kv_matrix *w) {
            (w->q_dtype == KV_DTYPE_Q4_0 || w->q_dtype == KV_DTYPE_Q4_1 || w->q_dtype == KV_DTYPE_Q8_0);
 }
 
-/* Few input rows: every thread decodes its weight rows and dots them with all n inputs. Several
- * matrices with the same input (Q, K and V; gate and up) share one parallel region. */
+/* Few input rows: every item decodes a chunk of weight rows and dots them with all n inputs, on the
+ * model's thread pool (kv_model_pool: decoding runs many short parallel steps, which OpenMP's
+ * spinning barriers slow down badly on a busy machine). Several matrices with the same input (Q, K
+ * and V; gate and up) share one job. Each output is computed by one thread in a fixed order. */
+enum { ROWS_CHUNK = 16 };
+typedef struct rows_job {
+    kv_model *m;
+    const float *x;
+    int n, count, cols, isa, any_decode;
+    const kv_matrix *const *ws;
+    float *const *ys;
+    int failed;
+} rows_job;
+
+static void rows_item(void *ctx, int c, int thread) {
+    rows_job *jb = ctx;
+    const int cols = jb->cols;
+    float *buf = jb->any_decode ? jb->m->ws.rowbuf + (size_t)thread * cols : NULL;
+    int k = 0, r0 = c * ROWS_CHUNK;
+    while (r0 >= (jb->ws[k]->rows + ROWS_CHUNK - 1) / ROWS_CHUNK * ROWS_CHUNK)
+        r0 -= (jb->ws[k++]->rows + ROWS_CHUNK - 1) / ROWS_CHUNK * ROWS_CHUNK;
+    const kv_matrix *w = jb->ws[k];
+    float *y = jb->ys[k];
+    const int rows = w->rows, r1 = r0 + ROWS_CHUNK < rows ? r0 + ROWS_CHUNK : rows;
+    if (fused_type(w)) {
+        rows_q(jb->isa, w->q, w->q_row_bytes, w->q_dtype, cols, r0, r1, jb->x, (size_t)cols, jb->n, y, (size_t)rows);
+        return;
+    }
+    for (int r = r0; r < r1; r++) {
+        const float *wr = w->f32 ? w->f32 + (size_t)r * cols : buf;
+        if (!w->f32 && decode_row(w, r, buf) != KV_OK) {
+            __atomic_store_n(&jb->failed, 1, __ATOMIC_RELAXED); /* read after the job */
+            continue;
+        }
+        dot_rows(jb->isa, wr, cols, jb->x, (size_t)cols, jb->n, y + r, (size_t)rows);
+    }
+}
+
 static kv_status matmul_rows(kv_model *m, const float *x, int n, const kv_matrix *const *ws, float *const *ys,
                              int count) {
-    enum { CHUNK = 16 };
     const int cols = ws[0]->cols;
     int n_chunks = 0, any_decode = 0;
     size_t work = 0;
     for (int k = 0; k < count; k++) {
-        n_chunks += (ws[k]->rows + CHUNK - 1) / CHUNK;
+        n_chunks += (ws[k]->rows + ROWS_CHUNK - 1) / ROWS_CHUNK;
         work += (size_t)ws[k]->rows * cols;
         any_decode |= !ws[k]->f32 && !fused_type(ws[k]);
     }
-    const int nt = kv_model_par(m, work), isa = kv_model_isa(m);
+    const int nt = kv_model_par(m, work);
     if (any_decode) {
-        kv_status s = kv_model_ws_floats(&m->ws.rowbuf, &m->ws.rowbuf_cap, (size_t)nt * cols, "decoding weight rows");
+        kv_status s = kv_model_ws_floats(&m->ws.rowbuf, &m->ws.rowbuf_cap, (size_t)m->n_threads * cols,
+                                         "decoding weight rows");
         if (s != KV_OK) return s;
     }
-    int failed = 0;
-#pragma omp parallel num_threads(nt)
-    {
-        float *buf = any_decode ? m->ws.rowbuf + (size_t)omp_get_thread_num() * cols : NULL;
-#pragma omp for schedule(static)
-        for (int c = 0; c < n_chunks; c++) {
-            int k = 0, r0 = c * CHUNK;
-            while (r0 >= (ws[k]->rows + CHUNK - 1) / CHUNK * CHUNK) r0 -= (ws[k++]->rows + CHUNK - 1) / CHUNK * CHUNK;
-            const kv_matrix *w = ws[k];
-            float *y = ys[k];
-            const int rows = w->rows, r1 = r0 + CHUNK < rows ? r0 + CHUNK : rows;
-            if (fused_type(w)) {
-                rows_q(isa, w->q, w->q_row_bytes, w->q_dtype, cols, r0, r1, x, (size_t)cols, n, y, (size_t)rows);
-                continue;
-            }
-            for (int r = r0; r < r1; r++) {
-                const float *wr = w->f32 ? w->f32 + (size_t)r * cols : buf;
-                if (!w->f32 && decode_row(w, r, buf) != KV_OK) {
-#pragma omp atomic write
-                    failed = 1;
-                    continue;
-                }
-                dot_rows(isa, wr, cols, x, (size_t)cols, n, y + r, (size_t)rows);
-            }
-        }
-    }
-    if (failed) return KV_ERR(KV_EUNSUPPORTED, "cannot decode a weight matrix of type %d", ws[0]->q_dtype);
+    rows_job jb = {m, x, n, count, cols, kv_model_isa(m), any_decode, ws, ys, 0};
+    kv_pool_run(nt > 1 ? kv_model_pool(m) : NULL, n_chunks, rows_item, &jb);
+    if (jb.failed) return KV_ERR(KV_EUNSUPPORTED, "cannot decode a weight matrix of type %d", ws[0]->q_dtype);
     return KV_OK;
 }
 

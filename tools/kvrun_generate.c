@@ -1,5 +1,6 @@
 /* kvrun generate: text generation with the reference model, through the incremental path and the
- * KV-cache interface (full-precision cache): prefill the prompt, then one token per step; greedy at
+ * KV-cache interface (the exact f32 cache, the runtime's f16 cache, or a plan's compressed cache):
+ * prefill the prompt, then one token per step; greedy at
  * temperature 0, else temperature / top-p sampling from a seed. Text to stdout as it is produced;
  * timing to stderr. */
 #include "kv_tools.h"
@@ -25,7 +26,7 @@ static kv_status print_token(void *user, int32_t token) {
 }
 
 int kvrun_generate(int argc, char **argv) {
-    const char *model = NULL, *tokp = NULL, *prompt = "", *weights = "native";
+    const char *model = NULL, *tokp = NULL, *prompt = "", *weights = "native", *plan_path = NULL, *cache_kind = "f32";
     long n_new = 256, threads = 0, seed = 0;
     double temp = 0.0, top_p = 1.0;
     int ignore_eos = 0;
@@ -41,6 +42,8 @@ int kvrun_generate(int argc, char **argv) {
         {"threads", 't', KV_OPT_INT, &threads, "N", "threads (default: all cores)", 0},
         {"weights", 0, KV_OPT_STRING, &weights, "KIND",
          "weight storage: native (the file's blocks decoded on the fly; default), f32, f16", 0},
+        {"plan", 0, KV_OPT_STRING, &plan_path, "PLAN", "hold the KV cache compressed as this plan says (the runtime)", 0},
+        {"cache", 0, KV_OPT_STRING, &cache_kind, "KIND", "without --plan: f32 (exact, default) or f16 (the runtime's f16 cache)", 0},
         {NULL, 0, 0, NULL, NULL, NULL, 0},
     };
     kv_cli_args args;
@@ -58,11 +61,14 @@ int kvrun_generate(int argc, char **argv) {
     mo.n_threads = (int)threads;
     const int storage = kv_tool_weight_storage(weights);
     if (storage < 0) return kv_cli_usage_error(k_tool, "--weights must be native, f32 or f16, not '%s'", weights);
+    if (strcmp(cache_kind, "f32") != 0 && strcmp(cache_kind, "f16") != 0)
+        return kv_cli_usage_error(k_tool, "--cache must be f32 or f16, not '%s'", cache_kind);
     mo.weights = (kv_weight_storage)storage;
 
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
     kv_cache *cache = NULL;
+    kv_plan *plan = NULL;
     int32_t *ids = NULL, *out = NULL, *stops = NULL;
     size_t n_ids = 0;
     kv_status s;
@@ -94,7 +100,9 @@ int kvrun_generate(int argc, char **argv) {
         for (int32_t id = 0; id < nv; id++)
             if (kv_tokenizer_is_eog(tok, id) || id == bos) stops[n_stops++] = id;
     }
-    if ((s = kv_cache_plain_create(&cache, a, 1, (int)(n_ids + (size_t)n_new))) != KV_OK) goto done;
+    if ((s = kv_tool_make_cache(&cache, &plan, m, model, plan_path, cache_kind, 1, (int)(n_ids + (size_t)n_new))) !=
+        KV_OK)
+        goto done;
 
     fwrite(prompt, 1, strlen(prompt), stdout);
     fflush(stdout);
@@ -113,15 +121,16 @@ int kvrun_generate(int argc, char **argv) {
     printf("\n");
     fflush(stdout);
     if (s == KV_OK && !quiet)
-        fprintf(stderr, "prompt %d tokens: %.1f tokens/s; generated %d tokens: %.1f tokens/s (%d threads)\n",
-                st.n_prompt, st.prefill_seconds > 0 ? st.n_prompt / st.prefill_seconds : 0.0, st.n_generated,
-                st.decode_seconds > 0 && st.n_generated > 1 ? (st.n_generated - 1) / st.decode_seconds : 0.0,
-                kv_model_threads(m));
+        fprintf(stderr, "prompt %d tokens: %.1f tokens/s; generated %d tokens: %.1f tokens/s (%d threads); KV cache %zu "
+                "bytes (%s)\n", st.n_prompt, st.prefill_seconds > 0 ? st.n_prompt / st.prefill_seconds : 0.0,
+                st.n_generated, st.decode_seconds > 0 && st.n_generated > 1 ? (st.n_generated - 1) / st.decode_seconds : 0.0,
+                kv_model_threads(m), kv_cache_bytes(cache), plan_path ? "plan" : cache_kind);
 done:
     free(ids);
     free(out);
     free(stops);
     kv_cache_free(cache);
+    kv_plan_free(plan);
     kv_tokenizer_free(tok);
     kv_model_free(m);
     return s == KV_OK ? KV_EXIT_OK : kv_cli_fail(k_tool, s);

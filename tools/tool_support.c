@@ -1,5 +1,6 @@
 /* tool_support.c — steps the tools share: open a model with its tokenizer, tokenize a text file. */
 #include "kv_tools.h"
+#include "kvrt.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -56,4 +57,31 @@ int kv_tool_weight_storage(const char *name) {
     if (strcmp(name, "f16") == 0) return KV_WEIGHTS_F16;
     if (strcmp(name, "native") == 0) return KV_WEIGHTS_NATIVE;
     return -1;
+}
+
+kv_status kv_tool_make_cache(kv_cache **out, kv_plan **plan_out, kv_model *m, const char *model_path,
+                             const char *plan_path, const char *cache_kind, int n_seqs, int capacity) {
+    *out = NULL;
+    *plan_out = NULL;
+    kv_status s = KV_OK;
+    if (plan_path) {
+        kv_model_file *mf = NULL;
+        kv_plan_fingerprint fp;
+        if ((s = kv_plan_read(plan_out, plan_path)) != KV_OK) return s;
+        if ((s = kv_model_file_open(&mf, model_path)) == KV_OK && (s = kv_plan_fingerprint_compute(&fp, mf)) == KV_OK &&
+            (s = kv_plan_check_fingerprint(*plan_out, &fp)) != KV_OK)
+            kv_error_wrap(s, "plan '%s' does not belong to model '%s': ", plan_path, model_path);
+        kv_model_file_close(mf);
+        if (s == KV_OK && (s = kv_cache_rt_create(out, *plan_out, m, n_seqs, capacity, 0)) != KV_OK)
+            kv_error_wrap(s, "plan '%s': ", plan_path);
+    } else if (cache_kind && strcmp(cache_kind, "f16") == 0) {
+        s = kv_cache_rt_create(out, NULL, m, n_seqs, capacity, 0);
+    } else {
+        s = kv_cache_plain_create(out, kv_model_arch(m), n_seqs, capacity);
+    }
+    if (s != KV_OK) {
+        kv_plan_free(*plan_out);
+        *plan_out = NULL;
+    }
+    return s;
 }
