@@ -197,11 +197,35 @@ kv_status rt_read_prepare(kv_rt *rt, int seq, int layer, int stream);
 kv_status rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, size_t ldq, float *out, size_t ldo);
 kv_status rt_scratch_reserve(rt_scratch *s, size_t floats);
 
+/* ---- AVX2 + FMA + F16C inner loops (rt_avx2.c), used when rt_avx2_usable() ---- */
+int rt_avx2_usable(void);
+void rt_f16_to_f32_row_avx2(float *dst, const uint16_t *src, size_t n);
+void rt_f32_to_f16_row_avx2(uint16_t *dst, const float *src, size_t n);
+void rt_f16_scores_avx2(const uint16_t *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo);
+void rt_f16_accum_avx2(const uint16_t *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc);
+void rt_f32_scores_avx2(const float *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo);
+void rt_f32_accum_avx2(const float *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc);
+void rt_exp_avx2(float *x, size_t n);
+void rt_unpack_words_avx2(float *dst, const uint32_t *w, size_t nwords, int bits);
+void rt_unpack_rows_avx2(float *dst, size_t ldd, const uint32_t *codes, size_t w0, size_t wstride, int rows,
+                         size_t nwords, int bits);
+void rt_uniform_tok_scores_avx2(const float *cf, size_t ldc, int n, int hd, const float *qs, int nj, float *acc,
+                                size_t lda);
+void rt_uniform_chan_accum_avx2(const float *cf, size_t ldc, int n, int hd, const float *s, const int *seg, int nseg,
+                                const float *p, size_t ldp, int nj, float *acc);
+void rt_uniform_tok_scores_fused_avx2(const uint32_t *codes, size_t run0, size_t gs, size_t i0, int n, int hd, int bits,
+                                      const float *qs, int nj, float *acc, size_t lda);
+void rt_uniform_chan_accum_fused_avx2(const uint32_t *codes, size_t pos0, size_t C, int n, int hd, int bits,
+                                      const float *ps, int nseg, const int *seg16, int nj, float *acc);
+
 /* ---- vector math shared by the kernels (rt_math.c) ---- */
 /* exp(x) for x <= 0 (scores minus their maximum), n values in place: a range reduction and a degree-6
  * polynomial, relative error below 4e-7 (tests/runtime checks it against exp over [-104, 0]);
  * 0 below -103.9. Written in 8 lanes so that every vector path gives the same bits. */
 void rt_exp_inplace(float *x, size_t n);
+void rt_exp_portable(float *x, size_t n); /* the portable loop alone (rt_exp_inplace's reference) */
+/* n codes of whole words (bits 1, 2, 4, 8; word-aligned) to floats. */
+void rt_unpack_words(float *dst, const uint32_t *w, size_t nwords, int bits);
 void rt_f16_to_f32_row(float *dst, const uint16_t *src, size_t n);
 void rt_f32_to_f16_row(uint16_t *dst, const float *src, size_t n);
 

@@ -1,10 +1,12 @@
 /* bench_attend — the runtime's decoding attention alone (kv_rt_attend of one query row over a long
- * cache, one layer), for an f16 cache and the plans' codecs, at several context lengths. Not a test.
+ * cache), for an f16 cache and the plans' codecs, at several context lengths. Not a test.
  *
- * The cache is filled with one append of N tokens plus one more (so that N - recent tokens are
- * compressed), then kv_rt_attend is timed: best of R calls, thread CPU time on 1 thread (the kernels'
- * speed) or wall time with -t 2. Reported: microseconds per call, the bytes the layer's cache holds
- * and their rate (bytes / time), and the ratio to the f16 cache in the same run.
+ * L layers (30 by default, as SmolLM2, so that the caches do not sit in the CPU's caches between
+ * calls as they would not in a model) are filled with one append of N tokens plus one more (so
+ * that N - recent tokens are compressed); then one decoding step attends every layer in turn:
+ * best of R steps, thread CPU time on 1 thread (the kernels' speed) or wall time with -t 2.
+ * Reported: microseconds per layer, the bytes one layer's cache holds and their rate, and the ratio
+ * to the f16 cache in the same run.
  *
  * usage: bench_attend [--contexts 1024,4096,8192] [--reps R] [-t T] [--simd none|sse2|avx2]
  *        [--kv-heads 3 --gqa 3 --head-dim 64] (SmolLM2-135M's shape by default) */
@@ -35,11 +37,11 @@ typedef struct method {
     int bits;
 } method;
 
-static kv_plan *make_plan(const method *me, int H, int hd, int gqa) {
+static kv_plan *make_plan(const method *me, int L, int H, int hd, int gqa) {
     kv_plan_fingerprint fp;
     memset(&fp, 0, sizeof fp);
     snprintf(fp.arch, sizeof fp.arch, "llama");
-    fp.n_layers = 1, fp.n_kv_heads = H, fp.head_dim = hd, fp.n_heads = H * gqa, fp.d_model = H * gqa * hd;
+    fp.n_layers = L, fp.n_kv_heads = H, fp.head_dim = hd, fp.n_heads = H * gqa, fp.d_model = H * gqa * hd;
     fp.vocab_size = 32, fp.rope_theta = 10000.0f;
     kv_plan *p = NULL;
     kv_status s = kv_plan_create(&p, &fp);
@@ -47,30 +49,35 @@ static kv_plan *make_plan(const method *me, int H, int hd, int gqa) {
     p->global.sinks = me->kind == 0 ? 0 : 4;
     p->global.recent = me->kind == 0 ? 64 : 128;
     p->global.rht_seed = 5;
-    kv_plan_stream *k = &p->layers[0].stream[KV_PLAN_K], *v = &p->layers[0].stream[KV_PLAN_V];
-    if (me->kind == 1) {
-        k->method = v->method = KV_PLAN_UNIFORM, k->bits = v->bits = me->bits;
-        k->group_size = v->group_size = 32, k->group_axis = KV_PLAN_GROUP_TOKENS, v->group_axis = KV_PLAN_GROUP_CHANNELS;
-        k->scale_dtype = v->scale_dtype = KV_DTYPE_F16;
-    } else if (me->kind == 2) {
+    int gi = 0;
+    if (me->kind == 2) {
         const int d = 2, n = 1 << (me->bits * d);
         float *g = malloc(sizeof(float) * (size_t)(d * n));
         kv_rng r;
         kv_rng_init(&r, 3);
         for (int i = 0; i < d * n; i++) g[i] = (float)kv_rng_next_normal(&r);
-        int gi = 0;
         if ((s = kv_plan_add_grid(p, d, n, g, &gi)) != KV_OK) die(s);
         free(g);
+    }
+    for (int l = 0; l < L; l++) {
+    kv_plan_stream *k = &p->layers[l].stream[KV_PLAN_K], *v = &p->layers[l].stream[KV_PLAN_V];
+    if (me->kind == 1) {
+        k->method = v->method = KV_PLAN_UNIFORM, k->bits = v->bits = me->bits;
+        k->group_size = v->group_size = 32, k->group_axis = KV_PLAN_GROUP_TOKENS, v->group_axis = KV_PLAN_GROUP_CHANNELS;
+        k->scale_dtype = v->scale_dtype = KV_DTYPE_F16;
+    } else if (me->kind == 2) {
         k->method = v->method = KV_PLAN_HIGGS, k->bits = v->bits = 0, k->group_size = v->group_size = hd;
         k->group_axis = v->group_axis = KV_PLAN_GROUP_CHANNELS, k->higgs_grid = v->higgs_grid = gi;
         k->scale_dtype = v->scale_dtype = KV_DTYPE_F16;
+    }
     }
     if ((s = kv_plan_validate(p)) != KV_OK) die(s);
     return p;
 }
 
 int main(int argc, char **argv) {
-    int contexts[16] = {1024, 4096, 8192}, n_ctx = 3, reps = 20, threads = 1, H = 3, gqa = 3, hd = 64;
+    int contexts[16] = {1024, 4096, 8192}, n_ctx = 3, reps = 20, threads = 1, H = 3, gqa = 3, hd = 64, L = 30;
+    const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--contexts") && i + 1 < argc) {
             n_ctx = 0;
@@ -85,12 +92,16 @@ int main(int argc, char **argv) {
             gqa = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--head-dim") && i + 1 < argc) {
             hd = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--layers") && i + 1 < argc) {
+            L = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--method") && i + 1 < argc) {
+            only = argv[++i];
         } else if (!strcmp(argv[i], "--simd") && i + 1 < argc) {
             const char *v = argv[++i];
             kv_simd_level_limit(!strcmp(v, "none") ? KV_SIMD_NONE : !strcmp(v, "sse2") ? KV_SIMD_SSE2 : KV_SIMD_AVX2);
         } else {
             fprintf(stderr, "usage: bench_attend [--contexts N,N,...] [--reps R] [-t T] [--simd none|sse2|avx2] "
-                            "[--kv-heads H --gqa G --head-dim D]\n");
+                            "[--kv-heads H --gqa G --head-dim D] [--method NAME] [--layers L]\n");
             return 2;
         }
     }
@@ -98,7 +109,8 @@ int main(int argc, char **argv) {
     const int nm = (int)(sizeof methods / sizeof methods[0]);
     const int kvd = H * hd, qd = H * gqa * hd;
     printf("# bench_attend: one decoding attend (1 query row, %d KV heads x GQA %d x head_dim %d), %d thread(s), "
-           "%s time, best of %d; SIMD level %d\n", H, gqa, hd, threads, threads == 1 ? "thread CPU" : "wall", reps,
+           "%s time per layer, best of %d steps over %d layers; SIMD level %d\n", H, gqa, hd, threads,
+           threads == 1 ? "thread CPU" : "wall", reps, L,
            (int)kv_simd_level_now());
     printf("%-8s %7s %10s %12s %9s %8s\n", "method", "context", "us/call", "cache bytes", "GB/s", "vs f16");
     for (int ci = 0; ci < n_ctx; ci++) {
@@ -116,26 +128,31 @@ int main(int argc, char **argv) {
         for (int i = 0; i < qd; i++) q[i] = (float)kv_rng_next_normal(&r);
         for (int i = 0; i <= N; i++) pos[i] = i;
         for (int mi = 0; mi < nm; mi++) {
-            kv_plan *p = make_plan(&methods[mi], H, hd, gqa);
+            if (only && mi > 0 && strcmp(only, methods[mi].name) != 0) continue;
+            kv_plan *p = make_plan(&methods[mi], L, H, hd, gqa);
             kv_rt_options o;
             memset(&o, 0, sizeof o);
             o.n_seqs = 1, o.n_heads = H * gqa, o.n_threads = threads;
             kv_rt *rt = NULL;
             kv_status s = kv_rt_open(&rt, p, &o);
             if (s != KV_OK) die(s);
-            if ((s = kv_rt_append(rt, 0, 0, N, pos, k, k, v, (size_t)kvd)) != KV_OK) die(s);
-            if ((s = kv_rt_append(rt, 0, 0, 1, pos + N, k + (size_t)N * kvd, k + (size_t)N * kvd, v + (size_t)N * kvd,
-                                  (size_t)kvd)) != KV_OK)
-                die(s);
+            for (int l = 0; l < L; l++) {
+                if ((s = kv_rt_append(rt, l, 0, N, pos, k, k, v, (size_t)kvd)) != KV_OK) die(s);
+                if ((s = kv_rt_append(rt, l, 0, 1, pos + N, k + (size_t)N * kvd, k + (size_t)N * kvd,
+                                      v + (size_t)N * kvd, (size_t)kvd)) != KV_OK)
+                    die(s);
+            }
             double best = INFINITY;
             for (int rep = 0; rep < reps; rep++) {
                 const double t0 = now(threads == 1);
-                if ((s = kv_rt_attend(rt, 0, 0, 1, q, (size_t)qd, out, (size_t)qd)) != KV_OK) die(s);
-                const double t = now(threads == 1) - t0;
+                for (int l = 0; l < L; l++)
+                    if ((s = kv_rt_attend(rt, l, 0, 1, q, (size_t)qd, out, (size_t)qd)) != KV_OK) die(s);
+                const double t = (now(threads == 1) - t0) / L;
                 best = t < best ? t : best;
             }
             kv_rt_stats st;
             kv_rt_get_stats(rt, 0, &st);
+            st.accounted_bytes /= (uint64_t)L;
             if (mi == 0) t_f16 = best;
             printf("%-8s %7d %10.1f %12llu %9.2f %8.2f\n", methods[mi].name, N, best * 1e6,
                    (unsigned long long)st.accounted_bytes, (double)st.accounted_bytes / best / 1e9, t_f16 / best);

@@ -19,6 +19,7 @@
 #include "kv_test.h"
 #include "kvrt.h"
 #include "rt_internal.h"
+#include "kv_kernels_internal.h"
 
 #include <float.h>
 #include <math.h>
@@ -455,16 +456,21 @@ static const rcase k_cases[] = {
      50, 1},
 };
 
+/* Every case at each vector level: the portable C, and AVX2 + FMA when this CPU has it (the AVX2
+ * loops fuse multiply-adds, so they are held to the same bound rather than to the portable bits). */
 START_TEST(test_attention_matches_exact) {
-    const rcase *c = &k_cases[_i];
+    const int n_cases = (int)(sizeof k_cases / sizeof k_cases[0]);
+    const rcase *c = &k_cases[_i % n_cases];
+    kv_simd_level_limit(_i < n_cases ? KV_SIMD_NONE : KV_SIMD_AVX2);
     const double w1 = run_case(c, 1, 2);
     const double w2 = run_case(c, 2, 1); /* two interleaved sequences, one thread */
-    printf("%-32s worst error / bound: %.3g, %.3g\n", c->name, w1, w2);
+    printf("%-32s %s worst error / bound: %.3g, %.3g\n", c->name, _i < n_cases ? "portable" : "avx2    ", w1, w2);
 }
 END_TEST
 
 /* Long sequences: segment boundaries (2048) crossed twice, a long prefill (tiled) then decoding. */
 START_TEST(test_long_sequences) {
+    kv_simd_level_limit(_i ? KV_SIMD_AVX2 : KV_SIMD_NONE);
     const rcase c1 = {"long kivi-2", 1, 2, 3, 64, 4, 128, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 4300, 4290,
                       1, 0};
     const rcase c2 = {"long higgs-2 pre-rope", 1, 1, 3, 64, 4, 128, HG(0, 2, 16), HG(0, 2, 16), F16, F16, 0, 1, 0, 0,
@@ -476,6 +482,7 @@ END_TEST
 
 /* The polynomial exp of the softmax against exp, over every float in [-104, 0] stepped finely. */
 START_TEST(test_exp) {
+    kv_simd_level_limit(_i ? KV_SIMD_AVX2 : KV_SIMD_NONE);
     double worst = 0;
     for (double x = -104.0; x <= 0.0; x += 1.0 / 4096) {
         float v = (float)x;
@@ -608,9 +615,9 @@ int main(void) {
     Suite *s = suite_create("runtime");
     TCase *tc = tcase_create("runtime");
     tcase_set_timeout(tc, 900);
-    tcase_add_loop_test(tc, test_attention_matches_exact, 0, (int)(sizeof k_cases / sizeof k_cases[0]));
-    tcase_add_test(tc, test_long_sequences);
-    tcase_add_test(tc, test_exp);
+    tcase_add_loop_test(tc, test_attention_matches_exact, 0, 2 * (int)(sizeof k_cases / sizeof k_cases[0]));
+    tcase_add_loop_test(tc, test_long_sequences, 0, 2);
+    tcase_add_loop_test(tc, test_exp, 0, 2);
     tcase_add_test(tc, test_threads_agree);
     tcase_add_test(tc, test_refusals);
     suite_add_tcase(s, tc);
