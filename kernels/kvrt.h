@@ -282,6 +282,11 @@ typedef struct kv_rt_options {
      * KV_ROPE_ADJACENT or (i, i + head_dim/2) for KV_ROPE_HALF. NULL: such plans are refused. */
     const double *rope_inv_freq;
     int rope_layout;       /* kv_rope_layout */
+    /* AQUA-KV streams (RUNTIME.md §6): 0 (default) rebuilds each predicted stream's reconstruction at
+     * every step and drops it when no later layer needs it (memory: the compressed cache plus about
+     * two layers' reconstructions); 1 keeps every reconstruction and extends it chunk by chunk
+     * (no per-step predictor cost, but an f32 copy of the predicted streams is held). */
+    int keep_reconstructions;
 } kv_rt_options;
 
 /* Open a runtime for plan (validated here: every stream's method must be one this runtime applies;

@@ -68,7 +68,7 @@ static kv_status f16_plan(kv_plan **out, const kv_arch *a) {
 }
 
 kv_status kv_cache_rt_create(kv_cache **out, const kv_plan *plan, const kv_model *m, int n_seqs, int capacity,
-                             int n_threads) {
+                             int n_threads, unsigned flags) {
     if (!out || !m) return KV_ERR(KV_EINVAL, "kv_cache_rt_create: NULL argument");
     *out = NULL;
     const kv_arch *a = &m->arch;
@@ -96,6 +96,7 @@ kv_status kv_cache_rt_create(kv_cache **out, const kv_plan *plan, const kv_model
     if (o.n_threads == m->n_threads) o.pool = kv_model_pool((kv_model *)m);
     o.rope_inv_freq = m->inv_freq_d;
     o.rope_layout = (int)a->rope_layout;
+    o.keep_reconstructions = (flags & KV_CACHE_RT_KEEP_RECONSTRUCTIONS) != 0;
     if ((s = kv_rt_open(&r->rt, plan, &o)) != KV_OK) goto done;
     r->base.ops = &k_rt_ops;
     r->base.impl = r;

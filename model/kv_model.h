@@ -174,8 +174,9 @@ kv_status kv_cache_plain_create(kv_cache **out, const kv_arch *arch, int n_seqs,
  * (0 = no limit); n_threads 0 = the model's (then the runtime runs on the model's thread pool, and
  * kv_model_set_threads must not be called while the cache exists). */
 struct kv_rt;
+#define KV_CACHE_RT_KEEP_RECONSTRUCTIONS 0x1u /* kv_rt_options.keep_reconstructions (AQUA-KV, RUNTIME.md §6) */
 kv_status kv_cache_rt_create(kv_cache **out, const kv_plan *plan, const kv_model *m, int n_seqs, int capacity,
-                             int n_threads);
+                             int n_threads, unsigned flags);
 /* The runtime behind a cache made by kv_cache_rt_create (borrowed), or NULL for another cache. */
 struct kv_rt *kv_cache_rt_runtime(kv_cache *c);
 /* Dispatch helpers (argument checks, then the vtable). kv_cache_free accepts NULL. */
@@ -284,6 +285,9 @@ typedef struct kv_gen_options {
     uint64_t seed;
     const int32_t *stop_ids;  /* generation ends before any of these (NULL: none) */
     int n_stop_ids;
+    int prefill_chunk;        /* the prompt goes through in steps of at most this many tokens (0: one step):
+                                 bounds the forward workspace, and lets a compressed cache compress the
+                                 prompt as it goes instead of holding all of it in f16 first */
 } kv_gen_options;
 
 typedef struct kv_gen_stats {

@@ -51,7 +51,7 @@ kv_status kv_tool_eval_plan(kv_tool_plan_eval *out, kv_model *m, const char *mod
         kv_error_wrap(s, "plan '%s' does not belong to model '%s': ", plan_path, model_path);
         goto done;
     }
-    if ((s = kv_cache_rt_create(&cache, plan, m, 1, ctx, 0)) != KV_OK) {
+    if ((s = kv_cache_rt_create(&cache, plan, m, 1, ctx, 0, 0)) != KV_OK) {
         kv_error_wrap(s, "plan '%s': ", plan_path);
         goto done;
     }

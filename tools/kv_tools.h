@@ -19,9 +19,9 @@ kv_status kv_tool_open_model_opt(kv_model **model, kv_tokenizer **tok, const cha
 /* The KV cache a run uses: with plan_path, the runtime applying that plan (read, checked against the
  * model file's fingerprint; *plan_out keeps it alive: free it after the cache); otherwise
  * cache_kind "f16" is the runtime's f16 cache, "f32" (or NULL) the plain exact cache. capacity:
- * tokens per sequence (0 = grow). */
+ * tokens per sequence (0 = grow); rt_flags: KV_CACHE_RT_* for a plan's runtime. */
 kv_status kv_tool_make_cache(kv_cache **out, kv_plan **plan_out, kv_model *m, const char *model_path,
-                             const char *plan_path, const char *cache_kind, int n_seqs, int capacity);
+                             const char *plan_path, const char *cache_kind, int n_seqs, int capacity, unsigned rt_flags);
 /* Parse a --weights value ("f32", "f16", "native"); -1 when it is none of them. */
 int kv_tool_weight_storage(const char *name);
 

@@ -36,7 +36,7 @@ static int argmax(const float *x, int n) {
 int kvrun_bench(int argc, char **argv) {
     const char *model = NULL, *tokp = NULL, *text = NULL, *plan_path = NULL, *cache_kind = "f16", *weights = "native";
     long context = 0, decode = 32, batch = 1, threads = 0, seed = 1;
-    int json = 0;
+    int json = 0, keep = 0;
     const kv_opt opts[] = {
         {"model", 'm', KV_OPT_STRING, &model, "PATH", "model (GGUF, safetensors directory, llama2.c)", 1},
         {"plan", 'p', KV_OPT_STRING, &plan_path, "PLAN", "the runtime with this plan's compressed cache", 0},
@@ -50,6 +50,8 @@ int kvrun_bench(int argc, char **argv) {
         {"seed", 0, KV_OPT_INT, &seed, "S", "seed of the random prompts (default 1)", 0},
         {"weights", 0, KV_OPT_STRING, &weights, "KIND", "weight storage: native (default), f32, f16", 0},
         {"threads", 't', KV_OPT_INT, &threads, "N", "threads (default: all cores)", 0},
+        {"keep-reconstructions", 0, KV_OPT_FLAG, &keep, NULL, "AQUA-KV plans: keep the reconstructions across steps "
+                                                                  "instead of rebuilding them (kernels/RUNTIME.md §6)", 0},
         {"json", 0, KV_OPT_FLAG, &json, NULL, "print the result as one JSON object", 0},
         {NULL, 0, 0, NULL, NULL, NULL, 0},
     };
@@ -102,7 +104,8 @@ int kvrun_bench(int argc, char **argv) {
             goto done;
         }
     }
-    if ((s = kv_tool_make_cache(&cache, &plan, m, model, plan_path, cache_kind, B, N + K)) != KV_OK) goto done;
+    if ((s = kv_tool_make_cache(&cache, &plan, m, model, plan_path, cache_kind, B, N + K,
+                                 keep ? KV_CACHE_RT_KEEP_RECONSTRUCTIONS : 0u)) != KV_OK) goto done;
     kv_rng rng;
     kv_rng_init(&rng, (uint64_t)seed);
     for (int b = 0; b < B; b++) {

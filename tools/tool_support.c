@@ -60,7 +60,7 @@ int kv_tool_weight_storage(const char *name) {
 }
 
 kv_status kv_tool_make_cache(kv_cache **out, kv_plan **plan_out, kv_model *m, const char *model_path,
-                             const char *plan_path, const char *cache_kind, int n_seqs, int capacity) {
+                             const char *plan_path, const char *cache_kind, int n_seqs, int capacity, unsigned rt_flags) {
     *out = NULL;
     *plan_out = NULL;
     kv_status s = KV_OK;
@@ -72,10 +72,10 @@ kv_status kv_tool_make_cache(kv_cache **out, kv_plan **plan_out, kv_model *m, co
             (s = kv_plan_check_fingerprint(*plan_out, &fp)) != KV_OK)
             kv_error_wrap(s, "plan '%s' does not belong to model '%s': ", plan_path, model_path);
         kv_model_file_close(mf);
-        if (s == KV_OK && (s = kv_cache_rt_create(out, *plan_out, m, n_seqs, capacity, 0)) != KV_OK)
+        if (s == KV_OK && (s = kv_cache_rt_create(out, *plan_out, m, n_seqs, capacity, 0, rt_flags)) != KV_OK)
             kv_error_wrap(s, "plan '%s': ", plan_path);
     } else if (cache_kind && strcmp(cache_kind, "f16") == 0) {
-        s = kv_cache_rt_create(out, NULL, m, n_seqs, capacity, 0);
+        s = kv_cache_rt_create(out, NULL, m, n_seqs, capacity, 0, 0);
     } else {
         s = kv_cache_plain_create(out, kv_model_arch(m), n_seqs, capacity);
     }

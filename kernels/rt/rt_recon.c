@@ -106,6 +106,7 @@ done:
 }
 
 void rt_recon_release(kv_rt *rt, int seq, int layer) {
+    if (rt->opt.keep_reconstructions) return; /* kept, and extended chunk by chunk as tokens are compressed */
     rt_seq *sq = &rt->seqs[seq];
     for (int i = 0; i < rt->n_layers * 2; i++)
         if (sq->recon[i].x && rt->recon_last_use[i] <= layer) rt_recon_free(&sq->recon[i]);

@@ -100,7 +100,7 @@ static kv_plan *make_aqua_plan(const kv_model *m, int sinks, int recent) {
 
 static kv_cache *rt_cache(kv_plan *p, kv_model *m) {
     kv_cache *c = NULL;
-    ck_assert_kv_ok(kv_cache_rt_create(&c, p, m, 1, 0, 0));
+    ck_assert_kv_ok(kv_cache_rt_create(&c, p, m, 1, 0, 0, 0));
     return c;
 }
 
@@ -421,7 +421,7 @@ START_TEST(test_rpc_schedule) {
     kv_cache_free(c);
     kv_plan *aq = make_aqua_plan(m, 4, 8);
     aq->layers[1].stream[KV_PLAN_K].rpc_ratio = 0.2f;
-    ck_assert_int_eq(kv_cache_rt_create(&c, aq, m, 1, 0, 0), KV_EUNSUPPORTED);
+    ck_assert_int_eq(kv_cache_rt_create(&c, aq, m, 1, 0, 0, 0), KV_EUNSUPPORTED);
     kv_plan_free(aq);
     kv_plan_free(p);
     kv_model_free(m);
@@ -496,15 +496,15 @@ START_TEST(test_refusals) {
     kv_plan *p = make_aqua_plan(m, 4, 8);
     kv_cache *c = NULL;
     p->layers[1].stream[KV_PLAN_V].share_codes_with_layer = 0;
-    ck_assert_int_eq(kv_cache_rt_create(&c, p, m, 1, 0, 0), KV_EUNSUPPORTED);
+    ck_assert_int_eq(kv_cache_rt_create(&c, p, m, 1, 0, 0, 0), KV_EUNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(kv_error_last(), "shared codes"));
     ck_assert_ptr_nonnull(strstr(kv_error_last(), "layer 1 V"));
     p->layers[1].stream[KV_PLAN_V].share_codes_with_layer = -1;
     p->global.recent = 6; /* token groups of 4 do not divide 6 */
-    ck_assert_int_eq(kv_cache_rt_create(&c, p, m, 1, 0, 0), KV_EFORMAT);
+    ck_assert_int_eq(kv_cache_rt_create(&c, p, m, 1, 0, 0, 0), KV_EFORMAT);
     p->global.recent = 8;
     p->fingerprint.n_layers = 3;
-    ck_assert_int_eq(kv_cache_rt_create(&c, p, m, 1, 0, 0), KV_EMISMATCH);
+    ck_assert_int_eq(kv_cache_rt_create(&c, p, m, 1, 0, 0, 0), KV_EMISMATCH);
     ck_assert_ptr_null(c);
     kv_plan_free(p);
     kv_model_free(m);

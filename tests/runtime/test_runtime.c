@@ -541,6 +541,43 @@ START_TEST(test_threads_agree) {
 }
 END_TEST
 
+/* AQUA-KV with the reconstructions kept across steps (extended chunk by chunk) gives the same bits as
+ * rebuilding them at every step: every chunk is predicted by the same call on the same rows. */
+START_TEST(test_keep_reconstructions) {
+    const rcase c = {"aqua keep", 3, 2, 2, 32, 4, 16, U(2, 16, CH), HG(0, 2, 16), HG(0, 2, 256), HG(0, 2, 256), 1, 1, 0, 1,
+                     120, 20, 1, 0};
+    kv_plan *p = make_plan(&c);
+    double *freq = rope_freqs(c.hd);
+    const int kvd = 64, qd = 128, T = c.T;
+    float *k = malloc(sizeof(float) * (size_t)T * kvd), *v = malloc(sizeof(float) * (size_t)T * kvd);
+    float q[128], outs[2][3][128];
+    int32_t pos[120];
+    for (int i = 0; i < T; i++) pos[i] = i;
+    for (int keep = 0; keep < 2; keep++) {
+        kv_rt_options o;
+        memset(&o, 0, sizeof o);
+        o.n_seqs = 1, o.n_heads = 4, o.n_threads = 2, o.rope_inv_freq = freq, o.keep_reconstructions = keep;
+        kv_rt *rt = NULL;
+        ck_assert_kv_ok(kv_rt_open(&rt, p, &o));
+        for (int t = 0; t < T; t++)
+            for (int l = 0; l < 3; l++) {
+                fill_kv(k, v, 1, kvd, l, t, 9);
+                ck_assert_kv_ok(kv_rt_append(rt, l, 0, 1, pos + t, k, k, v, kvd));
+                for (int i = 0; i < qd; i++) q[i] = (float)cos(0.3 * i + t + l);
+                ck_assert_kv_ok(kv_rt_attend(rt, l, 0, 1, q, qd, outs[keep][l], qd));
+            }
+        kv_rt_stats st;
+        ck_assert_kv_ok(kv_rt_get_stats(rt, 0, &st));
+        /* kept: layers 1 and 2's streams and their inputs stay (f32, every compressed token) */
+        if (keep) ck_assert_uint_ge(st.working_bytes, 4u * (uint64_t)(T - 4 - 16) * kvd * 4u);
+        kv_rt_close(rt);
+    }
+    ck_assert_int_eq(memcmp(outs[0], outs[1], sizeof outs[0]), 0);
+    free(k), free(v), free(freq);
+    kv_plan_free(p);
+}
+END_TEST
+
 /* What the runtime cannot serve is refused with its own message. */
 START_TEST(test_refusals) {
     const rcase c = {"base", 2, 2, 2, 16, 4, 16, U(2, 16, TOK), U(2, 16, CH), F16, F16, 0, 1, 0, 0, 10, 5, 1, 0};
@@ -619,6 +656,7 @@ int main(void) {
     tcase_add_loop_test(tc, test_long_sequences, 0, 2);
     tcase_add_loop_test(tc, test_exp, 0, 2);
     tcase_add_test(tc, test_threads_agree);
+    tcase_add_test(tc, test_keep_reconstructions);
     tcase_add_test(tc, test_refusals);
     suite_add_tcase(s, tc);
     return kv_test_run(s);
