@@ -289,8 +289,9 @@ typedef struct kv_rt_options {
     int keep_reconstructions;
 } kv_rt_options;
 
-/* Open a runtime for plan (validated here: every stream's method must be one this runtime applies;
- * others are refused with KV_EUNSUPPORTED naming the layer and stream). *out NULL on failure. */
+/* Open a runtime for plan (validated here: every stream's method must be one this runtime applies:
+ * f16/f32, uniform (with XQuant eta and shared codes), HIGGS, AQUA-KV predictors, KVmix RPC; others
+ * are refused with KV_EUNSUPPORTED naming the layer and stream). *out NULL on failure. */
 kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt);
 void kv_rt_close(kv_rt *rt); /* NULL ok */
 

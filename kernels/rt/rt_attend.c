@@ -92,7 +92,7 @@ void rt_read_rows_ready(const kv_rt *rt, int seq, int layer, int stream, int h, 
             for (int r = 0; r < p.b - p.a; r++) memcpy(o + (size_t)r * ldo, p.recon + (size_t)r * kvd + off, hd * sizeof(float));
             break;
         case RT_PIECE_BLOCK:
-            rt_codec_decode_head(c, p.blk->data, p.blk->m, p.a - p.blk->t0, p.b - p.blk->t0, h, o, ldo);
+            rt_codec_decode_head(c, p.blk, p.a - p.blk->t0, p.b - p.blk->t0, h, o, ldo);
             break;
         }
     }
@@ -142,7 +142,7 @@ static void item_scores(const attn_job *jb, int h, int a, int b, const float *qv
             const uint32_t *codes;
             const uint8_t *params;
             const int r0 = p.a - p.blk->t0, r1 = p.b - p.blk->t0;
-            rt_block_parts(c, p.blk->data, p.blk->m, &codes, &params);
+            rt_block_parts(c, p.blk, &codes, &params);
             if (c->kind == RT_F16) {
                 rt_f16_scores((const uint16_t *)p.blk->data + (size_t)r0 * kvd + (size_t)h * hd, (size_t)kvd, len, hd, qv,
                               nqv, o, ld);
@@ -193,7 +193,7 @@ static void item_values(const attn_job *jb, int h, int a, int b, const float *pr
         const uint32_t *codes;
         const uint8_t *params;
         const int r0 = p.a - p.blk->t0, r1 = p.b - p.blk->t0;
-        rt_block_parts(c, p.blk->data, p.blk->m, &codes, &params);
+        rt_block_parts(c, p.blk, &codes, &params);
         if (c->kind == RT_F16) {
             rt_f16_accum((const uint16_t *)p.blk->data + (size_t)r0 * kvd + (size_t)h * hd, (size_t)kvd, len, hd, pp, ld,
                          nqv, acc);

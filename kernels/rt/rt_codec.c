@@ -23,9 +23,12 @@ kv_status rt_codec_init(rt_codec *c, const kv_plan *p, int layer, int stream, kv
     c->pred = ps->predictor;
     c->rpc_ratio = ps->rpc_ratio;
     c->granule = 1;
-    if (ps->share_codes_with_layer >= 0)
-        return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: shared codes (XQuant) are not applied by this runtime yet",
-                      layer, stream_name(stream));
+    c->share_from = ps->share_codes_with_layer;
+    if (c->share_from >= 0 && (ps->predictor || ps->rpc_ratio > 0.0f ||
+                               p->layers[c->share_from].stream[stream].rpc_ratio > 0.0f))
+        return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: shared codes (XQuant) together with %s are not supported (the "
+                      "two layers' chunks must be the same tokens)", layer, stream_name(stream),
+                      ps->predictor ? "an AQUA-KV predictor" : "a recent pivotal context (KVmix)");
     if (ps->squat)
         return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: SQuat keys are not applied by this runtime yet", layer,
                       stream_name(stream));
@@ -107,19 +110,21 @@ kv_status rt_codec_encode(const rt_codec *c, uint8_t *blk, int m, const float *x
     rt_codec_layout(c, m, &L);
     uint32_t *codes = (uint32_t *)blk;
     uint8_t *params = blk + L.code_bytes;
-    if (c->kind == RT_UNIFORM)
-        return kv_uniform_encode_ref(codes, params, params + L.param_bytes, &c->q.uniform, (size_t)m,
-                                     (size_t)c->kv_dim, x);
+    if (c->kind == RT_UNIFORM) /* shared codes: this layer stores its scales and zero points only */
+        return kv_uniform_encode_ref(c->share_from >= 0 ? NULL : codes, params, params + L.param_bytes, &c->q.uniform,
+                                     (size_t)m, (size_t)c->kv_dim, x);
     return kv_higgs_encode_ref(codes, params, &c->q.higgs, (size_t)m, (size_t)c->kv_dim, x);
 }
 
 /* ---- decode of one head's rows ---------------------------------------------------------------- */
-static void decode_uniform(const rt_codec *c, const uint8_t *blk, int m, int r0, int r1, int h, float *out,
-                           size_t ldo) {
+static void decode_uniform(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
+    const int m = b->m;
     rt_layout L;
     rt_codec_layout(c, m, &L);
-    const uint32_t *codes = (const uint32_t *)blk;
-    const void *scales = blk + L.code_bytes, *zeros = blk + L.code_bytes + L.param_bytes;
+    const uint32_t *codes;
+    const uint8_t *params;
+    rt_block_parts(c, b, &codes, &params);
+    const void *scales = params, *zeros = params + L.param_bytes;
     const kv_uniform *q = &c->q.uniform;
     const size_t C = (size_t)c->kv_dim, G = (size_t)q->group, hd = (size_t)c->head_dim, c0 = (size_t)h * hd;
     const int pt = (int)q->param_type;
@@ -150,12 +155,11 @@ static void decode_uniform(const rt_codec *c, const uint8_t *blk, int m, int r0,
     }
 }
 
-static void decode_higgs(const rt_codec *c, const uint8_t *blk, int m, int r0, int r1, int h, float *out,
-                         size_t ldo) {
-    rt_layout L;
-    rt_codec_layout(c, m, &L);
-    const uint32_t *idx = (const uint32_t *)blk;
-    const void *norms = blk + L.code_bytes;
+static void decode_higgs(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
+    const uint32_t *idx;
+    const uint8_t *params;
+    rt_block_parts(c, b, &idx, &params);
+    const void *norms = params;
     const kv_higgs *q = &c->q.higgs;
     const size_t C = (size_t)c->kv_dim, g = (size_t)q->group, hd = (size_t)c->head_dim, d = (size_t)q->dim;
     const size_t per_group = g / d, c0 = (size_t)h * hd;
@@ -172,15 +176,15 @@ static void decode_higgs(const rt_codec *c, const uint8_t *blk, int m, int r0, i
                 for (size_t k = 0; k < d; k++) v[p * d + k] = q->grid[(size_t)ib[p] * d + k] * mul;
             kv_higgs_decode_transform(y, v, g, c->signs + gi * g);
             /* copy the part of the group inside the head */
-            const size_t a = gi * g > c0 ? gi * g : c0, b = (gi + 1) * g < c0 + hd ? (gi + 1) * g : c0 + hd;
-            memcpy(out + (size_t)(t - r0) * ldo + (a - c0), y + (a - gi * g), (b - a) * sizeof(float));
+            const size_t a = gi * g > c0 ? gi * g : c0, e = (gi + 1) * g < c0 + hd ? (gi + 1) * g : c0 + hd;
+            memcpy(out + (size_t)(t - r0) * ldo + (a - c0), y + (a - gi * g), (e - a) * sizeof(float));
         }
     }
 }
 
-void rt_codec_decode_head(const rt_codec *c, const uint8_t *blk, int m, int r0, int r1, int h, float *out,
-                          size_t ldo) {
+void rt_codec_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
     const size_t hd = (size_t)c->head_dim, C = (size_t)c->kv_dim;
+    const uint8_t *blk = b->data;
     switch (c->kind) {
     case RT_F16:
         for (int t = r0; t < r1; t++)
@@ -191,15 +195,17 @@ void rt_codec_decode_head(const rt_codec *c, const uint8_t *blk, int m, int r0, 
             memcpy(out + (size_t)(t - r0) * ldo, (const float *)blk + (size_t)t * C + (size_t)h * hd, hd * sizeof(float));
         return;
     case RT_UNIFORM:
-        decode_uniform(c, blk, m, r0, r1, h, out, ldo);
+        decode_uniform(c, b, r0, r1, h, out, ldo);
         return;
     case RT_HIGGS:
-        decode_higgs(c, blk, m, r0, r1, h, out, ldo);
+        decode_higgs(c, b, r0, r1, h, out, ldo);
         return;
     }
 }
 
-kv_status rt_codec_decode(const rt_codec *c, const uint8_t *blk, int m, float *out) {
+kv_status rt_codec_decode(const rt_codec *c, const rt_block *b, float *out) {
+    const int m = b->m;
+    const uint8_t *blk = b->data;
     const size_t n = (size_t)m * (size_t)c->kv_dim;
     if (c->kind == RT_F16) {
         rt_f16_to_f32_row(out, (const uint16_t *)blk, n);
@@ -211,17 +217,18 @@ kv_status rt_codec_decode(const rt_codec *c, const uint8_t *blk, int m, float *o
     }
     rt_layout L;
     rt_codec_layout(c, m, &L);
-    const uint32_t *codes = (const uint32_t *)blk;
-    const uint8_t *params = blk + L.code_bytes;
+    const uint32_t *codes;
+    const uint8_t *params;
+    rt_block_parts(c, b, &codes, &params);
     if (c->kind == RT_UNIFORM)
         return kv_uniform_decode_ref(out, &c->q.uniform, (size_t)m, (size_t)c->kv_dim, codes, params,
                                      params + L.param_bytes);
     return kv_higgs_decode_ref(out, &c->q.higgs, (size_t)m, (size_t)c->kv_dim, codes, params);
 }
 
-void rt_block_parts(const rt_codec *c, const uint8_t *blk, int m, const uint32_t **codes, const uint8_t **params) {
+void rt_block_parts(const rt_codec *c, const rt_block *blk, const uint32_t **codes, const uint8_t **params) {
     rt_layout L;
-    rt_codec_layout(c, m, &L);
-    *codes = (const uint32_t *)blk;
-    *params = blk + L.code_bytes;
+    rt_codec_layout(c, blk->m, &L);
+    *codes = blk->codes;
+    *params = blk->data + L.code_bytes;
 }

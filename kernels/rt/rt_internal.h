@@ -44,6 +44,7 @@ typedef struct rt_codec {
     int per_word, bits;            /* packing of codes / indices */
     float *signs;                  /* HIGGS: kv_dim random signs */
     int higgs_direct;              /* HIGGS: groups lie inside one head (g divides head_dim) */
+    int share_from;                /* XQuant: the layer whose codes this stream decodes, or -1 */
     kv_grid_search *search;        /* HIGGS encoder accelerator (d <= 2) or NULL */
 } rt_codec;
 
@@ -57,7 +58,9 @@ void rt_codec_layout(const rt_codec *c, int m, rt_layout *out);
 /* One compressed chunk: tokens [t0, t0 + m) of the sequence. */
 typedef struct rt_block {
     int t0, m;
-    uint8_t *data; /* rt_layout.total bytes, allocated exactly */
+    uint8_t *data;         /* rt_layout.total bytes, allocated exactly: [own codes][parameters] */
+    const uint32_t *codes; /* the codes it decodes: its own (data), or for XQuant shared codes those of the
+                              same chunk of the layer it shares with (owned there) */
 } rt_block;
 
 typedef struct rt_stream {
@@ -124,12 +127,11 @@ kv_status rt_codec_init(rt_codec *c, const kv_plan *p, int layer, int stream, kv
 void rt_codec_free(rt_codec *c);
 /* Encode m tokens x kv_dim (row-major f32) into blk (rt_layout.total bytes). */
 kv_status rt_codec_encode(const rt_codec *c, uint8_t *blk, int m, const float *x);
-/* Decode rows [r0, r1) of KV head h of a block of m tokens into out (row stride ldo), in the
- * compression domain (no RoPE). */
-void rt_codec_decode_head(const rt_codec *c, const uint8_t *blk, int m, int r0, int r1, int h, float *out,
-                          size_t ldo);
+/* Decode rows [r0, r1) of KV head h of a block into out (row stride ldo), in the compression domain
+ * (no RoPE). */
+void rt_codec_decode_head(const rt_codec *c, const rt_block *blk, int r0, int r1, int h, float *out, size_t ldo);
 /* The whole block, all channels (m x kv_dim). */
-kv_status rt_codec_decode(const rt_codec *c, const uint8_t *blk, int m, float *out);
+kv_status rt_codec_decode(const rt_codec *c, const rt_block *blk, float *out);
 
 /* Compressed-form kernels of one KV head (RUNTIME.md §3). A block of m tokens is read through its
  * codes and its parameters (scales then zero points, or norms), passed apart so that a stream can
@@ -137,7 +139,7 @@ kv_status rt_codec_decode(const rt_codec *c, const uint8_t *blk, int m, float *o
  * scaled), rows [r0, r1) of the block:
  *   scores: out[j * ld + (t - r0)] = q_j . k_hat[t]  (keys after RoPE: codecs with pre_rope = 0);
  *   accum:  acc[j * hd + c] += sum_t p[j * ld + (t - r0)] v_hat[t][c]. */
-void rt_block_parts(const rt_codec *c, const uint8_t *blk, int m, const uint32_t **codes, const uint8_t **params);
+void rt_block_parts(const rt_codec *c, const rt_block *blk, const uint32_t **codes, const uint8_t **params);
 void rt_uniform_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
                        int h, const float *q, int nq, float *out, size_t ld);
 void rt_uniform_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,

@@ -70,7 +70,7 @@ kv_status rt_recon_ensure(kv_rt *rt, int seq, int layer, int stream) {
         if (row0 < r->rows) continue;
         float *dst = r->x + (size_t)row0 * kvd;
         if (!c->pred) {
-            if ((s = rt_codec_decode(c, blk->data, blk->m, dst)) != KV_OK) goto done;
+            if ((s = rt_codec_decode(c, blk, dst)) != KV_OK) goto done;
             continue;
         }
         /* a block's predictor inputs must already be compressed in their own streams */
@@ -95,7 +95,7 @@ kv_status rt_recon_ensure(kv_rt *rt, int seq, int layer, int stream) {
             }
         }
         if ((s = kv_predictor_apply(dst, c->pred, inputs, (size_t)blk->m, rt->kv_dim)) != KV_OK) goto done;
-        if ((s = rt_codec_decode(c, blk->data, blk->m, tmp)) != KV_OK) goto done;
+        if ((s = rt_codec_decode(c, blk, tmp)) != KV_OK) goto done;
         const size_t n = (size_t)blk->m * kvd;
         for (size_t i = 0; i < n; i++) dst[i] = dst[i] + tmp[i];
     }

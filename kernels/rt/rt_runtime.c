@@ -47,7 +47,8 @@ static kv_status fp_resize(kv_rt *rt, rt_seq *sq, rt_stream *st, int rows) {
     return KV_OK;
 }
 
-static kv_status block_push(kv_rt *rt, rt_seq *sq, rt_stream *st, int t0, int m, uint8_t *data, size_t bytes) {
+static kv_status block_push(kv_rt *rt, rt_seq *sq, rt_stream *st, int t0, int m, uint8_t *data, size_t bytes,
+                            const uint32_t *codes) {
     (void)rt;
     if (st->n_blocks == st->cap_blocks) {
         const int cap = st->cap_blocks ? st->cap_blocks * 2 : 16;
@@ -59,7 +60,7 @@ static kv_status block_push(kv_rt *rt, rt_seq *sq, rt_stream *st, int t0, int m,
         st->blocks = b;
         st->cap_blocks = cap;
     }
-    st->blocks[st->n_blocks++] = (rt_block){t0, m, data};
+    st->blocks[st->n_blocks++] = (rt_block){t0, m, data, codes};
     sq->allocated += bytes;
     return KV_OK;
 }
@@ -88,6 +89,17 @@ static kv_status compress_chunk(kv_rt *rt, int seq, int layer, int stream, int r
         if ((s = kv_predictor_apply(pred, c->pred, inputs, (size_t)m, rt->kv_dim)) != KV_OK) return s;
         for (size_t i = 0; i < n; i++) x[i] = x[i] - pred[i];
     }
+    /* XQuant: the layer it shares with compressed the same chunk already (layers go in order) */
+    const uint32_t *shared = NULL;
+    if (c->share_from >= 0) {
+        const rt_stream *o = rt_stream_of(rt, seq, c->share_from, stream);
+        for (int b = o->n_blocks - 1; b >= 0 && !shared; b--)
+            if (o->blocks[b].t0 == t0 && o->blocks[b].m == m) shared = o->blocks[b].codes;
+        if (!shared)
+            return KV_ERR(KV_EINVAL, "runtime: layer %d %s shares the codes of layer %d, which has not compressed tokens "
+                          "%d..%d yet (layers must be appended in order)", layer, sname(stream), c->share_from, t0,
+                          t0 + m - 1);
+    }
     rt_layout L;
     rt_codec_layout(c, m, &L);
     uint8_t *data = malloc(L.total ? L.total : 1);
@@ -96,7 +108,7 @@ static kv_status compress_chunk(kv_rt *rt, int seq, int layer, int stream, int r
         free(data);
         return kv_error_wrap(s, "layer %d %s, tokens %d..%d: ", layer, sname(stream), t0, t0 + m - 1);
     }
-    if ((s = block_push(rt, sq, st, t0, m, data, L.total)) != KV_OK) {
+    if ((s = block_push(rt, sq, st, t0, m, data, L.total, shared ? shared : (const uint32_t *)data)) != KV_OK) {
         free(data);
         return s;
     }

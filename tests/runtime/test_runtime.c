@@ -48,6 +48,7 @@ typedef struct rcase {
     int aqua;        /* predictors for layers >= 1 */
     int T, prefill, step;
     int check_every; /* compare every this many steps (and always at the end) */
+    int xq_from;     /* > 0: XQuant, layers l + 1 (l >= xq_from, l even) decode layer l's codes (K and V) */
 } rcase;
 
 static float *grid_for(int d, int n, uint64_t seed) {
@@ -101,6 +102,9 @@ static kv_plan *make_plan(const rcase *c) {
     for (int l = 0; l < c->layers; l++) {
         set_stream(p, l, KV_PLAN_K, l == 0 && c->has_l0 ? &c->k0 : &c->k, c->hd, c->pre_rope);
         set_stream(p, l, KV_PLAN_V, l == 0 && c->has_l0 ? &c->v0 : &c->v, c->hd, 0);
+        if (c->xq_from > 0 && l > c->xq_from && (l - c->xq_from) % 2 == 1)
+            p->layers[l].stream[KV_PLAN_K].share_codes_with_layer = p->layers[l].stream[KV_PLAN_V].share_codes_with_layer =
+                l - 1;
         if (c->aqua && l >= 1) {
             kv_rng r;
             kv_rng_init(&r, 31u + (uint64_t)l);
@@ -315,7 +319,22 @@ static void check_replay(kv_rt *rt, const kv_plan *p, const rcase *c, int seq, i
                     const int t0 = *ce, m = chunks[ci];
                     const float *xin = XS(l, st) + (size_t)t0 * kvd;
                     float *out = RS(l, st) + (size_t)t0 * kvd;
-                    if (ps->predictor) {
+                    if (ps->share_codes_with_layer >= 0) { /* the partner's codes, this layer's scales */
+                        const kv_uniform *u = &qd.uniform;
+                        kv_block_storage bs;
+                        kv_quant qp = qd;
+                        qp.shared_codes = 0;
+                        ck_assert_kv_ok(kv_quant_storage(&bs, &qp, (size_t)m, (size_t)kvd));
+                        uint32_t *pc = malloc(sizeof(uint32_t) * (size_t)(bs.code_words + 1));
+                        uint8_t *ppar = malloc((size_t)bs.scale_bytes * 2 + 8), *opar = malloc((size_t)bs.scale_bytes * 2 + 8);
+                        const float *xp = XS(ps->share_codes_with_layer, st) + (size_t)t0 * kvd;
+                        kv_uniform up = *u;
+                        up.eta = p->layers[ps->share_codes_with_layer].stream[st].eta;
+                        ck_assert_kv_ok(kv_uniform_encode_ref(pc, ppar, ppar + bs.scale_bytes, &up, (size_t)m, (size_t)kvd, xp));
+                        ck_assert_kv_ok(kv_uniform_encode_ref(NULL, opar, opar + bs.scale_bytes, u, (size_t)m, (size_t)kvd, xin));
+                        ck_assert_kv_ok(kv_uniform_decode_ref(out, u, (size_t)m, (size_t)kvd, pc, opar, opar + bs.scale_bytes));
+                        free(pc), free(ppar), free(opar);
+                    } else if (ps->predictor) {
                         const float *ins[KV_PLAN_MAX_PRED_INPUTS];
                         for (int k = 0; k < ps->predictor->n_inputs; k++)
                             ins[k] = RS(ps->predictor->inputs[k].layer, ps->predictor->inputs[k].stream) + (size_t)t0 * kvd;
@@ -428,32 +447,36 @@ enum { TOK = KV_PLAN_GROUP_TOKENS, CH = KV_PLAN_GROUP_CHANNELS };
 
 static const rcase k_cases[] = {
     /* name, layers, kv_heads, gqa, hd, sinks, recent, k, v, k0, v0, has_l0, pre_rope, rope_half, aqua, T, prefill, step, every */
-    {"f16", 1, 2, 3, 64, 4, 32, F16, F16, F16, F16, 0, 0, 0, 0, 300, 40, 1, 25},
-    {"f32 blocks", 1, 1, 2, 16, 0, 16, F32, F32, F16, F16, 0, 0, 0, 0, 120, 20, 3, 7},
-    {"kivi-2", 2, 3, 3, 64, 4, 32, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 400, 40, 1, 60},
+    {"f16", 1, 2, 3, 64, 4, 32, F16, F16, F16, F16, 0, 0, 0, 0, 300, 40, 1, 25, 0},
+    {"f32 blocks", 1, 1, 2, 16, 0, 16, F32, F32, F16, F16, 0, 0, 0, 0, 120, 20, 3, 7, 0},
+    {"kivi-2", 2, 3, 3, 64, 4, 32, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 400, 40, 1, 60, 0},
     {"kivi-4 eta f32", 2, 2, 4, 32, 4, 32, {KV_PLAN_UNIFORM, 4, 16, TOK, 0, 0.05f, 0, 0, 1, 0.0f},
-     {KV_PLAN_UNIFORM, 4, 16, CH, 0, 0.08f, 0, 0, 1, 0.0f}, F16, F16, 0, 0, 0, 0, 200, 36, 2, 20},
+     {KV_PLAN_UNIFORM, 4, 16, CH, 0, 0.08f, 0, 0, 1, 0.0f}, F16, F16, 0, 0, 0, 0, 200, 36, 2, 20, 0},
     {"kivi-3 pack11/10", 1, 2, 2, 64, 2, 64, {KV_PLAN_UNIFORM, 3, 32, TOK, 1, 0.0f, 0, 0, 0, 0.0f},
-     {KV_PLAN_UNIFORM, 3, 32, CH, 0, 0.0f, 0, 0, 0, 0.0f}, F16, F16, 0, 0, 0, 0, 300, 66, 1, 50},
-    {"kivi-1 and 8", 1, 1, 8, 64, 4, 32, U(1, 32, TOK), U(8, 64, CH), F16, F16, 0, 0, 0, 0, 200, 40, 4, 10},
-    {"channels keys, tokens values", 1, 2, 1, 64, 4, 32, U(2, 64, CH), U(4, 16, TOK), F16, F16, 0, 0, 0, 0, 200, 40, 1, 30},
-    {"odd head_dim 9", 1, 2, 2, 9, 3, 16, U(2, 4, CH), U(4, 4, CH), F16, F16, 0, 0, 0, 0, 150, 21, 1, 20},
-    {"odd head_dim 9 tokens", 1, 2, 1, 9, 3, 16, U(2, 8, TOK), U(2, 8, TOK), F16, F16, 0, 0, 0, 0, 100, 19, 2, 10},
-    {"higgs-2", 1, 3, 3, 64, 4, 32, HG(0, 2, 16), HG(0, 2, 16), F16, F16, 0, 0, 0, 0, 300, 40, 1, 40},
-    {"higgs-4 g32", 1, 2, 2, 64, 4, 32, HG(32, 2, 256), HG(32, 2, 256), F16, F16, 0, 0, 0, 0, 200, 36, 1, 30},
-    {"higgs d1 d4", 1, 2, 2, 32, 4, 32, HG(0, 1, 8), HG(16, 4, 256), F16, F16, 0, 0, 0, 0, 200, 36, 3, 10},
-    {"higgs across heads", 1, 2, 2, 32, 4, 32, HG(64, 2, 16), HG(64, 2, 64), F16, F16, 0, 0, 0, 0, 150, 36, 1, 20},
-    {"higgs pre-rope", 1, 2, 3, 64, 4, 32, HG(0, 2, 16), HG(0, 2, 16), F16, F16, 0, 1, 0, 0, 200, 36, 1, 30},
-    {"kivi pre-rope half", 1, 2, 2, 16, 4, 32, U(2, 32, TOK), U(2, 16, CH), F16, F16, 0, 1, 1, 0, 150, 36, 1, 20},
-    {"aqua", 3, 2, 3, 32, 4, 32, U(2, 32, CH), HG(0, 2, 16), HG(0, 2, 256), HG(0, 2, 256), 1, 1, 0, 1, 250, 36, 1, 20},
+     {KV_PLAN_UNIFORM, 3, 32, CH, 0, 0.0f, 0, 0, 0, 0.0f}, F16, F16, 0, 0, 0, 0, 300, 66, 1, 50, 0},
+    {"kivi-1 and 8", 1, 1, 8, 64, 4, 32, U(1, 32, TOK), U(8, 64, CH), F16, F16, 0, 0, 0, 0, 200, 40, 4, 10, 0},
+    {"channels keys, tokens values", 1, 2, 1, 64, 4, 32, U(2, 64, CH), U(4, 16, TOK), F16, F16, 0, 0, 0, 0, 200, 40, 1, 30,
+     0},
+    {"odd head_dim 9", 1, 2, 2, 9, 3, 16, U(2, 4, CH), U(4, 4, CH), F16, F16, 0, 0, 0, 0, 150, 21, 1, 20, 0},
+    {"odd head_dim 9 tokens", 1, 2, 1, 9, 3, 16, U(2, 8, TOK), U(2, 8, TOK), F16, F16, 0, 0, 0, 0, 100, 19, 2, 10, 0},
+    {"higgs-2", 1, 3, 3, 64, 4, 32, HG(0, 2, 16), HG(0, 2, 16), F16, F16, 0, 0, 0, 0, 300, 40, 1, 40, 0},
+    {"higgs-4 g32", 1, 2, 2, 64, 4, 32, HG(32, 2, 256), HG(32, 2, 256), F16, F16, 0, 0, 0, 0, 200, 36, 1, 30, 0},
+    {"higgs d1 d4", 1, 2, 2, 32, 4, 32, HG(0, 1, 8), HG(16, 4, 256), F16, F16, 0, 0, 0, 0, 200, 36, 3, 10, 0},
+    {"higgs across heads", 1, 2, 2, 32, 4, 32, HG(64, 2, 16), HG(64, 2, 64), F16, F16, 0, 0, 0, 0, 150, 36, 1, 20, 0},
+    {"higgs pre-rope", 1, 2, 3, 64, 4, 32, HG(0, 2, 16), HG(0, 2, 16), F16, F16, 0, 1, 0, 0, 200, 36, 1, 30, 0},
+    {"kivi pre-rope half", 1, 2, 2, 16, 4, 32, U(2, 32, TOK), U(2, 16, CH), F16, F16, 0, 1, 1, 0, 150, 36, 1, 20, 0},
+    {"aqua", 3, 2, 3, 32, 4, 32, U(2, 32, CH), HG(0, 2, 16), HG(0, 2, 256), HG(0, 2, 256), 1, 1, 0, 1, 250, 36, 1, 20, 0},
     {"aqua uniform", 3, 2, 2, 16, 4, 16, U(2, 16, CH), U(2, 16, CH), U(4, 16, CH), U(4, 16, CH), 1, 0, 0, 1, 150, 20,
-     1, 20},
+     1, 20, 0},
     {"rpc", 2, 2, 2, 32, 4, 32, {KV_PLAN_UNIFORM, 2, 8, TOK, 0, 0.0f, 0, 0, 0, 0.2f},
-     {KV_PLAN_UNIFORM, 2, 32, CH, 0, 0.0f, 0, 0, 0, 0.1f}, F16, F16, 0, 0, 0, 0, 250, 64, 1, 20},
-    {"gqa 1", 1, 4, 1, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 150, 36, 1, 30},
-    {"tiled steps", 2, 2, 3, 64, 4, 64, U(2, 32, TOK), HG(0, 2, 16), F16, F16, 0, 0, 0, 0, 500, 100, 70, 1},
+     {KV_PLAN_UNIFORM, 2, 32, CH, 0, 0.0f, 0, 0, 0, 0.1f}, F16, F16, 0, 0, 0, 0, 250, 64, 1, 20, 0},
+    {"gqa 1", 1, 4, 1, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 150, 36, 1, 30, 0},
+    {"xquant shared codes", 4, 2, 2, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 200, 36, 1, 20, 2},
+    {"xquant 1-bit shared", 4, 2, 3, 64, 4, 32, U(1, 32, TOK), {KV_PLAN_UNIFORM, 1, 32, CH, 0, 0.2f, 0, 0, 0, 0.0f},
+     U(2, 32, TOK), U(2, 32, CH), 1, 0, 0, 0, 150, 36, 2, 20, 2},
+    {"tiled steps", 2, 2, 3, 64, 4, 64, U(2, 32, TOK), HG(0, 2, 16), F16, F16, 0, 0, 0, 0, 500, 100, 70, 1, 0},
     {"tiled aqua", 3, 2, 2, 32, 4, 32, U(2, 32, CH), HG(0, 2, 16), HG(0, 2, 256), HG(0, 2, 256), 1, 1, 0, 1, 300, 80,
-     50, 1},
+     50, 1, 0},
 };
 
 /* Every case at each vector level: the portable C, and AVX2 + FMA when this CPU has it (the AVX2
@@ -472,9 +495,9 @@ END_TEST
 START_TEST(test_long_sequences) {
     kv_simd_level_limit(_i ? KV_SIMD_AVX2 : KV_SIMD_NONE);
     const rcase c1 = {"long kivi-2", 1, 2, 3, 64, 4, 128, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 4300, 4290,
-                      1, 0};
+                      1, 0, 0};
     const rcase c2 = {"long higgs-2 pre-rope", 1, 1, 3, 64, 4, 128, HG(0, 2, 16), HG(0, 2, 16), F16, F16, 0, 1, 0, 0,
-                      2200, 2196, 1, 0};
+                      2200, 2196, 1, 0, 0};
     printf("long kivi-2 worst %.3g\n", run_case(&c1, 1, 2));
     printf("long higgs-2 worst %.3g\n", run_case(&c2, 1, 2));
 }
@@ -507,7 +530,7 @@ END_TEST
 
 /* Decoding with 1 and 2 threads gives the same bits (fixed segments, fixed combine order). */
 START_TEST(test_threads_agree) {
-    const rcase c = {"threads", 2, 2, 3, 64, 4, 32, U(2, 32, TOK), HG(0, 2, 16), F16, F16, 0, 0, 0, 0, 2500, 2490, 1, 0};
+    const rcase c = {"threads", 2, 2, 3, 64, 4, 32, U(2, 32, TOK), HG(0, 2, 16), F16, F16, 0, 0, 0, 0, 2500, 2490, 1, 0, 0};
     kv_plan *p = make_plan(&c);
     float *outs[2];
     const int kvd = 128, qd = 384, n = c.T;
@@ -545,7 +568,7 @@ END_TEST
  * rebuilding them at every step: every chunk is predicted by the same call on the same rows. */
 START_TEST(test_keep_reconstructions) {
     const rcase c = {"aqua keep", 3, 2, 2, 32, 4, 16, U(2, 16, CH), HG(0, 2, 16), HG(0, 2, 256), HG(0, 2, 256), 1, 1, 0, 1,
-                     120, 20, 1, 0};
+                     120, 20, 1, 0, 0};
     kv_plan *p = make_plan(&c);
     double *freq = rope_freqs(c.hd);
     const int kvd = 64, qd = 128, T = c.T;
@@ -580,7 +603,7 @@ END_TEST
 
 /* What the runtime cannot serve is refused with its own message. */
 START_TEST(test_refusals) {
-    const rcase c = {"base", 2, 2, 2, 16, 4, 16, U(2, 16, TOK), U(2, 16, CH), F16, F16, 0, 1, 0, 0, 10, 5, 1, 0};
+    const rcase c = {"base", 2, 2, 2, 16, 4, 16, U(2, 16, TOK), U(2, 16, CH), F16, F16, 0, 1, 0, 0, 10, 5, 1, 0, 0};
     kv_plan *p = make_plan(&c);
     double *freq = rope_freqs(16);
     kv_rt_options o;
@@ -601,11 +624,13 @@ START_TEST(test_refusals) {
     o.device = KV_RT_DEVICE_CUDA;
     ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EUNSUPPORTED);
     o.device = KV_RT_DEVICE_CPU;
-    /* features of other issues, by name */
+    /* shared codes with a recent pivotal context: chunks that need not align */
     p->layers[1].stream[KV_PLAN_K].share_codes_with_layer = 0;
+    p->layers[1].stream[KV_PLAN_K].rpc_ratio = 0.2f;
     ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EUNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(kv_error_last(), "layer 1 K"));
     p->layers[1].stream[KV_PLAN_K].share_codes_with_layer = -1;
+    p->layers[1].stream[KV_PLAN_K].rpc_ratio = 0.0f;
     p->global.prune_method = KV_PLAN_PRUNE_H2O;
     ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EUNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(kv_error_last(), "h2o"));
@@ -632,7 +657,7 @@ START_TEST(test_refusals) {
     kv_rt_close(rt);
     kv_plan_free(p);
     /* an AQUA plan whose layer 1 is appended before layer 0 compressed the same tokens */
-    const rcase a = {"aqua", 2, 1, 1, 16, 0, 8, U(2, 8, CH), U(2, 8, CH), U(4, 8, CH), U(4, 8, CH), 1, 0, 0, 1, 10, 5, 1, 0};
+    const rcase a = {"aqua", 2, 1, 1, 16, 0, 8, U(2, 8, CH), U(2, 8, CH), U(4, 8, CH), U(4, 8, CH), 1, 0, 0, 1, 10, 5, 1, 0, 0};
     p = make_plan(&a);
     o.capacity = 0, o.n_heads = 1;
     ck_assert_kv_ok(kv_rt_open(&rt, p, &o));
