@@ -53,7 +53,8 @@ def main():
     prefill_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(a.decode):
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        # the last token's logits (llama-cpp-python keeps scores only with logits_all)
+        tok = int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(V,))))
         llm.eval([tok])
     decode_s = time.perf_counter() - t0
     meta = llm.metadata
