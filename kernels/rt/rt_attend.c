@@ -22,6 +22,16 @@
 /* Query rows per item on the tiled path. */
 #define TILED_ROWS 64
 
+int rt_blas_threads_begin(void) {
+    const int n = openblas_get_num_threads();
+    if (n != 1) openblas_set_num_threads(1);
+    return n;
+}
+
+void rt_blas_threads_end(int previous) {
+    if (previous != 1) openblas_set_num_threads(previous);
+}
+
 kv_status rt_scratch_reserve(rt_scratch *s, size_t floats) {
     if (floats <= s->cap) return KV_OK;
     float *b = kv_aligned_alloc(64, floats * sizeof(float));
@@ -385,10 +395,9 @@ kv_status rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, size
             if ((s = rt_scratch_reserve(&rt->scratch[t], need)) != KV_OK) goto done;
         tj.base.qv = qv;
         /* each pool thread calls the BLAS on its own: keep the BLAS single-threaded meanwhile */
-        const int blas_threads = openblas_get_num_threads();
-        if (blas_threads != 1) openblas_set_num_threads(1);
+        const int blas_threads = rt_blas_threads_begin();
         kv_pool_run(rt->pool, H * tj.nblk, tiled_item, &tj);
-        if (blas_threads != 1) openblas_set_num_threads(blas_threads);
+        rt_blas_threads_end(blas_threads);
         goto done;
     }
     /* direct: per KV head its query vectors (row-major: row, then head of the group) */

@@ -198,6 +198,10 @@ kv_status rt_read_prepare(kv_rt *rt, int seq, int layer, int stream);
 /* ---- attention (rt_attend.c) ---- */
 kv_status rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, size_t ldq, float *out, size_t ldo);
 kv_status rt_scratch_reserve(rt_scratch *s, size_t floats);
+/* The runtime's pool threads call the BLAS on their own: it runs single-threaded meanwhile (the
+ * previous count is returned, and restored by _end). */
+int rt_blas_threads_begin(void);
+void rt_blas_threads_end(int previous);
 
 /* ---- AVX2 + FMA + F16C inner loops (rt_avx2.c), used when rt_avx2_usable() ---- */
 int rt_avx2_usable(void);

@@ -52,6 +52,38 @@ kv_status rt_recon_inputs(kv_rt *rt, int seq, int layer, int stream, int t0, con
     return KV_OK;
 }
 
+/* One block's reconstruction: the prediction from the inputs' rows plus the decoded residual. */
+typedef struct recon_job {
+    kv_rt *rt;
+    int seq, layer, stream, first; /* blocks first.. of the stream */
+    rt_recon *r;
+    const float *in[KV_PLAN_MAX_PRED_INPUTS]; /* the inputs' reconstructions, row 0 = token sinks */
+    kv_status status;
+} recon_job;
+
+static void recon_block(void *ctx, int item, int thread) {
+    recon_job *jb = ctx;
+    kv_rt *rt = jb->rt;
+    const rt_stream *st = rt_stream_of(rt, jb->seq, jb->layer, jb->stream);
+    const rt_codec *c = rt_codec_of(rt, jb->layer, jb->stream);
+    const rt_block *blk = &st->blocks[jb->first + item];
+    const size_t kvd = (size_t)rt->kv_dim, row0 = (size_t)(blk->t0 - rt->sinks);
+    float *dst = jb->r->x + row0 * kvd;
+    kv_status s;
+    if (!c->pred) {
+        s = rt_codec_decode(c, blk, dst);
+    } else {
+        const float *inputs[KV_PLAN_MAX_PRED_INPUTS];
+        for (int i = 0; i < c->pred->n_inputs; i++) inputs[i] = jb->in[i] + row0 * kvd;
+        float *tmp = rt->scratch[thread].buf; /* reserved for a block by rt_recon_ensure */
+        s = kv_predictor_apply(dst, c->pred, inputs, (size_t)blk->m, rt->kv_dim);
+        if (s == KV_OK) s = rt_codec_decode(c, blk, tmp);
+        const size_t n = (size_t)blk->m * kvd;
+        for (size_t i = 0; s == KV_OK && i < n; i++) dst[i] = dst[i] + tmp[i];
+    }
+    if (s != KV_OK) __atomic_store_n(&jb->status, s, __ATOMIC_RELAXED);
+}
+
 kv_status rt_recon_ensure(kv_rt *rt, int seq, int layer, int stream) {
     rt_recon *r = &rt->seqs[seq].recon[layer * 2 + stream];
     const rt_stream *st = rt_stream_of(rt, seq, layer, stream);
@@ -60,49 +92,41 @@ kv_status rt_recon_ensure(kv_rt *rt, int seq, int layer, int stream) {
     if (target <= r->rows) return KV_OK;
     kv_status s = recon_reserve(rt, r, target);
     if (s != KV_OK) return s;
-    const size_t kvd = (size_t)rt->kv_dim;
-    float *tmp = NULL;
-    int tmp_rows = 0;
+    recon_job jb;
+    memset(&jb, 0, sizeof jb);
+    jb.rt = rt, jb.seq = seq, jb.layer = layer, jb.stream = stream, jb.r = r;
     /* blocks are consecutive chunks: the ones after the rows already reconstructed */
-    for (int b = 0; b < st->n_blocks; b++) {
-        const rt_block *blk = &st->blocks[b];
-        const int row0 = blk->t0 - rt->sinks;
-        if (row0 < r->rows) continue;
-        float *dst = r->x + (size_t)row0 * kvd;
-        if (!c->pred) {
-            if ((s = rt_codec_decode(c, blk, dst)) != KV_OK) goto done;
-            continue;
+    jb.first = st->n_blocks;
+    int max_m = 0;
+    for (int b = 0; b < st->n_blocks; b++)
+        if (st->blocks[b].t0 - rt->sinks >= r->rows) {
+            jb.first = b < jb.first ? b : jb.first;
+            max_m = st->blocks[b].m > max_m ? st->blocks[b].m : max_m;
         }
-        /* a block's predictor inputs must already be compressed in their own streams */
+    if (c->pred) {
+        /* the inputs first (recursively), serially: they must cover every block here */
         for (int i = 0; i < c->pred->n_inputs; i++) {
-            const rt_stream *in = rt_stream_of(rt, seq, c->pred->inputs[i].layer, c->pred->inputs[i].stream);
-            if (in->comp_end < blk->t0 + blk->m) {
-                s = KV_ERR(KV_EINVAL, "runtime: layer %d %s predicts from layer %d %s, which has not compressed "
-                           "tokens %d..%d yet (layers must be appended in order)", layer, stream ? "V" : "K",
-                           c->pred->inputs[i].layer, c->pred->inputs[i].stream ? "V" : "K", blk->t0,
-                           blk->t0 + blk->m - 1);
-                goto done;
-            }
+            const int il = c->pred->inputs[i].layer, is = c->pred->inputs[i].stream;
+            const rt_stream *in = rt_stream_of(rt, seq, il, is);
+            if (in->comp_end < st->comp_end)
+                return KV_ERR(KV_EINVAL, "runtime: layer %d %s predicts from layer %d %s, which has not compressed "
+                              "tokens %d..%d yet (layers must be appended in order)", layer, stream ? "V" : "K", il,
+                              is ? "V" : "K", in->comp_end, st->comp_end - 1);
+            if ((s = rt_recon_ensure(rt, seq, il, is)) != KV_OK) return s;
+            jb.in[i] = rt->seqs[seq].recon[il * 2 + is].x;
         }
-        const float *inputs[KV_PLAN_MAX_PRED_INPUTS];
-        if ((s = rt_recon_inputs(rt, seq, layer, stream, blk->t0, inputs)) != KV_OK) goto done;
-        if (blk->m > tmp_rows) {
-            kv_aligned_free(tmp);
-            tmp_rows = blk->m;
-            if (!(tmp = kv_aligned_alloc(64, (size_t)tmp_rows * kvd * sizeof(float)))) {
-                s = KV_ERR(KV_ENOMEM, "runtime: out of memory");
-                goto done;
-            }
-        }
-        if ((s = kv_predictor_apply(dst, c->pred, inputs, (size_t)blk->m, rt->kv_dim)) != KV_OK) goto done;
-        if ((s = rt_codec_decode(c, blk, tmp)) != KV_OK) goto done;
-        const size_t n = (size_t)blk->m * kvd;
-        for (size_t i = 0; i < n; i++) dst[i] = dst[i] + tmp[i];
+        for (int t = 0; t < rt->n_threads; t++)
+            if ((s = rt_scratch_reserve(&rt->scratch[t], (size_t)max_m * (size_t)rt->kv_dim)) != KV_OK) return s;
     }
+    /* blocks in parallel, each predicted by one single-threaded GEMM call of exactly its rows */
+    const int blas_threads = rt_blas_threads_begin();
+    kv_pool_run(rt->pool, st->n_blocks - jb.first, recon_block, &jb);
+    rt_blas_threads_end(blas_threads);
+    if (jb.status != KV_OK)
+        return KV_ERR(jb.status, "runtime: reconstructing layer %d %s failed (%s)", layer, stream ? "V" : "K",
+                      kv_status_name(jb.status));
     r->rows = target;
-done:
-    kv_aligned_free(tmp);
-    return s;
+    return KV_OK;
 }
 
 void rt_recon_release(kv_rt *rt, int seq, int layer) {

@@ -6,7 +6,10 @@
  * that N - recent tokens are compressed); then one decoding step attends every layer in turn:
  * best of R steps, thread CPU time on 1 thread (the kernels' speed) or wall time with -t 2.
  * Reported: microseconds per layer, the bytes one layer's cache holds and their rate, and the ratio
- * to the f16 cache in the same run.
+ * to the f16 cache in the same run. Methods: f16, KIVI-2/4, HIGGS-2/4 (keys after RoPE), HIGGS-2r
+ * (keys before RoPE, as `kvcal fit --method higgs` makes them), AQUA-KV-2 (layer 0 HIGGS-4, then
+ * random predictors with HIGGS-2 residuals, keys before RoPE; the reconstructions rebuilt per step,
+ * or kept: aqua-2k).
  *
  * usage: bench_attend [--contexts 1024,4096,8192] [--reps R] [-t T] [--simd none|sse2|avx2]
  *        [--kv-heads 3 --gqa 3 --head-dim 64] (SmolLM2-135M's shape by default) */
@@ -19,6 +22,8 @@
 
 #include "kv_kernels_internal.h"
 #include "kvrt.h"
+
+#include <cblas.h>
 
 static double now(int thread_time) {
     struct timespec ts;
@@ -33,8 +38,10 @@ static void die(kv_status s) {
 
 typedef struct method {
     const char *name;
-    int kind; /* 0 f16, 1 kivi, 2 higgs */
+    int kind; /* 0 f16, 1 kivi, 2 higgs, 3 aqua (layer 0 HIGGS-4, then predictors + HIGGS residuals) */
     int bits;
+    int pre_rope;
+    int keep;  /* AQUA-KV: keep the reconstructions */
 } method;
 
 static kv_plan *make_plan(const method *me, int L, int H, int hd, int gqa) {
@@ -49,19 +56,40 @@ static kv_plan *make_plan(const method *me, int L, int H, int hd, int gqa) {
     p->global.sinks = me->kind == 0 ? 0 : 4;
     p->global.recent = me->kind == 0 ? 64 : 128;
     p->global.rht_seed = 5;
-    int gi = 0;
-    if (me->kind == 2) {
-        const int d = 2, n = 1 << (me->bits * d);
-        float *g = malloc(sizeof(float) * (size_t)(d * n));
+    int gi = 0, g4 = 0;
+    if (me->kind >= 2) {
+        const int d = 2;
+        for (int pass = 0; pass < (me->kind == 3 ? 2 : 1); pass++) {
+            const int n = 1 << ((pass ? 4 : me->bits) * d);
+            float *g = malloc(sizeof(float) * (size_t)(d * n));
+            kv_rng r;
+            kv_rng_init(&r, 3);
+            for (int i = 0; i < d * n; i++) g[i] = (float)kv_rng_next_normal(&r);
+            if ((s = kv_plan_add_grid(p, d, n, g, pass ? &g4 : &gi)) != KV_OK) die(s);
+            free(g);
+        }
+    }
+    const int kvd = H * hd;
+    float *w = me->kind == 3 ? malloc(sizeof(float) * (size_t)kvd * 2 * kvd) : NULL, *b = NULL;
+    if (w) {
         kv_rng r;
-        kv_rng_init(&r, 3);
-        for (int i = 0; i < d * n; i++) g[i] = (float)kv_rng_next_normal(&r);
-        if ((s = kv_plan_add_grid(p, d, n, g, &gi)) != KV_OK) die(s);
-        free(g);
+        kv_rng_init(&r, 11);
+        b = calloc((size_t)kvd, sizeof(float));
+        for (size_t i = 0; i < (size_t)kvd * 2 * kvd; i++) w[i] = (float)(0.3 / sqrt((double)kvd) * kv_rng_next_normal(&r));
     }
     for (int l = 0; l < L; l++) {
     kv_plan_stream *k = &p->layers[l].stream[KV_PLAN_K], *v = &p->layers[l].stream[KV_PLAN_V];
-    if (me->kind == 1) {
+    k->pre_rope = me->pre_rope;
+    if (me->kind == 3) {
+        k->method = v->method = KV_PLAN_HIGGS, k->bits = v->bits = 0, k->group_size = v->group_size = hd;
+        k->group_axis = v->group_axis = KV_PLAN_GROUP_CHANNELS, k->higgs_grid = v->higgs_grid = l ? gi : g4;
+        k->scale_dtype = v->scale_dtype = KV_DTYPE_F16;
+        if (l) {
+            const kv_plan_pred_input ik[1] = {{l - 1, KV_PLAN_K}}, iv[2] = {{l - 1, KV_PLAN_V}, {l, KV_PLAN_K}};
+            if ((s = kv_plan_set_predictor(p, l, KV_PLAN_K, 1, ik, w, b)) != KV_OK) die(s);
+            if ((s = kv_plan_set_predictor(p, l, KV_PLAN_V, 2, iv, w, b)) != KV_OK) die(s);
+        }
+    } else if (me->kind == 1) {
         k->method = v->method = KV_PLAN_UNIFORM, k->bits = v->bits = me->bits;
         k->group_size = v->group_size = 32, k->group_axis = KV_PLAN_GROUP_TOKENS, v->group_axis = KV_PLAN_GROUP_CHANNELS;
         k->scale_dtype = v->scale_dtype = KV_DTYPE_F16;
@@ -71,6 +99,8 @@ static kv_plan *make_plan(const method *me, int L, int H, int hd, int gqa) {
         k->scale_dtype = v->scale_dtype = KV_DTYPE_F16;
     }
     }
+    free(w);
+    free(b);
     if ((s = kv_plan_validate(p)) != KV_OK) die(s);
     return p;
 }
@@ -105,8 +135,12 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    const method methods[] = {{"f16", 0, 16}, {"kivi-2", 1, 2}, {"kivi-4", 1, 4}, {"higgs-2", 2, 2}, {"higgs-4", 2, 4}};
+    const method methods[] = {{"f16", 0, 16, 0, 0},      {"kivi-2", 1, 2, 0, 0},   {"kivi-4", 1, 4, 0, 0},
+                              {"higgs-2", 2, 2, 0, 0},   {"higgs-2r", 2, 2, 1, 0}, {"higgs-4", 2, 4, 0, 0},
+                              {"aqua-2", 3, 2, 1, 0},    {"aqua-2k", 3, 2, 1, 1}};
     const int nm = (int)(sizeof methods / sizeof methods[0]);
+    /* the runtime calls the BLAS from its own threads (AQUA-KV's predictors): no BLAS threads besides */
+    openblas_set_num_threads(1);
     const int kvd = H * hd, qd = H * gqa * hd;
     printf("# bench_attend: one decoding attend (1 query row, %d KV heads x GQA %d x head_dim %d), %d thread(s), "
            "%s time per layer, best of %d steps over %d layers; SIMD level %d\n", H, gqa, hd, threads,
@@ -127,12 +161,15 @@ int main(int argc, char **argv) {
         }
         for (int i = 0; i < qd; i++) q[i] = (float)kv_rng_next_normal(&r);
         for (int i = 0; i <= N; i++) pos[i] = i;
+        double *freq = malloc(sizeof(double) * (size_t)(hd / 2));
+        for (int i = 0; i < hd / 2; i++) freq[i] = pow(10000.0, -2.0 * i / hd);
         for (int mi = 0; mi < nm; mi++) {
             if (only && mi > 0 && strcmp(only, methods[mi].name) != 0) continue;
             kv_plan *p = make_plan(&methods[mi], L, H, hd, gqa);
             kv_rt_options o;
             memset(&o, 0, sizeof o);
-            o.n_seqs = 1, o.n_heads = H * gqa, o.n_threads = threads;
+            o.n_seqs = 1, o.n_heads = H * gqa, o.n_threads = threads, o.rope_inv_freq = freq;
+            o.keep_reconstructions = methods[mi].keep;
             kv_rt *rt = NULL;
             kv_status s = kv_rt_open(&rt, p, &o);
             if (s != KV_OK) die(s);
@@ -159,7 +196,7 @@ int main(int argc, char **argv) {
             kv_rt_close(rt);
             kv_plan_free(p);
         }
-        free(k), free(v), free(q), free(out), free(pos);
+        free(k), free(v), free(q), free(out), free(pos), free(freq);
     }
     return 0;
 }
