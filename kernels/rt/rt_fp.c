@@ -59,30 +59,31 @@ static int f16_tile_rows(int hd) {
     return r < 1 ? 1 : r > 128 ? 128 : r;
 }
 
-void rt_f16_scores(const uint16_t *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo) {
-    if (hd % 8 == 0 && rt_avx2_usable()) {
-        rt_f16_scores_avx2(x, ld, n, hd, q, nq, out, ldo);
-        return;
-    }
+/* The portable f16 path: each tile converted once, then the f32 loop (scores, or accum). */
+static void f16_by_tiles(const uint16_t *x, size_t ld, int n, int hd, int accum, const float *qp, size_t ldp,
+                         int nq, float *out, size_t ldo) {
     float tile[8192 + KV_RT_MAX_HEAD_DIM];
     const int tr = f16_tile_rows(hd);
     for (int t0 = 0; t0 < n; t0 += tr) {
         const int m = n - t0 < tr ? n - t0 : tr;
         for (int r = 0; r < m; r++) rt_f16_to_f32_row(tile + (size_t)r * hd, x + (size_t)(t0 + r) * ld, (size_t)hd);
-        rt_f32_scores(tile, (size_t)hd, m, hd, q, nq, out + t0, ldo);
+        if (accum)
+            rt_f32_accum(tile, (size_t)hd, m, hd, qp + t0, ldp, nq, out);
+        else
+            rt_f32_scores(tile, (size_t)hd, m, hd, qp, nq, out + t0, ldo);
     }
 }
 
+void rt_f16_scores(const uint16_t *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo) {
+    if (hd % 8 == 0 && rt_avx2_usable())
+        rt_f16_scores_avx2(x, ld, n, hd, q, nq, out, ldo);
+    else
+        f16_by_tiles(x, ld, n, hd, 0, q, 0, nq, out, ldo);
+}
+
 void rt_f16_accum(const uint16_t *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc) {
-    if (hd % 8 == 0 && rt_avx2_usable()) {
+    if (hd % 8 == 0 && rt_avx2_usable())
         rt_f16_accum_avx2(x, ld, n, hd, p, ldp, nq, acc);
-        return;
-    }
-    float tile[8192 + KV_RT_MAX_HEAD_DIM];
-    const int tr = f16_tile_rows(hd);
-    for (int t0 = 0; t0 < n; t0 += tr) {
-        const int m = n - t0 < tr ? n - t0 : tr;
-        for (int r = 0; r < m; r++) rt_f16_to_f32_row(tile + (size_t)r * hd, x + (size_t)(t0 + r) * ld, (size_t)hd);
-        rt_f32_accum(tile, (size_t)hd, m, hd, p + t0, ldp, nq, acc);
-    }
+    else
+        f16_by_tiles(x, ld, n, hd, 1, p, ldp, nq, acc, 0);
 }

@@ -11,24 +11,21 @@ tokens/s, the KV cache's size as llama.cpp allocates it (n_ctx x layers x its ty
 of the process (the Python interpreter adds ~30 MB)."""
 import argparse
 import json
+import os
 import resource
+import sys
 import time
 
 import numpy as np
 import llama_cpp
 from llama_cpp import Llama
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "model"))
+from bench_llamacpp import splitmix  # noqa: E402  (the same seeded token ids as the other benchmarks)
+
 TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
 # bytes per value of a type as stored (block of 32: q8_0 34 bytes, q4_0 18 bytes)
 BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
-
-
-def splitmix(seed, counter):
-    m = (1 << 64) - 1
-    z = (seed + (counter + 1) * 0x9E3779B97F4A7C15) & m
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
-    return z ^ (z >> 31)
 
 
 def main():
