@@ -78,15 +78,28 @@ typedef struct kv_ridge_fit {
     int n_out;
     float *W;
     float *b;
-    double lambda;    /* the ridge actually applied to the non-bias diagonal */
-    int used_fallback; /* 1 when Cholesky failed and the SVD least-squares solve was used */
+    double lambda;     /* the ridge actually applied to the non-bias diagonal */
+    double rcond;      /* reciprocal condition number of the equilibrated normal matrix (LAPACK's
+                          1-norm estimate after Cholesky; the 2-norm sigma_min / sigma_max from the
+                          SVD when the fallback ran) */
+    int rank;          /* numerical rank used (n_in + 1 unless the fallback truncated) */
+    int used_fallback; /* 1 when rcond was below kv_ridge_rcond_threshold (or Cholesky failed) and
+                          the minimum-norm SVD solution was used */
 } kv_ridge_fit;
 
 /* Solve (G + lambda D) Wa = C with lambda = rel_lambda * mean(diag(X^T X)) (D is the identity on
- * the input coordinates and 0 on the bias, which is not shrunk). Cholesky (LAPACKE_dposv) first;
- * when the matrix is not positive definite, the minimum-norm least-squares solution by SVD
- * (LAPACKE_dgelsd) of the same system. */
+ * the input coordinates and 0 on the bias, which is not shrunk). The system is equilibrated (unit
+ * diagonal); when its Cholesky factorization succeeds and the reciprocal condition number
+ * (LAPACKE_dpocon) is at least kv_ridge_rcond_threshold(n_in), the Cholesky solution; otherwise the
+ * matrix is treated as rank deficient and the minimum-norm least-squares solution of the same
+ * equilibrated system (LAPACKE_dgelsd, singular values below the threshold times the largest
+ * dropped) is returned: identical input columns get identical weights. The decision depends on
+ * conditioning, not on whether a BLAS kernel's rounding happens to leave a positive pivot.
+ * Errors: KV_EINVAL (no samples, bad lambda), KV_ENUMERIC (non-finite statistics, i.e. NaN or Inf
+ * activations; a coefficient that does not fit a float), KV_ENOMEM. */
 kv_status kv_ridge_solve(kv_ridge_fit *out, const kv_ridge_stats *s, double rel_lambda);
+/* The rcond threshold for n_in inputs (+ bias): (n_in + 1) * DBL_EPSILON * 2^12 (ridge.c says why). */
+double kv_ridge_rcond_threshold(int n_in);
 void kv_ridge_fit_free(kv_ridge_fit *f);
 
 /* Apply: y_pred (n x n_out, row-major) = x (n x ldx) W + b. Uses CBLAS. */
