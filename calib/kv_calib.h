@@ -26,9 +26,12 @@ typedef struct kv_grid_opts {
     int max_iters;     /* Lloyd iterations per LBG level (0: default 200) */
     double tol;        /* stop a level when the relative MSE improvement is below (0: 1e-7) */
     kv_progress *progress; /* optional, NULL for none */
+    const volatile sig_atomic_t *interrupt; /* non-zero (a signal handler sets it): stop within one
+                                               Lloyd iteration with KV_EINTERRUPTED; may be NULL */
 } kv_grid_opts;
 
-/* Generate a grid of n points (power of two, 2..256) in d dimensions (1, 2, 4, 8).
+/* Generate a grid of n points (power of two, 2..256) in d dimensions (1, 2, 4, 8). KV_EINTERRUPTED
+ * when opts->interrupt was raised (nothing is returned).
  * *points (n*d floats, point i at [i*d, i*d + d), sorted lexicographically) is malloc'd; free()
  * it. The result depends only on (d, n, seed, samples, max_iters, tol), not on the thread count.
  * If train_mse is not NULL it receives the training MSE per dimension. */
@@ -181,6 +184,9 @@ typedef struct kv_fit_layer_report {
     double resid_rel_err[2];  /* quantizer on its input r = Y - f(X): ||r - r_hat||^2 / ||r||^2 */
     double quant_rel_err[2];  /* total reconstruction: ||Y - Y_hat||^2 / ||Y||^2 */
     double bits[2];           /* nominal bits per value of the stream (kv_plan_stream_bits) */
+    double ridge_rcond[2];    /* predictor solve: kv_ridge_fit.rcond (NaN without a predictor) */
+    double ridge_fallback[2]; /* 1: the normal equations were rank deficient and the minimum-norm
+                                 solution was used (kv_ridge_solve), 0: Cholesky; NaN: no predictor */
     double seconds_forward;   /* layer forward + capture */
     double seconds_fit;       /* statistics, solves, predictions, quantization, metrics */
     double seconds_checkpoint;
