@@ -279,16 +279,6 @@ static void stream_keys(char *buf, size_t n, const kv_fit_config *cfg, int l, in
 static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, int head_dim, const kv_fit_options *opt,
                             double *grid_seconds) {
     const kv_fit_method method = cfg->method;
-    if (cfg->squat.enabled)
-        return KV_ERR(KV_EUNSUPPORTED, "squat.enabled: SQuat key quantization is not fitted by this version of "
-                      "kvcal fit");
-    if (cfg->xquant.km >= 0 || cfg->xquant.vm >= 0 || cfg->xquant.kq >= 0 || cfg->xquant.vq >= 0)
-        return KV_ERR(KV_EUNSUPPORTED, "xquant.km/vm/kq/vq: XQuant cross-layer sharing and 1-bit layers are not "
-                      "fitted by this version of kvcal fit (set them to -1)");
-    if (cfg->pruning.method != KV_PLAN_PRUNE_NONE)
-        return KV_ERR(KV_EUNSUPPORTED, "%s: key 'pruning.method': token pruning (%s) is not applied by any runtime in "
-                      "this version (kvrun eval would refuse the plan); use pruning.method: none",
-                      kv_fit_config_origin(cfg, "pruning.method"), kv_plan_prune_name(cfg->pruning.method));
     if (cfg->cache.recent < 1)
         return KV_ERR(KV_EINVAL, "cache.recent is %d: the compressed cache compresses chunks of `recent` tokens, "
                       "which must be at least 1", cfg->cache.recent);
@@ -730,12 +720,36 @@ static kv_status batch_setup(int *batch_seqs, int32_t **pos, int seq_len, int64_
     return KV_OK;
 }
 
+kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a) {
+    if (!cfg || !a) return KV_ERR(KV_EINVAL, "kv_fit_check: no configuration or architecture");
+    kv_status s = kv_fit_config_validate(cfg);
+    if (s != KV_OK) return s;
+    if (cfg->squat.enabled)
+        return KV_ERR(KV_EUNSUPPORTED, "squat.enabled: SQuat key quantization is not fitted by this version of "
+                      "kvcal fit");
+    if (cfg->xquant.km >= 0 || cfg->xquant.vm >= 0 || cfg->xquant.kq >= 0 || cfg->xquant.vq >= 0)
+        return KV_ERR(KV_EUNSUPPORTED, "xquant.km/vm/kq/vq: XQuant cross-layer sharing and 1-bit layers are not "
+                      "fitted by this version of kvcal fit (set them to -1)");
+    if (cfg->pruning.method != KV_PLAN_PRUNE_NONE)
+        return KV_ERR(KV_EUNSUPPORTED, "%s: key 'pruning.method': token pruning (%s) is not applied by any runtime in "
+                      "this version (kvrun eval would refuse the plan); use pruning.method: none",
+                      kv_fit_config_origin(cfg, "pruning.method"), kv_plan_prune_name(cfg->pruning.method));
+    for (int i = 0; i < cfg->n_layer_overrides; i++) { /* an override of a layer the model lacks is a mistake */
+        const kv_fit_layer_override *o = &cfg->layer_overrides[i];
+        if (o->layer >= a->n_layers)
+            return KV_ERR(KV_EINVAL, "%s: key 'layers.%d': the model has %d layers (0..%d), so this override would "
+                          "apply to nothing; remove it or fix its index", o->where[0] ? o->where : "configuration",
+                          o->layer, a->n_layers, a->n_layers - 1);
+    }
+    return KV_OK;
+}
+
 static kv_status check_inputs(kv_model *m, const kv_fit_data *data, const kv_fit_config *cfg) {
     if (!m || !data || !cfg) return KV_ERR(KV_EINVAL, "kv_fit: no model, data or configuration");
     if (!data->tokens && data->n_tokens) return KV_ERR(KV_EINVAL, "kv_fit: no tokens");
-    kv_status s = kv_fit_config_validate(cfg);
-    if (s != KV_OK) return s;
     const kv_arch *a = kv_model_arch(m);
+    kv_status s = kv_fit_check(cfg, a);
+    if (s != KV_OK) return s;
     const int vocab = a->vocab_size;
     for (size_t i = 0; i < data->n_tokens; i++)
         if (data->tokens[i] < 0 || data->tokens[i] >= vocab)
@@ -746,13 +760,7 @@ static kv_status check_inputs(kv_model *m, const kv_fit_data *data, const kv_fit
             return KV_ERR(KV_EINVAL, "held-out token %zu is id %d, outside the vocabulary (%d)", i,
                           (int)data->heldout_tokens[i], vocab);
     if (data->bos_id >= vocab) return KV_ERR(KV_EINVAL, "BOS id %d outside the vocabulary", (int)data->bos_id);
-    for (int i = 0; i < cfg->n_layer_overrides; i++) { /* an override of a layer the model lacks is a mistake */
-        const kv_fit_layer_override *o = &cfg->layer_overrides[i];
-        if (o->layer >= a->n_layers)
-            return KV_ERR(KV_EINVAL, "%s: key 'layers.%d': the model has %d layers (0..%d), so this override would "
-                          "apply to nothing; remove it or fix its index", o->where[0] ? o->where : "configuration",
-                          o->layer, a->n_layers, a->n_layers - 1);
-    }
+
     const int compressed = cfg->data.seq_len - cfg->cache.sinks;
     if (cfg->cache.recent < 1 || compressed < cfg->cache.recent)
         return KV_ERR(KV_EINVAL, "data.seq_len %d with cache.sinks %d and cache.recent %d: a sequence must hold the "

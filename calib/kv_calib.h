@@ -220,6 +220,13 @@ void kv_fit_report_free(kv_fit_report *r);
 kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_model_file *mf,
                      const kv_fit_data *data, const kv_fit_config *cfg, const kv_fit_options *opt);
 
+/* What kv_fit_run refuses before any work, checkable as soon as the model's architecture is known
+ * (the tool calls it before loading weights or reading the corpus): kv_fit_config_validate, methods
+ * this version does not fit (SQuat, XQuant sharing: KV_EUNSUPPORTED), token pruning that no runtime
+ * applies (pruning.method other than none: KV_EUNSUPPORTED), and per-layer overrides of layers the
+ * model does not have (KV_EINVAL). Messages name the key and where it was set. */
+kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a);
+
 /* Per-method defaults that differ from kv_fit_config_init's, applied before a configuration file so
  * that the file and later overrides win: kivi: keys per-channel groups of 32 tokens, values
  * per-token groups of 32 channels, keys post-RoPE (KIVI); aqua-uniform: per-token groups of 64 for
