@@ -321,6 +321,24 @@ kv_status kv_threads_resolve(int *out, long requested, const char *what);
  * is logged as a warning and the online CPUs are used (tools refuse it before getting here). */
 int kv_default_threads(void);
 
+/* ---- thread pool (pool.c) ---------------------------------------------------------------------
+ * A fixed set of threads that run "items" of a job: kv_pool_run(p, n, fn, ctx) calls fn(ctx, i,
+ * thread) once for every i < n, spread over the pool's threads and the caller (thread 0; workers are
+ * 1..n_threads-1, so `thread` indexes per-thread scratch), and returns when all n calls have
+ * returned. Items are claimed from a shared counter, so nothing waits for a thread that has not
+ * started (on a machine whose cores are busy, a descheduled worker simply takes no items): work
+ * degrades in proportion to the load, without the barrier spinning of OpenMP (pool.c says why).
+ * The order in which items run is unspecified: results must not depend on it. One caller at a
+ * time per pool (kv_pool_run is not reentrant); fn must not call kv_pool_run on the same pool. */
+typedef struct kv_pool kv_pool;
+typedef void (*kv_pool_fn)(void *ctx, int item, int thread);
+/* n_threads >= 1 (1: everything runs on the caller, no thread is started). */
+kv_status kv_pool_create(kv_pool **out, int n_threads);
+void kv_pool_free(kv_pool *p);
+int kv_pool_threads(const kv_pool *p); /* 1 for NULL */
+/* p may be NULL: everything runs on the caller. */
+void kv_pool_run(kv_pool *p, int n_items, kv_pool_fn fn, void *ctx);
+
 #ifdef __cplusplus
 }
 #endif

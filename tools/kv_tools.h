@@ -30,6 +30,12 @@ kv_status kv_tool_open_model_opt(kv_model **model, kv_tokenizer **tok, const cha
 /* A tokenizer fits a model when its ids all index the embedding and it covers all but padding rows:
  * n_model - max(1024, n_model / 16) <= n_tokenizer <= n_model. Else KV_EMISMATCH naming both sizes. */
 kv_status kv_tool_check_vocab(const kv_model *m, const kv_tokenizer *tok, const char *tok_path);
+/* The KV cache a run uses: with plan_path, the runtime applying that plan (read, checked against the
+ * model file's fingerprint; *plan_out keeps it alive: free it after the cache); otherwise
+ * cache_kind "f16" is the runtime's f16 cache, "f32" (or NULL) the plain exact cache. capacity:
+ * tokens per sequence (0 = grow); rt_flags: KV_CACHE_RT_* for a plan's runtime. */
+kv_status kv_tool_make_cache(kv_cache **out, kv_plan **plan_out, kv_model *m, const char *model_path,
+                             const char *plan_path, const char *cache_kind, int n_seqs, int capacity, unsigned rt_flags);
 /* Parse a --weights value ("f32", "f16", "native"); -1 when it is none of them. */
 int kv_tool_weight_storage(const char *name);
 
@@ -66,6 +72,7 @@ typedef struct kv_tool_plan_eval {
     double compressed_fraction;   /* compressed values / all values */
     uint64_t cache_bytes;         /* one full sequence: payload + fp16 tokens + predictors */
     uint64_t fp16_cache_bytes;    /* the same sequence uncompressed in fp16 */
+    uint64_t cache_bytes_allocated; /* what the runtime allocated for that sequence's cache (RUNTIME.md §5) */
     int sinks, recent;
     int prefill, step;            /* tokens of the first forward step of a chunk, then of each later one */
 } kv_tool_plan_eval;
@@ -81,6 +88,7 @@ int kvrun_eval(int argc, char **argv);     /* kvrun_eval.c: perplexity; with --p
 int kvrun_generate(int argc, char **argv); /* kvrun_generate.c: text generation through the KV cache */
 int kvrun_info(int argc, char **argv);     /* kvrun_info.c: describe a model file */
 int kvrun_inspect(int argc, char **argv);  /* kvrun_inspect.c: print a plan (YAML/JSON); --check it against a model */
+int kvrun_bench(int argc, char **argv);    /* kvrun_bench.c: prefill and decode speed, bytes held, with a plan or cache */
 
 /* kvcal */
 int kvcal_grids(int argc, char **argv);    /* kvcal_grids.c: generate a HIGGS grid file */

@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE /* realpath */
 #include "kv_tools.h"
+#include "kvrt.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -307,4 +308,31 @@ void kv_tool_json_string(FILE *fp, const char *s) {
         else fputc(*p, fp);
     }
     fputc('"', fp);
+}
+
+kv_status kv_tool_make_cache(kv_cache **out, kv_plan **plan_out, kv_model *m, const char *model_path,
+                             const char *plan_path, const char *cache_kind, int n_seqs, int capacity, unsigned rt_flags) {
+    *out = NULL;
+    *plan_out = NULL;
+    kv_status s = KV_OK;
+    if (plan_path) {
+        kv_model_file *mf = NULL;
+        kv_plan_fingerprint fp;
+        if ((s = kv_plan_read(plan_out, plan_path)) != KV_OK) return s;
+        if ((s = kv_model_file_open(&mf, model_path)) == KV_OK && (s = kv_plan_fingerprint_compute(&fp, mf)) == KV_OK &&
+            (s = kv_plan_check_fingerprint(*plan_out, &fp)) != KV_OK)
+            kv_error_wrap(s, "plan '%s' does not belong to model '%s': ", plan_path, model_path);
+        kv_model_file_close(mf);
+        if (s == KV_OK && (s = kv_cache_rt_create(out, *plan_out, m, n_seqs, capacity, 0, rt_flags)) != KV_OK)
+            kv_error_wrap(s, "plan '%s': ", plan_path);
+    } else if (cache_kind && strcmp(cache_kind, "f16") == 0) {
+        s = kv_cache_rt_create(out, NULL, m, n_seqs, capacity, 0, 0);
+    } else {
+        s = kv_cache_plain_create(out, kv_model_arch(m), n_seqs, capacity);
+    }
+    if (s != KV_OK) {
+        kv_plan_free(*plan_out);
+        *plan_out = NULL;
+    }
+    return s;
 }
