@@ -356,8 +356,7 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
             if (qs != KV_OK) {
                 char keys[768];
                 stream_keys(keys, sizeof keys, cfg, l, st);
-                return kv_error_wrap(qs, "the configuration gives layer %d %s stream values the quantizer refuses "
-                                     "(set by %s): ", l, sname, keys);
+                return kv_error_wrap(qs, "configuration %s: ", keys); /* the message names the stream */
             }
         }
     }

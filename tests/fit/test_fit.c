@@ -679,7 +679,7 @@ START_TEST(test_config_refusals_named) {
     const char *bits5 = "values:\n  bits: 5\n";
     ck_assert_kv_ok(kv_fit_config_load_string(&cfg, bits5, strlen(bits5), "q.yaml"));
     ck_assert_int_eq(kv_fit_run(&plan, NULL, g_model, NULL, &d, &cfg, &o), KV_EINVAL);
-    ck_assert_msg(strstr(kv_error_last(), "values.bits (q.yaml:2:9)") && strstr(kv_error_last(), "layer 0 value") &&
+    ck_assert_msg(strstr(kv_error_last(), "values.bits (q.yaml:2:9)") && strstr(kv_error_last(), "layer 0 V stream") &&
                       strstr(kv_error_last(), "values.group_axis (the kivi preset)"),
                   "message: %s", kv_error_last());
     kv_fit_config_free(&cfg);
