@@ -14,9 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
-const char *const kv_fit_metric_names[KV_FIT_N_METRICS] = {"rel_mse", "explained_var", "quant_rel_err",
-                                                           "resid_rel_err"};
+const char *const kv_fit_metric_names[KV_FIT_N_METRICS] = {"rel_mse",       "explained_var", "quant_rel_err",
+                                                           "resid_rel_err", "ridge_rcond",   "ridge_fallback"};
 
 void kv_fit_options_init(kv_fit_options *o) {
     memset(o, 0, sizeof *o);
@@ -153,8 +154,10 @@ kv_status kv_fit_config_method_preset(kv_fit_config *c, kv_fit_method method) {
     const char *const *set = method == KV_FIT_KIVI ? kivi : method == KV_FIT_AQUA_UNIFORM ? aqua_uniform : NULL;
     if (!kv_fit_method_name((int)method)) return KV_ERR(KV_EINVAL, "unknown fit method %d", (int)method);
     c->method = method;
+    char where[64];
+    snprintf(where, sizeof where, "the %s preset", kv_fit_method_name((int)method));
     for (int i = 0; set && set[i]; i++) {
-        kv_status s = kv_fit_config_set(c, set[i]);
+        kv_status s = kv_fit_config_set_from(c, set[i], where);
         if (s != KV_OK) return s;
     }
     return KV_OK;
@@ -182,8 +185,9 @@ static int stream_bits(const kv_fit_config *cfg, int layer, int stream, int *exp
 /* HIGGS grids are data-free: one fixed seed for every plan, so that a grid cache serves every run. */
 #define FIT_GRID_SEED 1u
 
-static kv_status grid_index(kv_plan *p, int d, int n, const kv_fit_config *cfg, const char *cache_dir, int *index,
-                            double *seconds) {
+static kv_status grid_index(kv_plan *p, int d, int n, const kv_fit_config *cfg, const kv_fit_options *opt,
+                            int *index, double *seconds) {
+    const char *cache_dir = opt->grid_cache_dir;
     for (int i = 0; i < p->n_grids; i++)
         if (p->grids[i].d == d && p->grids[i].n == n) {
             *index = i;
@@ -218,9 +222,15 @@ static kv_status grid_index(kv_plan *p, int d, int n, const kv_fit_config *cfg, 
         go.seed = FIT_GRID_SEED;
         go.samples = (size_t)cfg->higgs.grid_samples;
         go.max_iters = cfg->higgs.grid_iters;
+        go.interrupt = opt->interrupt;
         kv_log(KV_LOG_INFO, "fit: generating a HIGGS grid (d = %d, n = %d, %lld samples, %d iterations)%s", d, n,
                (long long)cfg->higgs.grid_samples, cfg->higgs.grid_iters, path ? "; it will be cached" : "");
         s = kv_grid_generate(&pts, NULL, d, n, &go);
+        if (s == KV_EINTERRUPTED) {
+            free(path);
+            return KV_ERR(KV_EINTERRUPTED, "interrupted while generating the HIGGS grid d=%d n=%d, before layer 0%s",
+                          d, n, cache_dir ? " (grids finished before are cached)" : "");
+        }
         if (s != KV_OK) {
             free(path);
             return kv_error_wrap(s, "HIGGS grid d=%d n=%d: ", d, n);
@@ -240,15 +250,35 @@ static kv_status grid_index(kv_plan *p, int d, int n, const kv_fit_config *cfg, 
     return s;
 }
 
-static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, int head_dim, const char *cache_dir,
+/* "keys.bits=5 (cfg.yaml:3:9), keys.group_size=32 (default), ..." for the keys that shape stream st
+ * of layer l, so that a quantizer's refusal names where the configuration said it. */
+static void stream_keys(char *buf, size_t n, const kv_fit_config *cfg, int l, int st) {
+    const char *sec = st == KV_PLAN_K ? "keys" : "values";
+    const char *fields[] = {"bits", "group_size", "group_axis", "scale_dtype", "eta"};
+    const int higgs = cfg->method == KV_FIT_AQUA || cfg->method == KV_FIT_HIGGS;
+    size_t used = 0;
+    char key[64];
+    for (size_t i = 0; i < sizeof fields / sizeof *fields && used < n; i++) {
+        if (higgs && i > 0) break; /* HIGGS streams take their shape from higgs.* */
+        snprintf(key, sizeof key, "%s.%s", sec, fields[i]);
+        used += (size_t)snprintf(buf + used, n - used, "%s%s (%s)", used ? ", " : "", key,
+                                 kv_fit_config_origin(cfg, key));
+    }
+    if (higgs) {
+        const char *hk[] = {"higgs.d", "higgs.n", "higgs.group_size"};
+        for (size_t i = 0; i < 3 && used < n; i++)
+            used += (size_t)snprintf(buf + used, n - used, ", %s (%s)", hk[i], kv_fit_config_origin(cfg, hk[i]));
+    }
+    if ((cfg->method == KV_FIT_AQUA || cfg->method == KV_FIT_AQUA_UNIFORM) && l == 0 && used < n)
+        used += (size_t)snprintf(buf + used, n - used, ", aqua.first_layer_bits (%s)",
+                                 kv_fit_config_origin(cfg, "aqua.first_layer_bits"));
+    const kv_fit_layer_override *lo = kv_fit_config_layer(cfg, l);
+    if (lo && used < n) snprintf(buf + used, n - used, ", layers.%d (%s)", l, lo->where[0] ? lo->where : "?");
+}
+
+static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, int head_dim, const kv_fit_options *opt,
                             double *grid_seconds) {
     const kv_fit_method method = cfg->method;
-    if (cfg->squat.enabled)
-        return KV_ERR(KV_EUNSUPPORTED, "squat.enabled: SQuat key quantization is not fitted by this version of "
-                      "kvcal fit");
-    if (cfg->xquant.km >= 0 || cfg->xquant.vm >= 0 || cfg->xquant.kq >= 0 || cfg->xquant.vq >= 0)
-        return KV_ERR(KV_EUNSUPPORTED, "xquant.km/vm/kq/vq: XQuant cross-layer sharing and 1-bit layers are not "
-                      "fitted by this version of kvcal fit (set them to -1)");
     if (cfg->cache.recent < 1)
         return KV_ERR(KV_EINVAL, "cache.recent is %d: the compressed cache compresses chunks of `recent` tokens, "
                       "which must be at least 1", cfg->cache.recent);
@@ -291,7 +321,7 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
                     return KV_ERR(KV_EINVAL, "layer %d %s stream: %d bits for HIGGS (1..8)", l, sname, bits);
                 int n = (cfg->higgs.n && !explicit_bits) ? cfg->higgs.n : 1 << (bits * cfg->higgs.d > 20 ? 20 : bits * cfg->higgs.d);
                 int gi;
-                kv_status r = grid_index(p, cfg->higgs.d, n, cfg, cache_dir, &gi, grid_seconds);
+                kv_status r = grid_index(p, cfg->higgs.d, n, cfg, opt, &gi, grid_seconds);
                 if (r != KV_OK) return r;
                 s->method = KV_PLAN_HIGGS;
                 s->bits = 0;
@@ -316,6 +346,17 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
                     return KV_ERR(KV_EINVAL, "%s.group_size %d: groups along tokens must divide cache.recent (%d), "
                                   "the chunk of tokens the cache compresses at once", st ? "values" : "keys",
                                   s->group_size, cfg->cache.recent);
+            }
+            /* The quantizer the runtime will build from this record, on one chunk's shape: a refusal
+             * here names the configuration keys (and where they were set), not only the quantizer. */
+            kv_quant q;
+            kv_block_storage bs;
+            kv_status qs = kv_quant_from_plan(&q, p, l, st);
+            if (qs == KV_OK) qs = kv_quant_storage(&bs, &q, (size_t)cfg->cache.recent, (size_t)kv_dim);
+            if (qs != KV_OK) {
+                char keys[768];
+                stream_keys(keys, sizeof keys, cfg, l, st);
+                return kv_error_wrap(qs, "configuration %s: ", keys); /* the message names the stream */
             }
         }
     }
@@ -409,6 +450,10 @@ static kv_status process_stream(fit_run *r, int l, int stream, const kv_plan_pre
         goto done;
     }
     for (int64_t c0 = 0; c0 < n_chunks_total; c0 += BLOCK) {
+        if (r->opt->interrupt && *r->opt->interrupt) {
+            s = KV_ERR(KV_EINTERRUPTED, "interrupted during layer %d", l);
+            goto done;
+        }
         const int nb = (int)(n_chunks_total - c0 < BLOCK ? n_chunks_total - c0 : BLOCK);
         if (pred) {
             for (int i = 0; i < nb; i++) {
@@ -500,7 +545,7 @@ done:
 
 /* Fit a predictor of Y (the calibration rows) from inputs concatenated; store it in the plan. */
 static kv_status fit_predictor(fit_run *r, int l, int stream, int n_inputs, const kv_plan_pred_input *in_ids,
-                               const float *const *inputs) {
+                               const float *const *inputs, kv_fit_layer_report *lr) {
     const int kvd = r->kv_dim, n_in = n_inputs * kvd;
     const float *Y = stream == KV_PLAN_K ? r->K : r->V;
     const int64_t rows = r->seqs.n_cal * r->n_comp;
@@ -538,9 +583,12 @@ static kv_status fit_predictor(fit_run *r, int l, int stream, int n_inputs, cons
         s = kv_error_wrap(s, "layer %d %s predictor: ", l, stream ? "V" : "K");
         goto done;
     }
+    lr->ridge_rcond[stream] = fit.rcond;
+    lr->ridge_fallback[stream] = fit.used_fallback;
     if (fit.used_fallback)
-        kv_log(KV_LOG_WARN, "fit: layer %d %s predictor: normal equations not positive definite, used the SVD "
-               "least-squares solution", l, stream ? "V" : "K");
+        kv_log(KV_LOG_WARN, "fit: layer %d %s predictor: the normal equations are rank deficient (reciprocal "
+               "condition number %.3g < %.3g; rank %d of %d): used the minimum-norm solution", l, stream ? "V" : "K",
+               fit.rcond, kv_ridge_rcond_threshold(n_in), fit.rank, n_in + 1);
     /* ridge W is n_in x kvd (y = x W + b); the plan stores out x in (y = W x + b). */
     wt = malloc((size_t)n_in * (size_t)kvd * sizeof(float));
     if (!wt) {
@@ -558,16 +606,32 @@ done:
     return s;
 }
 
+/* NaN or Inf in a layer's captured K/V (a NaN weight, an overflow) would otherwise surface as a
+ * LAPACK argument error or a silently broken plan. */
+static kv_status check_finite(const fit_run *r, int l) {
+    const float *kv[2] = {r->K, r->V};
+    for (int st = 0; st < 2; st++)
+        for (size_t i = 0; i < r->n_kv; i++)
+            if (!isfinite(kv[st][i]))
+                return KV_ERR(KV_ENUMERIC, "non-finite activations at layer %d: %s value %g (token row %zu, channel "
+                              "%zu); the model's weights or the forward pass produce NaN or Inf", l, st ? "V" : "K",
+                              (double)kv[st][i], i / (size_t)r->kv_dim, i % (size_t)r->kv_dim);
+    return KV_OK;
+}
+
 static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
     const kv_fit_config *cfg = r->cfg;
     const int aqua = is_aqua(cfg->method) && l >= 1;
     kv_status s;
+    lr->ridge_rcond[0] = lr->ridge_rcond[1] = NAN;
+    lr->ridge_fallback[0] = lr->ridge_fallback[1] = NAN;
+    if ((s = check_finite(r, l)) != KV_OK) return s;
     /* K: f_k(K_hat(l-1)) */
     const kv_plan_predictor *pk = NULL;
     const float *kin[2] = {r->Kp, NULL};
     if (aqua && cfg->aqua.predict_keys) {
         const kv_plan_pred_input ids[1] = {{l - 1, KV_PLAN_K}};
-        if ((s = fit_predictor(r, l, KV_PLAN_K, 1, ids, kin)) != KV_OK) return s;
+        if ((s = fit_predictor(r, l, KV_PLAN_K, 1, ids, kin, lr)) != KV_OK) return s;
         pk = r->plan->layers[l].stream[KV_PLAN_K].predictor;
     }
     if ((s = process_stream(r, l, KV_PLAN_K, pk, kin, lr)) != KV_OK) return s;
@@ -577,7 +641,7 @@ static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
     if (aqua && cfg->aqua.predict_values) {
         const kv_plan_pred_input ids[2] = {{l - 1, KV_PLAN_V}, {l, KV_PLAN_K}};
         const int n_in = cfg->aqua.value_uses_keys ? 2 : 1;
-        if ((s = fit_predictor(r, l, KV_PLAN_V, n_in, ids, vin)) != KV_OK) return s;
+        if ((s = fit_predictor(r, l, KV_PLAN_V, n_in, ids, vin, lr)) != KV_OK) return s;
         pv = r->plan->layers[l].stream[KV_PLAN_V].predictor;
     }
     return process_stream(r, l, KV_PLAN_V, pv, vin, lr);
@@ -594,6 +658,10 @@ static void pack_layer_report(double *dst, const kv_fit_layer_report *lr) {
     }
     dst[10] = lr->seconds_forward;
     dst[11] = lr->seconds_fit;
+    for (int st = 0; st < 2; st++) {
+        dst[12 + st] = lr->ridge_rcond[st];
+        dst[14 + st] = lr->ridge_fallback[st];
+    }
 }
 
 static void unpack_layer_report(kv_fit_layer_report *lr, const double *src) {
@@ -606,7 +674,14 @@ static void unpack_layer_report(kv_fit_layer_report *lr, const double *src) {
     }
     lr->seconds_forward = src[10];
     lr->seconds_fit = src[11];
+    for (int st = 0; st < 2; st++) {
+        lr->ridge_rcond[st] = src[12 + st];
+        lr->ridge_fallback[st] = src[14 + st];
+    }
 }
+
+/* Where metric m of stream st sits in a packed layer record. */
+static size_t metric_slot(int st, int m) { return m < 4 ? (size_t)st * 4 + (size_t)m : (size_t)(12 + 2 * (m - 4) + st); }
 
 static kv_status update_plan_report(fit_run *r) {
     const int L = r->L;
@@ -616,7 +691,7 @@ static kv_status update_plan_report(fit_run *r) {
         for (int st = 0; st < 2; st++)
             for (int m = 0; m < KV_FIT_N_METRICS; m++)
                 vals[((size_t)l * 2 + (size_t)st) * KV_FIT_N_METRICS + (size_t)m] =
-                    (float)r->layer_report[(size_t)l * KV_FIT_CKPT_DOUBLES + (size_t)st * 4 + (size_t)m];
+                    (float)r->layer_report[(size_t)l * KV_FIT_CKPT_DOUBLES + metric_slot(st, m)];
     kv_status s = kv_plan_set_report(r->plan, KV_FIT_N_METRICS, kv_fit_metric_names, vals);
     free(vals);
     return s;
@@ -644,12 +719,36 @@ static kv_status batch_setup(int *batch_seqs, int32_t **pos, int seq_len, int64_
     return KV_OK;
 }
 
+kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a) {
+    if (!cfg || !a) return KV_ERR(KV_EINVAL, "kv_fit_check: no configuration or architecture");
+    kv_status s = kv_fit_config_validate(cfg);
+    if (s != KV_OK) return s;
+    if (cfg->squat.enabled)
+        return KV_ERR(KV_EUNSUPPORTED, "squat.enabled: SQuat key quantization is not fitted by this version of "
+                      "kvcal fit");
+    if (cfg->xquant.km >= 0 || cfg->xquant.vm >= 0 || cfg->xquant.kq >= 0 || cfg->xquant.vq >= 0)
+        return KV_ERR(KV_EUNSUPPORTED, "xquant.km/vm/kq/vq: XQuant cross-layer sharing and 1-bit layers are not "
+                      "fitted by this version of kvcal fit (set them to -1)");
+    if (cfg->pruning.method != KV_PLAN_PRUNE_NONE)
+        return KV_ERR(KV_EUNSUPPORTED, "%s: key 'pruning.method': token pruning (%s) is not applied by any runtime in "
+                      "this version (kvrun eval would refuse the plan); use pruning.method: none",
+                      kv_fit_config_origin(cfg, "pruning.method"), kv_plan_prune_name(cfg->pruning.method));
+    for (int i = 0; i < cfg->n_layer_overrides; i++) { /* an override of a layer the model lacks is a mistake */
+        const kv_fit_layer_override *o = &cfg->layer_overrides[i];
+        if (o->layer >= a->n_layers)
+            return KV_ERR(KV_EINVAL, "%s: key 'layers.%d': the model has %d layers (0..%d), so this override would "
+                          "apply to nothing; remove it or fix its index", o->where[0] ? o->where : "configuration",
+                          o->layer, a->n_layers, a->n_layers - 1);
+    }
+    return KV_OK;
+}
+
 static kv_status check_inputs(kv_model *m, const kv_fit_data *data, const kv_fit_config *cfg) {
     if (!m || !data || !cfg) return KV_ERR(KV_EINVAL, "kv_fit: no model, data or configuration");
     if (!data->tokens && data->n_tokens) return KV_ERR(KV_EINVAL, "kv_fit: no tokens");
-    kv_status s = kv_fit_config_validate(cfg);
-    if (s != KV_OK) return s;
     const kv_arch *a = kv_model_arch(m);
+    kv_status s = kv_fit_check(cfg, a);
+    if (s != KV_OK) return s;
     const int vocab = a->vocab_size;
     for (size_t i = 0; i < data->n_tokens; i++)
         if (data->tokens[i] < 0 || data->tokens[i] >= vocab)
@@ -660,6 +759,7 @@ static kv_status check_inputs(kv_model *m, const kv_fit_data *data, const kv_fit
             return KV_ERR(KV_EINVAL, "held-out token %zu is id %d, outside the vocabulary (%d)", i,
                           (int)data->heldout_tokens[i], vocab);
     if (data->bos_id >= vocab) return KV_ERR(KV_EINVAL, "BOS id %d outside the vocabulary", (int)data->bos_id);
+
     const int compressed = cfg->data.seq_len - cfg->cache.sinks;
     if (cfg->cache.recent < 1 || compressed < cfg->cache.recent)
         return KV_ERR(KV_EINVAL, "data.seq_len %d with cache.sinks %d and cache.recent %d: a sequence must hold the "
@@ -683,6 +783,7 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
     ck.layer = -1;
     char *cfg_yaml = NULL;
     char inputs_hash[65] = "";
+    int ckpt_layer = -1; /* the layer the checkpoint on disk holds (-1: none) */
     kv_fit_report lrep;
     memset(&lrep, 0, sizeof lrep);
     kv_status s = check_inputs(m, data, cfg);
@@ -745,6 +846,7 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
         ck.plan = NULL;
         memcpy(r.layer_report, ck.layer_report, (size_t)r.L * KV_FIT_CKPT_DOUBLES * sizeof(double));
         first = ck.layer + 1;
+        ckpt_layer = ck.layer;
         for (int l = 0; l < first; l++) {
             unpack_layer_report(&lrep.layers[l], r.layer_report + (size_t)l * KV_FIT_CKPT_DOUBLES);
             lrep.layers[l].resumed = 1;
@@ -752,7 +854,7 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
         kv_log(KV_LOG_INFO, "fit: resuming after layer %d from the checkpoint in %s", ck.layer, opt->checkpoint_dir);
     } else {
         if ((s = kv_plan_create(&r.plan, &fp)) != KV_OK) goto done;
-        if ((s = setup_plan(r.plan, cfg, r.kv_dim, a->head_dim, opt->grid_cache_dir, &lrep.seconds_grids)) != KV_OK) goto done;
+        if ((s = setup_plan(r.plan, cfg, r.kv_dim, a->head_dim, opt, &lrep.seconds_grids)) != KV_OK) goto done;
         kv_plan_provenance pv;
         memset(&pv, 0, sizeof pv);
         if ((s = kv_fit_config_dump(&cfg_yaml, cfg)) != KV_OK) goto done;
@@ -790,9 +892,7 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
         hooks.layer_end = l + 1;
         for (int64_t q0 = 0; q0 < r.n_seqs; q0 += r.batch_seqs) {
             if (opt->interrupt && *opt->interrupt) {
-                s = KV_ERR(KV_EINTERRUPTED, "interrupted during layer %d%s%s", l,
-                           opt->checkpoint_dir && l > 0 ? "; the checkpoint after the previous layer is kept in " : "",
-                           opt->checkpoint_dir && l > 0 ? opt->checkpoint_dir : "");
+                s = KV_ERR(KV_EINTERRUPTED, "interrupted during layer %d", l);
                 kv_progress_end(&prog);
                 goto done;
             }
@@ -818,11 +918,18 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
         lr->seconds_fit = t2 - t1;
         pack_layer_report(r.layer_report + (size_t)l * KV_FIT_CKPT_DOUBLES, lr);
         if ((s = update_plan_report(&r)) != KV_OK) goto done;
-        kv_log(KV_LOG_INFO,
-               "fit: layer %d: K ev %.4f quant err %.4g (resid %.4g) | V ev %.4f quant err %.4g (resid %.4g) | "
-               "forward %.2fs fit %.2fs",
-               l, lr->explained_var[0], lr->quant_rel_err[0], lr->resid_rel_err[0], lr->explained_var[1],
-               lr->quant_rel_err[1], lr->resid_rel_err[1], lr->seconds_forward, lr->seconds_fit);
+        {   /* "ev -" where a stream has no predictor (NaN) */
+            char ev[2][32];
+            for (int st = 0; st < 2; st++) {
+                if (isfinite(lr->explained_var[st])) snprintf(ev[st], sizeof ev[st], "%.4f", lr->explained_var[st]);
+                else snprintf(ev[st], sizeof ev[st], "-");
+            }
+            kv_log(KV_LOG_INFO,
+                   "fit: layer %d: K ev %s quant err %.4g (resid %.4g) | V ev %s quant err %.4g (resid %.4g) | "
+                   "forward %.2fs fit %.2fs",
+                   l, ev[0], lr->quant_rel_err[0], lr->resid_rel_err[0], ev[1], lr->quant_rel_err[1],
+                   lr->resid_rel_err[1], lr->seconds_forward, lr->seconds_fit);
+        }
         /* this layer's reconstructions are the next layer's inputs */
         float *t;
         t = r.Kp, r.Kp = r.K, r.K = t;
@@ -835,13 +942,12 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
                 kv_progress_end(&prog);
                 goto done;
             }
+            ckpt_layer = l;
             lr->seconds_checkpoint = kv_now_seconds() - tc;
         }
         if (opt->stop_after_layer >= 0 && l == opt->stop_after_layer && l + 1 < r.L) {
             kv_progress_end(&prog);
-            s = KV_ERR(KV_EINTERRUPTED, "stopped after layer %d as asked%s%s", l,
-                       opt->checkpoint_dir ? "; checkpoint kept in " : "",
-                       opt->checkpoint_dir ? opt->checkpoint_dir : "");
+            s = KV_ERR(KV_EINTERRUPTED, "stopped after layer %d as asked", l);
             goto done;
         }
     }
@@ -876,6 +982,18 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
     *out = r.plan;
     r.plan = NULL;
 done:
+    /* A failed or interrupted run says where its checkpoint is (disk full, a numeric failure or a
+     * signal: the same command resumes after the last finished layer), or removes the directory
+     * when it holds nothing. */
+    if (s != KV_OK && opt->checkpoint_dir) {
+        if (ckpt_layer >= 0) {
+            kv_error_append(s, "; the checkpoint after layer %d is kept in %s (the same command resumes from it; "
+                            "delete it to start over)", ckpt_layer, opt->checkpoint_dir);
+        } else {
+            (void)rmdir(opt->checkpoint_dir); /* only when empty */
+            if (s == KV_EINTERRUPTED) kv_error_append(s, "; no layer had finished, so there is no checkpoint");
+        }
+    }
     if (rep && (s == KV_OK || s == KV_EINTERRUPTED)) {
         *rep = lrep;
         lrep.layers = NULL;

@@ -5,7 +5,7 @@
 #include "kv_calib.h"
 
 /* Report metric names stored in the plan (PLAN_FORMAT.md §6.8), in this order. */
-#define KV_FIT_N_METRICS 4
+#define KV_FIT_N_METRICS 6
 extern const char *const kv_fit_metric_names[KV_FIT_N_METRICS];
 
 /* The sequences a fit runs over: n_cal calibration sequences, then n_ho held-out ones, each
@@ -25,7 +25,8 @@ typedef struct kv_fit_ckpt {
     kv_plan *plan;             /* the plan so far (owned) */
     double *layer_report;      /* n_layers * KV_FIT_CKPT_DOUBLES (owned) */
 } kv_fit_ckpt;
-#define KV_FIT_CKPT_DOUBLES 12 /* per layer: 4 metrics x 2 streams, bits x 2, forward/fit seconds */
+#define KV_FIT_CKPT_DOUBLES 16 /* per layer: 4 metrics x 2 streams, bits x 2, forward/fit seconds,
+                                  ridge rcond x 2, ridge fallback x 2 */
 
 /* SHA-256 (hex) identifying a run's inputs: model identity, tokens, resolved configuration and
  * provenance strings. */

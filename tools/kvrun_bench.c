@@ -49,7 +49,7 @@ int kvrun_bench(int argc, char **argv) {
         {"tokenizer", 0, KV_OPT_STRING, &tokp, "PATH", "tokenizer for --text (default: the model's own)", 0},
         {"seed", 0, KV_OPT_INT, &seed, "S", "seed of the random prompts (default 1)", 0},
         {"weights", 0, KV_OPT_STRING, &weights, "KIND", "weight storage: native (default), f32, f16", 0},
-        {"threads", 't', KV_OPT_INT, &threads, "N", "threads (default: all cores)", 0},
+        {"threads", 't', KV_OPT_INT, &threads, "N", "threads, 1..4 per CPU (default: KVCAL_THREADS or all CPUs)", 0},
         {"keep-reconstructions", 0, KV_OPT_FLAG, &keep, NULL, "AQUA-KV plans: keep the reconstructions across steps "
                                                                   "instead of rebuilding them (kernels/RUNTIME.md §6)", 0},
         {"json", 0, KV_OPT_FLAG, &json, NULL, "print the result as one JSON object", 0},
@@ -64,16 +64,18 @@ int kvrun_bench(int argc, char **argv) {
     if (rc) return rc < 0 ? KV_EXIT_OK : rc;
     kv_cli_args_free(&args);
     if (context < 1 || context > (1L << 22) || decode < 1 || decode > (1L << 20) || batch < 1 || batch > 4096 ||
-        threads < 0 || seed < 0)
+        seed < 0)
         return kv_cli_usage_error(k_tool, "--context in [1, 2^22], --decode in [1, 2^20], --batch in [1, 4096], "
-                                  "--threads >= 0, --seed >= 0");
+                                  "--seed >= 0");
+    int n_threads = 0;
+    if ((rc = kv_tool_threads(k_tool, threads, &n_threads)) != KV_EXIT_OK) return rc;
     if (strcmp(cache_kind, "f32") != 0 && strcmp(cache_kind, "f16") != 0)
         return kv_cli_usage_error(k_tool, "--cache must be f16 or f32, not '%s'", cache_kind);
     const int storage = kv_tool_weight_storage(weights);
     if (storage < 0) return kv_cli_usage_error(k_tool, "--weights must be native, f32 or f16, not '%s'", weights);
     kv_model_options mo;
     memset(&mo, 0, sizeof mo);
-    mo.n_threads = (int)threads;
+    mo.n_threads = n_threads;
     mo.weights = (kv_weight_storage)storage;
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
@@ -86,8 +88,10 @@ int kvrun_bench(int argc, char **argv) {
     bench_result br;
     memset(&br, 0, sizeof br);
     kv_status s;
+    if (text && (s = kv_input_check(text)) != KV_OK) goto done; /* a device never ends */
     if ((s = kv_tool_open_model_opt(&m, text ? &tok : NULL, model, tokp, &mo)) != KV_OK) goto done;
     const kv_arch *a = kv_model_arch(m);
+    kv_tool_warn_context(a, context + decode, "--context plus --decode");
     const int N = (int)context, K = (int)decode, B = (int)batch, V = a->vocab_size;
     prompt = malloc(sizeof(int32_t) * (size_t)N);
     next = malloc(sizeof(int32_t) * (size_t)B);

@@ -46,7 +46,7 @@ int kvrun_generate(int argc, char **argv) {
         {"top-p", 0, KV_OPT_DOUBLE, &top_p, "P", "nucleus sampling threshold in (0, 1]; 1 = off (default)", 0},
         {"seed", 's', KV_OPT_INT, &seed, "S", "sampling seed (default 0)", 0},
         {"ignore-eos", 0, KV_OPT_FLAG, &ignore_eos, NULL, "do not stop at end-of-generation tokens", 0},
-        {"threads", 't', KV_OPT_INT, &threads, "N", "threads (default: all cores)", 0},
+        {"threads", 't', KV_OPT_INT, &threads, "N", "threads, 1..4 per CPU (default: KVCAL_THREADS or all CPUs)", 0},
         {"weights", 0, KV_OPT_STRING, &weights, "KIND",
          "weight storage: native (the file's blocks decoded on the fly; default), f32, f16", 0},
         {"plan", 0, KV_OPT_STRING, &plan_path, "PLAN", "hold the KV cache compressed as this plan says (the runtime)", 0},
@@ -65,11 +65,13 @@ int kvrun_generate(int argc, char **argv) {
     if (n_new < 0 || n_new > (1L << 24)) return kv_cli_usage_error(k_tool, "-n must be in [0, 2^24]");
     if (prefill_chunk < 0 || prefill_chunk > (1L << 24))
         return kv_cli_usage_error(k_tool, "--prefill-chunk must be in [0, 2^24]");
-    if (!(temp >= 0.0) || !(top_p > 0.0 && top_p <= 1.0) || threads < 0 || seed < 0)
-        return kv_cli_usage_error(k_tool, "--temp >= 0, --top-p in (0, 1], --seed >= 0, --threads >= 0");
+    if (!(temp >= 0.0) || !(top_p > 0.0 && top_p <= 1.0) || seed < 0)
+        return kv_cli_usage_error(k_tool, "--temp >= 0, --top-p in (0, 1], --seed >= 0");
+    int n_threads = 0;
+    if ((rc = kv_tool_threads(k_tool, threads, &n_threads)) != KV_EXIT_OK) return rc;
     kv_model_options mo;
     memset(&mo, 0, sizeof mo);
-    mo.n_threads = (int)threads;
+    mo.n_threads = n_threads;
     const int storage = kv_tool_weight_storage(weights);
     if (storage < 0) return kv_cli_usage_error(k_tool, "--weights must be native, f32 or f16, not '%s'", weights);
     if (strcmp(cache_kind, "f32") != 0 && strcmp(cache_kind, "f16") != 0)
@@ -94,9 +96,11 @@ int kvrun_generate(int argc, char **argv) {
     }
     const kv_arch *a = kv_model_arch(m);
     if (n_ids + (size_t)n_new > (size_t)1 << 24) {
-        s = KV_ERR(KV_EINVAL, "prompt of %zu tokens + %ld new is too long", n_ids, n_new);
+        s = KV_ERR(KV_EINVAL, "prompt of %zu %s + %ld new is too long", n_ids, kv_tool_plural((long)n_ids, "token", "tokens"),
+                   n_new);
         goto done;
     }
+    kv_tool_warn_context(a, (long)n_ids + n_new, "the prompt plus -n");
     /* Stop at end-of-generation tokens (EOS, end of turn) and at BOS (a new document begins, as
      * llama2.c stops), unless --ignore-eos. */
     const int nv = kv_tokenizer_n_vocab(tok) < a->vocab_size ? kv_tokenizer_n_vocab(tok) : a->vocab_size;
@@ -133,10 +137,13 @@ int kvrun_generate(int argc, char **argv) {
     printf("\n");
     fflush(stdout);
     if (s == KV_OK && !quiet)
-        fprintf(stderr, "prompt %d tokens: %.1f tokens/s; generated %d tokens: %.1f tokens/s (%d threads); KV cache %zu "
-                "bytes (%s); peak RSS %ld KiB\n", st.n_prompt, st.prefill_seconds > 0 ? st.n_prompt / st.prefill_seconds : 0.0,
-                st.n_generated, st.decode_seconds > 0 && st.n_generated > 1 ? (st.n_generated - 1) / st.decode_seconds : 0.0,
-                kv_model_threads(m), kv_cache_bytes(cache), plan_path ? "plan" : cache_kind, peak_rss_kib());
+        fprintf(stderr, "prompt %d %s: %.1f tokens/s; generated %d %s: %.1f tokens/s (%d %s); KV cache %zu bytes (%s); "
+                "peak RSS %ld KiB\n", st.n_prompt, kv_tool_plural(st.n_prompt, "token", "tokens"),
+                st.prefill_seconds > 0 ? st.n_prompt / st.prefill_seconds : 0.0, st.n_generated,
+                kv_tool_plural(st.n_generated, "token", "tokens"),
+                st.decode_seconds > 0 && st.n_generated > 1 ? (st.n_generated - 1) / st.decode_seconds : 0.0,
+                kv_model_threads(m), kv_tool_plural(kv_model_threads(m), "thread", "threads"), kv_cache_bytes(cache),
+                plan_path ? "plan" : cache_kind, peak_rss_kib());
 done:
     free(ids);
     free(out);

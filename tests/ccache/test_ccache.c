@@ -70,7 +70,7 @@ static kv_plan *make_plan(const kv_model *m, int sinks, int recent) {
 static kv_plan *make_aqua_plan(const kv_model *m, int sinks, int recent) {
     kv_plan *p = make_plan(m, sinks, recent);
     float *grid = NULL;
-    kv_grid_opts go = {7, 4096, 50, 0, NULL};
+    kv_grid_opts go = {.seed = 7, .samples = 4096, .max_iters = 50};
     ck_assert_kv_ok(kv_grid_generate(&grid, NULL, 2, 16, &go));
     int gi = -1;
     ck_assert_kv_ok(kv_plan_add_grid(p, 2, 16, grid, &gi));
