@@ -43,7 +43,7 @@ kv_status rt_codec_init(rt_codec *c, const kv_plan *p, int layer, int stream, kv
     case KV_PLAN_UNIFORM:
     case KV_PLAN_HIGGS: {
         kv_status s = kv_quant_from_plan(&c->q, p, layer, stream);
-        if (s != KV_OK) return kv_error_wrap(s, "plan layer %d %s: ", layer, stream_name(stream));
+        if (s != KV_OK) return kv_error_wrap(s, "plan: "); /* the message names the layer and stream */
         break;
     }
     default:
