@@ -51,7 +51,7 @@ void rt_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *pa
         const size_t grp0 = (size_t)t * groups_per_token + g0;
         kv_unpack_range(ib, codes, grp0 * per_group, pieces, c->bits, c->per_word);
         for (size_t gi = 0; gi < head_groups; gi++)
-            mul[gi] = kv_qm_higgs_dec_mul(kv_qm_param_load(params, grp0 + gi, (int)hq->norm_type), g);
+            mul[gi] = kv_qm_higgs_dec_mul(rt_param(params, grp0 + gi, (int)hq->norm_type), g);
         for (int j = 0; j < nq; j++) {
             const float *lut = prep + (size_t)j * pf;
             float total = 0.0f;
@@ -81,7 +81,7 @@ void rt_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *par
         for (size_t pc = 0; pc < pieces; pc++)
             for (size_t k = 0; k < d; k++) v[pc * d + k] = hq->grid[(size_t)ib[pc] * d + k];
         for (size_t gi = 0; gi < head_groups; gi++) {
-            const float mul = kv_qm_higgs_dec_mul(kv_qm_param_load(params, grp0 + gi, (int)hq->norm_type), g);
+            const float mul = kv_qm_higgs_dec_mul(rt_param(params, grp0 + gi, (int)hq->norm_type), g);
             for (int j = 0; j < nq; j++) {
                 const float w = p[(size_t)j * ld + (size_t)(t - r0)] * mul;
                 float *a = racc + (size_t)j * hd + gi * g;

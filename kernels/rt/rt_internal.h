@@ -225,6 +225,22 @@ void rt_uniform_chan_accum_fused_avx2(const uint32_t *codes, size_t pos0, size_t
                                       const float *ps, int nseg, const int *seg16, int nj, float *acc);
 
 /* ---- vector math shared by the kernels (rt_math.c) ---- */
+/* f16 -> f32 without branches, exact for every input (equal to kv_f16_to_f32): the exponent and
+ * mantissa moved into place (a subnormal half becomes a float subnormal pattern times 2^112, exact
+ * since the product is a normal float), Inf/NaN re-marked, the sign put back. Vectorizes. */
+static inline float rt_f16(uint16_t h) {
+    union { uint32_t u; float f; } o, magic;
+    magic.u = (254u - 15u) << 23; /* 2^112 */
+    o.u = (uint32_t)(h & 0x7fffu) << 13;
+    o.f *= magic.f;
+    o.u |= ((h & 0x7c00u) == 0x7c00u) ? 0x7f800000u : 0u; /* Inf / NaN */
+    o.u |= (uint32_t)(h & 0x8000u) << 16;
+    return o.f;
+}
+/* A stored quantizer parameter (f16 or f32) as a float: kv_qm_param_load's value, without branches. */
+static inline float rt_param(const void *arr, size_t i, int type) {
+    return type == KV_PARAM_F16 ? rt_f16(((const uint16_t *)arr)[i]) : ((const float *)arr)[i];
+}
 /* exp(x) for x <= 0 (scores minus their maximum), n values in place: a range reduction and a degree-6
  * polynomial, relative error below 4e-7 (tests/runtime checks it against exp over [-104, 0]);
  * 0 below -103.9. Written in 8 lanes so that every vector path gives the same bits. */

@@ -42,25 +42,12 @@ void rt_exp_portable(float *x, size_t n) {
     for (; i < n; i++) x[i] = exp_le0(x[i]);
 }
 
-/* f16 -> f32 without branches, exact for every input: the exponent and mantissa moved into place
- * (a subnormal half becomes a float subnormal pattern times 2^112, exact since the product is a
- * normal float), Inf/NaN re-marked, the sign put back. Vectorizes with SSE2. */
-static inline float f16_to_f32_branchless(uint16_t h) {
-    union { uint32_t u; float f; } o, magic;
-    magic.u = (254u - 15u) << 23; /* 2^112 */
-    o.u = (uint32_t)(h & 0x7fffu) << 13;
-    o.f *= magic.f;
-    o.u |= ((h & 0x7c00u) == 0x7c00u) ? 0x7f800000u : 0u; /* Inf / NaN */
-    o.u |= (uint32_t)(h & 0x8000u) << 16;
-    return o.f;
-}
-
 void rt_f16_to_f32_row(float *dst, const uint16_t *src, size_t n) {
     if (rt_avx2_usable()) {
         rt_f16_to_f32_row_avx2(dst, src, n);
         return;
     }
-    for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32_branchless(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = rt_f16(src[i]);
 }
 
 void rt_f32_to_f16_row(uint16_t *dst, const float *src, size_t n) {

@@ -157,7 +157,7 @@ static void scores_channels_axis(const rt_codec *c, const uint32_t *codes, const
                 float dot = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
                 for (; ch < b; ch++) dot += qj[ch] * cf[ch];
                 for (ch = a; ch < b; ch++) qsum += qj[ch];
-                score += kv_qm_param_load(scales, g, pt) * dot + kv_qm_param_load(zeros, g, pt) * qsum;
+                score += rt_param(scales, g, pt) * dot + rt_param(zeros, g, pt) * qsum;
             }
             out[(size_t)j * ld + (size_t)(t - r0)] = score;
         }
@@ -211,7 +211,7 @@ static void accum_channels_axis(const rt_codec *c, const uint32_t *codes, const 
                     const size_t t = (size_t)(t0 + i);
                     for (int sg = 0; sg < nseg; sg++) {
                         const size_t g = t * ncg + (c0 + seg[sg]) / G;
-                        const float sc = kv_qm_param_load(scales, g, pt), z = kv_qm_param_load(zeros, g, pt);
+                        const float sc = rt_param(scales, g, pt), z = rt_param(zeros, g, pt);
                         for (int j = 0; j < nj; j++) {
                             const float pj = p[(size_t)(j0 + j) * ld + (t - (size_t)r0)];
                             st[((size_t)i * (size_t)nj + (size_t)j) * (size_t)nseg + (size_t)sg] = pj * sc;
@@ -232,8 +232,8 @@ static void accum_channels_axis(const rt_codec *c, const uint32_t *codes, const 
                 unpack_run(cf + (size_t)i * hd, codes, t * C + c0, hd, c->bits, c->per_word);
                 for (int sg = 0; sg < nseg; sg++) {
                     const size_t g = t * ncg + (c0 + seg[sg]) / G;
-                    st[(size_t)i * (size_t)nseg + (size_t)sg] = kv_qm_param_load(scales, g, pt);
-                    const float z = kv_qm_param_load(zeros, g, pt);
+                    st[(size_t)i * (size_t)nseg + (size_t)sg] = rt_param(scales, g, pt);
+                    const float z = rt_param(zeros, g, pt);
                     for (int j = 0; j < nj; j++)
                         zacc[(size_t)j * (size_t)nseg + (size_t)sg] += p[(size_t)(j0 + j) * ld + (t - (size_t)r0)] * z;
                 }
@@ -283,7 +283,7 @@ static void accum_tokens_axis(const rt_codec *c, const uint32_t *codes, const vo
                     unpack_run(cf, codes, k * G * C + (c0 + ch) * gs + i, n, c->bits, c->per_word);
                     for (size_t ii = 0; ii < n; ii++) sp += pj[i + ii] * cf[ii];
                 }
-                acc[(size_t)j * hd + ch] += kv_qm_param_load(scales, g, pt) * sp + kv_qm_param_load(zeros, g, pt) * psum;
+                acc[(size_t)j * hd + ch] += rt_param(scales, g, pt) * sp + rt_param(zeros, g, pt) * psum;
             }
         }
         t = k * G + iend;
