@@ -1,5 +1,5 @@
 /* kvrun bench: what a KV cache costs in speed and memory on a real model. B sequences each get a
- * prompt of N tokens (a corpus slice, or seeded random tokens) through one prefill, then K
+ * prompt of N tokens (a corpus slice, or seeded random tokens) through a prefill in chunks, then K
  * single-token decoding steps run all B sequences in one forward call (greedy: each step feeds the
  * argmax of the previous logits). Reports prefill and decode tokens per second, the bytes the cache
  * holds (from the runtime's own allocations; the plain cache's arrays otherwise), bits per value and
@@ -35,7 +35,7 @@ static int argmax(const float *x, int n) {
 
 int kvrun_bench(int argc, char **argv) {
     const char *model = NULL, *tokp = NULL, *text = NULL, *plan_path = NULL, *cache_kind = "f16", *weights = "native";
-    long context = 0, decode = 32, batch = 1, threads = 0, seed = 1;
+    long context = 0, decode = 32, batch = 1, threads = 0, seed = 1, prefill_chunk = 512;
     int json = 0, keep = 0;
     const kv_opt opts[] = {
         {"model", 'm', KV_OPT_STRING, &model, "PATH", "model (GGUF, safetensors directory, llama2.c)", 1},
@@ -45,6 +45,8 @@ int kvrun_bench(int argc, char **argv) {
         {"context", 'c', KV_OPT_INT, &context, "N", "prompt tokens prefilled per sequence", 1},
         {"decode", 'n', KV_OPT_INT, &decode, "K", "decoding steps after the prefill (default 32)", 0},
         {"batch", 'b', KV_OPT_INT, &batch, "B", "sequences decoded together (default 1)", 0},
+        {"prefill-chunk", 0, KV_OPT_INT, &prefill_chunk, "N", "prompt tokens per forward step (default 512, as kvrun "
+                                                              "generate; 0 = the whole prompt at once)", 0},
         {"text", 0, KV_OPT_STRING, &text, "FILE", "take the prompts from this text (default: seeded random tokens)", 0},
         {"tokenizer", 0, KV_OPT_STRING, &tokp, "PATH", "tokenizer for --text (default: the model's own)", 0},
         {"seed", 0, KV_OPT_INT, &seed, "S", "seed of the random prompts (default 1)", 0},
@@ -57,7 +59,7 @@ int kvrun_bench(int argc, char **argv) {
     };
     kv_cli_args args;
     int rc = kv_cli_parse(&args, k_tool, "--model M [--plan P | --cache f16|f32] --context N [--decode K] [--batch B] "
-                          "[--text FILE] [-t T] [--json]",
+                          "[--prefill-chunk N] [--text FILE] [-t T] [--json]",
                           "Prefill N tokens per sequence, decode K tokens for B sequences together, and report speed "
                           "and the bytes the KV cache holds.",
                           opts, 0, argc, argv);
@@ -118,12 +120,17 @@ int kvrun_bench(int argc, char **argv) {
             memcpy(prompt, ids + ((size_t)b * 7919u) % (n_ids - (size_t)N + 1), sizeof(int32_t) * (size_t)N);
         else
             for (int t = 0; t < N; t++) prompt[t] = (int32_t)(kv_rng_next_u64(&rng) % (uint64_t)V);
-        kv_forward f;
-        memset(&f, 0, sizeof f);
-        f.tokens = prompt, f.n_seqs = 1, f.n_tokens = N, f.cache = cache, f.seq_ids = &b;
-        f.logits = logits + (size_t)b * V, f.logits_last_only = 1;
+        /* the prompt in chunks, as kvrun generate feeds it: a compressed cache compresses as it goes,
+         * so the decoding steps below see the steady state, not the whole prompt's compression */
+        const int chunk = prefill_chunk > 0 ? (int)prefill_chunk : N;
         const double t0 = kv_now_seconds();
-        if ((s = kv_model_forward(m, &f)) != KV_OK) goto done;
+        for (int p0 = 0; p0 < N; p0 += chunk) {
+            kv_forward f;
+            memset(&f, 0, sizeof f);
+            f.tokens = prompt + p0, f.n_seqs = 1, f.n_tokens = N - p0 < chunk ? N - p0 : chunk, f.cache = cache;
+            f.seq_ids = &b, f.logits = logits + (size_t)b * V, f.logits_last_only = 1;
+            if ((s = kv_model_forward(m, &f)) != KV_OK) goto done;
+        }
         br.prefill_s += kv_now_seconds() - t0;
         next[b] = argmax(logits + (size_t)b * V, V);
         seq_ids[b] = b;
