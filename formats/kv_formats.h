@@ -255,6 +255,11 @@ kv_status kv_model_file_read_f32(const kv_model_file *mf, const kv_tensor_info *
 const kv_gguf *kv_model_file_gguf(const kv_model_file *mf);
 /* Path the model was opened from (borrowed). */
 const char *kv_model_file_path(const kv_model_file *mf);
+/* Hand back the memory pages of tensor t's data (t NULL: every tensor's) to the OS: they stop
+ * counting in the process's resident set and are read again from the file when next touched. For a
+ * caller that has copied or decoded a tensor and will not read it soon (layer-streamed weights,
+ * kv_model_options.stream). The data stays valid; only advice, so it cannot fail. */
+void kv_model_file_release_pages(const kv_model_file *mf, const kv_tensor_info *t);
 
 /* ============================================================================================
  * 4. Tokenizer data (the model/ tokenizer builds on this)
