@@ -625,6 +625,8 @@ typedef struct kv_fit_config {
         double heldout_fraction; /* fraction of calibration sequences held out when heldout is "" */
         int seq_len;
         int64_t max_tokens;      /* calibration tokens at most; 0 = all */
+        int shard_seqs;          /* sequences per shard (forward batch, unit of the rank split and of the
+                                    fixed-order sums); 0 = max(1, 8192 / seq_len) */
     } data;
     struct {
         int sinks, recent;
@@ -661,6 +663,12 @@ typedef struct kv_fit_config {
         double budget;
         int window, pool;
     } pruning;
+    struct {                     /* where kvcal fit keeps its working set (calib/FIT.md §5) */
+        int weights;             /* model weights: 0 f32, 1 f16, 2 native (model/'s kv_weight_storage) */
+        int stream_weights;      /* hold one layer's weights at a time */
+        int hidden_dtype;        /* hidden states between layers: KV_DTYPE_F32 or KV_DTYPE_F16 */
+        char *spill_dir;         /* "" = in memory; else the per-token state goes to files there */
+    } memory;
     int n_layer_overrides;       /* sorted by layer */
     kv_fit_layer_override *layer_overrides;
     void *origins_;              /* where each key was set (for messages); internal */
