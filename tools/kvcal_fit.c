@@ -1,6 +1,8 @@
 /* kvcal fit: calibrate a compression plan (AQUA-KV and baselines) on a text corpus. Thin: parse,
  * resolve the configuration (defaults < method preset < config file < flags < --set), tokenize,
- * call kv_fit_run, print the held-out metrics. calib/FIT.md documents the procedure. */
+ * call kv_fit_run, print the held-out metrics. calib/FIT.md documents the procedure.
+ * Under mpirun every rank runs this with the same arguments (kv_dist): rank 0 prints and writes,
+ * the others only report errors that are theirs alone (carried to rank 0 by kv_dist_agree). */
 #define _POSIX_C_SOURCE 200809L
 #include "kv_calib.h"
 #include "kv_tools.h"
@@ -142,6 +144,8 @@ int kvcal_fit(int argc, char **argv) {
         return rc < 0 ? KV_EXIT_OK : rc;
     }
     kv_fit_config cfg;
+    kv_dist *dist = NULL;
+    int rank = 0;
     kv_model_file *mf = NULL;
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
@@ -180,6 +184,13 @@ int kvcal_fit(int argc, char **argv) {
     if (threads < 0) {
         rc = kv_cli_usage_error(tool, "--threads must be >= 0");
         goto end;
+    }
+    /* ---- ranks (mpirun), one process otherwise: from here on only rank 0 prints ---- */
+    if ((s = kv_dist_init(&dist, NULL, NULL)) != KV_OK) goto fail;
+    rank = kv_dist_rank(dist);
+    if (rank != 0) {
+        kv_log_set_callback(kv_log_to_stream, stderr, KV_LOG_ERROR);
+        kv_progress_set_stream(NULL, 10.0);
     }
     /* ---- configuration: defaults < method preset < file < flags < --set ---- */
     if (method_id < 0 && config) { /* the file's method picks the preset */
@@ -221,26 +232,30 @@ int kvcal_fit(int argc, char **argv) {
         if ((s = kv_fit_config_set(&cfg, sets[i])) != KV_OK) goto fail;
     if ((s = kv_fit_config_validate(&cfg)) != KV_OK) goto fail;
     if (!cfg.model[0]) {
-        rc = kv_cli_usage_error(tool, "no model: give --model or `model:` in the configuration");
+        rc = rank ? KV_EXIT_USAGE : kv_cli_usage_error(tool, "no model: give --model or `model:` in the configuration");
         goto end;
     }
     if (!cfg.data.calibration[0]) {
-        rc = kv_cli_usage_error(tool, "no corpus: give --corpus or `data.calibration:` in the configuration");
+        rc = rank ? KV_EXIT_USAGE
+                  : kv_cli_usage_error(tool, "no corpus: give --corpus or `data.calibration:` in the configuration");
         goto end;
     }
-    /* ---- model, tokenizer, corpus ---- */
-    if ((s = kv_model_file_open(&mf, cfg.model)) != KV_OK) goto fail;
+    /* ---- model (weights as memory.* says: one layer at a time by default), tokenizer, corpus ---- */
+    char corpus_sha[65] = "";
+    if ((s = kv_model_file_open(&mf, cfg.model)) != KV_OK) goto loaded;
     {
         kv_model_options mo;
         memset(&mo, 0, sizeof mo);
         mo.n_threads = (int)threads;
-        if ((s = kv_model_load(&m, mf, &mo)) != KV_OK) goto fail;
+        mo.weights = (kv_weight_storage)cfg.memory.weights;
+        s = cfg.memory.stream_weights ? kv_model_load_streamed(&m, mf, &mo) : kv_model_load(&m, mf, &mo);
+        if (s != KV_OK) goto loaded;
     }
-    if ((s = kv_tokenizer_load(&tok, mf, tokenizer)) != KV_OK) goto fail;
-    char corpus_sha[65] = "";
-    if ((s = kv_tool_tokenize_file(&ids, &n_ids, corpus_sha, tok, cfg.data.calibration)) != KV_OK) goto fail;
-    if (cfg.data.heldout[0] && (s = kv_tool_tokenize_file(&ho_ids, &n_ho, NULL, tok, cfg.data.heldout)) != KV_OK)
-        goto fail;
+    if ((s = kv_tokenizer_load(&tok, mf, tokenizer)) != KV_OK) goto loaded;
+    if ((s = kv_tool_tokenize_file(&ids, &n_ids, corpus_sha, tok, cfg.data.calibration)) != KV_OK) goto loaded;
+    if (cfg.data.heldout[0]) s = kv_tool_tokenize_file(&ho_ids, &n_ho, NULL, tok, cfg.data.heldout);
+loaded: /* every rank loaded its own copy: they agree before working together */
+    if ((s = kv_dist_agree(dist, s)) != KV_OK) goto fail;
     kv_fit_data data;
     memset(&data, 0, sizeof data);
     data.tokens = ids;
@@ -258,6 +273,7 @@ int kvcal_fit(int argc, char **argv) {
     fo.corpus_sha256 = corpus_sha;
     fo.interrupt = &g_interrupt;
     fo.grid_cache_dir = gcache;
+    fo.dist = dist;
     if (!no_ckpt) {
         ckpt = malloc(strlen(out) + 6);
         if (!ckpt) {
@@ -281,6 +297,7 @@ int kvcal_fit(int argc, char **argv) {
     if (s != KV_OK) goto fail;
     double fwd = 0.0;
     if (bench && (s = kv_fit_forward_baseline(&fwd, m, &data, &cfg, &fo)) != KV_OK) goto fail;
+    if (rank != 0) goto end;
     if ((s = kv_fit_report_format(&text, &rep, json)) != KV_OK) goto fail;
     if (json) {
         /* the report object, plus where the plan went (and the benchmark) */
@@ -307,7 +324,8 @@ int kvcal_fit(int argc, char **argv) {
     }
     goto end;
 fail:
-    rc = kv_cli_fail(tool, s);
+    /* failures past kv_dist_init are the same on every rank (deterministic, or agreed): rank 0 says it */
+    rc = rank == 0 ? kv_cli_fail(tool, s) : KV_EXIT_RUNTIME;
 end:
     free(text);
     free(ckpt);
@@ -322,5 +340,6 @@ end:
     kv_fit_config_free(&cfg);
     kv_cli_args_free(&a);
     free(sets);
+    kv_dist_finalize(dist);
     return rc;
 }
