@@ -98,7 +98,7 @@ kv_status kv_model_matrix_row(const kv_matrix *w, int r, float *dst);
 typedef kv_status (*kv_tensor_raw_fn)(void *user, const char *name, int n_dims, const uint64_t ne[4], int *dtype,
                                       const uint8_t **data, size_t *row_bytes);
 /* Called after a tensor has been copied or decoded: its source bytes are not needed now (the file
- * source hands the mapping's pages back to the OS). */
+ * source hands the mapping's pages back to the OS); name NULL: no source bytes are needed now. */
 typedef void (*kv_tensor_done_fn)(void *user, const char *name);
 typedef struct kv_model_raw_source {
     kv_tensor_raw_fn raw;

@@ -352,6 +352,7 @@ void kv_model_release(kv_model *m, int part) {
         free_layer(m, part);
     }
     *held = 0;
+    source_done(m, NULL); /* pages of the source mapped around the part's tensors, too */
 }
 
 int kv_model_streamed(const kv_model *m) { return m && m->stream; }

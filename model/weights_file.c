@@ -49,9 +49,15 @@ static kv_status file_raw(void *user, const char *name, int n_dims, const uint64
 }
 
 /* The tensor has been copied or decoded: hand its mapped pages back (they count in the resident set
- * until then; for a streamed model that is the whole point). */
+ * until then; for a streamed model that is the whole point). name NULL: every page of the file —
+ * a page fault maps the file's neighbouring cached pages too (the kernel's fault-around), which
+ * belong to other tensors and would otherwise stay counted. */
 static void file_done(void *user, const char *name) {
     const kv_model_file *mf = user;
+    if (!name) {
+        kv_model_file_release_pages(mf, NULL);
+        return;
+    }
     const kv_tensor_info *t = kv_model_file_find(mf, name);
     if (t) kv_model_file_release_pages(mf, t);
 }

@@ -57,6 +57,7 @@ case "$what" in
       --set data.shard_seqs=2 --set memory.weights=native --set "memory.spill_dir=$out/spill"
     ;;
   ranks)
+    base+=(--set data.shard_seqs=2) # 8 shards at 16384 tokens: work for every rank
     for round in $(seq "${ROUNDS:-2}"); do
       run "r$round-np1-t1" "$kvcal" "${base[@]}" -t 1 --out "$out/np1.kvplan"
       run "r$round-np2-t1" mpirun --oversubscribe --bind-to none -np 2 "$kvcal" "${base[@]}" -t 1 --out "$out/np2.kvplan"
