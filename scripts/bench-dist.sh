@@ -3,6 +3,7 @@
 # layer-streamed weights"). A benchmark, not a test; every run prints the exact command behind it.
 #   scripts/bench-dist.sh memory [TOKENS]   peak RSS against how the weights and the per-token state
 #                                            are held (one process; 2 threads)
+#   scripts/bench-dist.sh scale [TOKENS]    peak RSS at TOKENS and 4 x TOKENS, state in memory and spilled
 #   scripts/bench-dist.sh ranks [TOKENS]    calibration time with 1, 2 and 3 ranks (1 thread each),
 #                                            and 1 process with 2 threads, in turn, ROUNDS times
 #   scripts/bench-dist.sh f16 [TOKENS]      the accuracy effect of f16 hidden states: the fit's held-out
@@ -55,6 +56,15 @@ case "$what" in
       --set data.shard_seqs=2 --set memory.weights=native --set memory.hidden_dtype=f16
     run stream-native-shard2-spill "$kvcal" "${base[@]}" -t 2 --out "$out/stream-native-shard2-spill.kvplan" \
       --set data.shard_seqs=2 --set memory.weights=native --set "memory.spill_dir=$out/spill"
+    ;;
+  scale)
+    # the same two settings at TOKENS (default 16384) and 4 x TOKENS: the state held grows, the rest not
+    for t in "$tokens" "$((4 * tokens))"; do
+      b=(fit --model "$model" --corpus "$valid" --max-tokens "$t" --no-checkpoint -q -t 2 --set data.shard_seqs=2
+         --set memory.weights=native)
+      run "native-shard2-$t" "$kvcal" "${b[@]}" --out "$out/native-shard2-$t.kvplan"
+      run "native-shard2-spill-$t" "$kvcal" "${b[@]}" --out "$out/native-shard2-spill-$t.kvplan" --set "memory.spill_dir=$out/spill"
+    done
     ;;
   ranks)
     base+=(--set data.shard_seqs=2) # 8 shards at 16384 tokens: work for every rank
