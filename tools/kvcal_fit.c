@@ -137,7 +137,10 @@ int kvcal_fit(int argc, char **argv) {
                           "predictors from the previous layer's reconstructions (aqua, aqua-uniform), quantize the "
                           "residuals chunk by chunk as the compressed cache will, and report held-out predictor and "
                           "quantizer errors per layer. Interrupted runs resume from the last finished layer "
-                          "(PLAN.ckpt/). Configuration precedence: defaults < method preset < --config < flags < --set.",
+                          "(PLAN.ckpt/). Configuration precedence: defaults < method preset < --config < flags < --set. "
+                          "Holds one layer's weights at a time (memory.* keys: weights, hidden states in f16, "
+                          "spilling to disk). Under mpirun (mpirun -np N kvcal fit ...) the ranks share the "
+                          "sequences and rank 0 writes the same plan as one process.",
                           opts, 0, argc, argv);
     if (rc != KV_EXIT_OK) {
         free(sets);

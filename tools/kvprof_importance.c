@@ -74,7 +74,8 @@ int kvprof_importance(int argc, char **argv) {
     kv_cli_args args;
     int rc = kv_cli_parse(&args, k_tool, "--model M --corpus FILE --out REPORT [options]",
                           "KVmix layer importance: one forward and one backward per prompt give every layer's\n"
-                          "||dL/dW_k||_F and ||dL/dW_v||_F; the top --high-frac layers get high bits.",
+                          "||dL/dW_k||_F and ||dL/dW_v||_F; the top --high-frac layers get high bits.\n"
+                          "Under mpirun the ranks share the prompts (same report as one process).",
                           opts, 0, argc, argv);
     if (rc) return rc < 0 ? KV_EXIT_OK : rc;
     kv_cli_args_free(&args);
