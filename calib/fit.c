@@ -15,9 +15,10 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
-const char *const kv_fit_metric_names[KV_FIT_N_METRICS] = {"rel_mse", "explained_var", "quant_rel_err",
-                                                           "resid_rel_err"};
+const char *const kv_fit_metric_names[KV_FIT_N_METRICS] = {"rel_mse",       "explained_var", "quant_rel_err",
+                                                           "resid_rel_err", "ridge_rcond",   "ridge_fallback"};
 
 void kv_fit_options_init(kv_fit_options *o) {
     memset(o, 0, sizeof *o);
@@ -154,8 +155,10 @@ kv_status kv_fit_config_method_preset(kv_fit_config *c, kv_fit_method method) {
     const char *const *set = method == KV_FIT_KIVI ? kivi : method == KV_FIT_AQUA_UNIFORM ? aqua_uniform : NULL;
     if (!kv_fit_method_name((int)method)) return KV_ERR(KV_EINVAL, "unknown fit method %d", (int)method);
     c->method = method;
+    char where[64];
+    snprintf(where, sizeof where, "the %s preset", kv_fit_method_name((int)method));
     for (int i = 0; set && set[i]; i++) {
-        kv_status s = kv_fit_config_set(c, set[i]);
+        kv_status s = kv_fit_config_set_from(c, set[i], where);
         if (s != KV_OK) return s;
     }
     return KV_OK;
@@ -183,8 +186,9 @@ static int stream_bits(const kv_fit_config *cfg, int layer, int stream, int *exp
 /* HIGGS grids are data-free: one fixed seed for every plan, so that a grid cache serves every run. */
 #define FIT_GRID_SEED 1u
 
-static kv_status grid_index(kv_plan *p, int d, int n, const kv_fit_config *cfg, const char *cache_dir, int *index,
-                            double *seconds) {
+static kv_status grid_index(kv_plan *p, int d, int n, const kv_fit_config *cfg, const kv_fit_options *opt,
+                            int *index, double *seconds) {
+    const char *cache_dir = opt->grid_cache_dir;
     for (int i = 0; i < p->n_grids; i++)
         if (p->grids[i].d == d && p->grids[i].n == n) {
             *index = i;
@@ -219,9 +223,15 @@ static kv_status grid_index(kv_plan *p, int d, int n, const kv_fit_config *cfg, 
         go.seed = FIT_GRID_SEED;
         go.samples = (size_t)cfg->higgs.grid_samples;
         go.max_iters = cfg->higgs.grid_iters;
+        go.interrupt = opt->interrupt;
         kv_log(KV_LOG_INFO, "fit: generating a HIGGS grid (d = %d, n = %d, %lld samples, %d iterations)%s", d, n,
                (long long)cfg->higgs.grid_samples, cfg->higgs.grid_iters, path ? "; it will be cached" : "");
         s = kv_grid_generate(&pts, NULL, d, n, &go);
+        if (s == KV_EINTERRUPTED) {
+            free(path);
+            return KV_ERR(KV_EINTERRUPTED, "interrupted while generating the HIGGS grid d=%d n=%d, before layer 0%s",
+                          d, n, cache_dir ? " (grids finished before are cached)" : "");
+        }
         if (s != KV_OK) {
             free(path);
             return kv_error_wrap(s, "HIGGS grid d=%d n=%d: ", d, n);
@@ -241,15 +251,35 @@ static kv_status grid_index(kv_plan *p, int d, int n, const kv_fit_config *cfg, 
     return s;
 }
 
-static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, int head_dim, const char *cache_dir,
+/* "keys.bits=5 (cfg.yaml:3:9), keys.group_size=32 (default), ..." for the keys that shape stream st
+ * of layer l, so that a quantizer's refusal names where the configuration said it. */
+static void stream_keys(char *buf, size_t n, const kv_fit_config *cfg, int l, int st) {
+    const char *sec = st == KV_PLAN_K ? "keys" : "values";
+    const char *fields[] = {"bits", "group_size", "group_axis", "scale_dtype", "eta"};
+    const int higgs = cfg->method == KV_FIT_AQUA || cfg->method == KV_FIT_HIGGS;
+    size_t used = 0;
+    char key[64];
+    for (size_t i = 0; i < sizeof fields / sizeof *fields && used < n; i++) {
+        if (higgs && i > 0) break; /* HIGGS streams take their shape from higgs.* */
+        snprintf(key, sizeof key, "%s.%s", sec, fields[i]);
+        used += (size_t)snprintf(buf + used, n - used, "%s%s (%s)", used ? ", " : "", key,
+                                 kv_fit_config_origin(cfg, key));
+    }
+    if (higgs) {
+        const char *hk[] = {"higgs.d", "higgs.n", "higgs.group_size"};
+        for (size_t i = 0; i < 3 && used < n; i++)
+            used += (size_t)snprintf(buf + used, n - used, ", %s (%s)", hk[i], kv_fit_config_origin(cfg, hk[i]));
+    }
+    if ((cfg->method == KV_FIT_AQUA || cfg->method == KV_FIT_AQUA_UNIFORM) && l == 0 && used < n)
+        used += (size_t)snprintf(buf + used, n - used, ", aqua.first_layer_bits (%s)",
+                                 kv_fit_config_origin(cfg, "aqua.first_layer_bits"));
+    const kv_fit_layer_override *lo = kv_fit_config_layer(cfg, l);
+    if (lo && used < n) snprintf(buf + used, n - used, ", layers.%d (%s)", l, lo->where[0] ? lo->where : "?");
+}
+
+static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, int head_dim, const kv_fit_options *opt,
                             double *grid_seconds) {
     const kv_fit_method method = cfg->method;
-    if (cfg->squat.enabled)
-        return KV_ERR(KV_EUNSUPPORTED, "squat.enabled: SQuat key quantization is not fitted by this version of "
-                      "kvcal fit");
-    if (cfg->xquant.km >= 0 || cfg->xquant.vm >= 0 || cfg->xquant.kq >= 0 || cfg->xquant.vq >= 0)
-        return KV_ERR(KV_EUNSUPPORTED, "xquant.km/vm/kq/vq: XQuant cross-layer sharing and 1-bit layers are not "
-                      "fitted by this version of kvcal fit (set them to -1)");
     if (cfg->cache.recent < 1)
         return KV_ERR(KV_EINVAL, "cache.recent is %d: the compressed cache compresses chunks of `recent` tokens, "
                       "which must be at least 1", cfg->cache.recent);
@@ -292,7 +322,7 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
                     return KV_ERR(KV_EINVAL, "layer %d %s stream: %d bits for HIGGS (1..8)", l, sname, bits);
                 int n = (cfg->higgs.n && !explicit_bits) ? cfg->higgs.n : 1 << (bits * cfg->higgs.d > 20 ? 20 : bits * cfg->higgs.d);
                 int gi;
-                kv_status r = grid_index(p, cfg->higgs.d, n, cfg, cache_dir, &gi, grid_seconds);
+                kv_status r = grid_index(p, cfg->higgs.d, n, cfg, opt, &gi, grid_seconds);
                 if (r != KV_OK) return r;
                 s->method = KV_PLAN_HIGGS;
                 s->bits = 0;
@@ -317,6 +347,17 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
                     return KV_ERR(KV_EINVAL, "%s.group_size %d: groups along tokens must divide cache.recent (%d), "
                                   "the chunk of tokens the cache compresses at once", st ? "values" : "keys",
                                   s->group_size, cfg->cache.recent);
+            }
+            /* The quantizer the runtime will build from this record, on one chunk's shape: a refusal
+             * here names the configuration keys (and where they were set), not only the quantizer. */
+            kv_quant q;
+            kv_block_storage bs;
+            kv_status qs = kv_quant_from_plan(&q, p, l, st);
+            if (qs == KV_OK) qs = kv_quant_storage(&bs, &q, (size_t)cfg->cache.recent, (size_t)kv_dim);
+            if (qs != KV_OK) {
+                char keys[768];
+                stream_keys(keys, sizeof keys, cfg, l, st);
+                return kv_error_wrap(qs, "configuration %s: ", keys); /* the message names the stream */
             }
         }
     }
@@ -394,6 +435,23 @@ static void fit_run_free(fit_run *r) {
 }
 
 /* ---- layer forward ------------------------------------------------------------------------------ */
+/* NaN or Inf in a layer's captured K/V (a NaN weight, an overflow) would otherwise surface as a
+ * LAPACK argument error or a silently broken plan. Checked per shard as it is captured. */
+static kv_status check_finite(const fit_run *r, int l, int64_t j, const float *k, const float *v) {
+    const float *kv[2] = {k, v};
+    const size_t n = (size_t)r->shard_nseq[j] * (size_t)r->n_comp * (size_t)r->kv_dim;
+    for (int st = 0; st < 2; st++)
+        for (size_t i = 0; i < n; i++)
+            if (!isfinite(kv[st][i])) {
+                const size_t row = i / (size_t)r->kv_dim, seq = (size_t)(r->shard_ids[j] * r->shard_seqs) + row / (size_t)r->n_comp;
+                return KV_ERR(KV_ENUMERIC, "non-finite activations at layer %d: %s value %g (sequence %zu, token %zu, "
+                              "channel %zu); the model's weights or the forward pass produce NaN or Inf", l,
+                              st ? "V" : "K", (double)kv[st][i], seq, (size_t)r->sinks + row % (size_t)r->n_comp,
+                              i % (size_t)r->kv_dim);
+            }
+    return KV_OK;
+}
+
 static kv_status forward_shard(fit_run *r, int l, int64_t j) {
     float *h, *k, *v;
     kv_status s;
@@ -410,6 +468,7 @@ static kv_status forward_shard(fit_run *r, int l, int64_t j) {
     hooks.layer_end = l + 1;
     s = kv_model_layer_forward(r->m, l, h, (int)r->shard_nseq[j], r->seq_len, r->pos, NULL, NULL, &hooks);
     if (s != KV_OK) return kv_error_wrap(s, "layer %d forward: ", l);
+    if ((s = check_finite(r, l, j, k, v)) != KV_OK) return s;
     if ((s = kv_fit_store_put(&r->st, KV_FIT_H, j)) != KV_OK || (s = kv_fit_store_put(&r->st, KV_FIT_K, j)) != KV_OK ||
         (s = kv_fit_store_put(&r->st, KV_FIT_V, j)) != KV_OK)
         return s;
@@ -421,11 +480,9 @@ static kv_status forward_shard(fit_run *r, int l, int64_t j) {
  * of them at the same shard. */
 static kv_status forward_pass(fit_run *r, int l, kv_progress *prog, double *done_rows) {
     kv_status s = KV_OK;
-    const char *ck = r->opt->checkpoint_dir;
     for (int64_t j = 0; j < r->max_local; j++) {
         if (s == KV_OK && r->opt->interrupt && *r->opt->interrupt)
-            s = KV_ERR(KV_EINTERRUPTED, "interrupted during layer %d%s%s", l,
-                       ck && l > 0 ? "; the checkpoint after the previous layer is kept in " : "", ck && l > 0 ? ck : "");
+            s = KV_ERR(KV_EINTERRUPTED, "interrupted during layer %d", l); /* kv_fit_run adds where the checkpoint is */
         if ((s = kv_dist_agree(r->dist, s)) != KV_OK) return s;
         if (j < r->n_local) s = forward_shard(r, l, j);
         for (int64_t k = j * r->size; k < (j + 1) * r->size && k < r->n_shards; k++)
@@ -500,7 +557,7 @@ static kv_status stats_part(void *user, int64_t k, double *out) {
 
 /* Fit a predictor of the stream from the inputs (roles) concatenated; every rank stores it. */
 static kv_status fit_predictor(fit_run *r, int l, int stream, int n_inputs, const kv_plan_pred_input *in_ids,
-                               const int *in_roles) {
+                               const int *in_roles, kv_fit_layer_report *lr) {
     const int kvd = r->kv_dim, n_in = n_inputs * kvd;
     const size_t na = (size_t)n_in + 1, len = stats_len(n_in, kvd);
     stats_job job;
@@ -520,6 +577,7 @@ static kv_status fit_predictor(fit_run *r, int l, int stream, int n_inputs, cons
     if ((s = kv_dist_agree(r->dist, s)) != KV_OK) goto done;
     if ((s = kv_dist_fold(r->dist, acc, len, r->n_shards, stats_part, &job)) != KV_OK) goto done;
     kv_status solved = KV_OK;
+    double solve_info[2] = {NAN, NAN}; /* rcond, fallback: rank 0's, for every rank's report */
     if (r->rank == 0) {
         kv_ridge_stats sum;
         memset(&sum, 0, sizeof sum);
@@ -534,9 +592,12 @@ static kv_status fit_predictor(fit_run *r, int l, int stream, int n_inputs, cons
         if (solved != KV_OK) {
             solved = kv_error_wrap(solved, "layer %d %s predictor: ", l, stream ? "V" : "K");
         } else {
+            solve_info[0] = fit.rcond;
+            solve_info[1] = fit.used_fallback;
             if (fit.used_fallback)
-                kv_log(KV_LOG_WARN, "fit: layer %d %s predictor: normal equations not positive definite, used the "
-                       "SVD least-squares solution", l, stream ? "V" : "K");
+                kv_log(KV_LOG_WARN, "fit: layer %d %s predictor: the normal equations are rank deficient (reciprocal "
+                       "condition number %.3g < %.3g; rank %d of %d): used the minimum-norm solution", l,
+                       stream ? "V" : "K", fit.rcond, kv_ridge_rcond_threshold(n_in), fit.rank, n_in + 1);
             /* ridge W is n_in x kvd (y = x W + b); the plan stores out x in (y = W x + b). */
             for (int i = 0; i < n_in; i++)
                 for (int o = 0; o < kvd; o++)
@@ -546,8 +607,11 @@ static kv_status fit_predictor(fit_run *r, int l, int stream, int n_inputs, cons
     }
     if ((s = kv_dist_agree(r->dist, solved)) != KV_OK) goto done;
     if ((s = kv_dist_bcast(r->dist, wt, (size_t)n_in * (size_t)kvd * sizeof(float), 0)) != KV_OK ||
-        (s = kv_dist_bcast(r->dist, b, (size_t)kvd * sizeof(float), 0)) != KV_OK)
+        (s = kv_dist_bcast(r->dist, b, (size_t)kvd * sizeof(float), 0)) != KV_OK ||
+        (s = kv_dist_bcast(r->dist, solve_info, sizeof solve_info, 0)) != KV_OK)
         goto done;
+    lr->ridge_rcond[stream] = solve_info[0];
+    lr->ridge_fallback[stream] = solve_info[1];
     s = kv_plan_set_predictor(r->plan, l, stream, n_inputs, in_ids, wt, b);
 done:
     free(acc);
@@ -602,6 +666,10 @@ static kv_status quant_pass(fit_run *r, int l, int stream, const kv_plan_predict
         const int64_t n_chunks = r->shard_nseq[j] * r->n_chunks;
         const int64_t g0 = r->shard_ids[j] * r->shard_seqs * r->n_chunks; /* global index of its first chunk */
         for (int64_t c0 = 0; c0 < n_chunks && s == KV_OK; c0 += BLOCK) {
+            if (r->opt->interrupt && *r->opt->interrupt) { /* the ranks agree after the pass */
+                s = KV_ERR(KV_EINTERRUPTED, "interrupted during layer %d", l);
+                break;
+            }
             const int nb = (int)(n_chunks - c0 < BLOCK ? n_chunks - c0 : BLOCK);
             if (pred) {
                 for (int i = 0; i < nb && s == KV_OK; i++) {
@@ -698,13 +766,15 @@ static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
     const size_t n_ho = (size_t)(r->seqs.n_ho * r->n_chunks) * ho_stride(r);
     double *ho = calloc(2 * n_ho + 1, sizeof(double)); /* K's chunks, then V's */
     kv_status s = kv_dist_agree(r->dist, ho ? KV_OK : KV_ERR(KV_ENOMEM, "out of memory for the held-out sums"));
+    lr->ridge_rcond[0] = lr->ridge_rcond[1] = NAN;
+    lr->ridge_fallback[0] = lr->ridge_fallback[1] = NAN;
     if (s != KV_OK) goto done;
     /* K: f_k(K_hat(l-1)) */
     const kv_plan_predictor *pk = NULL;
     const int kin[2] = {KV_FIT_KP, -1};
     if (aqua && cfg->aqua.predict_keys) {
         const kv_plan_pred_input ids[1] = {{l - 1, KV_PLAN_K}};
-        if ((s = fit_predictor(r, l, KV_PLAN_K, 1, ids, kin)) != KV_OK) goto done;
+        if ((s = fit_predictor(r, l, KV_PLAN_K, 1, ids, kin, lr)) != KV_OK) goto done;
         pk = r->plan->layers[l].stream[KV_PLAN_K].predictor;
     }
     if ((s = kv_dist_agree(r->dist, quant_pass(r, l, KV_PLAN_K, pk, kin, ho))) != KV_OK) goto done;
@@ -714,7 +784,7 @@ static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
     if (aqua && cfg->aqua.predict_values) {
         const kv_plan_pred_input ids[2] = {{l - 1, KV_PLAN_V}, {l, KV_PLAN_K}};
         const int n_in = cfg->aqua.value_uses_keys ? 2 : 1;
-        if ((s = fit_predictor(r, l, KV_PLAN_V, n_in, ids, vin)) != KV_OK) goto done;
+        if ((s = fit_predictor(r, l, KV_PLAN_V, n_in, ids, vin, lr)) != KV_OK) goto done;
         pv = r->plan->layers[l].stream[KV_PLAN_V].predictor;
     }
     if ((s = kv_dist_agree(r->dist, quant_pass(r, l, KV_PLAN_V, pv, vin, ho + n_ho))) != KV_OK) goto done;
@@ -737,7 +807,11 @@ static void pack_layer_report(double *dst, const kv_fit_layer_report *lr) {
     }
     dst[10] = lr->seconds_forward;
     dst[11] = lr->seconds_fit;
-    dst[12] = lr->peak_rss_mib;
+    for (int st = 0; st < 2; st++) {
+        dst[12 + st] = lr->ridge_rcond[st];
+        dst[14 + st] = lr->ridge_fallback[st];
+    }
+    dst[16] = lr->peak_rss_mib;
 }
 
 static void unpack_layer_report(kv_fit_layer_report *lr, const double *src) {
@@ -750,8 +824,15 @@ static void unpack_layer_report(kv_fit_layer_report *lr, const double *src) {
     }
     lr->seconds_forward = src[10];
     lr->seconds_fit = src[11];
-    lr->peak_rss_mib = src[12];
+    for (int st = 0; st < 2; st++) {
+        lr->ridge_rcond[st] = src[12 + st];
+        lr->ridge_fallback[st] = src[14 + st];
+    }
+    lr->peak_rss_mib = src[16];
 }
+
+/* Where metric m of stream st sits in a packed layer record. */
+static size_t metric_slot(int st, int m) { return m < 4 ? (size_t)st * 4 + (size_t)m : (size_t)(12 + 2 * (m - 4) + st); }
 
 static kv_status update_plan_report(fit_run *r) {
     const int L = r->L;
@@ -761,7 +842,7 @@ static kv_status update_plan_report(fit_run *r) {
         for (int st = 0; st < 2; st++)
             for (int m = 0; m < KV_FIT_N_METRICS; m++)
                 vals[((size_t)l * 2 + (size_t)st) * KV_FIT_N_METRICS + (size_t)m] =
-                    (float)r->layer_report[(size_t)l * KV_FIT_CKPT_DOUBLES + (size_t)st * 4 + (size_t)m];
+                    (float)r->layer_report[(size_t)l * KV_FIT_CKPT_DOUBLES + metric_slot(st, m)];
     kv_status s = kv_plan_set_report(r->plan, KV_FIT_N_METRICS, kv_fit_metric_names, vals);
     free(vals);
     return s;
@@ -774,12 +855,36 @@ static double peak_rss_mib(void) {
     return (double)ru.ru_maxrss / 1024.0; /* KiB on Linux */
 }
 
+kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a) {
+    if (!cfg || !a) return KV_ERR(KV_EINVAL, "kv_fit_check: no configuration or architecture");
+    kv_status s = kv_fit_config_validate(cfg);
+    if (s != KV_OK) return s;
+    if (cfg->squat.enabled)
+        return KV_ERR(KV_EUNSUPPORTED, "squat.enabled: SQuat key quantization is not fitted by this version of "
+                      "kvcal fit");
+    if (cfg->xquant.km >= 0 || cfg->xquant.vm >= 0 || cfg->xquant.kq >= 0 || cfg->xquant.vq >= 0)
+        return KV_ERR(KV_EUNSUPPORTED, "xquant.km/vm/kq/vq: XQuant cross-layer sharing and 1-bit layers are not "
+                      "fitted by this version of kvcal fit (set them to -1)");
+    if (cfg->pruning.method != KV_PLAN_PRUNE_NONE)
+        return KV_ERR(KV_EUNSUPPORTED, "%s: key 'pruning.method': token pruning (%s) is not applied by any runtime in "
+                      "this version (kvrun eval would refuse the plan); use pruning.method: none",
+                      kv_fit_config_origin(cfg, "pruning.method"), kv_plan_prune_name(cfg->pruning.method));
+    for (int i = 0; i < cfg->n_layer_overrides; i++) { /* an override of a layer the model lacks is a mistake */
+        const kv_fit_layer_override *o = &cfg->layer_overrides[i];
+        if (o->layer >= a->n_layers)
+            return KV_ERR(KV_EINVAL, "%s: key 'layers.%d': the model has %d layers (0..%d), so this override would "
+                          "apply to nothing; remove it or fix its index", o->where[0] ? o->where : "configuration",
+                          o->layer, a->n_layers, a->n_layers - 1);
+    }
+    return KV_OK;
+}
+
 static kv_status check_inputs(kv_model *m, const kv_fit_data *data, const kv_fit_config *cfg) {
     if (!m || !data || !cfg) return KV_ERR(KV_EINVAL, "kv_fit: no model, data or configuration");
     if (!data->tokens && data->n_tokens) return KV_ERR(KV_EINVAL, "kv_fit: no tokens");
-    kv_status s = kv_fit_config_validate(cfg);
-    if (s != KV_OK) return s;
     const kv_arch *a = kv_model_arch(m);
+    kv_status s = kv_fit_check(cfg, a);
+    if (s != KV_OK) return s;
     const int vocab = a->vocab_size;
     for (size_t i = 0; i < data->n_tokens; i++)
         if (data->tokens[i] < 0 || data->tokens[i] >= vocab)
@@ -790,6 +895,7 @@ static kv_status check_inputs(kv_model *m, const kv_fit_data *data, const kv_fit
             return KV_ERR(KV_EINVAL, "held-out token %zu is id %d, outside the vocabulary (%d)", i,
                           (int)data->heldout_tokens[i], vocab);
     if (data->bos_id >= vocab) return KV_ERR(KV_EINVAL, "BOS id %d outside the vocabulary", (int)data->bos_id);
+
     const int compressed = cfg->data.seq_len - cfg->cache.sinks;
     if (cfg->cache.recent < 1 || compressed < cfg->cache.recent)
         return KV_ERR(KV_EINVAL, "data.seq_len %d with cache.sinks %d and cache.recent %d: a sequence must hold the "
@@ -967,8 +1073,8 @@ static kv_status fresh_plan(fit_run *r, const kv_plan_fingerprint *fp, kv_fit_re
         const kv_fit_config *cfg = r->cfg;
         const kv_fit_options *opt = r->opt;
         if ((s = kv_plan_create(&r->plan, fp)) != KV_OK) goto agree;
-        if ((s = setup_plan(r->plan, cfg, r->kv_dim, kv_model_arch(r->m)->head_dim, opt->grid_cache_dir,
-                            &lrep->seconds_grids)) != KV_OK)
+        if ((s = setup_plan(r->plan, cfg, r->kv_dim, kv_model_arch(r->m)->head_dim, opt, &lrep->seconds_grids)) !=
+            KV_OK)
             goto agree;
         kv_plan_provenance pv;
         memset(&pv, 0, sizeof pv);
@@ -1001,6 +1107,7 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
     fit_run r;
     memset(&r, 0, sizeof r);
     char inputs_hash[65] = "";
+    int ckpt_layer = -1; /* the layer the checkpoint on disk holds (-1: none) */
     kv_fit_report lrep;
     memset(&lrep, 0, sizeof lrep);
     kv_status s = kv_dist_agree(dist, check_inputs(m, data, cfg));
@@ -1056,6 +1163,7 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
     }
     if (resumed >= 0) {
         first = resumed + 1;
+        ckpt_layer = resumed;
         for (int l = 0; l < first; l++) {
             unpack_layer_report(&lrep.layers[l], r.layer_report + (size_t)l * KV_FIT_CKPT_DOUBLES);
             lrep.layers[l].resumed = 1;
@@ -1092,11 +1200,18 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
         if ((s = kv_dist_max(dist, &lr->peak_rss_mib)) != KV_OK) goto done;
         pack_layer_report(r.layer_report + (size_t)l * KV_FIT_CKPT_DOUBLES, lr);
         if ((s = update_plan_report(&r)) != KV_OK) goto done;
-        kv_log(KV_LOG_INFO,
-               "fit: layer %d: K ev %.4f quant err %.4g (resid %.4g) | V ev %.4f quant err %.4g (resid %.4g) | "
-               "forward %.2fs fit %.2fs",
-               l, lr->explained_var[0], lr->quant_rel_err[0], lr->resid_rel_err[0], lr->explained_var[1],
-               lr->quant_rel_err[1], lr->resid_rel_err[1], lr->seconds_forward, lr->seconds_fit);
+        {   /* "ev -" where a stream has no predictor (NaN) */
+            char ev[2][32];
+            for (int st = 0; st < 2; st++) {
+                if (isfinite(lr->explained_var[st])) snprintf(ev[st], sizeof ev[st], "%.4f", lr->explained_var[st]);
+                else snprintf(ev[st], sizeof ev[st], "-");
+            }
+            kv_log(KV_LOG_INFO,
+                   "fit: layer %d: K ev %s quant err %.4g (resid %.4g) | V ev %s quant err %.4g (resid %.4g) | "
+                   "forward %.2fs fit %.2fs",
+                   l, ev[0], lr->quant_rel_err[0], lr->resid_rel_err[0], ev[1], lr->quant_rel_err[1],
+                   lr->resid_rel_err[1], lr->seconds_forward, lr->seconds_fit);
+        }
         /* this layer's reconstructions are the next layer's inputs */
         kv_fit_store_swap(&r.st);
         if (opt->checkpoint_dir && (l + 1 < r.L)) {
@@ -1105,13 +1220,12 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
                 kv_progress_end(&prog);
                 goto done;
             }
+            ckpt_layer = l;
             lr->seconds_checkpoint = kv_now_seconds() - tc;
         }
         if (opt->stop_after_layer >= 0 && l == opt->stop_after_layer && l + 1 < r.L) {
             kv_progress_end(&prog);
-            s = KV_ERR(KV_EINTERRUPTED, "stopped after layer %d as asked%s%s", l,
-                       opt->checkpoint_dir ? "; checkpoint kept in " : "",
-                       opt->checkpoint_dir ? opt->checkpoint_dir : "");
+            s = KV_ERR(KV_EINTERRUPTED, "stopped after layer %d as asked", l);
             goto done;
         }
     }
@@ -1162,6 +1276,18 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
     *out = r.plan;
     r.plan = NULL;
 done:
+    /* A failed or interrupted run says where its checkpoint is (disk full, a numeric failure or a
+     * signal: the same command resumes after the last finished layer), or removes the directory
+     * when it holds nothing. */
+    if (s != KV_OK && opt->checkpoint_dir) {
+        if (ckpt_layer >= 0) {
+            kv_error_append(s, "; the checkpoint after layer %d is kept in %s (the same command resumes from it; "
+                            "delete it to start over)", ckpt_layer, opt->checkpoint_dir);
+        } else {
+            if (r.rank == 0) (void)rmdir(opt->checkpoint_dir); /* only when empty */
+            if (s == KV_EINTERRUPTED) kv_error_append(s, "; no layer had finished, so there is no checkpoint");
+        }
+    }
     if (rep && (s == KV_OK || s == KV_EINTERRUPTED)) {
         *rep = lrep;
         lrep.layers = NULL;

@@ -5,7 +5,7 @@
 #include "kv_calib.h"
 
 /* Report metric names stored in the plan (PLAN_FORMAT.md §6.8), in this order. */
-#define KV_FIT_N_METRICS 4
+#define KV_FIT_N_METRICS 6
 extern const char *const kv_fit_metric_names[KV_FIT_N_METRICS];
 
 /* The sequences a fit runs over: n_cal calibration sequences, then n_ho held-out ones, each
@@ -52,7 +52,8 @@ void kv_fit_store_swap(kv_fit_store *st);
  * The directory (shared by every rank) holds, for the last finished layer L: one state file per
  * shard (written by the rank that owns it), the plan so far and the per-layer report (rank 0), and
  * the manifest naming them (rank 0, written last, after every rank's files are in place). */
-#define KV_FIT_CKPT_DOUBLES 13 /* per layer: 4 metrics x 2 streams, bits x 2, forward/fit seconds, peak RSS */
+#define KV_FIT_CKPT_DOUBLES 17 /* per layer: 4 metrics x 2 streams, bits x 2, forward/fit seconds,
+                                  ridge rcond x 2, ridge fallback x 2, peak RSS */
 
 /* SHA-256 (hex) identifying a run's inputs: model identity, tokens, resolved configuration and
  * provenance strings (the model file is read in pieces, not mapped whole). */

@@ -98,6 +98,11 @@ kv_status kv_fit_report_format(char **out, const kv_fit_report *r, int json) {
                 sb_num(&b, lr->resid_rel_err[st]);
                 sb_printf(&b, ", \"quant_rel_err\": ");
                 sb_num(&b, lr->quant_rel_err[st]);
+                sb_printf(&b, ", \"ridge_rcond\": ");
+                sb_num(&b, lr->ridge_rcond[st]);
+                sb_printf(&b, ", \"ridge_fallback\": ");
+                if (isfinite(lr->ridge_fallback[st])) sb_printf(&b, "%d", lr->ridge_fallback[st] != 0.0);
+                else sb_printf(&b, "null");
                 sb_printf(&b, "}");
             }
             sb_printf(&b, ", \"seconds_forward\": %.3f, \"seconds_fit\": %.3f, \"seconds_checkpoint\": %.3f, "
@@ -132,6 +137,13 @@ kv_status kv_fit_report_format(char **out, const kv_fit_report *r, int json) {
                       "%lld held-out rows\n",
                   (long long)r->n_calib_seqs, (long long)r->n_heldout_seqs, r->seq_len, r->sinks, r->recent,
                   (long long)r->fit_rows, (long long)r->heldout_rows);
+        /* predictors whose normal equations were rank deficient (kv_ridge_solve's minimum-norm answer) */
+        for (int l = 0; l < r->n_layers; l++)
+            for (int st = 0; st < 2; st++)
+                if (r->layers[l].ridge_fallback[st] == 1.0)
+                    sb_printf(&b, "warning: layer %d %s predictor: rank-deficient normal equations (reciprocal "
+                                  "condition number %.3g), minimum-norm solution used\n",
+                              l, st ? "V" : "K", r->layers[l].ridge_rcond[st]);
         sb_printf(&b, "mean nominal bits per value %.3f, predictor weights %.1f KiB\n", r->mean_bits,
                   (double)r->predictor_bytes / 1024.0);
         sb_printf(&b, "memory: hidden states %.1f MiB (%s%s), working set %.1f MiB, weights held at most %.1f MiB (%s), "

@@ -166,6 +166,11 @@ kv_status kv_grid_generate(float **points, double *train_mse, int d, int n, cons
         }
         double prev = INFINITY;
         for (int it = 0; it < max_iters; it++) {
+            if (o.interrupt && *o.interrupt) {
+                st = KV_ERR(KV_EINTERRUPTED, "grid d=%d n=%d: interrupted while splitting to %d points", d, n, 2 * k);
+                if (o.progress) kv_progress_end(o.progress);
+                goto done;
+            }
             mse = lloyd_step(c, x, m, d, 2 * k, &ws, o.seed, &rng_counter);
             if (prev - mse <= tol * mse) break;
             prev = mse;

@@ -27,9 +27,12 @@ typedef struct kv_grid_opts {
     int max_iters;     /* Lloyd iterations per LBG level (0: default 200) */
     double tol;        /* stop a level when the relative MSE improvement is below (0: 1e-7) */
     kv_progress *progress; /* optional, NULL for none */
+    const volatile sig_atomic_t *interrupt; /* non-zero (a signal handler sets it): stop within one
+                                               Lloyd iteration with KV_EINTERRUPTED; may be NULL */
 } kv_grid_opts;
 
-/* Generate a grid of n points (power of two, 2..256) in d dimensions (1, 2, 4, 8).
+/* Generate a grid of n points (power of two, 2..256) in d dimensions (1, 2, 4, 8). KV_EINTERRUPTED
+ * when opts->interrupt was raised (nothing is returned).
  * *points (n*d floats, point i at [i*d, i*d + d), sorted lexicographically) is malloc'd; free()
  * it. The result depends only on (d, n, seed, samples, max_iters, tol), not on the thread count.
  * If train_mse is not NULL it receives the training MSE per dimension. */
@@ -79,15 +82,28 @@ typedef struct kv_ridge_fit {
     int n_out;
     float *W;
     float *b;
-    double lambda;    /* the ridge actually applied to the non-bias diagonal */
-    int used_fallback; /* 1 when Cholesky failed and the SVD least-squares solve was used */
+    double lambda;     /* the ridge actually applied to the non-bias diagonal */
+    double rcond;      /* reciprocal condition number of the equilibrated normal matrix (LAPACK's
+                          1-norm estimate after Cholesky; the 2-norm sigma_min / sigma_max from the
+                          SVD when the fallback ran) */
+    int rank;          /* numerical rank used (n_in + 1 unless the fallback truncated) */
+    int used_fallback; /* 1 when rcond was below kv_ridge_rcond_threshold (or Cholesky failed) and
+                          the minimum-norm SVD solution was used */
 } kv_ridge_fit;
 
 /* Solve (G + lambda D) Wa = C with lambda = rel_lambda * mean(diag(X^T X)) (D is the identity on
- * the input coordinates and 0 on the bias, which is not shrunk). Cholesky (LAPACKE_dposv) first;
- * when the matrix is not positive definite, the minimum-norm least-squares solution by SVD
- * (LAPACKE_dgelsd) of the same system. */
+ * the input coordinates and 0 on the bias, which is not shrunk). The system is equilibrated (unit
+ * diagonal); when its Cholesky factorization succeeds and the reciprocal condition number
+ * (LAPACKE_dpocon) is at least kv_ridge_rcond_threshold(n_in), the Cholesky solution; otherwise the
+ * matrix is treated as rank deficient and the minimum-norm least-squares solution of the same
+ * equilibrated system (LAPACKE_dgelsd, singular values below the threshold times the largest
+ * dropped) is returned: identical input columns get identical weights. The decision depends on
+ * conditioning, not on whether a BLAS kernel's rounding happens to leave a positive pivot.
+ * Errors: KV_EINVAL (no samples, bad lambda), KV_ENUMERIC (non-finite statistics, i.e. NaN or Inf
+ * activations; a coefficient that does not fit a float), KV_ENOMEM. */
 kv_status kv_ridge_solve(kv_ridge_fit *out, const kv_ridge_stats *s, double rel_lambda);
+/* The rcond threshold for n_in inputs (+ bias): (n_in + 1) * DBL_EPSILON * 2^12 (ridge.c says why). */
+double kv_ridge_rcond_threshold(int n_in);
 void kv_ridge_fit_free(kv_ridge_fit *f);
 
 /* Apply: y_pred (n x n_out, row-major) = x (n x ldx) W + b. Uses CBLAS. */
@@ -180,6 +196,9 @@ typedef struct kv_fit_layer_report {
     double resid_rel_err[2];  /* quantizer on its input r = Y - f(X): ||r - r_hat||^2 / ||r||^2 */
     double quant_rel_err[2];  /* total reconstruction: ||Y - Y_hat||^2 / ||Y||^2 */
     double bits[2];           /* nominal bits per value of the stream (kv_plan_stream_bits) */
+    double ridge_rcond[2];    /* predictor solve: kv_ridge_fit.rcond (NaN without a predictor) */
+    double ridge_fallback[2]; /* 1: the normal equations were rank deficient and the minimum-norm
+                                 solution was used (kv_ridge_solve), 0: Cholesky; NaN: no predictor */
     double seconds_forward;   /* layer forward + capture */
     double seconds_fit;       /* statistics, solves, predictions, quantization, metrics */
     double seconds_checkpoint;
@@ -219,6 +238,13 @@ void kv_fit_report_free(kv_fit_report *r);
  * KV_EINTERRUPTED (stopped; the checkpoint is kept), KV_EIO, KV_ENOMEM, KV_ENUMERIC. */
 kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_model_file *mf,
                      const kv_fit_data *data, const kv_fit_config *cfg, const kv_fit_options *opt);
+
+/* What kv_fit_run refuses before any work, checkable as soon as the model's architecture is known
+ * (the tool calls it before loading weights or reading the corpus): kv_fit_config_validate, methods
+ * this version does not fit (SQuat, XQuant sharing: KV_EUNSUPPORTED), token pruning that no runtime
+ * applies (pruning.method other than none: KV_EUNSUPPORTED), and per-layer overrides of layers the
+ * model does not have (KV_EINVAL). Messages name the key and where it was set. */
+kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a);
 
 /* Per-method defaults that differ from kv_fit_config_init's, applied before a configuration file so
  * that the file and later overrides win: kivi: keys per-channel groups of 32 tokens, values

@@ -4,6 +4,7 @@
 
 #include <cblas.h>
 #include <lapacke.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,24 +77,50 @@ kv_status kv_ridge_stats_add(kv_ridge_stats *s, const float *x, int ldx, const f
     return KV_OK;
 }
 
+/* Threshold on the reciprocal condition number of the equilibrated normal matrix below which it
+ * is treated as rank deficient: na * eps * 2^12. na * eps is the textbook rounding level of a
+ * factorization of an na x na matrix; the factor 2^12 covers how the Gram matrix is accumulated
+ * (up to ~4096 sequential double additions per entry: the BLAS's sums within a 1024-row chunk and
+ * the running total over chunks), whose rounding lets exactly dependent columns (twins, a
+ * constant column beside the bias) look independent at ~1e-15..1e-13 depending on the BLAS kernel
+ * and thread count. Well-posed fits sit far above it: the default ridge (1e-3 of the mean diagonal)
+ * keeps the equilibrated rcond above ~1e-6 / na. */
+double kv_ridge_rcond_threshold(int n_in) { return (double)(n_in + 1) * DBL_EPSILON * 4096.0; }
+
 kv_status kv_ridge_solve(kv_ridge_fit *out, const kv_ridge_stats *s, double rel_lambda) {
     memset(out, 0, sizeof *out);
     if (s->n_samples <= 0) return KV_ERR(KV_EINVAL, "ridge: no samples to fit");
-    if (!(rel_lambda >= 0)) return KV_ERR(KV_EINVAL, "ridge: bad lambda %g", rel_lambda);
+    if (!(rel_lambda >= 0) || !isfinite(rel_lambda)) return KV_ERR(KV_EINVAL, "ridge: bad lambda %g", rel_lambda);
     const int na = s->n_in + 1, no = s->n_out;
     kv_status st = KV_OK;
     double *A = malloc((size_t)na * na * sizeof(double));
     double *B = malloc((size_t)na * no * sizeof(double));
     double *A2 = malloc((size_t)na * na * sizeof(double));
     double *B2 = malloc((size_t)na * no * sizeof(double));
+    double *sc = malloc((size_t)na * sizeof(double));
+    double *sv = malloc((size_t)na * sizeof(double));
     out->W = malloc((size_t)s->n_in * no * sizeof(float));
     out->b = malloc((size_t)no * sizeof(float));
-    if (!A || !B || !A2 || !B2 || !out->W || !out->b) {
+    if (!A || !B || !A2 || !B2 || !sc || !sv || !out->W || !out->b) {
         st = KV_ERR(KV_ENOMEM, "ridge: out of memory solving %d x %d", na, no);
         goto done;
     }
     out->n_in = s->n_in;
     out->n_out = no;
+    /* NaN or Inf in the statistics means the activations were not finite: LAPACK would report an
+     * "invalid argument" or return garbage. */
+    for (size_t i = 0; i < (size_t)na * na; i++)
+        if (!isfinite(s->G[i])) {
+            st = KV_ERR(KV_ENUMERIC, "ridge: non-finite activations (NaN or Inf in the inputs: X^T X entry %zu "
+                        "of %d x %d)", i, na, na);
+            goto done;
+        }
+    for (size_t i = 0; i < (size_t)na * no; i++)
+        if (!isfinite(s->C[i])) {
+            st = KV_ERR(KV_ENUMERIC, "ridge: non-finite activations (NaN or Inf in the targets: X^T Y entry %zu)",
+                        i);
+            goto done;
+        }
     /* symmetrize from the upper triangle */
     for (int i = 0; i < na; i++)
         for (int j = 0; j < na; j++)
@@ -103,46 +130,89 @@ kv_status kv_ridge_solve(kv_ridge_fit *out, const kv_ridge_stats *s, double rel_
     mean_diag /= s->n_in;
     out->lambda = rel_lambda * mean_diag;
     for (int i = 0; i < s->n_in; i++) A[(size_t)i * na + i] += out->lambda;
-    memcpy(B, s->C, (size_t)na * no * sizeof(double));
+    /* Equilibrate: A_s = S A S, B_s = S B with S = diag(1 / sqrt(A_ii)) (1 for a zero diagonal, e.g.
+     * an all-zero input with lambda = 0). Cholesky's accuracy depends on the condition number of the
+     * equilibrated matrix (van der Sluis), so that is the one judged; a column's scale alone (an
+     * input a thousand times larger than another) is not ill-conditioning. */
+    for (int i = 0; i < na; i++) {
+        const double d = A[(size_t)i * na + i];
+        sc[i] = d > 0 ? 1.0 / sqrt(d) : 1.0;
+    }
+    for (int i = 0; i < na; i++) {
+        for (int j = 0; j < na; j++) A[(size_t)i * na + j] *= sc[i] * sc[j];
+        for (int j = 0; j < no; j++) B[(size_t)i * no + j] = s->C[(size_t)i * no + j] * sc[i];
+    }
     memcpy(A2, A, (size_t)na * na * sizeof(double));
     memcpy(B2, B, (size_t)na * no * sizeof(double));
-    lapack_int info = LAPACKE_dposv(LAPACK_ROW_MAJOR, 'U', na, no, A, na, B, no);
-    if (info > 0) {
-        /* Not positive definite (collinear inputs with lambda = 0, or a constant column): the
-         * minimum-norm least-squares solution of the same normal equations. */
-        out->used_fallback = 1;
-        double *sv = malloc((size_t)na * sizeof(double));
-        lapack_int rank = 0;
-        if (!sv) {
-            st = KV_ERR(KV_ENOMEM, "ridge: out of memory");
-            goto done;
-        }
-        info = LAPACKE_dgelsd(LAPACK_ROW_MAJOR, na, na, no, A2, na, B2, no, sv, -1.0, &rank);
-        free(sv);
-        if (info != 0) {
-            st = KV_ERR(KV_ENUMERIC, "ridge: SVD least squares failed (info %d)", (int)info);
-            goto done;
-        }
-        memcpy(B, B2, (size_t)na * no * sizeof(double));
-    } else if (info < 0) {
-        st = KV_ERR(KV_EINVAL, "ridge: LAPACKE_dposv argument %d invalid", (int)-info);
+    const double tol = kv_ridge_rcond_threshold(s->n_in);
+    /* Cholesky, then LAPACK's estimate of the reciprocal 1-norm condition number. A factorization
+     * that succeeds is not enough: rounding leaves a tiny positive pivot on an exactly singular
+     * matrix with some BLAS kernels and not others. */
+    const double anorm = LAPACKE_dlansy(LAPACK_ROW_MAJOR, '1', 'U', na, A, na);
+    lapack_int info = LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'U', na, A, na);
+    if (info < 0) {
+        st = KV_ERR(KV_EINVAL, "ridge: LAPACKE_dpotrf argument %d invalid", (int)-info);
         goto done;
     }
+    double rcond = 0.0;
+    if (info == 0) {
+        info = LAPACKE_dpocon(LAPACK_ROW_MAJOR, 'U', na, A, na, anorm, &rcond);
+        if (info != 0) {
+            st = KV_ERR(KV_ENUMERIC, "ridge: condition estimate failed (LAPACKE_dpocon info %d)", (int)info);
+            goto done;
+        }
+    }
+    out->rank = na;
+    if (info == 0 && rcond >= tol) {
+        out->rcond = rcond;
+        info = LAPACKE_dpotrs(LAPACK_ROW_MAJOR, 'U', na, no, A, na, B, no);
+        if (info != 0) {
+            st = KV_ERR(KV_ENUMERIC, "ridge: LAPACKE_dpotrs failed (info %d)", (int)info);
+            goto done;
+        }
+    } else {
+        /* Rank deficient at the threshold (collinear inputs with lambda = 0, a constant column beside
+         * the bias): the minimum-norm least-squares solution of the same (equilibrated) normal
+         * equations, singular values below tol * the largest treated as zero. Twin columns get
+         * equal weights. */
+        out->used_fallback = 1;
+        lapack_int rank = 0;
+        info = LAPACKE_dgelsd(LAPACK_ROW_MAJOR, na, na, no, A2, na, B2, no, sv, tol, &rank);
+        if (info != 0) {
+            st = KV_ERR(KV_ENUMERIC, "ridge: SVD least squares failed (LAPACKE_dgelsd info %d)", (int)info);
+            goto done;
+        }
+        out->rank = (int)rank;
+        out->rcond = sv[0] > 0 ? sv[na - 1] / sv[0] : 0.0; /* 2-norm, from the singular values */
+        memcpy(B, B2, (size_t)na * no * sizeof(double));
+    }
+    /* undo the scaling: Wa = S Wa_s */
+    for (int i = 0; i < na; i++)
+        for (int j = 0; j < no; j++) B[(size_t)i * no + j] *= sc[i];
     for (int i = 0; i < s->n_in; i++)
         for (int j = 0; j < no; j++) {
             double w = B[(size_t)i * no + j];
-            if (!isfinite(w)) {
-                st = KV_ERR(KV_ENUMERIC, "ridge: non-finite coefficient at (%d, %d)", i, j);
+            if (!isfinite(w) || fabs(w) > FLT_MAX) {
+                st = KV_ERR(KV_ENUMERIC, "ridge: coefficient at (%d, %d) is %g, not a finite float", i, j, w);
                 goto done;
             }
             out->W[(size_t)i * no + j] = (float)w;
         }
-    for (int j = 0; j < no; j++) out->b[j] = (float)B[(size_t)s->n_in * no + j];
+    for (int j = 0; j < no; j++) {
+        const double b = B[(size_t)s->n_in * no + j];
+        if (!isfinite(b) || fabs(b) > FLT_MAX) {
+            st = KV_ERR(KV_ENUMERIC, "ridge: bias %d is %g, not a finite float", j, b);
+            goto done;
+        }
+        out->b[j] = (float)b;
+    }
 done:
     free(A);
     free(B);
     free(A2);
     free(B2);
+    free(sc);
+    free(sv);
     if (st != KV_OK) kv_ridge_fit_free(out);
     return st;
 }

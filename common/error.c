@@ -60,6 +60,15 @@ kv_status kv_error_wrap(kv_status code, const char *fmt, ...) {
     return code;
 }
 
+kv_status kv_error_append(kv_status code, const char *fmt, ...) {
+    const size_t n = strnlen(g_message, sizeof g_message - 1);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_message + n, sizeof g_message - n, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
 const char *kv_error_last(void) { return g_message; }
 const char *kv_error_where(void) { return g_where; }
 

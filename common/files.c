@@ -44,9 +44,31 @@ void kv_file_map_close(kv_file_map *m) {
     memset(m, 0, sizeof *m);
 }
 
-kv_status kv_file_read_all(char **out, size_t *size, const char *path) {
+/* What a file type is called in messages. */
+static const char *type_name(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    if (S_ISFIFO(m)) return "a pipe";
+    if (S_ISREG(m)) return "a regular file";
+    return "not a regular file";
+}
+
+kv_status kv_input_check(const char *path) {
+    if (!path || !*path) return KV_ERR(KV_EINVAL, "an input path is empty");
+    struct stat st;
+    if (stat(path, &st) != 0) return KV_ERR(KV_EIO, "cannot open '%s': %s", path, strerror(errno));
+    if (S_ISREG(st.st_mode) || S_ISFIFO(st.st_mode)) return KV_OK;
+    return KV_ERR(KV_EINVAL, "'%s' is %s: an input must be a regular file or a pipe (a device such as "
+                  "/dev/zero never ends)", path, type_name(st.st_mode));
+}
+
+kv_status kv_file_read_bounded(char **out, size_t *size, const char *path, size_t max_bytes) {
     *out = NULL;
     if (size) *size = 0;
+    kv_status s = kv_input_check(path);
+    if (s != KV_OK) return s;
     FILE *fp = fopen(path, "rb");
     if (!fp) return KV_ERR(KV_EIO, "cannot open '%s': %s", path, strerror(errno));
     size_t cap = 1 << 16, n = 0;
@@ -68,6 +90,11 @@ kv_status kv_file_read_all(char **out, size_t *size, const char *path) {
         }
         size_t got = fread(buf + n, 1, cap - n - 1, fp);
         n += got;
+        if (n > max_bytes) {
+            free(buf);
+            fclose(fp);
+            return KV_ERR(KV_EINVAL, "'%s' is larger than %zu bytes, the most this file may hold", path, max_bytes);
+        }
         if (got == 0) break;
     }
     int err = ferror(fp);
@@ -82,6 +109,10 @@ kv_status kv_file_read_all(char **out, size_t *size, const char *path) {
     return KV_OK;
 }
 
+kv_status kv_file_read_all(char **out, size_t *size, const char *path) {
+    return kv_file_read_bounded(out, size, path, SIZE_MAX - 1);
+}
+
 static char *dup_string(const char *s) {
     size_t n = strlen(s) + 1;
     char *d = malloc(n);
@@ -91,6 +122,25 @@ static char *dup_string(const char *s) {
 
 kv_status kv_atomic_open(kv_atomic_file *af, const char *path) {
     memset(af, 0, sizeof *af);
+    if (!path || !*path) return KV_ERR(KV_EINVAL, "an output path is empty");
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        /* A device or a pipe (/dev/null, /dev/stdout, a FIFO) is written in place: renaming a file
+         * over it would replace the node itself. A directory cannot take a file. */
+        if (S_ISDIR(st.st_mode)) return KV_ERR(KV_EINVAL, "cannot write '%s': it is a directory", path);
+        if (S_ISSOCK(st.st_mode)) return KV_ERR(KV_EINVAL, "cannot write '%s': it is a socket", path);
+        af->final_path = dup_string(path);
+        if (!af->final_path) return KV_ERR(KV_ENOMEM, "out of memory");
+        af->fp = fopen(path, "wb");
+        if (!af->fp) {
+            kv_status s = KV_ERR(KV_EIO, "cannot open '%s' for writing: %s", path, strerror(errno));
+            free(af->final_path);
+            memset(af, 0, sizeof *af);
+            return s;
+        }
+        af->in_place = 1;
+        return KV_OK;
+    }
     size_t n = strlen(path) + 32;
     af->tmp_path = malloc(n);
     af->final_path = dup_string(path);
@@ -130,6 +180,16 @@ static void fsync_parent_dir(const char *path) {
 kv_status kv_atomic_commit(kv_atomic_file *af) {
     kv_status s = KV_OK;
     if (!af->fp) return KV_ERR(KV_EINVAL, "atomic file is not open");
+    if (af->in_place) { /* a device or a pipe: flush and close, nothing to rename or sync */
+        const int bad = fflush(af->fp) != 0 || ferror(af->fp);
+        const int e = errno;
+        const int cbad = fclose(af->fp) != 0;
+        af->fp = NULL;
+        if (bad || cbad) s = KV_ERR(KV_EIO, "cannot write '%s': %s", af->final_path, strerror(bad ? e : errno));
+        free(af->final_path);
+        memset(af, 0, sizeof *af);
+        return s;
+    }
     if (fflush(af->fp) != 0 || ferror(af->fp)) {
         s = KV_ERR(KV_EIO, "cannot write '%s': %s", af->tmp_path, strerror(errno));
         goto done;
@@ -164,7 +224,7 @@ done:
 void kv_atomic_abort(kv_atomic_file *af) {
     if (!af) return;
     if (af->fp) fclose(af->fp);
-    if (af->tmp_path) unlink(af->tmp_path);
+    if (af->tmp_path && !af->in_place) unlink(af->tmp_path);
     free(af->tmp_path);
     free(af->final_path);
     memset(af, 0, sizeof *af);
@@ -182,12 +242,106 @@ kv_status kv_write_file_atomic(const char *path, const void *data, size_t size) 
     return kv_atomic_commit(&af);
 }
 
-int kv_default_threads(void) {
-    const char *env = getenv("KVCAL_THREADS");
-    if (env && *env) {
-        long v = strtol(env, NULL, 10);
-        if (v > 0 && v < 4096) return (int)v;
+/* ---- outputs ---------------------------------------------------------------------------------- */
+/* The directory part of path ("." when there is none); malloc'd. */
+static char *parent_dir(const char *path) {
+    char *dir = dup_string(path);
+    if (!dir) return NULL;
+    char *slash = strrchr(dir, '/');
+    if (!slash) {
+        free(dir);
+        return dup_string(".");
     }
+    if (slash == dir) slash[1] = '\0';
+    else *slash = '\0';
+    return dir;
+}
+
+kv_status kv_output_check(const char *path) {
+    if (!path || !*path) return KV_ERR(KV_EINVAL, "an output path is empty");
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode)) return KV_ERR(KV_EINVAL, "output '%s' is a directory", path);
+        if (S_ISSOCK(st.st_mode)) return KV_ERR(KV_EINVAL, "output '%s' is a socket", path);
+        if (!S_ISREG(st.st_mode)) { /* written in place */
+            if (access(path, W_OK) != 0)
+                return KV_ERR(KV_EINVAL, "output '%s' (%s) is not writable: %s", path, type_name(st.st_mode),
+                              strerror(errno));
+            return KV_OK;
+        }
+    } else if (errno != ENOENT && errno != ENOTDIR) {
+        return KV_ERR(KV_EINVAL, "output '%s': %s", path, strerror(errno));
+    }
+    /* a regular file (or a new one) is written next to it and renamed: the directory must take it */
+    char *dir = parent_dir(path);
+    if (!dir) return KV_ERR(KV_ENOMEM, "out of memory");
+    kv_status s = KV_OK;
+    if (stat(dir, &st) != 0)
+        s = KV_ERR(KV_EINVAL, "output '%s': directory '%s' does not exist", path, dir);
+    else if (!S_ISDIR(st.st_mode))
+        s = KV_ERR(KV_EINVAL, "output '%s': '%s' is not a directory", path, dir);
+    else if (access(dir, W_OK | X_OK) != 0)
+        s = KV_ERR(KV_EINVAL, "output '%s': directory '%s' is not writable: %s", path, dir, strerror(errno));
+    free(dir);
+    return s;
+}
+
+int kv_same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    if (!a || !b || stat(a, &sa) != 0 || stat(b, &sb) != 0) return 0;
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* ---- threads ---------------------------------------------------------------------------------- */
+static int online_cpus(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
+    return n > 0 ? (n > KV_THREADS_MAX ? KV_THREADS_MAX : (int)n) : 1;
+}
+
+int kv_threads_cap(void) {
+    const long cap = 4L * online_cpus();
+    return cap > KV_THREADS_MAX ? KV_THREADS_MAX : (int)cap;
+}
+
+kv_status kv_threads_check(long n, const char *what) {
+    const int cap = kv_threads_cap();
+    if (n < 1 || n > cap)
+        return KV_ERR(KV_EINVAL, "%s %ld: threads must be in 1..%d (at most 4 per online CPU, %d CPUs here, and at "
+                      "most %d)", what ? what : "thread count", n, cap, online_cpus(), KV_THREADS_MAX);
+    return KV_OK;
+}
+
+kv_status kv_threads_parse(int *out, const char *text, const char *what) {
+    *out = 0;
+    char *end = NULL;
+    errno = 0;
+    const long v = text ? strtol(text, &end, 10) : 0;
+    if (!text || !(*text >= '0' && *text <= '9') || errno || !end || *end || end == text)
+        return KV_ERR(KV_EINVAL, "%s '%s': expected a thread count in 1..%d", what ? what : "thread count",
+                      text ? text : "", kv_threads_cap());
+    kv_status s = kv_threads_check(v, what);
+    if (s != KV_OK) return s;
+    *out = (int)v;
+    return KV_OK;
+}
+
+kv_status kv_threads_resolve(int *out, long requested, const char *what) {
+    *out = 0;
+    if (requested != 0) {
+        kv_status s = kv_threads_check(requested, what);
+        if (s == KV_OK) *out = (int)requested;
+        return s;
+    }
+    const char *env = getenv("KVCAL_THREADS");
+    if (env) return kv_threads_parse(out, env, "KVCAL_THREADS");
+    *out = online_cpus();
+    return KV_OK;
+}
+
+int kv_default_threads(void) {
+    int n = 0;
+    if (kv_threads_resolve(&n, 0, NULL) == KV_OK) return n;
+    kv_log(KV_LOG_WARN, "%s; using %d (the online CPUs)", kv_error_last(), online_cpus());
+    kv_error_clear();
+    return online_cpus();
 }

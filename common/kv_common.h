@@ -74,6 +74,8 @@ void kv_error_clear(void);
 
 /* Prefix the current message with context ("reading plan 'x': " + old message); keeps code. */
 kv_status kv_error_wrap(kv_status code, const char *fmt, ...) KV_PRINTF(2, 3);
+/* Append to the current message ("; the checkpoint is kept in DIR"); keeps code. */
+kv_status kv_error_append(kv_status code, const char *fmt, ...) KV_PRINTF(2, 3);
 
 /* ---- logging: the library never prints; tools install a callback -------------------------- */
 typedef enum kv_log_level { KV_LOG_ERROR = 0, KV_LOG_WARN = 1, KV_LOG_INFO = 2, KV_LOG_DEBUG = 3 } kv_log_level;
@@ -126,20 +128,37 @@ typedef struct kv_file_map {
 kv_status kv_file_map_open(kv_file_map *out, const char *path);
 void kv_file_map_close(kv_file_map *m);
 
-/* Read a whole file into a malloc'd buffer with a terminating NUL (not counted in *size). */
+/* Read a whole file into a malloc'd buffer with a terminating NUL (not counted in *size). The file
+ * must be a regular file or a pipe (kv_input_check). */
 kv_status kv_file_read_all(char **out, size_t *size, const char *path);
+/* The same, refusing (KV_EINVAL) a file larger than max_bytes without reading more than that. */
+kv_status kv_file_read_bounded(char **out, size_t *size, const char *path, size_t max_bytes);
+/* An input that ends: KV_OK for a regular file or a pipe; KV_EINVAL for an empty path, a directory,
+ * a device (/dev/zero never ends) or a socket; KV_EIO when it cannot be stat'ed. */
+kv_status kv_input_check(const char *path);
 
 /* Atomic write: data goes to "path.tmp.<pid>", is fsync'd, then renamed over path and the
- * directory fsync'd. On any failure the temporary is removed and path is untouched. */
+ * directory fsync'd. On any failure the temporary is removed and path is untouched.
+ * A path that exists and is not a regular file (a device such as /dev/null, a pipe) is written in
+ * place instead: renaming over it would replace the node. A directory or socket is KV_EINVAL. */
 typedef struct kv_atomic_file {
     FILE *fp;          /* write through this */
-    char *tmp_path;
+    char *tmp_path;    /* NULL when writing in place */
     char *final_path;
+    int in_place;      /* 1: fp writes final_path directly (not a regular file) */
 } kv_atomic_file;
 kv_status kv_atomic_open(kv_atomic_file *af, const char *path);
 kv_status kv_atomic_commit(kv_atomic_file *af);  /* closes; on error the temporary is removed */
 void kv_atomic_abort(kv_atomic_file *af);        /* closes and removes the temporary; NULL-safe */
 kv_status kv_write_file_atomic(const char *path, const void *data, size_t size);
+
+/* Can path be written as an output, checked before any work starts: KV_OK for a new file in a
+ * writable directory, an existing regular file in a writable directory, or a writable device or
+ * pipe (written in place); KV_EINVAL (message names the problem) for an empty path, a directory, a
+ * socket, a missing or unwritable directory. */
+kv_status kv_output_check(const char *path);
+/* 1 when a and b both exist and are the same file (device and inode, not names), else 0. */
+int kv_same_file(const char *a, const char *b);
 
 /* ---- SHA-256 (FIPS 180-4) --------------------------------------------------------------------- */
 typedef struct kv_sha256 {
@@ -285,9 +304,40 @@ uint64_t kv_rng_next_u64(kv_rng *r);
 double kv_rng_next_uniform(kv_rng *r);  /* [0,1) */
 double kv_rng_next_normal(kv_rng *r);   /* N(0,1), Box-Muller */
 
-/* ---- thread count ------------------------------------------------------------------------------ */
-/* Threads the numeric code uses: KVCAL_THREADS if set, else the number of online CPUs. */
+/* ---- thread count ------------------------------------------------------------------------------
+ * One rule for every tool option (-t/--threads) and $KVCAL_THREADS: an integer in 1..kv_threads_cap(),
+ * which is 4 per online CPU and at most KV_THREADS_MAX (more threads than that only oversubscribe the
+ * cores: libgomp overflowed its stack at 100000 and spun for minutes at 20000). */
+#define KV_THREADS_MAX 1024
+int kv_threads_cap(void);
+/* KV_EINVAL (message names `what`, e.g. "--threads") unless 1 <= n <= kv_threads_cap(). */
+kv_status kv_threads_check(long n, const char *what);
+/* Parse text as a thread count under the rule (KV_EINVAL for "abc", "", "0", too many). */
+kv_status kv_threads_parse(int *out, const char *text, const char *what);
+/* requested > 0: checked; 0: $KVCAL_THREADS when set (checked: an invalid value is an error, never
+ * ignored), else the online CPUs; negative: KV_EINVAL. */
+kv_status kv_threads_resolve(int *out, long requested, const char *what);
+/* Threads the numeric code uses when nobody chose: kv_threads_resolve(0); an invalid $KVCAL_THREADS
+ * is logged as a warning and the online CPUs are used (tools refuse it before getting here). */
 int kv_default_threads(void);
+
+/* ---- thread pool (pool.c) ---------------------------------------------------------------------
+ * A fixed set of threads that run "items" of a job: kv_pool_run(p, n, fn, ctx) calls fn(ctx, i,
+ * thread) once for every i < n, spread over the pool's threads and the caller (thread 0; workers are
+ * 1..n_threads-1, so `thread` indexes per-thread scratch), and returns when all n calls have
+ * returned. Items are claimed from a shared counter, so nothing waits for a thread that has not
+ * started (on a machine whose cores are busy, a descheduled worker simply takes no items): work
+ * degrades in proportion to the load, without the barrier spinning of OpenMP (pool.c says why).
+ * The order in which items run is unspecified: results must not depend on it. One caller at a
+ * time per pool (kv_pool_run is not reentrant); fn must not call kv_pool_run on the same pool. */
+typedef struct kv_pool kv_pool;
+typedef void (*kv_pool_fn)(void *ctx, int item, int thread);
+/* n_threads >= 1 (1: everything runs on the caller, no thread is started). */
+kv_status kv_pool_create(kv_pool **out, int n_threads);
+void kv_pool_free(kv_pool *p);
+int kv_pool_threads(const kv_pool *p); /* 1 for NULL */
+/* p may be NULL: everything runs on the caller. */
+void kv_pool_run(kv_pool *p, int n_items, kv_pool_fn fn, void *ctx);
 
 #ifdef __cplusplus
 }

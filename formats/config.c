@@ -34,7 +34,7 @@ static const char *const k_prunes[] = {"none", "streamingllm", "h2o", "snapkv", 
 
 #define OFF(field) offsetof(kv_fit_config, field)
 #define STREAM_KEYS(prefix, member)                                                            \
-    {prefix ".bits", T_INT, OFF(member.bits), 1, 8, NULL},                                     \
+    {prefix ".bits", T_INT, OFF(member.bits), KV_FIT_MIN_BITS, KV_FIT_MAX_BITS, NULL},                                     \
     {prefix ".group_size", T_INT, OFF(member.group_size), 1, 1 << 20, NULL},                   \
     {prefix ".group_axis", T_ENUM, OFF(member.group_axis), 0, 0, k_axes},                      \
     {prefix ".scale_dtype", T_ENUM, OFF(member.scale_dtype), 0, 0, k_dtypes},                  \
@@ -98,8 +98,8 @@ static const struct layer_key {
     double min, max;
     unsigned bit;
 } k_layer_keys[] = {
-    {"key_bits", T_INT, LOFF(key_bits), 1, 8, KV_FIT_LO_KEY_BITS},
-    {"value_bits", T_INT, LOFF(value_bits), 1, 8, KV_FIT_LO_VALUE_BITS},
+    {"key_bits", T_INT, LOFF(key_bits), KV_FIT_MIN_BITS, KV_FIT_MAX_BITS, KV_FIT_LO_KEY_BITS},
+    {"value_bits", T_INT, LOFF(value_bits), KV_FIT_MIN_BITS, KV_FIT_MAX_BITS, KV_FIT_LO_VALUE_BITS},
     {"rpc_ratio", T_DOUBLE, LOFF(rpc_ratio), 0, 1, KV_FIT_LO_RPC_RATIO},
     {"key_eta", T_DOUBLE, LOFF(key_eta), 0, 0.4999, KV_FIT_LO_KEY_ETA},
     {"value_eta", T_DOUBLE, LOFF(value_eta), 0, 0.4999, KV_FIT_LO_VALUE_ETA},
@@ -331,6 +331,7 @@ static kv_status set_path(kv_fit_config *c, const char *path, const char *text, 
                 return KV_ERR(KV_EINVAL, "%s: key '%s': %s", where, path, why);
             kv_fit_layer_override *o = layer_slot(c, (int)layer);
             if (!o) return KV_ERR(KV_ENOMEM, "out of memory");
+            if (!o->where[0]) snprintf(o->where, sizeof o->where, "%s", where);
             memcpy((char *)o + lk->offset, (char *)&tmp + lk->offset, lk->type == T_INT ? sizeof(int) : sizeof(double));
             o->set |= lk->bit;
             return KV_OK;
@@ -491,7 +492,7 @@ kv_status kv_fit_config_load_string(kv_fit_config *c, const char *yaml, size_t l
 kv_status kv_fit_config_load_file(kv_fit_config *c, const char *path) {
     char *text = NULL;
     size_t n = 0;
-    kv_status s = kv_file_read_all(&text, &n, path);
+    kv_status s = kv_file_read_bounded(&text, &n, path, KV_FIT_CONFIG_MAX_BYTES);
     if (s != KV_OK) return kv_error_wrap(s, "reading configuration: ");
     s = kv_fit_config_load_string(c, text, n, path);
     free(text);
@@ -499,13 +500,18 @@ kv_status kv_fit_config_load_file(kv_fit_config *c, const char *path) {
 }
 
 kv_status kv_fit_config_set(kv_fit_config *c, const char *assignment) {
+    return kv_fit_config_set_from(c, assignment, "command line");
+}
+
+kv_status kv_fit_config_set_from(kv_fit_config *c, const char *assignment, const char *where) {
     if (!c || !assignment) return KV_ERR(KV_EINVAL, "kv_fit_config_set: no config or no assignment");
+    if (!where) where = "command line";
     const char *eq = strchr(assignment, '=');
     if (!eq || eq == assignment)
-        return KV_ERR(KV_EINVAL, "command line: '%s' is not key=value (e.g. keys.bits=3)", assignment);
+        return KV_ERR(KV_EINVAL, "%s: '%s' is not key=value (e.g. keys.bits=3)", where, assignment);
     char path[256];
     const size_t kl = (size_t)(eq - assignment);
-    if (kl >= sizeof path) return KV_ERR(KV_EINVAL, "command line: key in '%.64s...' is too long", assignment);
+    if (kl >= sizeof path) return KV_ERR(KV_EINVAL, "%s: key in '%.64s...' is too long", where, assignment);
     memcpy(path, assignment, kl);
     path[kl] = '\0';
     const char *val = eq + 1;
@@ -519,7 +525,7 @@ kv_status kv_fit_config_set(kv_fit_config *c, const char *assignment) {
     } else {
         memcpy(text, val, vl + 1);
     }
-    kv_status s = set_path(c, path, text, "command line");
+    kv_status s = set_path(c, path, text, where);
     free(text);
     return s;
 }
@@ -530,6 +536,19 @@ static const char *origin_of(const kv_fit_config *c, const char *path) {
     if (k < 0 || !c->origins_) return "default";
     const char *w = ((const origin *)c->origins_)->where[k];
     return *w ? w : "default";
+}
+
+const char *kv_fit_config_origin(const kv_fit_config *c, const char *path) {
+    if (!c || !path) return "default";
+    if (strncmp(path, "layers.", 7) == 0) {
+        char *end = NULL;
+        const long layer = strtol(path + 7, &end, 10);
+        if (end != path + 7) {
+            const kv_fit_layer_override *o = kv_fit_config_layer(c, (int)layer);
+            return o && o->where[0] ? o->where : "default";
+        }
+    }
+    return origin_of(c, path);
 }
 
 #define CFG_ERR(key, ...) cfg_err(__LINE__, c, key, __VA_ARGS__)

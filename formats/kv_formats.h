@@ -605,6 +605,7 @@ typedef struct kv_fit_layer_override {
     double key_eta, value_eta;
     double prune_budget;
     double key_rpc_ratio, value_rpc_ratio; /* one stream (KVmix sets K and V apart); win over rpc_ratio */
+    char where[128];         /* where the override was first set ("file:line:col", "command line") */
 } kv_fit_layer_override;
 #define KV_FIT_LO_KEY_BITS 0x1u
 #define KV_FIT_LO_VALUE_BITS 0x2u
@@ -677,12 +678,25 @@ typedef struct kv_fit_config {
 /* Defaults (documented in configs/kvcal-example.yaml). Free with kv_fit_config_free. */
 kv_status kv_fit_config_init(kv_fit_config *c);
 void kv_fit_config_free(kv_fit_config *c);
+/* A configuration file: a regular file or a pipe of at most KV_FIT_CONFIG_MAX_BYTES (a device such
+ * as /dev/zero, or a larger file, is KV_EINVAL before anything is parsed). */
+#define KV_FIT_CONFIG_MAX_BYTES (16u << 20)
 kv_status kv_fit_config_load_file(kv_fit_config *c, const char *path);
 /* source names the text in messages ("<string>" when NULL). */
 kv_status kv_fit_config_load_string(kv_fit_config *c, const char *yaml, size_t len, const char *source);
 /* Apply one "dotted.key=value" assignment (the value is parsed as a YAML scalar), e.g.
  * "keys.bits=3", "layers.5.rpc_ratio=0.2". Unknown keys and bad values are KV_EINVAL. */
 kv_status kv_fit_config_set(kv_fit_config *c, const char *assignment);
+/* The same with the origin messages will name instead of "command line" (e.g. "the kivi preset"). */
+kv_status kv_fit_config_set_from(kv_fit_config *c, const char *assignment, const char *where);
+/* Where key `path` got its value: "FILE:LINE:COL", "command line", a preset's name, or "default";
+ * "layers.N" or "layers.N.field" names the layer override's origin. Borrowed from c. */
+const char *kv_fit_config_origin(const kv_fit_config *c, const char *path);
+/* Bits a stream may be given in a configuration (keys.bits, values.bits, layers.N.key_bits, ...;
+ * kvprof's allocation options use the same range): the plan format's 1..8 for uniform codes and
+ * the HIGGS bits-per-dimension. */
+#define KV_FIT_MIN_BITS 1
+#define KV_FIT_MAX_BITS 8
 kv_status kv_fit_config_validate(const kv_fit_config *c);
 /* The resolved configuration as YAML (caller frees). */
 kv_status kv_fit_config_dump(char **out, const kv_fit_config *c);

@@ -60,6 +60,9 @@ int kv_fwht_avx2_decode(float *dst, const float *v, size_t n, const float *signs
 
 /* The CPU's vectorizable FWHT (unnormalized), bit-identical to kv_qm_fwht (tested). */
 void kv_fwht_unnormalized_ref(float *v, size_t n);
+/* HIGGS decode of one group: y = (H v) * signs (g a power of two; v is scratch, overwritten), the
+ * exact operations kv_higgs_decode_ref applies (the runtime decodes single groups with it). */
+void kv_higgs_decode_transform(float *y, float *v, size_t g, const float *signs);
 /* HIGGS's SSE2 paths (cpu/higgs_sse2.c), 0 (nothing done) off x86-64 or for n < 8; otherwise as the
  * AVX2 ones above (kv_qm_fwht's and kv_qm_sumsq's bits; dst may equal the input). */
 int kv_fwht_sse2(float *dst, const float *src, size_t n);

@@ -239,30 +239,106 @@ kv_status kv_quant_roundtrip(float *x_hat, kv_block_storage *st, const kv_quant 
 kv_status kv_predictor_apply(float *y, const kv_plan_predictor *pr, const float *const *inputs,
                              size_t tokens, int kv_dim);
 
-/* ---- compressed KV cache (kv_ccache.c) ---------------------------------------------------------
- * A kv_cache (kv_model.h) that applies a plan: sinks and a recent buffer in full precision, older
- * tokens compressed in chunks of `recent` tokens, layer 0 first, through each stream's predictor and
- * quantizer (see kv_ccache.c for the exact semantics). The plan and the model are borrowed and must
- * outlive the cache. Plans using features this runtime does not apply (token pruning, shared codes,
- * SQuat) are refused with KV_EUNSUPPORTED; a plan for other dimensions with KV_EMISMATCH (check the
- * fingerprint with kv_plan_check_fingerprint first for a complete check). */
-struct kv_model;
-struct kv_cache;
-kv_status kv_ccache_create(struct kv_cache **out, const kv_plan *plan, const struct kv_model *model, int n_seqs);
+/* ---- the engine-facing runtime (rt/; RUNTIME.md) ----------------------------------------------
+ * What an inference engine links to apply a plan: it holds each sequence's KV cache compressed as the
+ * plan says (sinks and a recent window in f16, older tokens in the plan's codes) and computes
+ * attention from that form, so the cache costs the memory the plan promises. No dependency on the
+ * reference model (model/ adapts its KV-cache interface to this API, not the other way round).
+ *
+ * Calling order, per sequence and forward step (what a transformer does anyway): for layer
+ * l = 0 .. L-1: kv_rt_append(l, seq, n new tokens), then kv_rt_attend(l, seq, the same step's query
+ * rows). Every layer receives the same n and positions, which continue the sequence (pos[i] ==
+ * kv_rt_length(seq) + i). Sequences are independent and may interleave.
+ *
+ * Cache semantics (RUNTIME.md §2, DESIGN.md §4): per sequence the first `sinks` tokens stay in f16;
+ * later tokens enter a recent window (f16); at the start of an append, while the window holds
+ * >= `recent` tokens, its oldest `recent` tokens are compressed as one chunk, layer 0 first, through
+ * the stream's predictor (AQUA-KV, from the previous layers' reconstructions of the same chunk) and
+ * quantizer; a stream with a KVmix rpc_ratio keeps floor(ratio * window) of its window instead.
+ * Attention of a step's query i covers every token held up to its own position (causal).
+ *
+ * Ownership and threads: the plan is borrowed and must outlive the runtime. A runtime is used by one
+ * thread at a time (calls are not concurrent); inside a call it uses its own thread pool
+ * (kv_rt_options.n_threads). Different runtimes are independent. Every buffer a sequence holds is
+ * allocated exactly (kv_rt_stats says how many bytes, and which part is the accounted payload). */
+typedef struct kv_rt kv_rt;
 
-/* What a compressed cache holds now (all sequences): values (2 per token, layer and KV channel),
- * the compressed ones' exact storage, the full-precision ones at 16 bits, predictor weights (32 bits
- * each, once per cache). */
-typedef struct kv_ccache_stats {
-    uint64_t tokens;            /* tokens held, summed over sequences */
-    uint64_t values_total;
+typedef enum kv_rt_device {
+    KV_RT_DEVICE_CPU = 0,
+    KV_RT_DEVICE_CUDA = 1 /* the CUDA backend (issue 14): KV_EUNSUPPORTED in this version */
+} kv_rt_device;
+
+typedef struct kv_rt_options {
+    kv_rt_device device;
+    int n_seqs;            /* sequence slots, 1..4096 */
+    int n_heads;           /* query heads per layer: a multiple of the plan's n_kv_heads (GQA) */
+    int capacity;          /* tokens per sequence at most; 0 = no limit (appends beyond: KV_EINVAL) */
+    int n_threads;         /* threads of the runtime's pool; 0 = kv_default_threads() */
+    kv_pool *pool;         /* run on this thread pool instead (borrowed, outlives the runtime; the engine's
+                              own, so that one set of threads serves both); NULL: a pool of n_threads */
+    float scale;           /* softmax scale of q.k; 0 = 1/sqrt(head_dim) */
+    /* The model's RoPE, needed when a stream stores keys before RoPE (pre_rope): angle of pair i at
+     * position p = p * rope_inv_freq[i] (head_dim/2 values, copied), pairs (2i, 2i+1) for
+     * KV_ROPE_ADJACENT or (i, i + head_dim/2) for KV_ROPE_HALF. NULL: such plans are refused. */
+    const double *rope_inv_freq;
+    int rope_layout;       /* kv_rope_layout */
+    /* AQUA-KV streams (RUNTIME.md §6): 0 (default) rebuilds each predicted stream's reconstruction at
+     * every step and drops it when no later layer needs it (memory: the compressed cache plus about
+     * two layers' reconstructions); 1 keeps every reconstruction and extends it chunk by chunk
+     * (no per-step predictor cost, but an f32 copy of the predicted streams is held). */
+    int keep_reconstructions;
+} kv_rt_options;
+
+/* Open a runtime for plan (validated here: every stream's method must be one this runtime applies:
+ * f16/f32, uniform (with XQuant eta and shared codes), HIGGS, AQUA-KV predictors, KVmix RPC; others
+ * are refused with KV_EUNSUPPORTED naming the layer and stream). *out NULL on failure. */
+kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt);
+void kv_rt_close(kv_rt *rt); /* NULL ok */
+
+/* Append n tokens of `layer` to sequence seq: keys before RoPE (k_pre; may be NULL when no stream of
+ * the plan is pre_rope), keys after RoPE (k), values (v), each n rows of n_kv_heads*head_dim floats
+ * with row stride ld; pos[i] the tokens' positions. Compresses what the semantics say first. */
+kv_status kv_rt_append(kv_rt *rt, int layer, int seq, int n, const int32_t *pos, const float *k_pre,
+                       const float *k, const float *v, size_t ld);
+/* Attention of the last n_q appended tokens of (layer, seq): q holds n_q rows of n_heads*head_dim
+ * floats (after RoPE; row stride ldq), query head h uses KV head h / (n_heads / n_kv_heads); out
+ * receives n_q rows of n_heads*head_dim (row stride ldo): softmax(scale q.K^T) V over every token the
+ * sequence holds up to each query's own position, computed from the compressed form. */
+kv_status kv_rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, size_t ldq, float *out,
+                       size_t ldo);
+/* Tokens appended to seq in the last layer (the next position); -1 for a bad seq. */
+int kv_rt_length(const kv_rt *rt, int seq);
+/* Forget sequence seq (seq < 0: every sequence) and release its memory. */
+void kv_rt_reset(kv_rt *rt, int seq);
+
+/* What a sequence holds (seq < 0: all sequences summed). Bits follow the papers' convention:
+ * `payload` = codes + scales + zero points + norms of the compressed tokens, `fp` = the f16 tokens
+ * (sinks, window, RPC), predictor weights once per runtime (f32 as the plan stores them). */
+typedef struct kv_rt_stats {
+    uint64_t tokens;             /* tokens held (summed over sequences) */
+    uint64_t values_total;       /* 2 per token, layer and KV channel */
     uint64_t values_compressed;
-    uint64_t values_fp;
-    uint64_t payload_bits;      /* codes + scales + zero points + norms of the compressed values */
-    uint64_t fp_bits;           /* 16 * values_fp */
-    uint64_t predictor_bits;    /* 32 * predictor weights and biases */
-} kv_ccache_stats;
-kv_status kv_ccache_get_stats(const struct kv_cache *c, kv_ccache_stats *out);
+    uint64_t payload_bytes;      /* exact storage of the compressed tokens */
+    uint64_t fp_bytes;           /* 2 bytes per uncompressed value */
+    uint64_t predictor_bytes;    /* the plan's predictor weights and biases (once per runtime) */
+    uint64_t accounted_bytes;    /* payload + fp (the cache itself) */
+    uint64_t allocated_bytes;    /* bytes the runtime allocated for these sequences' cache storage:
+                                    accounted_bytes + index overhead (RUNTIME.md §5) */
+    uint64_t overhead_bytes;     /* allocated - accounted: block descriptors */
+    uint64_t working_bytes;      /* scratch held at the moment (reconstruction working set, RoPE table) */
+    double bits_per_value;       /* payload bits / compressed values (0 when none) */
+    double bits_per_value_total; /* (payload + fp + predictors) bits / all values */
+} kv_rt_stats;
+kv_status kv_rt_get_stats(const kv_rt *rt, int seq, kv_rt_stats *out);
+
+/* The plan's choices as the runtime applies them (for tools): sinks, recent. */
+int kv_rt_sinks(const kv_rt *rt);
+int kv_rt_recent(const kv_rt *rt);
+
+/* The keys and values held for (layer, seq, KV head), decoded to f32 (keys after RoPE), tokens in
+ * order: k_out, v_out hold kv_rt_length(seq) x head_dim floats. For tests and tools (the oracle of
+ * the compressed-form attention); never on the attention path. */
+kv_status kv_rt_decode_head(kv_rt *rt, int layer, int seq, int kv_head, float *k_out, float *v_out);
 
 #ifdef __cplusplus
 }

@@ -18,6 +18,24 @@ double kv_nll_of(const float *logits, int n_vocab, int target) {
     return -((double)(logits[target] - mx) - log(sum));
 }
 
+/* NLL of each scored row (rows r0 + i of the batch's scored positions): kv_model_for_rows. */
+typedef struct nll_job {
+    const float *logits;
+    int V;
+    double *out;
+    const int32_t *tgt;
+    size_t r0, n_score, first, ctx;
+} nll_job;
+
+static void nll_range(void *ctx, size_t i0, size_t i1, int thread) {
+    (void)thread;
+    const nll_job *jb = ctx;
+    for (size_t i = i0; i < i1; i++) {
+        const size_t r = jb->r0 + i, b = r / jb->n_score, t = jb->first + r % jb->n_score;
+        jb->out[i] = kv_nll_of(jb->logits + i * (size_t)jb->V, jb->V, jb->tgt[b * jb->ctx + t]);
+    }
+}
+
 kv_status kv_eval_perplexity(kv_ppl_result *out, kv_model *m, const int32_t *tokens, size_t n_tokens,
                              const kv_ppl_options *opt) {
     if (!m || !opt || !out || (!tokens && n_tokens)) return KV_ERR(KV_EINVAL, "kv_eval_perplexity: NULL argument");
@@ -88,11 +106,8 @@ kv_status kv_eval_perplexity(kv_ppl_result *out, kv_model *m, const int32_t *tok
                 memcpy(rows_h + (size_t)i * d, hidden + (b * ctx + t) * d, (size_t)d * sizeof(float));
             }
             if ((s = kv_model_logits(m, rows_h, (size_t)nr, logits)) != KV_OK) goto done;
-#pragma omp parallel for num_threads(m->n_threads) schedule(static)
-            for (int i = 0; i < nr; i++) {
-                const size_t r = r0 + i, b = r / n_score, t = first + r % n_score;
-                nll_rows[i] = kv_nll_of(logits + (size_t)i * V, V, tgt[b * ctx + t]);
-            }
+            nll_job nj = {logits, V, nll_rows, tgt, r0, (size_t)n_score, (size_t)first, (size_t)ctx};
+            kv_model_for_rows(m, (size_t)nr, (size_t)nr * (size_t)V * 8, nll_range, &nj);
             for (int i = 0; i < nr; i++) nll_sum += nll_rows[i];
             scored += (size_t)nr;
         }

@@ -45,6 +45,20 @@ static void score_row(const float *p_logits, const float *q_logits, int V, int t
     out[3] = row_argmax(p_logits, V) == row_argmax(q_logits, V);
 }
 
+typedef struct score_job {
+    const float *p, *q;
+    int V;
+    const int32_t *targets;
+    double *rows;
+} score_job;
+
+static void score_range(void *ctx, size_t i0, size_t i1, int thread) {
+    (void)thread;
+    const score_job *jb = ctx;
+    for (size_t i = i0; i < i1; i++)
+        score_row(jb->p + i * (size_t)jb->V, jb->q + i * (size_t)jb->V, jb->V, jb->targets[i], jb->rows + 4 * i);
+}
+
 kv_status kv_eval_compare(kv_model *m, kv_cache *cache, const int32_t *tokens, size_t n_tokens,
                           const kv_compare_options *opt, kv_compare_result *out) {
     if (!m || !cache || !opt || !out || (!tokens && n_tokens)) return KV_ERR(KV_EINVAL, "kv_eval_compare: NULL argument");
@@ -107,9 +121,8 @@ kv_status kv_eval_compare(kv_model *m, kv_cache *cache, const int32_t *tokens, s
             const int nr = ctx - 1 - r0 < CMP_ROWS ? ctx - 1 - r0 : CMP_ROWS;
             if ((s = kv_model_logits(m, h_ref + (size_t)r0 * d, (size_t)nr, lg_ref)) != KV_OK) goto done;
             if ((s = kv_model_logits(m, h_c + (size_t)r0 * d, (size_t)nr, lg_c)) != KV_OK) goto done;
-#pragma omp parallel for num_threads(m->n_threads) schedule(static)
-            for (int i = 0; i < nr; i++)
-                score_row(lg_ref + (size_t)i * V, lg_c + (size_t)i * V, V, in[r0 + i + 1], rows + 4 * i);
+            score_job sj = {lg_ref, lg_c, V, in + r0 + 1, rows};
+            kv_model_for_rows(m, (size_t)nr, (size_t)nr * (size_t)V * 8, score_range, &sj);
             for (int i = 0; i < nr; i++) { /* sums in a fixed order */
                 sum_nll_ref += rows[4 * i];
                 sum_nll += rows[4 * i + 1];

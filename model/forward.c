@@ -2,10 +2,11 @@
  * RoPE, grouped-query causal attention through the KV-cache interface, SwiGLU), output logits.
  * Matrix products: forward_matmul.c.
  *
- * Threading: GEMMs through CBLAS (the BLAS threads them); row-wise work (norms, RoPE, softmax,
- * SwiGLU) in OpenMP loops where every row is computed by one thread, so no result depends on how
- * rows are split between threads. Attention runs (head, query block) tasks in parallel, each with a
- * single-threaded BLAS call. */
+ * Threading: the model's thread pool (kv_model_pool) runs every parallel loop: row-wise work (norms,
+ * RoPE, SwiGLU, residual adds) in ranges of rows where every row is computed by one thread, so no
+ * result depends on how rows are split between threads; matrix products in forward_matmul.c. Attention runs (head, query block) tasks on the model's thread
+ * pool (kv_model_pool), each with a single-threaded BLAS call; a cache with its own `attend` (the
+ * compressed runtime) computes attention itself. */
 #include "forward_internal.h"
 
 #include <math.h>
@@ -13,7 +14,6 @@
 #include <string.h>
 
 #include <cblas.h>
-#include <omp.h>
 
 #define KV_ALIGN 64
 #define ATT_QBLOCK 128 /* query rows per attention task */
@@ -62,18 +62,59 @@ kv_status kv_model_ws_floats(float **buf, size_t *cap, size_t n, const char *wha
     return KV_OK;
 }
 
+/* ---- parallel rows -------------------------------------------------------------------------------- */
+typedef struct rows_job {
+    kv_rows_fn fn;
+    void *ctx;
+    size_t n, per;
+} rows_job;
+
+static void rows_item(void *ctx, int item, int thread) {
+    const rows_job *jb = ctx;
+    const size_t r0 = (size_t)item * jb->per, r1 = r0 + jb->per < jb->n ? r0 + jb->per : jb->n;
+    if (r0 < r1) jb->fn(jb->ctx, r0, r1, thread);
+}
+
+void kv_model_for_rows(kv_model *m, size_t n, size_t work, kv_rows_fn fn, void *ctx) {
+    if (n == 0) return;
+    const int nt = kv_model_par(m, work);
+    if (nt <= 1 || n == 1) {
+        fn(ctx, 0, n, 0);
+        return;
+    }
+    /* a few ranges per thread: a thread that starts late (a busy core) takes fewer */
+    size_t items = (size_t)nt * 4 < n ? (size_t)nt * 4 : n;
+    rows_job jb = {fn, ctx, n, (n + items - 1) / items};
+    items = (n + jb.per - 1) / jb.per;
+    kv_pool_run(kv_model_pool(m), (int)items, rows_item, &jb);
+}
+
 /* ---- elementwise pieces ----------------------------------------------------------------------- */
 /* y = x / sqrt(mean(x^2) + eps) * w, the mean square summed in double. */
-static void rmsnorm_rows(kv_model *m, float *y, const float *x, const float *w, size_t n, int d, float eps) {
-#pragma omp parallel for num_threads(kv_model_par(m, n * (size_t)d)) schedule(static)
-    for (long r = 0; r < (long)n; r++) {
-        const float *xr = x + (size_t)r * d;
-        float *yr = y + (size_t)r * d;
+typedef struct rmsnorm_job {
+    float *y;
+    const float *x, *w;
+    int d;
+    float eps;
+} rmsnorm_job;
+
+static void rmsnorm_range(void *ctx, size_t r0, size_t r1, int thread) {
+    (void)thread;
+    const rmsnorm_job *jb = ctx;
+    const int d = jb->d;
+    for (size_t r = r0; r < r1; r++) {
+        const float *xr = jb->x + r * d;
+        float *yr = jb->y + r * d;
         double ss = 0.0;
         for (int i = 0; i < d; i++) ss += (double)xr[i] * (double)xr[i];
-        const float scale = (float)(1.0 / sqrt(ss / d + (double)eps));
-        for (int i = 0; i < d; i++) yr[i] = (xr[i] * scale) * w[i];
+        const float scale = (float)(1.0 / sqrt(ss / d + (double)jb->eps));
+        for (int i = 0; i < d; i++) yr[i] = (xr[i] * scale) * jb->w[i];
     }
+}
+
+static void rmsnorm_rows(kv_model *m, float *y, const float *x, const float *w, size_t n, int d, float eps) {
+    rmsnorm_job jb = {y, x, w, d, eps};
+    kv_model_for_rows(m, n, n * (size_t)d, rmsnorm_range, &jb);
 }
 
 /* cos/sin of pos * inv_freq[i] for one position (angles in double, rounded once). */
@@ -102,17 +143,36 @@ static void rope_row(const kv_model *m, float *x, int n_heads, const float *c, c
     }
 }
 
+typedef struct rope_job {
+    const kv_model *m;
+    float *x;
+    size_t ld;
+    int n_heads;
+    const int32_t *pos;
+    float sign;
+    float *cos_out, *sin_out; /* rope_table: the angles' table instead of rotating x */
+} rope_job;
+
+static void rope_range(void *ctx, size_t r0, size_t r1, int thread) {
+    (void)thread;
+    const rope_job *jb = ctx;
+    const int half = jb->m->arch.head_dim / 2;
+    float cbuf[2048], sbuf[2048]; /* head_dim <= 4096 (checked at creation) */
+    for (size_t r = r0; r < r1; r++) {
+        if (jb->cos_out) {
+            rope_angles(jb->m, jb->pos[r], jb->cos_out + r * half, jb->sin_out + r * half);
+            continue;
+        }
+        rope_angles(jb->m, jb->pos[r], cbuf, sbuf);
+        rope_row(jb->m, jb->x + r * jb->ld, jb->n_heads, cbuf, sbuf, jb->sign);
+    }
+}
+
 void kv_model_rope(const kv_model *m, float *x, size_t n, size_t ld, int n_heads, const int32_t *pos,
                    int inverse) {
-#pragma omp parallel num_threads(kv_model_par(m, n * (size_t)n_heads * m->arch.head_dim))
-    {
-        float cbuf[2048], sbuf[2048]; /* head_dim <= 4096 (checked at creation) */
-#pragma omp for schedule(static)
-        for (long r = 0; r < (long)n; r++) {
-            rope_angles(m, pos[r], cbuf, sbuf);
-            rope_row(m, x + (size_t)r * ld, n_heads, cbuf, sbuf, inverse ? -1.0f : 1.0f);
-        }
-    }
+    rope_job jb = {m, x, ld, n_heads, pos, inverse ? -1.0f : 1.0f, NULL, NULL};
+    /* the pool lives in the model (created on first use): the rotation itself leaves m unchanged */
+    kv_model_for_rows((kv_model *)m, n, n * (size_t)n_heads * m->arch.head_dim, rope_range, &jb);
 }
 
 /* The cos/sin table of the workspace for n rows at positions pos (kept across layers). */
@@ -120,9 +180,8 @@ static void rope_table(kv_model *m, const int32_t *pos, size_t n) {
     kv_workspace *w = &m->ws;
     if (w->rope_n == n && memcmp(w->rope_pos, pos, n * sizeof(int32_t)) == 0) return;
     const int half = m->arch.head_dim / 2;
-#pragma omp parallel for num_threads(kv_model_par(m, n * (size_t)half * 16)) schedule(static)
-    for (long r = 0; r < (long)n; r++)
-        rope_angles(m, pos[r], w->rope_cos + (size_t)r * half, w->rope_sin + (size_t)r * half);
+    rope_job jb = {m, NULL, 0, 0, pos, 1.0f, w->rope_cos, w->rope_sin};
+    kv_model_for_rows(m, n, n * (size_t)half * 16, rope_range, &jb);
     memcpy(w->rope_pos, pos, n * sizeof(int32_t));
     w->rope_n = n;
 }
@@ -142,58 +201,102 @@ static void softmax_row(float *s, int nvalid, int ntotal) {
 }
 
 /* Attention of one sequence: T queries (q: T x q_dim) over S keys/values of which the last T are
- * the queries' own tokens (query t sees keys 0 .. S-T+t). out: T x q_dim. */
+ * the queries' own tokens (query t sees keys 0 .. S-T+t). out: T x q_dim. Tasks (head, block of query
+ * rows) run on the model's thread pool, the heaviest (last) blocks first for balance; a task's result
+ * does not depend on the thread that runs it. */
+typedef struct attend_job {
+    kv_model *m;
+    const float *q, *K, *V;
+    size_t ldk, ldv;
+    int T, S, qb, nqb;
+    float scale;
+    float *out;
+} attend_job;
+
+static void attend_task(void *ctx, int task, int thread) {
+    const attend_job *jb = ctx;
+    const kv_arch *a = &jb->m->arch;
+    const int hd = a->head_dim, nh = a->n_heads, group = a->n_heads / a->n_kv_heads, qd = nh * hd;
+    const int past = jb->S - jb->T, qb = jb->qb;
+    float *sc = jb->m->ws.scores + (size_t)thread * qb * (size_t)jb->S;
+    const int h = task % nh, blk = jb->nqb - 1 - task / nh;
+    const int t0 = blk * qb, t1 = t0 + qb < jb->T ? t0 + qb : jb->T, nq = t1 - t0;
+    const int nk = past + t1; /* keys visible to the block's last row */
+    const float *Qh = jb->q + (size_t)t0 * qd + (size_t)h * hd;
+    const float *Kh = jb->K + (size_t)(h / group) * hd;
+    const float *Vh = jb->V + (size_t)(h / group) * hd;
+    float *Oh = jb->out + (size_t)t0 * qd + (size_t)h * hd;
+    if (nq == 1) {
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, nk, hd, jb->scale, Kh, (int)jb->ldk, Qh, 1, 0.0f, sc, 1);
+    } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, jb->scale, Qh, qd, Kh, (int)jb->ldk, 0.0f, sc,
+                    nk);
+    }
+    for (int i = 0; i < nq; i++) softmax_row(sc + (size_t)i * nk, past + t0 + i + 1, nk);
+    if (nq == 1) {
+        cblas_sgemv(CblasRowMajor, CblasTrans, nk, hd, 1.0f, Vh, (int)jb->ldv, sc, 1, 0.0f, Oh, 1);
+    } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, sc, nk, Vh, (int)jb->ldv, 0.0f, Oh, qd);
+    }
+}
+
 static kv_status attend(kv_model *m, const float *q, int T, const float *K, size_t ldk, const float *V,
                         size_t ldv, int S, float *out) {
     const kv_arch *a = &m->arch;
-    const int hd = a->head_dim, nh = a->n_heads, group = a->n_heads / a->n_kv_heads;
-    const int qd = nh * hd, past = S - T;
+    const int hd = a->head_dim, nh = a->n_heads;
     const int qb = T < ATT_QBLOCK ? T : ATT_QBLOCK;
     const int nqb = (T + qb - 1) / qb;
-    const int ntasks = nh * nqb;
     /* multiply-adds of the whole step, about: 2 * heads * rows * keys * head_dim */
     const size_t work = 2 * (size_t)nh * (size_t)T * (size_t)S * (size_t)hd;
-    int nthr = kv_model_par(m, work);
-    if (nthr > ntasks) nthr = ntasks;
-    const float scale = (float)(1.0 / sqrt((double)hd));
-    kv_status s = kv_model_ws_floats(&m->ws.scores, &m->ws.scores_cap, (size_t)nthr * qb * (size_t)S,
-                                   "attention scores");
+    const int nthr = kv_model_par(m, work);
+    kv_status s = kv_model_ws_floats(&m->ws.scores, &m->ws.scores_cap, (size_t)m->n_threads * qb * (size_t)S,
+                                     "attention scores");
     if (s != KV_OK) return s;
-    float *scores_all = m->ws.scores;
     kv_model_blas_threads(m, 1); /* each task calls the BLAS on its own */
-#pragma omp parallel num_threads(nthr)
-    {
-        float *sc = scores_all + (size_t)omp_get_thread_num() * qb * (size_t)S;
-        /* Tasks are ordered with the heaviest (last) query blocks first for balance; the result of
-         * a task does not depend on the thread that runs it. */
-#pragma omp for schedule(dynamic, 1)
-        for (int task = 0; task < ntasks; task++) {
-            const int h = task % nh, blk = nqb - 1 - task / nh;
-            const int t0 = blk * qb, t1 = t0 + qb < T ? t0 + qb : T, nq = t1 - t0;
-            const int nk = past + t1; /* keys visible to the block's last row */
-            const float *Qh = q + (size_t)t0 * qd + (size_t)h * hd;
-            const float *Kh = K + (size_t)(h / group) * hd;
-            const float *Vh = V + (size_t)(h / group) * hd;
-            float *Oh = out + (size_t)t0 * qd + (size_t)h * hd;
-            if (nq == 1) {
-                cblas_sgemv(CblasRowMajor, CblasNoTrans, nk, hd, scale, Kh, (int)ldk, Qh, 1, 0.0f, sc, 1);
-            } else {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, Qh, qd, Kh, (int)ldk,
-                            0.0f, sc, nk);
-            }
-            for (int i = 0; i < nq; i++) softmax_row(sc + (size_t)i * nk, past + t0 + i + 1, nk);
-            if (nq == 1) {
-                cblas_sgemv(CblasRowMajor, CblasTrans, nk, hd, 1.0f, Vh, (int)ldv, sc, 1, 0.0f, Oh, 1);
-            } else {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, sc, nk, Vh, (int)ldv,
-                            0.0f, Oh, qd);
-            }
-        }
-    }
+    attend_job jb = {m, q, K, V, ldk, ldv, T, S, qb, nqb, (float)(1.0 / sqrt((double)hd)), out};
+    kv_pool_run(nthr > 1 ? kv_model_pool(m) : NULL, nh * nqb, attend_task, &jb);
     return KV_OK;
 }
 
 /* ---- one decoder layer ------------------------------------------------------------------------ */
+/* Row-range pieces of a layer (kv_model_for_rows). */
+static void rope_qk_range(void *ctx, size_t r0, size_t r1, int thread) {
+    (void)thread;
+    const kv_model *m = ctx;
+    const kv_arch *a = &m->arch;
+    const kv_workspace *w = &m->ws;
+    const int half = a->head_dim / 2, qd = a->n_heads * a->head_dim, kvd = a->n_kv_heads * a->head_dim;
+    for (size_t r = r0; r < r1; r++) {
+        const float *c = w->rope_cos + r * half, *sn = w->rope_sin + r * half;
+        rope_row(m, w->q + r * qd, a->n_heads, c, sn, 1.0f);
+        rope_row(m, w->k + r * kvd, a->n_kv_heads, c, sn, 1.0f);
+    }
+}
+
+typedef struct add_job {
+    float *h;
+    const float *x;
+    int d;
+} add_job;
+
+static void add_range(void *ctx, size_t r0, size_t r1, int thread) {
+    (void)thread;
+    const add_job *jb = ctx;
+    for (size_t r = r0; r < r1; r++)
+        for (int i = 0; i < jb->d; i++) jb->h[r * jb->d + i] += jb->x[r * jb->d + i];
+}
+
+static void swiglu_range(void *ctx, size_t r0, size_t r1, int thread) {
+    (void)thread;
+    const kv_model *m = ctx;
+    const int ff = m->arch.d_ff;
+    for (size_t r = r0; r < r1; r++) {
+        float *g = m->ws.gate + r * ff;
+        const float *u = m->ws.up + r * ff;
+        for (int i = 0; i < ff; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
 static kv_status check_cache(const kv_model *m, const kv_cache *c, int n_seqs, const int *seq_ids) {
     if (!c || !c->ops) return KV_ERR(KV_EINVAL, "KV cache without operations");
     const kv_arch *a = &m->arch;
@@ -240,15 +343,7 @@ kv_status kv_model_layer_forward(kv_model *m, int layer, float *h, int n_seqs, i
     if (capture) memcpy(w->q_pre, w->q, n * (size_t)qd * sizeof(float));
     if (capture || cache) memcpy(w->k_pre, w->k, n * (size_t)kvd * sizeof(float));
     rope_table(m, pos, n);
-    {
-        const int half = hd / 2;
-#pragma omp parallel for num_threads(kv_model_par(m, n * (size_t)(qd + kvd))) schedule(static)
-        for (long r = 0; r < (long)n; r++) {
-            const float *c = w->rope_cos + (size_t)r * half, *sn = w->rope_sin + (size_t)r * half;
-            rope_row(m, w->q + (size_t)r * qd, a->n_heads, c, sn, 1.0f);
-            rope_row(m, w->k + (size_t)r * kvd, a->n_kv_heads, c, sn, 1.0f);
-        }
-    }
+    kv_model_for_rows(m, n, n * (size_t)(qd + kvd), rope_qk_range, m);
     if (capture) {
         kv_capture cap = {layer, n_seqs, n_tokens, pos, d, qd, kvd, h, w->x, w->q_pre, w->q, w->k_pre, w->k, w->v};
         if ((s = hooks->on_layer(hooks->user, &cap)) != KV_OK) return s;
@@ -262,6 +357,13 @@ kv_status kv_model_layer_forward(kv_model *m, int layer, float *h, int n_seqs, i
             const int sid = seq_ids ? seq_ids[b] : b;
             s = cache->ops->append(cache, layer, sid, n_tokens, pos + r0, w->k_pre + r0 * kvd, K, V, (size_t)kvd);
             if (s != KV_OK) return s;
+            if (cache->ops->attend) { /* the cache attends over what it holds (a compressed form) */
+                kv_model_blas_threads(m, 1); /* it may call the BLAS from its own threads */
+                s = cache->ops->attend(cache, layer, sid, n_tokens, w->q + r0 * qd, (size_t)qd, w->att + r0 * qd,
+                                       (size_t)qd);
+                if (s != KV_OK) return s;
+                continue;
+            }
             kv_cache_view view;
             memset(&view, 0, sizeof view);
             if ((s = cache->ops->view(cache, layer, sid, &view)) != KV_OK) return s;
@@ -277,9 +379,8 @@ kv_status kv_model_layer_forward(kv_model *m, int layer, float *h, int n_seqs, i
         if ((s = attend(m, w->q + r0 * qd, n_tokens, K, ldk, V, ldv, S, w->att + r0 * qd)) != KV_OK) return s;
     }
     if ((s = kv_model_matmul(m, w->att, n, &lw->wo, NULL, w->proj)) != KV_OK) return s;
-#pragma omp parallel for num_threads(kv_model_par(m, n * (size_t)d)) schedule(static)
-    for (long r = 0; r < (long)n; r++)
-        for (int i = 0; i < d; i++) h[(size_t)r * d + i] += w->proj[(size_t)r * d + i];
+    add_job aj = {h, w->proj, d};
+    kv_model_for_rows(m, n, n * (size_t)d, add_range, &aj);
 
     /* feed-forward block */
     rmsnorm_rows(m, w->x, h, lw->ffn_norm, n, d, a->rms_eps);
@@ -288,16 +389,9 @@ kv_status kv_model_layer_forward(kv_model *m, int layer, float *h, int n_seqs, i
         float *outs[2] = {w->gate, w->up};
         if ((s = kv_model_matmul_multi(m, w->x, n, mats, NULL, outs, 2)) != KV_OK) return s;
     }
-#pragma omp parallel for num_threads(kv_model_par(m, n * (size_t)ff * 8)) schedule(static)
-    for (long r = 0; r < (long)n; r++) {
-        float *g = w->gate + (size_t)r * ff;
-        const float *u = w->up + (size_t)r * ff;
-        for (int i = 0; i < ff; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-    }
+    kv_model_for_rows(m, n, n * (size_t)ff * 8, swiglu_range, m);
     if ((s = kv_model_matmul(m, w->gate, n, &lw->w_down, NULL, w->proj)) != KV_OK) return s;
-#pragma omp parallel for num_threads(kv_model_par(m, n * (size_t)d)) schedule(static)
-    for (long r = 0; r < (long)n; r++)
-        for (int i = 0; i < d; i++) h[(size_t)r * d + i] += w->proj[(size_t)r * d + i];
+    kv_model_for_rows(m, n, n * (size_t)d, add_range, &aj);
     kv_model_blas_threads(m, m->n_threads); /* leave the BLAS as the model's thread count says */
     return KV_OK;
 }

@@ -60,6 +60,7 @@ struct kv_model {
     struct kv_model_raw_source *src_raw; /* NULL: no raw blocks (kv_model_create) */
     void *src_user;
     unsigned char *held;     /* n_layers + 2: [0] embedding, [1] output, [2 + l] layer l */
+    kv_pool *pool; /* the decode path's threads (kv_model_pool), n_threads of them */
 };
 
 /* KV_OK when part (a layer or KV_MODEL_PART_*) is held, else KV_EINVAL naming it (forward.c's
@@ -73,6 +74,16 @@ kv_status kv_model_require(const kv_model *m, int part);
 static inline int kv_model_par(const kv_model *m, size_t work) {
     return work < KV_PAR_MIN_WORK ? 1 : m->n_threads;
 }
+/* The model's thread pool (n_threads): every parallel loop of the forward runs on it. OpenMP's
+ * barriers spin and wait for descheduled threads, which made decoding on a busy machine 50x slower
+ * (pool.c), and its spinning workers competed with the runtime's. NULL when the model runs on one
+ * thread (kv_pool_run then runs on the caller). */
+kv_pool *kv_model_pool(kv_model *m);
+/* fn(ctx, r0, r1, thread) over rows [0, n) split into ranges on the model's pool (one thread when the
+ * work is below KV_PAR_MIN_WORK). Each row is handled by one call, so results do not depend on how
+ * the rows are split; `thread` (< n_threads) indexes per-thread scratch. */
+typedef void (*kv_rows_fn)(void *ctx, size_t r0, size_t r1, int thread);
+void kv_model_for_rows(kv_model *m, size_t n, size_t work, kv_rows_fn fn, void *ctx);
 /* Set the BLAS thread count (cached: no call when it is already n). */
 void kv_model_blas_threads(kv_model *m, int n);
 

@@ -17,7 +17,6 @@
 #include <string.h>
 
 #include <cblas.h>
-#include <omp.h>
 
 #define QK 32               /* elements per Q4_0 / Q4_1 / Q8_0 block */
 #define TILE_FLOATS (1u << 20) /* decoded tile per thread in the prefill path: 4 MiB */
@@ -311,57 +310,100 @@ static int fused_type(const kv_matrix *w) {
            (w->q_dtype == KV_DTYPE_Q4_0 || w->q_dtype == KV_DTYPE_Q4_1 || w->q_dtype == KV_DTYPE_Q8_0);
 }
 
-/* Few input rows: every thread decodes its weight rows and dots them with all n inputs. Several
- * matrices with the same input (Q, K and V; gate and up) share one parallel region. */
+/* Few input rows: every item decodes a chunk of weight rows and dots them with all n inputs, on the
+ * model's thread pool (kv_model_pool: decoding runs many short parallel steps, which OpenMP's
+ * spinning barriers slow down badly on a busy machine). Several matrices with the same input (Q, K
+ * and V; gate and up) share one job. Each output is computed by one thread in a fixed order. */
+enum { ROWS_CHUNK = 16 };
+typedef struct rows_job {
+    kv_model *m;
+    const float *x;
+    int n, count, cols, isa, any_decode;
+    const kv_matrix *const *ws;
+    float *const *ys;
+    int failed;
+} rows_job;
+
+static void rows_item(void *ctx, int c, int thread) {
+    rows_job *jb = ctx;
+    const int cols = jb->cols;
+    float *buf = jb->any_decode ? jb->m->ws.rowbuf + (size_t)thread * cols : NULL;
+    int k = 0, r0 = c * ROWS_CHUNK;
+    while (r0 >= (jb->ws[k]->rows + ROWS_CHUNK - 1) / ROWS_CHUNK * ROWS_CHUNK)
+        r0 -= (jb->ws[k++]->rows + ROWS_CHUNK - 1) / ROWS_CHUNK * ROWS_CHUNK;
+    const kv_matrix *w = jb->ws[k];
+    float *y = jb->ys[k];
+    const int rows = w->rows, r1 = r0 + ROWS_CHUNK < rows ? r0 + ROWS_CHUNK : rows;
+    if (fused_type(w)) {
+        rows_q(jb->isa, w->q, w->q_row_bytes, w->q_dtype, cols, r0, r1, jb->x, (size_t)cols, jb->n, y, (size_t)rows);
+        return;
+    }
+    for (int r = r0; r < r1; r++) {
+        const float *wr = w->f32 ? w->f32 + (size_t)r * cols : buf;
+        if (!w->f32 && decode_row(w, r, buf) != KV_OK) {
+            __atomic_store_n(&jb->failed, 1, __ATOMIC_RELAXED); /* read after the job */
+            continue;
+        }
+        dot_rows(jb->isa, wr, cols, jb->x, (size_t)cols, jb->n, y + r, (size_t)rows);
+    }
+}
+
 static kv_status matmul_rows(kv_model *m, const float *x, int n, const kv_matrix *const *ws, float *const *ys,
                              int count) {
-    enum { CHUNK = 16 };
     const int cols = ws[0]->cols;
     int n_chunks = 0, any_decode = 0;
     size_t work = 0;
     for (int k = 0; k < count; k++) {
-        n_chunks += (ws[k]->rows + CHUNK - 1) / CHUNK;
+        n_chunks += (ws[k]->rows + ROWS_CHUNK - 1) / ROWS_CHUNK;
         work += (size_t)ws[k]->rows * cols;
         any_decode |= !ws[k]->f32 && !fused_type(ws[k]);
     }
-    const int nt = kv_model_par(m, work), isa = kv_model_isa(m);
+    const int nt = kv_model_par(m, work);
     if (any_decode) {
-        kv_status s = kv_model_ws_floats(&m->ws.rowbuf, &m->ws.rowbuf_cap, (size_t)nt * cols, "decoding weight rows");
+        kv_status s = kv_model_ws_floats(&m->ws.rowbuf, &m->ws.rowbuf_cap, (size_t)m->n_threads * cols,
+                                         "decoding weight rows");
         if (s != KV_OK) return s;
     }
-    int failed = 0;
-#pragma omp parallel num_threads(nt)
-    {
-        float *buf = any_decode ? m->ws.rowbuf + (size_t)omp_get_thread_num() * cols : NULL;
-#pragma omp for schedule(static)
-        for (int c = 0; c < n_chunks; c++) {
-            int k = 0, r0 = c * CHUNK;
-            while (r0 >= (ws[k]->rows + CHUNK - 1) / CHUNK * CHUNK) r0 -= (ws[k++]->rows + CHUNK - 1) / CHUNK * CHUNK;
-            const kv_matrix *w = ws[k];
-            float *y = ys[k];
-            const int rows = w->rows, r1 = r0 + CHUNK < rows ? r0 + CHUNK : rows;
-            if (fused_type(w)) {
-                rows_q(isa, w->q, w->q_row_bytes, w->q_dtype, cols, r0, r1, x, (size_t)cols, n, y, (size_t)rows);
-                continue;
-            }
-            for (int r = r0; r < r1; r++) {
-                const float *wr = w->f32 ? w->f32 + (size_t)r * cols : buf;
-                if (!w->f32 && decode_row(w, r, buf) != KV_OK) {
-#pragma omp atomic write
-                    failed = 1;
-                    continue;
-                }
-                dot_rows(isa, wr, cols, x, (size_t)cols, n, y + r, (size_t)rows);
-            }
-        }
-    }
-    if (failed) return KV_ERR(KV_EUNSUPPORTED, "cannot decode a weight matrix of type %d", ws[0]->q_dtype);
+    rows_job jb = {m, x, n, count, cols, kv_model_isa(m), any_decode, ws, ys, 0};
+    kv_pool_run(nt > 1 ? kv_model_pool(m) : NULL, n_chunks, rows_item, &jb);
+    if (jb.failed) return KV_ERR(KV_EUNSUPPORTED, "cannot decode a weight matrix of type %d", ws[0]->q_dtype);
     return KV_OK;
 }
 
-/* Many input rows: every thread takes a slice of the weight rows (output columns) and multiplies it
- * with a single-threaded sgemm (f32), or decodes it tile by tile into its own buffer first. One pool
- * of threads (OpenMP) does all the work, so no second pool spins while this one computes. */
+/* Many input rows: every item takes a slice of the weight rows (output columns) and multiplies it
+ * with a single-threaded sgemm (f32), or decodes it tile by tile into its thread's buffer first; the
+ * items run on the model's pool. */
+typedef struct slices_job {
+    const float *x;
+    size_t n;
+    const kv_matrix *w;
+    float *y;
+    float *deq;
+    int per, tile;
+    int failed;
+} slices_job;
+
+static void slice_item(void *ctx, int item, int thread) {
+    slices_job *jb = ctx;
+    const kv_matrix *w = jb->w;
+    const int rows = w->rows, cols = w->cols;
+    const int s0 = item * jb->per < rows ? item * jb->per : rows, s1 = s0 + jb->per < rows ? s0 + jb->per : rows;
+    if (s1 <= s0) return;
+    if (w->f32) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)jb->n, s1 - s0, cols, 1.0f, jb->x, cols,
+                    w->f32 + (size_t)s0 * cols, cols, 0.0f, jb->y + s0, rows);
+        return;
+    }
+    float *buf = jb->deq + (size_t)thread * jb->tile * cols;
+    for (int r0 = s0; r0 < s1; r0 += jb->tile) {
+        const int nr = r0 + jb->tile < s1 ? jb->tile : s1 - r0;
+        for (int r = 0; r < nr; r++)
+            if (decode_row(w, r0 + r, buf + (size_t)r * cols) != KV_OK) __atomic_store_n(&jb->failed, 1, __ATOMIC_RELAXED);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)jb->n, nr, cols, 1.0f, jb->x, cols, buf, cols, 0.0f,
+                    jb->y + r0, rows);
+    }
+}
+
 static kv_status matmul_slices(kv_model *m, const float *x, size_t n, const kv_matrix *w, float *y) {
     const int rows = w->rows, cols = w->cols;
     int nt = kv_model_par(m, n * (size_t)rows * cols / 4);
@@ -370,41 +412,35 @@ static kv_status matmul_slices(kv_model *m, const float *x, size_t n, const kv_m
     int tile = (int)(TILE_FLOATS / (size_t)cols);
     if (tile < 1) tile = 1;
     if (!w->f32) {
-        kv_status s = kv_model_ws_floats(&m->ws.deq, &m->ws.deq_cap, (size_t)nt * tile * cols, "decoding weight tiles");
+        kv_status s = kv_model_ws_floats(&m->ws.deq, &m->ws.deq_cap, (size_t)m->n_threads * tile * cols,
+                                         "decoding weight tiles");
         if (s != KV_OK) return s;
     }
     kv_model_blas_threads(m, 1);
-    int failed = 0;
-#pragma omp parallel num_threads(nt)
-    {
-        const int t = omp_get_thread_num(), per = ((rows + nt - 1) / nt + 15) / 16 * 16;
-        const int s0 = t * per < rows ? t * per : rows, s1 = s0 + per < rows ? s0 + per : rows;
-        if (w->f32) {
-            if (s1 > s0)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, s1 - s0, cols, 1.0f, x, cols,
-                            w->f32 + (size_t)s0 * cols, cols, 0.0f, y + s0, rows);
-        } else {
-            float *buf = m->ws.deq + (size_t)t * tile * cols;
-            for (int r0 = s0; r0 < s1; r0 += tile) {
-                const int nr = r0 + tile < s1 ? tile : s1 - r0;
-                for (int r = 0; r < nr; r++)
-                    if (decode_row(w, r0 + r, buf + (size_t)r * cols) != KV_OK) {
-#pragma omp atomic write
-                        failed = 1;
-                    }
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, nr, cols, 1.0f, x, cols, buf, cols, 0.0f,
-                            y + r0, rows);
-            }
-        }
-    }
-    if (failed) return KV_ERR(KV_EUNSUPPORTED, "cannot decode a weight matrix of type %d", w->q_dtype);
+    /* slices of whole 16-row blocks, two per thread (a thread that starts late takes fewer) */
+    const int items = nt > 1 ? 2 * nt : 1;
+    slices_job jb = {x, n, w, y, m->ws.deq, ((rows + items - 1) / items + 15) / 16 * 16, tile, 0};
+    kv_pool_run(nt > 1 ? kv_model_pool(m) : NULL, (rows + jb.per - 1) / jb.per, slice_item, &jb);
+    if (jb.failed) return KV_ERR(KV_EUNSUPPORTED, "cannot decode a weight matrix of type %d", w->q_dtype);
     return KV_OK;
 }
 
+typedef struct bias_job {
+    float *y;
+    int rows;
+    const float *bias;
+} bias_job;
+
+static void bias_range(void *ctx, size_t r0, size_t r1, int thread) {
+    (void)thread;
+    const bias_job *jb = ctx;
+    for (size_t r = r0; r < r1; r++)
+        for (int c = 0; c < jb->rows; c++) jb->y[r * jb->rows + c] += jb->bias[c];
+}
+
 static void add_bias(kv_model *m, float *y, size_t n, int rows, const float *bias) {
-#pragma omp parallel for num_threads(kv_model_par(m, n * (size_t)rows)) schedule(static)
-    for (long r = 0; r < (long)n; r++)
-        for (int c = 0; c < rows; c++) y[(size_t)r * rows + c] += bias[c];
+    bias_job jb = {y, rows, bias};
+    kv_model_for_rows(m, n, n * (size_t)rows, bias_range, &jb);
 }
 
 kv_status kv_model_matmul(kv_model *m, const float *x, size_t n, const kv_matrix *w, const float *bias, float *y) {

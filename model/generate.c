@@ -73,7 +73,7 @@ kv_status kv_generate(int32_t *out, int *n_out, kv_gen_stats *stats, kv_model *m
                       const int32_t *prompt, int n_prompt, const kv_gen_options *opt, kv_token_fn on_token,
                       void *user) {
     if (!m || !cache || !prompt || n_prompt <= 0 || !opt || opt->n_new < 0 || (opt->n_new && !out) || !n_out ||
-        opt->n_stop_ids < 0)
+        opt->n_stop_ids < 0 || opt->prefill_chunk < 0)
         return KV_ERR(KV_EINVAL, "kv_generate: bad arguments (prompt of %d tokens)", n_prompt);
     *n_out = 0;
     kv_gen_stats st;
@@ -88,15 +88,19 @@ kv_status kv_generate(int32_t *out, int *n_out, kv_gen_stats *stats, kv_model *m
     const int slot = 0;
     kv_forward f;
     memset(&f, 0, sizeof f);
-    f.tokens = prompt;
     f.n_seqs = 1;
-    f.n_tokens = n_prompt;
     f.cache = cache;
     f.seq_ids = &slot;
     f.logits = logits;
     f.logits_last_only = 1;
     double t0 = kv_now_seconds();
-    kv_status s = kv_model_forward(m, &f);
+    const int chunk = opt->prefill_chunk > 0 ? opt->prefill_chunk : n_prompt;
+    kv_status s = KV_OK;
+    for (int p0 = 0; p0 < n_prompt && s == KV_OK; p0 += chunk) {
+        f.tokens = prompt + p0;
+        f.n_tokens = n_prompt - p0 < chunk ? n_prompt - p0 : chunk;
+        s = kv_model_forward(m, &f);
+    }
     st.prefill_seconds = kv_now_seconds() - t0;
     t0 = kv_now_seconds();
     for (int i = 0; s == KV_OK && i < opt->n_new; i++) {

@@ -142,7 +142,7 @@ static void plain_destroy(kv_cache *c) {
 }
 
 static const kv_cache_ops k_plain_ops = {
-    "plain", plain_append, plain_view, plain_length, plain_reset, plain_bytes, plain_destroy,
+    "plain", plain_append, plain_view, plain_length, plain_reset, plain_bytes, plain_destroy, NULL,
 };
 
 kv_status kv_cache_plain_create(kv_cache **out, const kv_arch *arch, int n_seqs, int capacity_hint) {

@@ -102,6 +102,8 @@ const float *kv_model_output_norm(const kv_model *m);                     /* [d_
 /* The RoPE inverse frequencies after scaling, head_dim/2 values (angle of pair i at position p is
  * p * inv_freq[i]); borrowed. */
 const float *kv_model_rope_inv_freq(const kv_model *m);
+/* The same in double precision, as the model computes its angles (head_dim/2 values; borrowed). */
+const double *kv_model_rope_inv_freq_d(const kv_model *m);
 size_t kv_model_weight_bytes(const kv_model *m);   /* bytes of weights held now (streamed: the parts acquired) */
 int kv_model_threads(const kv_model *m);
 /* Set the thread count for OpenMP regions and the BLAS (0 = kv_default_threads()). */
@@ -172,6 +174,13 @@ typedef struct kv_cache_ops {
     size_t (*bytes)(const kv_cache *c);
     /* Release the implementation state and the kv_cache itself. */
     void (*destroy)(kv_cache *c);
+    /* Optional: attention computed by the cache itself, from whatever form it holds (a compressed
+     * cache never decodes itself for `view`). After append(layer, seq, n_q, ...): q holds the step's
+     * n_q query rows (after RoPE, n_heads*head_dim floats, stride ldq); out receives softmax(q.K^T /
+     * sqrt(head_dim)) V for each row over the tokens up to its own position (stride ldo). When set,
+     * the model calls it instead of view; NULL: the model attends over view's keys and values. */
+    kv_status (*attend)(kv_cache *c, int layer, int seq, int n_q, const float *q, size_t ldq, float *out,
+                        size_t ldo);
 } kv_cache_ops;
 
 /* The handle every implementation fills in (ops and geometry; impl is its own state). */
@@ -184,6 +193,20 @@ struct kv_cache {
 /* Full-precision cache: f32 post-RoPE keys and values, grown on demand (capacity_hint tokens per
  * sequence are reserved up front; 0 = grow from a small size). */
 kv_status kv_cache_plain_create(kv_cache **out, const kv_arch *arch, int n_seqs, int capacity_hint);
+
+/* A cache backed by libkvrt's runtime (kvrt.h "engine-facing runtime", kernels/RUNTIME.md): the plan's
+ * compressed form is what is held, and attention is computed from it (the cache's `attend`; `view` is
+ * not available). plan NULL: every stream in f16 with no compression at all (this engine's f16 cache:
+ * sinks 0, an unbounded window). The plan is borrowed (must outlive the cache) and must match the
+ * model's shape (kv_plan_check_fingerprint for the full check); capacity: tokens per sequence at most
+ * (0 = no limit); n_threads 0 = the model's (then the runtime runs on the model's thread pool, and
+ * kv_model_set_threads must not be called while the cache exists). */
+struct kv_rt;
+#define KV_CACHE_RT_KEEP_RECONSTRUCTIONS 0x1u /* kv_rt_options.keep_reconstructions (AQUA-KV, RUNTIME.md §6) */
+kv_status kv_cache_rt_create(kv_cache **out, const kv_plan *plan, const kv_model *m, int n_seqs, int capacity,
+                             int n_threads, unsigned flags);
+/* The runtime behind a cache made by kv_cache_rt_create (borrowed), or NULL for another cache. */
+struct kv_rt *kv_cache_rt_runtime(kv_cache *c);
 /* Dispatch helpers (argument checks, then the vtable). kv_cache_free accepts NULL. */
 kv_status kv_cache_append(kv_cache *c, int layer, int seq, int n, const int32_t *pos, const float *k_pre,
                           const float *k, const float *v, size_t ld);
@@ -290,6 +313,9 @@ typedef struct kv_gen_options {
     uint64_t seed;
     const int32_t *stop_ids;  /* generation ends before any of these (NULL: none) */
     int n_stop_ids;
+    int prefill_chunk;        /* the prompt goes through in steps of at most this many tokens (0: one step):
+                                 bounds the forward workspace, and lets a compressed cache compress the
+                                 prompt as it goes instead of holding all of it in f16 first */
 } kv_gen_options;
 
 typedef struct kv_gen_stats {

@@ -381,6 +381,7 @@ void kv_model_free(kv_model *m) {
     free(m->layers);
     free(m->inv_freq_d);
     free(m->inv_freq);
+    kv_pool_free(m->pool);
     kv_workspace *w = &m->ws;
     kv_aligned_free(w->x);
     kv_aligned_free(w->q);
@@ -488,14 +489,28 @@ kv_matrix kv_model_token_embedding(const kv_model *m) { return m->tok_embd.m; }
 kv_matrix kv_model_output_weight(const kv_model *m) { return m->output.m; }
 const float *kv_model_output_norm(const kv_model *m) { return m->output_norm; }
 const float *kv_model_rope_inv_freq(const kv_model *m) { return m->inv_freq; }
+const double *kv_model_rope_inv_freq_d(const kv_model *m) { return m->inv_freq_d; }
 size_t kv_model_weight_bytes(const kv_model *m) { return m->weight_bytes; }
 int kv_model_threads(const kv_model *m) { return m->n_threads; }
 
 void kv_model_set_threads(kv_model *m, int n_threads) {
     if (n_threads <= 0) n_threads = kv_default_threads();
+    if (m->pool && kv_pool_threads(m->pool) != n_threads) {
+        kv_pool_free(m->pool);
+        m->pool = NULL;
+    }
     m->n_threads = n_threads;
     m->blas_threads = 0;
     kv_model_blas_threads(m, n_threads);
+}
+
+kv_pool *kv_model_pool(kv_model *m) {
+    /* created on first use; if that fails, kv_pool_run(NULL, ...) runs the work on the caller */
+    if (!m->pool && m->n_threads > 1 && kv_pool_create(&m->pool, m->n_threads) != KV_OK) {
+        kv_error_clear();
+        m->pool = NULL;
+    }
+    return m->pool;
 }
 
 void kv_model_blas_threads(kv_model *m, int n) {

@@ -15,16 +15,24 @@ void kv_alloc_params_default(kv_alloc_params *p) {
     p->rpc_low = 0.1;
 }
 
-static kv_status validate(int n_layers, const kv_alloc_params *p) {
-    if (n_layers <= 0 || n_layers > 1 << 16) return KV_ERR(KV_EINVAL, "bad layer count %d", n_layers);
+kv_status kv_alloc_params_check(const kv_alloc_params *p) {
     if (!(p->high_frac >= 0.0 && p->high_frac <= 1.0))
         return KV_ERR(KV_EINVAL, "high fraction %g is not in [0, 1]", p->high_frac);
+    /* the range kvcal fit accepts for keys.bits / layers.N.key_bits: a fragment it cannot load is no use */
     const int bits[4] = {p->k_high_bits, p->v_high_bits, p->k_low_bits, p->v_low_bits};
+    const char *names[4] = {"key high bits", "value high bits", "key low bits", "value low bits"};
     for (int i = 0; i < 4; i++)
-        if (bits[i] < 1 || bits[i] > 16) return KV_ERR(KV_EINVAL, "bit width %d is not in [1, 16]", bits[i]);
+        if (bits[i] < KV_FIT_MIN_BITS || bits[i] > KV_FIT_MAX_BITS)
+            return KV_ERR(KV_EINVAL, "%s %d is not in [%d, %d] (the bits kvcal fit accepts)", names[i], bits[i],
+                          KV_FIT_MIN_BITS, KV_FIT_MAX_BITS);
     if (!(p->rpc_high >= 0.0 && p->rpc_high <= 1.0 && p->rpc_low >= 0.0 && p->rpc_low <= 1.0))
         return KV_ERR(KV_EINVAL, "RPC ratios must be in [0, 1] (got %g, %g)", p->rpc_high, p->rpc_low);
     return KV_OK;
+}
+
+static kv_status validate(int n_layers, const kv_alloc_params *p) {
+    if (n_layers <= 0 || n_layers > 1 << 16) return KV_ERR(KV_EINVAL, "bad layer count %d", n_layers);
+    return kv_alloc_params_check(p);
 }
 
 static kv_status alloc_arrays(kv_alloc *a, int n_layers) {

@@ -24,6 +24,9 @@ typedef struct kv_alloc_params {
 } kv_alloc_params;
 
 void kv_alloc_params_default(kv_alloc_params *p);
+/* KV_EINVAL unless high_frac and the RPC ratios are in [0, 1] and every bit width is in
+ * [KV_FIT_MIN_BITS, KV_FIT_MAX_BITS], the range kvcal fit accepts (so every fragment written loads). */
+kv_status kv_alloc_params_check(const kv_alloc_params *p);
 
 /* Per-layer result for the K and V streams. Arrays of n_layers, owned by the struct. */
 typedef struct kv_alloc {

@@ -1,5 +1,5 @@
 /* eval_plan.c — what a plan costs: `kvrun eval --plan` runs the same chunks exactly and through the
- * compressed cache (kv_eval_compare) and reports quality (ppl both ways, KL, top-1 agreement),
+ * runtime's compressed cache (kv_cache_rt_create, kv_eval_compare) and reports quality (ppl both ways, KL, top-1 agreement),
  * bits and speed. Bits per value follow the papers' convention for the compressed tokens (codes,
  * scales, zero points, norms, and the predictor weights amortized over all evaluated tokens), and
  * bits_per_value_total counts everything the cache held (full-precision sinks and recent buffer
@@ -11,23 +11,26 @@
 #include <string.h>
 
 typedef struct chunk_totals {
-    uint64_t payload_bits, fp_bits, values_compressed, values_total, predictor_bits;
-    uint64_t last_bits, last_values; /* one sequence (the last chunk), for cache_bytes */
+    kv_rt *rt;
+    uint64_t payload_bytes, fp_bytes, values_compressed, values_total, predictor_bytes;
+    uint64_t last_bytes, last_values; /* one sequence (the last chunk), for cache_bytes */
+    uint64_t last_allocated;          /* what the runtime allocated for it */
 } chunk_totals;
 
 static kv_status on_chunk(void *user, kv_cache *cache, size_t chunk) {
-    (void)chunk;
+    (void)chunk, (void)cache;
     chunk_totals *t = user;
-    kv_ccache_stats st;
-    kv_status s = kv_ccache_get_stats(cache, &st);
+    kv_rt_stats st;
+    kv_status s = kv_rt_get_stats(t->rt, 0, &st);
     if (s != KV_OK) return s;
-    t->payload_bits += st.payload_bits;
-    t->fp_bits += st.fp_bits;
+    t->payload_bytes += st.payload_bytes;
+    t->fp_bytes += st.fp_bytes;
     t->values_compressed += st.values_compressed;
     t->values_total += st.values_total;
-    t->predictor_bits = st.predictor_bits;
-    t->last_bits = st.payload_bits + st.fp_bits + st.predictor_bits;
+    t->predictor_bytes = st.predictor_bytes;
+    t->last_bytes = st.accounted_bytes + st.predictor_bytes;
     t->last_values = st.values_total;
+    t->last_allocated = st.allocated_bytes;
     return KV_OK;
 }
 
@@ -48,8 +51,13 @@ kv_status kv_tool_eval_plan(kv_tool_plan_eval *out, kv_model *m, const char *mod
         kv_error_wrap(s, "plan '%s' does not belong to model '%s': ", plan_path, model_path);
         goto done;
     }
-    if ((s = kv_ccache_create(&cache, plan, m, 1)) != KV_OK) goto done;
-    chunk_totals tot = {0};
+    if ((s = kv_cache_rt_create(&cache, plan, m, 1, ctx, 0, 0)) != KV_OK) {
+        kv_error_wrap(s, "plan '%s': ", plan_path);
+        goto done;
+    }
+    chunk_totals tot;
+    memset(&tot, 0, sizeof tot);
+    tot.rt = kv_cache_rt_runtime(cache);
     kv_compare_options o;
     memset(&o, 0, sizeof o);
     o.ctx = ctx, o.bos_id = bos, o.max_chunks = max_chunks;
@@ -64,20 +72,26 @@ kv_status kv_tool_eval_plan(kv_tool_plan_eval *out, kv_model *m, const char *mod
     o.user = &tot;
     if ((s = kv_eval_compare(m, cache, tokens, n_tokens, &o, &out->cmp)) != KV_OK) goto done;
     out->bits_per_value = tot.values_compressed
-                              ? (double)(tot.payload_bits + tot.predictor_bits) / (double)tot.values_compressed
+                              ? 8.0 * (double)(tot.payload_bytes + tot.predictor_bytes) / (double)tot.values_compressed
                               : 0.0;
     out->bits_per_value_total =
-        tot.values_total ? (double)(tot.payload_bits + tot.fp_bits + tot.predictor_bits * out->cmp.n_chunks) /
+        tot.values_total ? 8.0 * (double)(tot.payload_bytes + tot.fp_bytes + tot.predictor_bytes * out->cmp.n_chunks) /
                                (double)tot.values_total
                          : 0.0;
-    out->predictor_bits_per_value_sequence = tot.last_values ? (double)tot.predictor_bits / (double)tot.last_values : 0.0;
-    out->cache_bytes = (tot.last_bits + 7) / 8;
+    out->predictor_bits_per_value_sequence =
+        tot.last_values ? 8.0 * (double)tot.predictor_bytes / (double)tot.last_values : 0.0;
+    out->cache_bytes = tot.last_bytes;
+    out->cache_bytes_allocated = tot.last_allocated;
     out->fp16_cache_bytes = tot.last_values * 2;
     out->compressed_fraction = tot.values_total ? (double)tot.values_compressed / (double)tot.values_total : 0.0;
     out->sinks = plan->global.sinks;
     out->recent = plan->global.recent;
     out->prefill = o.first_step;
     out->step = o.step;
+    if (tot.values_compressed == 0)
+        kv_log(KV_LOG_WARN, "nothing was compressed: chunks of %d tokens never fill the %d sinks plus the %d-token "
+               "recent buffer, so every token stayed in f16 (use a longer --ctx, or a plan with a smaller recent "
+               "buffer)", ctx, plan->global.sinks, plan->global.recent);
 done:
     kv_cache_free(cache);
     kv_model_file_close(mf);
@@ -92,12 +106,13 @@ void kv_tool_eval_plan_print(const kv_tool_plan_eval *e, int json) {
         printf("{\"ppl\": %.6f, \"ppl_uncompressed\": %.6f, \"ppl_relative_increase\": %.6f, \"nll_mean\": %.6f, "
                "\"kl_mean\": %.6g, \"top1_agreement\": %.6f, \"bits_per_value\": %.4f, \"bits_per_value_total\": %.4f, "
                "\"predictor_bits_per_value_per_sequence\": %.4f, \"cache_bytes\": %llu, \"fp16_cache_bytes\": %llu, "
-               "\"compressed_fraction\": %.4f, \"tokens_total\": %zu, \"tokens_evaluated\": %zu, \"tokens_scored\": %zu, "
+               "\"cache_bytes_allocated\": %llu, \"compressed_fraction\": %.4f, \"tokens_total\": %zu, \"tokens_evaluated\": %zu, \"tokens_scored\": %zu, "
                "\"chunks\": %zu, \"tokens_per_second\": %.2f, \"tokens_per_second_uncompressed\": %.2f, "
                "\"sinks\": %d, \"recent\": %d, \"prefill\": %d, \"step\": %d}\n",
                r->ppl, r->ppl_ref, rel, r->nll_mean, r->kl_mean, r->top1_agreement, e->bits_per_value,
                e->bits_per_value_total, e->predictor_bits_per_value_sequence, (unsigned long long)e->cache_bytes,
-               (unsigned long long)e->fp16_cache_bytes, e->compressed_fraction, r->tokens_total, r->tokens_evaluated,
+               (unsigned long long)e->fp16_cache_bytes, (unsigned long long)e->cache_bytes_allocated,
+               e->compressed_fraction, r->tokens_total, r->tokens_evaluated,
                r->tokens_scored, r->n_chunks, r->tokens_per_second, r->tokens_per_second_ref, e->sinks, e->recent,
                e->prefill, e->step);
         return;
@@ -111,8 +126,11 @@ void kv_tool_eval_plan_print(const kv_tool_plan_eval *e, int json) {
            "sequence)\n", e->bits_per_value_total, e->sinks, e->recent);
     printf("predictor bits/value   %.3f  (per %zu-token sequence)\n", e->predictor_bits_per_value_sequence,
            r->n_chunks ? r->tokens_evaluated / r->n_chunks : (size_t)0);
-    printf("cache_bytes            %llu per sequence (fp16: %llu)\n", (unsigned long long)e->cache_bytes,
-           (unsigned long long)e->fp16_cache_bytes);
+    printf("cache_bytes            %llu per sequence (fp16: %llu; allocated by the runtime: %llu)\n",
+           (unsigned long long)e->cache_bytes, (unsigned long long)e->fp16_cache_bytes,
+           (unsigned long long)e->cache_bytes_allocated);
+    if (e->compressed_fraction == 0.0)
+        printf("note                   nothing was compressed: every chunk fit in the sinks and the recent buffer\n");
     printf("tokens                 %zu evaluated in %zu chunks, %zu scored\n", r->tokens_evaluated, r->n_chunks,
            r->tokens_scored);
     printf("tokens_per_second      %.1f compressed (steps: %d, then %d), %.1f uncompressed\n", r->tokens_per_second,

@@ -7,17 +7,61 @@
 
 /* Shared steps (tool_support.c). */
 /* Read a text file and tokenize it whole (no BOS; the SentencePiece dummy prefix once at the
- * start); its SHA-256 into sha256 (may be NULL). *ids is malloc'd. */
+ * start); its SHA-256 into sha256 (may be NULL). *ids is malloc'd. = kv_tool_tokenize_file_max(.., 0). */
 kv_status kv_tool_tokenize_file(int32_t **ids, size_t *n, char sha256[65], const kv_tokenizer *t, const char *path);
+/* The same, read and tokenized incrementally (1 MiB at a time, cut between words where every
+ * tokenizer here gives the same tokens as for the whole text) and stopped once max_tokens tokens
+ * (0 = no limit) are collected: *n <= max_tokens, and the tokens are the first ones of the whole
+ * text. The file must be a regular file or a pipe (a device never ends: KV_EINVAL). sha256: of the
+ * whole file for a regular file (read on without tokenizing), of the bytes read for a pipe. */
+kv_status kv_tool_tokenize_file_max(int32_t **ids, size_t *n, char sha256[65], const kv_tokenizer *t,
+                                    const char *path, size_t max_tokens);
+/* The same reading `block` bytes at a time (tests use small blocks to cut the text many times). */
+kv_status kv_tool_tokenize_file_ex(int32_t **ids, size_t *n, char sha256[65], const kv_tokenizer *t, const char *path,
+                                   size_t max_tokens, size_t block);
 /* Open a model file, load the model (n_threads 0 = default) and, when tok is not NULL, its
- * tokenizer (tok_path NULL = the model's own). */
+ * tokenizer (tok_path NULL = the model's own), refused (KV_EMISMATCH) when its vocabulary does not
+ * fit the model (kv_tool_check_vocab). */
 kv_status kv_tool_open_model(kv_model **model, kv_tokenizer **tok, const char *model_path, const char *tok_path,
                              int n_threads);
 /* The same with every model option (weight storage, threads). */
 kv_status kv_tool_open_model_opt(kv_model **model, kv_tokenizer **tok, const char *model_path, const char *tok_path,
                                  const kv_model_options *opt);
+/* A tokenizer fits a model when its ids all index the embedding and it covers all but padding rows:
+ * n_model - max(1024, n_model / 16) <= n_tokenizer <= n_model. Else KV_EMISMATCH naming both sizes. */
+kv_status kv_tool_check_vocab(const kv_model *m, const kv_tokenizer *tok, const char *tok_path);
+/* The KV cache a run uses: with plan_path, the runtime applying that plan (read, checked against the
+ * model file's fingerprint; *plan_out keeps it alive: free it after the cache); otherwise
+ * cache_kind "f16" is the runtime's f16 cache, "f32" (or NULL) the plain exact cache. capacity:
+ * tokens per sequence (0 = grow); rt_flags: KV_CACHE_RT_* for a plan's runtime. */
+kv_status kv_tool_make_cache(kv_cache **out, kv_plan **plan_out, kv_model *m, const char *model_path,
+                             const char *plan_path, const char *cache_kind, int n_seqs, int capacity, unsigned rt_flags);
 /* Parse a --weights value ("f32", "f16", "native"); -1 when it is none of them. */
 int kv_tool_weight_storage(const char *name);
+
+/* Checks made before any work (exit codes: KV_EXIT_OK, or KV_EXIT_USAGE after a usage error naming
+ * the problem). */
+/* -t/--threads (0: $KVCAL_THREADS, else the online CPUs) under common's one rule (kv_threads_resolve:
+ * 1..4 per online CPU, at most 1024; a bad $KVCAL_THREADS is an error too); *n receives the count and
+ * OpenMP's default follows it. */
+int kv_tool_threads(const char *tool, long requested, int *n);
+/* A path with the option that named it, for messages ("--out"). */
+typedef struct kv_tool_path {
+    const char *what;
+    const char *path; /* NULL: not given */
+} kv_tool_path;
+/* Every output location is usable (kv_output_check: not empty, not a directory, its directory exists
+ * and is writable; devices and pipes are written in place), no output is the same file as an input
+ * (device and inode; for an input directory, the files directly in it) or as another output. */
+int kv_tool_check_io(const char *tool, const kv_tool_path *inputs, int n_in, const kv_tool_path *outputs, int n_out);
+/* Warn (kv_log) when a context of n tokens (`what`: "--ctx", "data.seq_len", ...) is longer than the
+ * model was trained for (kv_arch.max_seq_len; models with RoPE scaling state the scaled length). */
+void kv_tool_warn_context(const kv_arch *a, long n, const char *what);
+/* s as a JSON string, quoted, every control character escaped (a newline in a path is "\n", not
+ * dropped). */
+void kv_tool_json_string(FILE *fp, const char *s);
+/* one when n == 1, else many ("1 token", "2 tokens"). */
+const char *kv_tool_plural(long n, const char *one, const char *many);
 
 /* `kvrun eval --plan` (eval_plan.c): the plan's cost on tokenized text (protocol "all", chunks of ctx). */
 typedef struct kv_tool_plan_eval {
@@ -28,6 +72,7 @@ typedef struct kv_tool_plan_eval {
     double compressed_fraction;   /* compressed values / all values */
     uint64_t cache_bytes;         /* one full sequence: payload + fp16 tokens + predictors */
     uint64_t fp16_cache_bytes;    /* the same sequence uncompressed in fp16 */
+    uint64_t cache_bytes_allocated; /* what the runtime allocated for that sequence's cache (RUNTIME.md §5) */
     int sinks, recent;
     int prefill, step;            /* tokens of the first forward step of a chunk, then of each later one */
 } kv_tool_plan_eval;
@@ -43,6 +88,7 @@ int kvrun_eval(int argc, char **argv);     /* kvrun_eval.c: perplexity; with --p
 int kvrun_generate(int argc, char **argv); /* kvrun_generate.c: text generation through the KV cache */
 int kvrun_info(int argc, char **argv);     /* kvrun_info.c: describe a model file */
 int kvrun_inspect(int argc, char **argv);  /* kvrun_inspect.c: print a plan (YAML/JSON); --check it against a model */
+int kvrun_bench(int argc, char **argv);    /* kvrun_bench.c: prefill and decode speed, bytes held, with a plan or cache */
 
 /* kvcal */
 int kvcal_grids(int argc, char **argv);    /* kvcal_grids.c: generate a HIGGS grid file */

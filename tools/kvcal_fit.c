@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static volatile sig_atomic_t g_interrupt;
@@ -112,7 +113,7 @@ int kvcal_fit(int argc, char **argv) {
         {"seed", 0, KV_OPT_INT, &seed, "S", "seed: held-out split, grids, HIGGS signs (default 0)", 0},
         {"set", 0, KV_OPT_STRING, &set_last, "KEY=VALUE", "override one configuration key (repeatable), e.g. "
                                                           "--set cache.recent=64", 0},
-        {"threads", 't', KV_OPT_INT, &threads, "N", "threads (default: KVCAL_THREADS or all CPUs)", 0},
+        {"threads", 't', KV_OPT_INT, &threads, "N", "threads, 1..4 per CPU (default: KVCAL_THREADS or all CPUs)", 0},
         {"json", 0, KV_OPT_FLAG, &json, NULL, "print the report as JSON", 0},
         {"no-checkpoint", 0, KV_OPT_FLAG, &no_ckpt, NULL, "do not checkpoint after each layer (no resume)", 0},
         {"bench", 0, KV_OPT_FLAG, &bench, NULL, "also time one plain forward pass over the same tokens and print "
@@ -184,10 +185,8 @@ int kvcal_fit(int argc, char **argv) {
         rc = kv_cli_usage_error(tool, "--seed must be >= 0 (got %ld)", seed);
         goto end;
     }
-    if (threads < 0) {
-        rc = kv_cli_usage_error(tool, "--threads must be >= 0");
-        goto end;
-    }
+    int n_threads = 0;
+    if ((rc = kv_tool_threads(tool, threads, &n_threads)) != KV_EXIT_OK) goto end;
     /* ---- ranks (mpirun), one process otherwise: from here on only rank 0 prints ---- */
     if ((s = kv_dist_init(&dist, NULL, NULL)) != KV_OK) goto fail;
     rank = kv_dist_rank(dist);
@@ -243,21 +242,51 @@ int kvcal_fit(int argc, char **argv) {
                   : kv_cli_usage_error(tool, "no corpus: give --corpus or `data.calibration:` in the configuration");
         goto end;
     }
-    /* ---- model (weights as memory.* says: one layer at a time by default), tokenizer, corpus ---- */
+    /* ---- every output location and input identity, before any work ---- */
+    {
+        const kv_tool_path ins[] = {{"the model", cfg.model}, {"--tokenizer", tokenizer},
+                                    {"the corpus", cfg.data.calibration},
+                                    {"the held-out corpus", cfg.data.heldout[0] ? cfg.data.heldout : NULL},
+                                    {"--config", config}};
+        const kv_tool_path outs[] = {{"--out", out}};
+        if ((rc = kv_tool_check_io(tool, ins, 5, outs, 1)) != KV_EXIT_OK) goto end;
+        struct stat st;
+        if (!no_ckpt && *out) {
+            char ck[4096];
+            snprintf(ck, sizeof ck, "%s.ckpt", out);
+            if (stat(ck, &st) == 0 && !S_ISDIR(st.st_mode)) {
+                rc = kv_cli_usage_error(tool, "'%s' (the checkpoint directory of --out) exists and is not a directory",
+                                        ck);
+                goto end;
+            }
+        }
+    }
+    /* corpora that never end (devices) are refused before anything is loaded */
+    if ((s = kv_input_check(cfg.data.calibration)) != KV_OK) goto fail;
+    if (cfg.data.heldout[0] && (s = kv_input_check(cfg.data.heldout)) != KV_OK) goto fail;
+    /* ---- model, tokenizer, corpus: every rank loads its own copy ---- */
     char corpus_sha[65] = "";
     if ((s = kv_model_file_open(&mf, cfg.model)) != KV_OK) goto loaded;
-    {
+    /* what the fit would refuse, now that the model's shape is known and before any weight is read */
+    if ((s = kv_fit_check(&cfg, kv_model_file_arch(mf))) != KV_OK) goto loaded;
+    kv_tool_warn_context(kv_model_file_arch(mf), cfg.data.seq_len, "data.seq_len (--seq-len)");
+    {   /* weights as memory.* says: one layer at a time by default */
         kv_model_options mo;
         memset(&mo, 0, sizeof mo);
-        mo.n_threads = (int)threads;
+        mo.n_threads = n_threads;
         mo.weights = (kv_weight_storage)cfg.memory.weights;
         s = cfg.memory.stream_weights ? kv_model_load_streamed(&m, mf, &mo) : kv_model_load(&m, mf, &mo);
         if (s != KV_OK) goto loaded;
     }
     if ((s = kv_tokenizer_load(&tok, mf, tokenizer)) != KV_OK) goto loaded;
-    if ((s = kv_tool_tokenize_file(&ids, &n_ids, corpus_sha, tok, cfg.data.calibration)) != KV_OK) goto loaded;
-    if (cfg.data.heldout[0]) s = kv_tool_tokenize_file(&ho_ids, &n_ho, NULL, tok, cfg.data.heldout);
-loaded: /* every rank loaded its own copy: they agree before working together */
+    if ((s = kv_tool_check_vocab(m, tok, tokenizer)) != KV_OK) goto loaded;
+    /* only the tokens the fit can use are read and tokenized (data.max_tokens, 0 = all); the held-out
+     * corpus never needs more than that either (at most 0.9 of the calibration sequences) */
+    const size_t budget = cfg.data.max_tokens > 0 ? (size_t)cfg.data.max_tokens : 0;
+    if ((s = kv_tool_tokenize_file_max(&ids, &n_ids, corpus_sha, tok, cfg.data.calibration, budget)) != KV_OK)
+        goto loaded;
+    if (cfg.data.heldout[0]) s = kv_tool_tokenize_file_max(&ho_ids, &n_ho, NULL, tok, cfg.data.heldout, budget);
+loaded: /* the ranks agree before working together (a rank that failed alone says why) */
     if ((s = kv_dist_agree(dist, s)) != KV_OK) goto fail;
     kv_fit_data data;
     memset(&data, 0, sizeof data);
@@ -277,6 +306,12 @@ loaded: /* every rank loaded its own copy: they agree before working together */
     fo.interrupt = &g_interrupt;
     fo.grid_cache_dir = gcache;
     fo.dist = dist;
+    struct stat ost;
+    if (!no_ckpt && stat(out, &ost) == 0 && !S_ISREG(ost.st_mode)) {
+        /* a device or a pipe: its directory (/dev) is no place for PLAN.ckpt, and nothing could resume */
+        kv_log(KV_LOG_INFO, "--out '%s' is not a regular file: no checkpoints (as --no-checkpoint)", out);
+        no_ckpt = 1;
+    }
     if (!no_ckpt) {
         ckpt = malloc(strlen(out) + 6);
         if (!ckpt) {
@@ -298,6 +333,15 @@ loaded: /* every rank loaded its own copy: they agree before working together */
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (s != KV_OK) goto fail;
+    {   /* predictors whose normal equations were rank deficient (also in the report and the plan) */
+        int n_fb = 0;
+        for (int l = 0; l < rep.n_layers; l++)
+            for (int st = 0; st < 2; st++) n_fb += rep.layers[l].ridge_fallback[st] == 1.0;
+        if (n_fb > 0)
+            kv_log(KV_LOG_WARN, "%d %s rank-deficient normal equations and got the minimum-norm solution "
+                   "(collinear inputs; the report lists them, the plan records ridge_rcond and ridge_fallback)", n_fb,
+                   kv_tool_plural(n_fb, "predictor had", "predictors had"));
+    }
     double fwd = 0.0;
     if (bench && (s = kv_fit_forward_baseline(&fwd, m, &data, &cfg, &fo)) != KV_OK) goto fail;
     if (rank != 0) goto end;
@@ -307,12 +351,8 @@ loaded: /* every rank loaded its own copy: they agree before working together */
         size_t n = strlen(text);
         while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '}')) n--;
         fwrite(text, 1, n, stdout);
-        printf(",\n  \"method\": \"%s\", \"plan\": \"", kv_fit_method_name(cfg.method));
-        for (const char *p = out; *p; p++) {
-            if (*p == '"' || *p == '\\') putchar('\\');
-            if ((unsigned char)*p >= 0x20) putchar(*p);
-        }
-        printf("\"");
+        printf(",\n  \"method\": \"%s\", \"plan\": ", kv_fit_method_name(cfg.method));
+        kv_tool_json_string(stdout, out);
         if (bench)
             printf(",\n  \"bench\": {\"calibration_s\": %.3f, \"forward_s\": %.3f, \"ratio\": %.3f}", rep.seconds_total, fwd,
                    fwd > 0 ? rep.seconds_total / fwd : 0.0);

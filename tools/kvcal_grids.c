@@ -37,6 +37,18 @@ int kvcal_grids(int argc, char **argv) {
         kv_cli_args_free(&a);
         return kv_cli_usage_error("kvcal grids", "--dim must be 1, 2, 4 or 8 and --size a power of two in 2..256");
     }
+    int n_threads = 0; /* KVCAL_THREADS under the one rule; OpenMP follows it */
+    if ((rc = kv_tool_threads("kvcal grids", 0, &n_threads)) != KV_EXIT_OK) {
+        kv_cli_args_free(&a);
+        return rc;
+    }
+    {   /* the output location before the (long) generation */
+        const kv_tool_path outs[] = {{"--out", out}};
+        if ((rc = kv_tool_check_io("kvcal grids", NULL, 0, outs, 1)) != KV_EXIT_OK) {
+            kv_cli_args_free(&a);
+            return rc;
+        }
+    }
     kv_progress prog;
     kv_grid_opts go = {.seed = (uint64_t)seed, .samples = (size_t)samples, .progress = a.quiet ? NULL : &prog};
     float *points = NULL;
@@ -51,11 +63,13 @@ int kvcal_grids(int argc, char **argv) {
     free(points);
     kv_cli_args_free(&a);
     if (s != KV_OK) return kv_cli_fail("kvcal grids", s);
-    if (json)
+    if (json) {
         printf("{\"dim\": %ld, \"size\": %ld, \"seed\": %ld, \"samples\": %zu, \"train_mse\": %.6g, "
-               "\"mse\": %.6g, \"eval_samples\": %ld, \"seconds\": %.3f, \"out\": \"%s\"}\n",
-               dim, size, seed, used, train, fresh, eval, t1 - t0, out);
-    else
+               "\"mse\": %.6g, \"eval_samples\": %ld, \"seconds\": %.3f, \"out\": ",
+               dim, size, seed, used, train, fresh, eval, t1 - t0);
+        kv_tool_json_string(stdout, out);
+        printf("}\n");
+    } else
         printf("grid d=%ld n=%ld: MSE per dimension %.6g on %ld fresh N(0,1) samples (training %.6g on %zu "
                "samples, %.1f s) -> %s\n",
                dim, size, fresh, eval, train, used, t1 - t0, out);

@@ -68,7 +68,7 @@ int kvprof_importance(int argc, char **argv) {
          "the paper's baseline: the same number of high-bit layers chosen at random, as a config fragment", 0},
         {"random-seed", 0, KV_OPT_INT, &rand_seed, "S", "seed of the random allocation (default 1)", 0},
         {"compare-forward", 0, KV_OPT_FLAG, &compare_forward, NULL, "also time plain forwards over the same prompts", 0},
-        {"threads", 't', KV_OPT_INT, &threads, "N", "threads (default: all cores)", 0},
+        {"threads", 't', KV_OPT_INT, &threads, "N", "threads, 1..4 per CPU (default: KVCAL_THREADS or all CPUs)", 0},
         {NULL, 0, 0, NULL, NULL, NULL, 0},
     };
     kv_cli_args args;
@@ -79,9 +79,30 @@ int kvprof_importance(int argc, char **argv) {
                           opts, 0, argc, argv);
     if (rc) return rc < 0 ? KV_EXIT_OK : rc;
     kv_cli_args_free(&args);
+    /* ---- every argument and output location, before any work ---- */
     if (prompts < 2 || prompts > 100000) return kv_cli_usage_error(k_tool, "--prompts must be in [2, 100000]");
     if (max_len < 2 || max_len > 1 << 20) return kv_cli_usage_error(k_tool, "--max-len must be in [2, 2^20]");
-    if (threads < 0 || threads > 4096) return kv_cli_usage_error(k_tool, "--threads must be >= 0");
+    if (seed < 0 || rand_seed < 0) return kv_cli_usage_error(k_tool, "--seed and --random-seed must be >= 0");
+    int n_threads = 0;
+    if ((rc = kv_tool_threads(k_tool, threads, &n_threads)) != KV_EXIT_OK) return rc;
+    {
+        kv_alloc_params chk;
+        kv_alloc_params_default(&chk);
+        chk.high_frac = high_frac, chk.k_high_bits = (int)k_high, chk.v_high_bits = (int)v_high;
+        chk.k_low_bits = chk.v_low_bits = (int)low, chk.rpc_high = rpc_high, chk.rpc_low = rpc_low;
+        if (k_high < KV_FIT_MIN_BITS || k_high > KV_FIT_MAX_BITS || v_high < KV_FIT_MIN_BITS ||
+            v_high > KV_FIT_MAX_BITS || low < KV_FIT_MIN_BITS || low > KV_FIT_MAX_BITS)
+            return kv_cli_usage_error(k_tool, "--k-high-bits, --v-high-bits and --low-bits must be in %d..%d, the bits "
+                                      "kvcal fit accepts (got %ld, %ld, %ld)", KV_FIT_MIN_BITS, KV_FIT_MAX_BITS,
+                                      k_high, v_high, low);
+        if (kv_alloc_params_check(&chk) != KV_OK) return kv_cli_usage_error(k_tool, "%s", kv_error_last());
+        const kv_tool_path ins[] = {{"--model", model}, {"--tokenizer", tokp}, {"--corpus", corpus}};
+        const kv_tool_path outs[] = {{"--out", out && strcmp(out, "-") == 0 ? NULL : out},
+                                     {"--svg", svg},
+                                     {"--config-out", cfg_out},
+                                     {"--random-config-out", rand_out}};
+        if ((rc = kv_tool_check_io(k_tool, ins, 3, outs, 4)) != KV_EXIT_OK) return rc;
+    }
 
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
@@ -98,14 +119,17 @@ int kvprof_importance(int argc, char **argv) {
     kv_status s;
     kv_dist *dist = NULL;
     int rank = 0;
+    if ((s = kv_input_check(corpus)) != KV_OK) goto done; /* a device never ends: before loading anything */
     if ((s = kv_dist_init(&dist, NULL, NULL)) != KV_OK) goto done;
     rank = kv_dist_rank(dist);
     if (rank != 0) { /* rank 0 prints; the others only their own errors */
         kv_log_set_callback(kv_log_to_stream, stderr, KV_LOG_ERROR);
         kv_progress_set_stream(NULL, 10.0);
     }
-    if ((s = kv_tool_open_model(&m, &tok, model, tokp, (int)threads)) == KV_OK)
+    if ((s = kv_tool_open_model(&m, &tok, model, tokp, n_threads)) == KV_OK) {
+        if (rank == 0) kv_tool_warn_context(kv_model_arch(m), max_len, "--max-len");
         s = kv_tool_tokenize_file(&ids, &n_ids, sha, tok, corpus);
+    }
     if ((s = kv_dist_agree(dist, s)) != KV_OK) goto done;
     kv_importance_options io = {(int)prompts, (int)max_len, (uint64_t)seed, kv_tokenizer_bos(tok), "importance", dist};
     if ((s = kv_importance_run(&imp, m, ids, n_ids, &io)) != KV_OK) goto done;

@@ -6,6 +6,7 @@ static const kv_subcommand k_commands[] = {
     {"generate", "generate text through the incremental decoder and the KV cache (greedy or sampled)", kvrun_generate},
     {"info", "describe a model: architecture, tensors, KV cache per token", kvrun_info},
     {"inspect", "print a compression plan (YAML/JSON); --check it against a model", kvrun_inspect},
+    {"bench", "decode and prefill speed and bytes held, with a plan or an f32/f16 cache", kvrun_bench},
     {NULL, NULL, NULL},
 };
 

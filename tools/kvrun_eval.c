@@ -26,7 +26,7 @@ int kvrun_eval(int argc, char **argv) {
          "with --plan: tokens of a chunk's first forward step (default sinks + recent)", 0},
         {"step", 0, KV_OPT_INT, &step, "N", "with --plan: tokens per later step (default recent; 1 = decoding)", 0},
         {"batch", 'b', KV_OPT_INT, &batch, "B", "chunks per forward pass without --plan (default 1)", 0},
-        {"threads", 't', KV_OPT_INT, &threads, "N", "threads (default: all cores)", 0},
+        {"threads", 't', KV_OPT_INT, &threads, "N", "threads, 1..4 per CPU (default: KVCAL_THREADS or all CPUs)", 0},
         {"json", 0, KV_OPT_FLAG, &json, NULL, "print the result as one JSON object", 0},
         {NULL, 0, 0, NULL, NULL, NULL, 0},
     };
@@ -45,8 +45,10 @@ int kvrun_eval(int argc, char **argv) {
     else
         return kv_cli_usage_error(k_tool, "--protocol must be 'all' or 'llama.cpp', not '%s'", protocol);
     if (ctx < 2 || ctx > (1L << 24)) return kv_cli_usage_error(k_tool, "--ctx must be in [2, 2^24]");
-    if (max_tokens < 0 || batch < 1 || batch > 4096 || threads < 0)
-        return kv_cli_usage_error(k_tool, "--max-tokens >= 0, --batch in [1, 4096], --threads >= 0");
+    if (max_tokens < 0 || batch < 1 || batch > 4096)
+        return kv_cli_usage_error(k_tool, "--max-tokens >= 0, --batch in [1, 4096]");
+    int n_threads = 0;
+    if ((rc = kv_tool_threads(k_tool, threads, &n_threads)) != KV_EXIT_OK) return rc;
     if (plan && proto != KV_PPL_ALL) return kv_cli_usage_error(k_tool, "--plan evaluates with protocol 'all' only");
     if (prefill < 0 || step < 0 || prefill > ctx) return kv_cli_usage_error(k_tool, "--prefill in [0, ctx], --step >= 0");
 
@@ -55,8 +57,12 @@ int kvrun_eval(int argc, char **argv) {
     int32_t *ids = NULL;
     size_t n_ids = 0;
     kv_status s;
-    if ((s = kv_tool_open_model(&m, &tok, model, tokp, (int)threads)) != KV_OK) goto done;
-    if ((s = kv_tool_tokenize_file(&ids, &n_ids, NULL, tok, text)) != KV_OK) goto done;
+    if ((s = kv_input_check(text)) != KV_OK) goto done; /* a device never ends: before loading anything */
+    if ((s = kv_tool_open_model(&m, &tok, model, tokp, n_threads)) != KV_OK) goto done;
+    kv_tool_warn_context(kv_model_arch(m), ctx, "--ctx");
+    /* with --max-tokens only what the chunks can use is read and tokenized (whole chunks of ctx tokens;
+     * the llama.cpp protocol's BOS is added afterwards) */
+    if ((s = kv_tool_tokenize_file_max(&ids, &n_ids, NULL, tok, text, (size_t)max_tokens)) != KV_OK) goto done;
     const size_t max_chunks = max_tokens ? (size_t)(max_tokens / ctx) : 0;
     if (max_tokens && max_chunks == 0) {
         s = KV_ERR(KV_EINVAL, "--max-tokens %ld is less than one chunk of %ld tokens", max_tokens, ctx);
@@ -97,9 +103,11 @@ int kvrun_eval(int argc, char **argv) {
                r.ppl, r.nll_mean, r.tokens_total, r.tokens_evaluated, r.tokens_scored, r.n_chunks,
                r.tokens_per_second, protocol, ctx);
     else
-        printf("ppl %.4f (nll %.5f) over %zu scored tokens in %zu chunks of %ld (protocol %s; %zu tokens in the "
-               "text); %.1f tokens/s\n",
-               r.ppl, r.nll_mean, r.tokens_scored, r.n_chunks, ctx, protocol, r.tokens_total, r.tokens_per_second);
+        printf("ppl %.4f (nll %.5f) over %zu scored %s in %zu %s of %ld (protocol %s; %zu %s %s); %.1f tokens/s\n",
+               r.ppl, r.nll_mean, r.tokens_scored, kv_tool_plural((long)r.tokens_scored, "token", "tokens"),
+               r.n_chunks, kv_tool_plural((long)r.n_chunks, "chunk", "chunks"), ctx, protocol, r.tokens_total,
+               kv_tool_plural((long)r.tokens_total, "token", "tokens"),
+               max_tokens ? "read from the text" : "in the text", r.tokens_per_second);
 done:
     free(ids);
     kv_tokenizer_free(tok);

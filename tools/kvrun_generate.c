@@ -1,13 +1,21 @@
 /* kvrun generate: text generation with the reference model, through the incremental path and the
- * KV-cache interface (full-precision cache): prefill the prompt, then one token per step; greedy at
+ * KV-cache interface (the exact f32 cache, the runtime's f16 cache, or a plan's compressed cache):
+ * prefill the prompt (in steps of --prefill-chunk tokens), then one token per step; greedy at
  * temperature 0, else temperature / top-p sampling from a seed. Text to stdout as it is produced;
  * timing to stderr. */
+#define _POSIX_C_SOURCE 200809L
 #include "kv_tools.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 static const char *k_tool = "kvrun generate";
+
+static long peak_rss_kib(void) {
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : 0;
+}
 
 typedef struct stream_ctx {
     const kv_tokenizer *tok;
@@ -25,8 +33,8 @@ static kv_status print_token(void *user, int32_t token) {
 }
 
 int kvrun_generate(int argc, char **argv) {
-    const char *model = NULL, *tokp = NULL, *prompt = "", *weights = "native";
-    long n_new = 256, threads = 0, seed = 0;
+    const char *model = NULL, *tokp = NULL, *prompt = "", *weights = "native", *plan_path = NULL, *cache_kind = "f32";
+    long n_new = 256, threads = 0, seed = 0, prefill_chunk = 512;
     double temp = 0.0, top_p = 1.0;
     int ignore_eos = 0;
     const kv_opt opts[] = {
@@ -38,9 +46,13 @@ int kvrun_generate(int argc, char **argv) {
         {"top-p", 0, KV_OPT_DOUBLE, &top_p, "P", "nucleus sampling threshold in (0, 1]; 1 = off (default)", 0},
         {"seed", 's', KV_OPT_INT, &seed, "S", "sampling seed (default 0)", 0},
         {"ignore-eos", 0, KV_OPT_FLAG, &ignore_eos, NULL, "do not stop at end-of-generation tokens", 0},
-        {"threads", 't', KV_OPT_INT, &threads, "N", "threads (default: all cores)", 0},
+        {"threads", 't', KV_OPT_INT, &threads, "N", "threads, 1..4 per CPU (default: KVCAL_THREADS or all CPUs)", 0},
         {"weights", 0, KV_OPT_STRING, &weights, "KIND",
          "weight storage: native (the file's blocks decoded on the fly; default), f32, f16", 0},
+        {"plan", 0, KV_OPT_STRING, &plan_path, "PLAN", "hold the KV cache compressed as this plan says (the runtime)", 0},
+        {"cache", 0, KV_OPT_STRING, &cache_kind, "KIND", "without --plan: f32 (exact, default) or f16 (the runtime's f16 cache)", 0},
+        {"prefill-chunk", 0, KV_OPT_INT, &prefill_chunk, "N", "prompt tokens per forward step (default 512; 0 = the "
+                                                              "whole prompt at once)", 0},
         {NULL, 0, 0, NULL, NULL, NULL, 0},
     };
     kv_cli_args args;
@@ -51,18 +63,25 @@ int kvrun_generate(int argc, char **argv) {
     const int quiet = args.quiet;
     kv_cli_args_free(&args);
     if (n_new < 0 || n_new > (1L << 24)) return kv_cli_usage_error(k_tool, "-n must be in [0, 2^24]");
-    if (!(temp >= 0.0) || !(top_p > 0.0 && top_p <= 1.0) || threads < 0 || seed < 0)
-        return kv_cli_usage_error(k_tool, "--temp >= 0, --top-p in (0, 1], --seed >= 0, --threads >= 0");
+    if (prefill_chunk < 0 || prefill_chunk > (1L << 24))
+        return kv_cli_usage_error(k_tool, "--prefill-chunk must be in [0, 2^24]");
+    if (!(temp >= 0.0) || !(top_p > 0.0 && top_p <= 1.0) || seed < 0)
+        return kv_cli_usage_error(k_tool, "--temp >= 0, --top-p in (0, 1], --seed >= 0");
+    int n_threads = 0;
+    if ((rc = kv_tool_threads(k_tool, threads, &n_threads)) != KV_EXIT_OK) return rc;
     kv_model_options mo;
     memset(&mo, 0, sizeof mo);
-    mo.n_threads = (int)threads;
+    mo.n_threads = n_threads;
     const int storage = kv_tool_weight_storage(weights);
     if (storage < 0) return kv_cli_usage_error(k_tool, "--weights must be native, f32 or f16, not '%s'", weights);
+    if (strcmp(cache_kind, "f32") != 0 && strcmp(cache_kind, "f16") != 0)
+        return kv_cli_usage_error(k_tool, "--cache must be f32 or f16, not '%s'", cache_kind);
     mo.weights = (kv_weight_storage)storage;
 
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
     kv_cache *cache = NULL;
+    kv_plan *plan = NULL;
     int32_t *ids = NULL, *out = NULL, *stops = NULL;
     size_t n_ids = 0;
     kv_status s;
@@ -77,9 +96,11 @@ int kvrun_generate(int argc, char **argv) {
     }
     const kv_arch *a = kv_model_arch(m);
     if (n_ids + (size_t)n_new > (size_t)1 << 24) {
-        s = KV_ERR(KV_EINVAL, "prompt of %zu tokens + %ld new is too long", n_ids, n_new);
+        s = KV_ERR(KV_EINVAL, "prompt of %zu %s + %ld new is too long", n_ids, kv_tool_plural((long)n_ids, "token", "tokens"),
+                   n_new);
         goto done;
     }
+    kv_tool_warn_context(a, (long)n_ids + n_new, "the prompt plus -n");
     /* Stop at end-of-generation tokens (EOS, end of turn) and at BOS (a new document begins, as
      * llama2.c stops), unless --ignore-eos. */
     const int nv = kv_tokenizer_n_vocab(tok) < a->vocab_size ? kv_tokenizer_n_vocab(tok) : a->vocab_size;
@@ -94,7 +115,9 @@ int kvrun_generate(int argc, char **argv) {
         for (int32_t id = 0; id < nv; id++)
             if (kv_tokenizer_is_eog(tok, id) || id == bos) stops[n_stops++] = id;
     }
-    if ((s = kv_cache_plain_create(&cache, a, 1, (int)(n_ids + (size_t)n_new))) != KV_OK) goto done;
+    if ((s = kv_tool_make_cache(&cache, &plan, m, model, plan_path, cache_kind, 1, (int)(n_ids + (size_t)n_new), 0)) !=
+        KV_OK)
+        goto done;
 
     fwrite(prompt, 1, strlen(prompt), stdout);
     fflush(stdout);
@@ -107,21 +130,26 @@ int kvrun_generate(int argc, char **argv) {
     g.seed = (uint64_t)seed;
     g.stop_ids = stops;
     g.n_stop_ids = n_stops;
+    g.prefill_chunk = (int)prefill_chunk;
     int n_out = 0;
     kv_gen_stats st;
     s = kv_generate(out, &n_out, &st, m, cache, ids, (int)n_ids, &g, print_token, &sc);
     printf("\n");
     fflush(stdout);
     if (s == KV_OK && !quiet)
-        fprintf(stderr, "prompt %d tokens: %.1f tokens/s; generated %d tokens: %.1f tokens/s (%d threads)\n",
-                st.n_prompt, st.prefill_seconds > 0 ? st.n_prompt / st.prefill_seconds : 0.0, st.n_generated,
+        fprintf(stderr, "prompt %d %s: %.1f tokens/s; generated %d %s: %.1f tokens/s (%d %s); KV cache %zu bytes (%s); "
+                "peak RSS %ld KiB\n", st.n_prompt, kv_tool_plural(st.n_prompt, "token", "tokens"),
+                st.prefill_seconds > 0 ? st.n_prompt / st.prefill_seconds : 0.0, st.n_generated,
+                kv_tool_plural(st.n_generated, "token", "tokens"),
                 st.decode_seconds > 0 && st.n_generated > 1 ? (st.n_generated - 1) / st.decode_seconds : 0.0,
-                kv_model_threads(m));
+                kv_model_threads(m), kv_tool_plural(kv_model_threads(m), "thread", "threads"), kv_cache_bytes(cache),
+                plan_path ? "plan" : cache_kind, peak_rss_kib());
 done:
     free(ids);
     free(out);
     free(stops);
     kv_cache_free(cache);
+    kv_plan_free(plan);
     kv_tokenizer_free(tok);
     kv_model_free(m);
     return s == KV_OK ? KV_EXIT_OK : kv_cli_fail(k_tool, s);

@@ -158,7 +158,7 @@ int kvrun_info(int argc, char **argv) {
         {NULL, 0, KV_OPT_FLAG, NULL, NULL, NULL, 0},
     };
     kv_cli_args args;
-    int rc = kv_cli_parse(&args, "kvrun info", "info --model PATH [--json]",
+    int rc = kv_cli_parse(&args, "kvrun info", "--model PATH [--json]",
                           "Describe a model: architecture, tensor types, parameters, file size and the KV "
                           "cache per token.",
                           opts, 0, argc, argv);

@@ -83,6 +83,10 @@ static void decode_transform(float *y, float *v, size_t g, const float *signs, k
     for (size_t k = 0; k < g; k++) y[k] = v[k] * signs[k];
 }
 
+void kv_higgs_decode_transform(float *y, float *v, size_t g, const float *signs) {
+    decode_transform(y, v, g, signs, kv_simd_level_now());
+}
+
 kv_status kv_fwht_ref(float *v, size_t n) {
     if (n == 0 || (n & (n - 1))) return KV_ERR(KV_EINVAL, "FWHT: length must be a power of two (got %zu)", n);
     kv_fwht_unnormalized_ref(v, n);

@@ -1,6 +1,7 @@
 /* Closed-form ridge regression for AQUA-KV predictors (calib/ridge.c), checked against answers
  * derived independently: the 1-D closed form, the normal equations recomputed naively in double,
- * exact recovery of noise-free linear data, and the minimum-norm fallback on collinear inputs. */
+ * exact recovery of noise-free linear data, and the minimum-norm answer on collinear inputs (twins,
+ * near twins, constant and zero columns) whatever code path and BLAS kernel produce it. */
 #include "kv_test.h"
 #include "kv_calib.h"
 
@@ -45,7 +46,8 @@ START_TEST(test_one_dimensional_closed_form) {
     ck_assert_double_eq_tol(f.lambda, lambda, 1e-9 * lambda);
     ck_assert_double_eq_tol(f.W[0], w, 1e-6 * fabs(w));
     ck_assert_double_eq_tol(f.b[0], b, 1e-6 * fabs(b));
-    ck_assert_int_eq(f.used_fallback, 0);
+    /* one Gaussian input with a bias: well conditioned, reported as such */
+    ck_assert_double_gt(f.rcond, 1e-3);
     kv_ridge_fit_free(&f);
     kv_ridge_stats_free(&s);
 }
@@ -141,34 +143,140 @@ START_TEST(test_exact_recovery_and_metrics) {
 }
 END_TEST
 
-/* Two identical input columns and lambda = 0: Cholesky fails, the SVD fallback returns the
- * minimum-norm solution, which splits the weight equally between the twin columns. */
-START_TEST(test_collinear_fallback) {
-    const int n = 300;
-    float x[300 * 3], y[300];
+/* Relative prediction error ||y - f(x)||^2 / ||y||^2 of a fit on (x, y), n rows. */
+static double pred_rel_err(const kv_ridge_fit *f, const float *x, int din, const float *y, int n) {
+    float *p = malloc(sizeof(float) * (size_t)n * (size_t)f->n_out);
+    kv_ridge_predict(f, x, din, p, n);
+    double e = 0, t = 0;
+    for (int i = 0; i < n * f->n_out; i++) {
+        e += ((double)y[i] - p[i]) * ((double)y[i] - p[i]);
+        t += (double)y[i] * y[i];
+    }
+    free(p);
+    return e / t;
+}
+
+/* x0 ~ N(0, scale^2), x1 = x0 + eps * z (eps = 0: exact twins), x2 ~ N(0, scale^2);
+ * y = (4 x0 - x2) / scale + 0.5. */
+static void collinear_data(float *x, float *y, int n, double scale, double eps, uint64_t seed) {
     kv_rng r;
-    kv_rng_init(&r, 3);
+    kv_rng_init(&r, seed);
+    for (int i = 0; i < n; i++) {
+        const double a = scale * kv_rng_next_normal(&r), z = kv_rng_next_normal(&r);
+        x[i * 3] = (float)a;
+        x[i * 3 + 1] = (float)(a + eps * z);
+        x[i * 3 + 2] = (float)(scale * kv_rng_next_normal(&r));
+        y[i] = (float)((4.0 * x[i * 3] - x[i * 3 + 2]) / scale + 0.5);
+    }
+}
+
+/* Collinear inputs (exact twins, and twins perturbed by 1e-9 at unit scale and at scale 1e-3 where
+ * the perturbation survives float rounding) with lambda = 0: whatever code path runs, the answer is
+ * the minimum-norm one, so the weight splits evenly between the twins, the other weights are right
+ * and the prediction is exact. The seeds and thread counts vary the BLAS's rounding; .ci/run also
+ * runs this under every OpenBLAS core type the CPU executes. */
+static const struct { double scale, eps; } k_collinear[] = {{1.0, 0.0}, {1.0, 1e-9}, {1e-3, 1e-9}, {1e-3, 0.0}};
+
+START_TEST(test_collinear_min_norm) {
+    const int n = 300;
+    const double scale = k_collinear[_i].scale, eps = k_collinear[_i].eps;
+    float x[300 * 3], y[300];
+    for (uint64_t seed = 1; seed <= 8; seed++) {
+        collinear_data(x, y, n, scale, eps, seed);
+        kv_ridge_stats s;
+        ck_assert_kv_ok(kv_ridge_stats_init(&s, 3, 1));
+        ck_assert_kv_ok(kv_ridge_stats_add(&s, x, 3, y, 1, n));
+        kv_ridge_fit f;
+        ck_assert_kv_ok(kv_ridge_solve(&f, &s, 0.0));
+        /* the minimum-norm answer in input units is (2, 2, -1)/scale, bias 0.5. The twins differ by
+         * at most 1e-9 relative (below float resolution at unit scale, 1e-6 relative at 1e-3), so
+         * any split other than the even one is an arbitrary point of the near-null space: 1e-4 of
+         * the weight leaves room for float storage (6e-8) and the perturbation's pull (~1e-6). */
+        const double w = 2.0 / scale;
+        ck_assert_msg(fabs(f.W[0] - f.W[1]) < 1e-4 * w, "seed %d: twin weights %g and %g are not split evenly",
+                      (int)seed, f.W[0], f.W[1]);
+        ck_assert_double_eq_tol(f.W[0], w, 1e-4 * w);
+        ck_assert_double_eq_tol(f.W[2], -1.0 / scale, 1e-4 / scale);
+        ck_assert_double_eq_tol(f.b[0], 0.5, 1e-4);
+        /* noise-free targets: what is left is float rounding of y and W (~1e-14 relative) */
+        ck_assert_double_lt(pred_rel_err(&f, x, 3, y, n), 1e-10);
+        ck_assert(f.rcond >= 0.0 && f.rcond < 1.0);
+        kv_ridge_fit_free(&f);
+        kv_ridge_stats_free(&s);
+    }
+}
+END_TEST
+
+/* A constant input column is collinear with the bias (which is not shrunk): with lambda = 0 the
+ * system is singular, with lambda > 0 it is not. Both give the exact prediction; the weights stay
+ * finite and modest (no huge opposite pair), and an all-zero column gets weight 0. */
+START_TEST(test_constant_and_zero_columns) {
+    const int n = 257;
+    float x[257 * 3], y[257];
+    kv_rng r;
+    kv_rng_init(&r, 21);
     for (int i = 0; i < n; i++) {
         x[i * 3] = (float)kv_rng_next_normal(&r);
-        x[i * 3 + 1] = x[i * 3];
-        x[i * 3 + 2] = (float)kv_rng_next_normal(&r);
-        y[i] = 4.0f * x[i * 3] - x[i * 3 + 2] + 0.5f;
+        x[i * 3 + 1] = 3.0f; /* constant */
+        x[i * 3 + 2] = 0.0f; /* zero */
+        y[i] = 1.5f * x[i * 3] - 2.0f;
     }
+    const double lambdas[] = {0.0, 1e-3};
+    for (int k = 0; k < 2; k++) {
+        kv_ridge_stats s;
+        ck_assert_kv_ok(kv_ridge_stats_init(&s, 3, 1));
+        ck_assert_kv_ok(kv_ridge_stats_add(&s, x, 3, y, 1, n));
+        kv_ridge_fit f;
+        ck_assert_kv_ok(kv_ridge_solve(&f, &s, lambdas[k]));
+        /* the intercept -2 is shared between the constant column and the bias (with the ridge it
+         * also absorbs mean(x0) times the ~1e-3 shrinkage of the slope) */
+        ck_assert_double_eq_tol(3.0 * f.W[1] + f.b[0], -2.0, k == 0 ? 1e-4 : 1e-2);
+        ck_assert(fabs(f.W[1]) < 1.0 && fabs(f.b[0]) < 2.01);
+        ck_assert_double_lt(fabs(f.W[2]), 1e-6);
+        if (k == 0) {
+            ck_assert_double_eq_tol(f.W[0], 1.5, 1e-4);
+            ck_assert_double_lt(pred_rel_err(&f, x, 3, y, n), 1e-10);
+        } else {
+            /* ridge shrinks the slope by ~lambda / var(x) ~ 1e-3 relative at most */
+            ck_assert_double_eq_tol(f.W[0], 1.5, 1e-2);
+            ck_assert_double_lt(pred_rel_err(&f, x, 3, y, n), 1e-4);
+        }
+        kv_ridge_fit_free(&f);
+        kv_ridge_stats_free(&s);
+    }
+}
+END_TEST
+
+/* Non-finite activations are named as such (not "LAPACKE argument 7 invalid"); bad calls are
+ * KV_EINVAL. */
+START_TEST(test_non_finite_and_bad_calls) {
+    float x[40 * 2], y[40];
+    kv_rng r;
+    kv_rng_init(&r, 4);
+    fill_normal(x, 80, &r);
+    fill_normal(y, 40, &r);
     kv_ridge_stats s;
-    ck_assert_kv_ok(kv_ridge_stats_init(&s, 3, 1));
-    ck_assert_kv_ok(kv_ridge_stats_add(&s, x, 3, y, 1, n));
     kv_ridge_fit f;
-    ck_assert_kv_ok(kv_ridge_solve(&f, &s, 0.0));
-    ck_assert_int_eq(f.used_fallback, 1);
-    ck_assert_double_eq_tol(f.W[0], 2.0, 1e-4);
-    ck_assert_double_eq_tol(f.W[1], 2.0, 1e-4);
-    ck_assert_double_eq_tol(f.W[2], -1.0, 1e-4);
-    ck_assert_double_eq_tol(f.b[0], 0.5, 1e-4);
-    kv_ridge_fit_free(&f);
-    kv_ridge_stats_free(&s);
+    for (int which = 0; which < 3; which++) {
+        float xc[80], yc[40];
+        memcpy(xc, x, sizeof xc);
+        memcpy(yc, y, sizeof yc);
+        if (which == 0) xc[17] = NAN;
+        if (which == 1) xc[3] = INFINITY;
+        if (which == 2) yc[5] = NAN;
+        ck_assert_kv_ok(kv_ridge_stats_init(&s, 2, 1));
+        ck_assert_kv_ok(kv_ridge_stats_add(&s, xc, 2, yc, 1, 40));
+        ck_assert_int_eq(kv_ridge_solve(&f, &s, 1e-3), KV_ENUMERIC);
+        ck_assert_msg(strstr(kv_error_last(), "non-finite activations") != NULL, "message: %s", kv_error_last());
+        ck_assert_ptr_null(f.W);
+        kv_ridge_stats_free(&s);
+    }
     ck_assert_int_eq(kv_ridge_stats_init(&s, 0, 1), KV_EINVAL);
     ck_assert_kv_ok(kv_ridge_stats_init(&s, 2, 1));
     ck_assert_int_eq(kv_ridge_solve(&f, &s, 1e-3), KV_EINVAL); /* no samples */
+    ck_assert_kv_ok(kv_ridge_stats_add(&s, x, 2, y, 1, 40));
+    ck_assert_int_eq(kv_ridge_solve(&f, &s, -1.0), KV_EINVAL);
+    ck_assert_int_eq(kv_ridge_solve(&f, &s, NAN), KV_EINVAL);
     kv_ridge_stats_free(&s);
 }
 END_TEST
@@ -179,7 +287,9 @@ int main(void) {
     tcase_add_test(tc, test_one_dimensional_closed_form);
     tcase_add_test(tc, test_normal_equations);
     tcase_add_test(tc, test_exact_recovery_and_metrics);
-    tcase_add_test(tc, test_collinear_fallback);
+    tcase_add_loop_test(tc, test_collinear_min_norm, 0, (int)(sizeof k_collinear / sizeof *k_collinear));
+    tcase_add_test(tc, test_constant_and_zero_columns);
+    tcase_add_test(tc, test_non_finite_and_bad_calls);
     suite_add_tcase(s, tc);
     return kv_test_run(s);
 }

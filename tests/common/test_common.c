@@ -1,10 +1,13 @@
-/* Unit tests for common/: SHA-256, half conversions, atomic writes, errors, sizes, RNG. */
+/* Unit tests for common/: SHA-256, half conversions, atomic writes (devices written in place), output
+ * and input checks, same-file detection, the thread-count rule, errors, sizes, RNG. */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* mknod, makedev */
 #include "kv_test.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 static void sha_hex_of(char out[65], const void *data, size_t n) {
@@ -111,6 +114,164 @@ START_TEST(test_atomic_write) {
 }
 END_TEST
 
+/* A character device made with mknod in a temporary directory (never the system's /dev): 1 when
+ * made; 0 when this process may not (not root, no CAP_MKNOD), and the caller skips that part. */
+static int make_device(const char *path, unsigned minor) {
+    return mknod(path, S_IFCHR | 0666, makedev(1, minor)) == 0;
+}
+
+/* Outputs that are not regular files are written in place, never renamed over: a null device made
+ * with mknod stays a device after an atomic write, kv_output_check accepts it, and directories,
+ * empty paths and missing directories are refused before anything is written. */
+START_TEST(test_outputs_not_regular) {
+    char dir[256], path[600], sub[600];
+    kv_test_tmpdir(dir, sizeof dir);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/null", dir);
+    if (make_device(path, 3)) {
+        ck_assert_kv_ok(kv_output_check(path));
+        ck_assert_kv_ok(kv_write_file_atomic(path, "plan bytes", 10));
+        struct stat st;
+        ck_assert_int_eq(stat(path, &st), 0);
+        ck_assert_msg(S_ISCHR(st.st_mode), "the device node was replaced by a regular file");
+        kv_atomic_file af;
+        ck_assert_kv_ok(kv_atomic_open(&af, path));
+        ck_assert_int_eq(af.in_place, 1);
+        kv_atomic_abort(&af); /* an aborted in-place write leaves the node alone */
+        ck_assert_int_eq(stat(path, &st), 0);
+        ck_assert(S_ISCHR(st.st_mode));
+        unlink(path);
+    } else {
+        fprintf(stderr, "note: mknod not permitted here; device-node case not exercised\n");
+    }
+    /* a directory, an empty path, a missing directory, a "directory" that is a file */
+    snprintf(sub, sizeof sub, "%s/d", dir);
+    ck_assert_int_eq(mkdir(sub, 0777), 0);
+    ck_assert_int_eq(kv_output_check(sub), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "is a directory"));
+    ck_assert_int_eq(kv_write_file_atomic(sub, "x", 1), KV_EINVAL);
+    ck_assert_int_eq(kv_output_check(""), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "empty"));
+    ck_assert_int_eq(kv_write_file_atomic("", "x", 1), KV_EINVAL);
+    snprintf(path, sizeof path, "%s/missing/x.bin", dir);
+    ck_assert_int_eq(kv_output_check(path), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "does not exist"));
+    snprintf(path, sizeof path, "%s/file", dir);
+    ck_assert_kv_ok(kv_write_file_atomic(path, "x", 1));
+    ck_assert_kv_ok(kv_output_check(path)); /* an existing regular file is replaced atomically */
+    snprintf(sub, sizeof sub, "%s/file/x.bin", dir);
+    ck_assert_int_eq(kv_output_check(sub), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "not a directory"));
+    snprintf(sub, sizeof sub, "%s/new.bin", dir);
+    ck_assert_kv_ok(kv_output_check(sub));
+    ck_assert_kv_ok(kv_output_check("relative-name-in-cwd.bin"));
+    unlink(path);
+    snprintf(sub, sizeof sub, "%s/d", dir);
+    rmdir(sub);
+    rmdir(dir);
+}
+END_TEST
+
+/* Same file = same device and inode: a hard link and a symlink are the same file under another
+ * name; a copy is not; a missing file is nobody's twin. */
+START_TEST(test_same_file) {
+    char dir[256], a[600], b[600], c[600], d[600];
+    kv_test_tmpdir(dir, sizeof dir);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(a, sizeof a, "%s/a", dir);
+    snprintf(b, sizeof b, "%s/hard", dir);
+    snprintf(c, sizeof c, "%s/sym", dir);
+    snprintf(d, sizeof d, "%s/copy", dir);
+    ck_assert_kv_ok(kv_write_file_atomic(a, "abc", 3));
+    ck_assert_kv_ok(kv_write_file_atomic(d, "abc", 3));
+    ck_assert_int_eq(link(a, b), 0);
+    ck_assert_int_eq(symlink(a, c), 0);
+    ck_assert_int_eq(kv_same_file(a, a), 1);
+    ck_assert_int_eq(kv_same_file(a, b), 1);
+    ck_assert_int_eq(kv_same_file(c, a), 1);
+    ck_assert_int_eq(kv_same_file(a, d), 0);
+    snprintf(d, sizeof d, "%s/missing", dir);
+    ck_assert_int_eq(kv_same_file(a, d), 0);
+    ck_assert_int_eq(kv_same_file(d, d), 0);
+    unlink(a), unlink(b), unlink(c);
+    snprintf(d, sizeof d, "%s/copy", dir);
+    unlink(d);
+    rmdir(dir);
+}
+END_TEST
+
+/* Inputs that never end are refused before reading (a zero device made with mknod; a directory);
+ * a bounded read refuses a file over its cap without reading the rest. */
+START_TEST(test_inputs_bounded) {
+    char dir[256], path[600];
+    kv_test_tmpdir(dir, sizeof dir);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char *buf = NULL;
+    size_t n = 0;
+    snprintf(path, sizeof path, "%s/zero", dir);
+    if (make_device(path, 5)) {
+        ck_assert_int_eq(kv_input_check(path), KV_EINVAL);
+        ck_assert_ptr_nonnull(strstr(kv_error_last(), "character device"));
+        ck_assert_int_eq(kv_file_read_all(&buf, &n, path), KV_EINVAL);
+        ck_assert_ptr_null(buf);
+        unlink(path);
+    }
+    ck_assert_int_eq(kv_file_read_all(&buf, &n, dir), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "directory"));
+    snprintf(path, sizeof path, "%s/f", dir);
+    ck_assert_kv_ok(kv_write_file_atomic(path, "0123456789", 10));
+    ck_assert_kv_ok(kv_file_read_bounded(&buf, &n, path, 10));
+    ck_assert_uint_eq(n, 10);
+    free(buf);
+    ck_assert_int_eq(kv_file_read_bounded(&buf, &n, path, 9), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "larger than 9 bytes"));
+    ck_assert_ptr_null(buf);
+    unlink(path);
+    rmdir(dir);
+}
+END_TEST
+
+/* One thread-count rule: 1..kv_threads_cap() (4 per CPU, at most 1024) from options and from
+ * $KVCAL_THREADS alike; garbage and out-of-range values are errors, never ignored. */
+START_TEST(test_thread_rule) {
+    const int cap = kv_threads_cap();
+    ck_assert_int_ge(cap, 4);
+    ck_assert_int_le(cap, KV_THREADS_MAX);
+    int n = 0;
+    ck_assert_kv_ok(kv_threads_check(1, "-t"));
+    ck_assert_kv_ok(kv_threads_check(cap, "-t"));
+    ck_assert_int_eq(kv_threads_check(cap + 1, "-t"), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "-t "));
+    ck_assert_int_eq(kv_threads_check(0, "-t"), KV_EINVAL);
+    ck_assert_int_eq(kv_threads_check(-3, "-t"), KV_EINVAL);
+    ck_assert_int_eq(kv_threads_check(100000, "-t"), KV_EINVAL);
+    const char *bad[] = {"abc", "", "0", "-1", "100000", "2x", " 2"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        ck_assert_msg(kv_threads_parse(&n, bad[i], "KVCAL_THREADS") == KV_EINVAL, "'%s' accepted", bad[i]);
+        ck_assert_ptr_nonnull(strstr(kv_error_last(), "KVCAL_THREADS"));
+    }
+    ck_assert_kv_ok(kv_threads_parse(&n, "2", "KVCAL_THREADS"));
+    ck_assert_int_eq(n, 2);
+    /* the environment variable goes through the same rule */
+    ck_assert_int_eq(setenv("KVCAL_THREADS", "abc", 1), 0);
+    ck_assert_int_eq(kv_threads_resolve(&n, 0, "--threads"), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "KVCAL_THREADS 'abc'"));
+    ck_assert_int_ge(kv_default_threads(), 1); /* the library falls back (with a warning) */
+    ck_assert_int_eq(setenv("KVCAL_THREADS", "100000", 1), 0);
+    ck_assert_int_eq(kv_threads_resolve(&n, 0, "--threads"), KV_EINVAL);
+    ck_assert_int_eq(setenv("KVCAL_THREADS", "1", 1), 0);
+    ck_assert_kv_ok(kv_threads_resolve(&n, 0, "--threads"));
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(kv_default_threads(), 1);
+    ck_assert_kv_ok(kv_threads_resolve(&n, 2, "--threads")); /* an explicit count wins */
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(kv_threads_resolve(&n, -1, "--threads"), KV_EINVAL);
+    ck_assert_int_eq(unsetenv("KVCAL_THREADS"), 0);
+    ck_assert_kv_ok(kv_threads_resolve(&n, 0, "--threads"));
+    ck_assert_int_ge(n, 1);
+}
+END_TEST
+
 START_TEST(test_errors_and_sizes) {
     kv_error_clear();
     ck_assert_str_eq(kv_error_last(), "");
@@ -120,6 +281,8 @@ START_TEST(test_errors_and_sizes) {
     ck_assert_ptr_nonnull(strstr(kv_error_where(), "test_common.c:"));
     kv_error_wrap(s, "reading '%s': ", "f.gguf");
     ck_assert_str_eq(kv_error_last(), "reading 'f.gguf': bad magic at 7");
+    ck_assert_int_eq(kv_error_append(s, "; kept in %s", "d"), KV_EFORMAT);
+    ck_assert_str_eq(kv_error_last(), "reading 'f.gguf': bad magic at 7; kept in d");
     ck_assert_str_eq(kv_status_name(KV_ECHECKSUM), "KV_ECHECKSUM");
     size_t out;
     ck_assert_int_eq(kv_size_mul(&out, SIZE_MAX / 2, 3), -1);
@@ -161,6 +324,10 @@ int main(void) {
     tcase_add_test(tc, test_f16_roundtrip_exhaustive);
     tcase_add_test(tc, test_f16_rounding);
     tcase_add_test(tc, test_atomic_write);
+    tcase_add_test(tc, test_outputs_not_regular);
+    tcase_add_test(tc, test_same_file);
+    tcase_add_test(tc, test_inputs_bounded);
+    tcase_add_test(tc, test_thread_rule);
     tcase_add_test(tc, test_errors_and_sizes);
     tcase_add_test(tc, test_rng);
     suite_add_tcase(s, tc);

@@ -2,6 +2,7 @@
  * one layer to the next), plan contents and round trip, method presets, bad inputs, and
  * checkpoint/resume (an interrupted run resumed gives the same plan bytes as an uninterrupted one). */
 #define _POSIX_C_SOURCE 200809L
+#include "fit_internal.h"
 #include "fit_test_util.h"
 #include "kv_test.h"
 #include "kvrt.h"
@@ -235,16 +236,21 @@ START_TEST(test_plan_round_trip) {
     ck_assert_kv_ok(kv_fit_config_dump(&yaml, &cfg));
     ck_assert_str_eq(back->provenance.config_yaml, yaml);
     free(yaml);
-    ck_assert_int_eq(back->report.n_metrics, 4);
+    ck_assert_int_eq(back->report.n_metrics, 6);
     ck_assert_str_eq(back->report.names[0], "rel_mse");
     ck_assert_str_eq(back->report.names[1], "explained_var");
     ck_assert_str_eq(back->report.names[2], "quant_rel_err");
     ck_assert_str_eq(back->report.names[3], "resid_rel_err");
+    ck_assert_str_eq(back->report.names[4], "ridge_rcond");
+    ck_assert_str_eq(back->report.names[5], "ridge_fallback");
     for (int l = 0; l < SYN_LAYERS; l++)
         for (int st = 0; st < 2; st++) {
-            const float *v = back->report.values + (size_t)(l * 2 + st) * 4;
+            const float *v = back->report.values + (size_t)(l * 2 + st) * 6;
             ck_assert_float_eq((float)rep.layers[l].quant_rel_err[st], v[2]);
             ck_assert(l == 0 ? isnan(v[1]) : isfinite(v[1]));
+            /* well-posed predictors: Cholesky, rcond far above the rank threshold */
+            ck_assert(l == 0 ? isnan(v[4]) && isnan(v[5]) : v[4] > 1e3 * kv_ridge_rcond_threshold(2 * SYN_KVD));
+            ck_assert(l == 0 || v[5] == 0.0f);
         }
     /* the text and JSON reports render */
     char *text = NULL;
@@ -536,6 +542,159 @@ START_TEST(test_resume_corrupt_state) {
 }
 END_TEST
 
+/* A model whose layer-0 keys have two identical channels (so the reconstructed K(0), the input of
+ * layer 1's key predictor, has twin columns) fitted with aqua.ridge = 0: the solve is rank
+ * deficient on every BLAS kernel; the report and the plan's REPT record it (fallback 1, rcond below
+ * the threshold), the twins get equal weights, and the text report warns. */
+START_TEST(test_rank_deficient_predictor_reported) {
+    syn_model sm;
+    syn_init(&sm, 777);
+    memcpy(sm.wk[0] + SYN_DMODEL, sm.wk[0], sizeof(float) * SYN_DMODEL); /* K channel 1 = channel 0 */
+    for (int l = 1; l < SYN_LAYERS; l++) /* keep K(l) = A_l K(l-1) exact */
+        syn_matmul(sm.wk[l], sm.A[l], sm.wk[l - 1], SYN_KVD, SYN_KVD, SYN_DMODEL);
+    kv_model_options mo;
+    memset(&mo, 0, sizeof mo);
+    mo.n_threads = 1;
+    kv_model *m = NULL;
+    ck_assert_kv_ok(kv_model_create(&m, &sm.arch, syn_read, &sm, &mo));
+    kv_fit_config cfg;
+    const char *sets[] = {"keys.bits=8", "values.bits=8", "aqua.first_layer_bits=8", "aqua.ridge=0", NULL};
+    make_cfg(&cfg, KV_FIT_AQUA_UNIFORM, sets);
+    kv_fit_options o;
+    kv_fit_options_init(&o);
+    kv_plan_fingerprint fp;
+    syn_fingerprint(&fp, &sm.arch);
+    o.fingerprint = &fp;
+    kv_fit_data d = make_data();
+    kv_plan *plan = NULL;
+    kv_fit_report rep;
+    ck_assert_kv_ok(kv_fit_run(&plan, &rep, m, NULL, &d, &cfg, &o));
+    ck_assert_double_eq(rep.layers[1].ridge_fallback[KV_PLAN_K], 1.0);
+    ck_assert_double_lt(rep.layers[1].ridge_rcond[KV_PLAN_K], kv_ridge_rcond_threshold(SYN_KVD));
+    const float *v = plan->report.values + (size_t)(1 * 2 + KV_PLAN_K) * KV_FIT_N_METRICS;
+    ck_assert_str_eq(plan->report.names[5], "ridge_fallback");
+    ck_assert_float_eq(v[5], 1.0f);
+    ck_assert(v[4] < kv_ridge_rcond_threshold(SYN_KVD));
+    /* the predictor: weights of the twin input channels are equal (1e-4 of the largest weight:
+     * the minimum-norm split is exact up to float storage), the prediction still explains K(1) */
+    const kv_plan_predictor *pk = plan->layers[1].stream[KV_PLAN_K].predictor;
+    ck_assert_ptr_nonnull(pk);
+    double wmax = 0;
+    for (int i = 0; i < pk->out_dim * pk->in_dim; i++) wmax = fmax(wmax, fabs(pk->weight[i]));
+    for (int o2 = 0; o2 < pk->out_dim; o2++)
+        ck_assert_msg(fabs(pk->weight[o2 * pk->in_dim + 0] - pk->weight[o2 * pk->in_dim + 1]) < 1e-4 * wmax,
+                      "output %d: twin weights %g and %g", o2, pk->weight[o2 * pk->in_dim],
+                      pk->weight[o2 * pk->in_dim + 1]);
+    ck_assert_msg(rep.layers[1].explained_var[KV_PLAN_K] > 0.999, "K ev %g", rep.layers[1].explained_var[KV_PLAN_K]);
+    char *text = NULL;
+    ck_assert_kv_ok(kv_fit_report_format(&text, &rep, 0));
+    ck_assert_msg(strstr(text, "minimum-norm") && strstr(text, "layer 1 K"), "report: %s", text);
+    free(text);
+    ck_assert_kv_ok(kv_fit_report_format(&text, &rep, 1));
+    ck_assert_ptr_nonnull(strstr(text, "\"ridge_fallback\": 1"));
+    free(text);
+    kv_fit_report_free(&rep);
+    kv_plan_free(plan);
+    kv_fit_config_free(&cfg);
+    kv_model_free(m);
+    syn_free(&sm);
+}
+END_TEST
+
+/* NaN in a weight: the fit names non-finite activations at the layer (not a LAPACK argument), and
+ * a failure after a checkpoint says where the checkpoint is; one before any layer leaves no
+ * directory behind. */
+START_TEST(test_non_finite_layer) {
+    for (int bad_layer = 0; bad_layer < 2; bad_layer++) {
+        syn_model sm;
+        syn_init(&sm, 4242);
+        sm.wk[bad_layer][5] = NAN;
+        kv_model_options mo;
+        memset(&mo, 0, sizeof mo);
+        mo.n_threads = 1;
+        kv_model *m = NULL;
+        ck_assert_kv_ok(kv_model_create(&m, &sm.arch, syn_read, &sm, &mo));
+        kv_fit_config cfg;
+        make_cfg(&cfg, KV_FIT_AQUA, NULL);
+        ckpt_env e;
+        ckpt_env_init(&e, -1);
+        kv_plan_fingerprint fp;
+        syn_fingerprint(&fp, &sm.arch);
+        e.o.fingerprint = &fp;
+        kv_fit_data d = make_data();
+        kv_plan *plan = NULL;
+        ck_assert_int_eq(kv_fit_run(&plan, NULL, m, NULL, &d, &cfg, &e.o), KV_ENUMERIC);
+        char want[64];
+        snprintf(want, sizeof want, "non-finite activations at layer %d", bad_layer);
+        ck_assert_msg(strstr(kv_error_last(), want) != NULL, "message: %s", kv_error_last());
+        ck_assert_ptr_null(strstr(kv_error_last(), "LAPACKE"));
+        if (bad_layer == 0) {
+            ck_assert(!dir_exists(e.ck));
+        } else {
+            ck_assert(dir_exists(e.ck));
+            ck_assert_msg(strstr(kv_error_last(), "checkpoint after layer 0 is kept in") &&
+                              strstr(kv_error_last(), e.ck), "message: %s", kv_error_last());
+            ck_assert_kv_ok(kv_fit_ckpt_remove(e.ck));
+        }
+        ck_assert_ptr_null(plan);
+        rmdir(e.dir);
+        kv_fit_config_free(&cfg);
+        kv_model_free(m);
+        syn_free(&sm);
+    }
+}
+END_TEST
+
+/* What the fit refuses before any work, naming the configuration key and where it was set: token
+ * pruning (no runtime applies it), an override of a layer the model lacks (--set and a file),
+ * quantizer values the runtime refuses (uniform bits 5); an interrupt raised during the HIGGS grid
+ * generation stops it. */
+START_TEST(test_config_refusals_named) {
+    kv_fit_options o;
+    kv_fit_options_init(&o);
+    o.fingerprint = &g_fp;
+    kv_fit_data d = make_data();
+    kv_plan *plan = NULL;
+    kv_fit_config cfg;
+    const char *prune[] = {"pruning.method=h2o", "pruning.budget=0.5", NULL};
+    make_cfg(&cfg, KV_FIT_KIVI, prune);
+    ck_assert_int_eq(kv_fit_run(&plan, NULL, g_model, NULL, &d, &cfg, &o), KV_EUNSUPPORTED);
+    ck_assert_msg(strstr(kv_error_last(), "pruning.method") && strstr(kv_error_last(), "h2o") &&
+                      strstr(kv_error_last(), "command line"), "message: %s", kv_error_last());
+    kv_fit_config_free(&cfg);
+    const char *layer77[] = {"layers.77.key_bits=4", NULL};
+    make_cfg(&cfg, KV_FIT_KIVI, layer77);
+    ck_assert_int_eq(kv_fit_run(&plan, NULL, g_model, NULL, &d, &cfg, &o), KV_EINVAL);
+    ck_assert_msg(strstr(kv_error_last(), "command line: key 'layers.77'") && strstr(kv_error_last(), "3 layers"),
+                  "message: %s", kv_error_last());
+    kv_fit_config_free(&cfg);
+    make_cfg(&cfg, KV_FIT_KIVI, NULL);
+    const char *yaml = "layers:\n  1:\n    key_bits: 3\n  999:\n    value_bits: 4\n";
+    ck_assert_kv_ok(kv_fit_config_load_string(&cfg, yaml, strlen(yaml), "over.yaml"));
+    ck_assert_int_eq(kv_fit_run(&plan, NULL, g_model, NULL, &d, &cfg, &o), KV_EINVAL);
+    ck_assert_msg(strstr(kv_error_last(), "over.yaml:5:") && strstr(kv_error_last(), "layers.999"), "message: %s",
+                  kv_error_last());
+    kv_fit_config_free(&cfg);
+    make_cfg(&cfg, KV_FIT_KIVI, NULL);
+    const char *bits5 = "values:\n  bits: 5\n";
+    ck_assert_kv_ok(kv_fit_config_load_string(&cfg, bits5, strlen(bits5), "q.yaml"));
+    ck_assert_int_eq(kv_fit_run(&plan, NULL, g_model, NULL, &d, &cfg, &o), KV_EINVAL);
+    ck_assert_msg(strstr(kv_error_last(), "values.bits (q.yaml:2:9)") && strstr(kv_error_last(), "layer 0 V stream") &&
+                      strstr(kv_error_last(), "values.group_axis (the kivi preset)"),
+                  "message: %s", kv_error_last());
+    kv_fit_config_free(&cfg);
+    /* an interrupt during grid generation (no grid cache; the flag is up from the start) */
+    make_cfg(&cfg, KV_FIT_HIGGS, NULL);
+    volatile sig_atomic_t flag = 1;
+    o.interrupt = &flag;
+    ck_assert_int_eq(kv_fit_run(&plan, NULL, g_model, NULL, &d, &cfg, &o), KV_EINTERRUPTED);
+    ck_assert_msg(strstr(kv_error_last(), "HIGGS grid") && strstr(kv_error_last(), "before layer 0"), "message: %s",
+                  kv_error_last());
+    ck_assert_ptr_null(plan);
+    kv_fit_config_free(&cfg);
+}
+END_TEST
+
 /* The plain forward baseline runs over the same sequences. */
 START_TEST(test_forward_baseline) {
     kv_fit_config cfg;
@@ -565,6 +724,9 @@ static Suite *fit_suite(void) {
     tcase_add_test(tc, test_resume_mismatch_starts_over);
     tcase_add_test(tc, test_resume_corrupt_state);
     tcase_add_test(tc, test_forward_baseline);
+    tcase_add_test(tc, test_rank_deficient_predictor_reported);
+    tcase_add_test(tc, test_non_finite_layer);
+    tcase_add_test(tc, test_config_refusals_named);
     suite_add_tcase(s, tc);
     return s;
 }

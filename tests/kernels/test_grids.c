@@ -1,9 +1,11 @@
 /* calib/grids.c: HIGGS grid generation against Lloyd-Max, determinism, and the grid file. */
+#define _DEFAULT_SOURCE /* ualarm */
 #include "kv_test.h"
 #include "kv_calib.h"
 #include "kvrt.h"
 
 #include <math.h>
+#include <signal.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -125,6 +127,38 @@ START_TEST(grid_file_roundtrip_and_corruption) {
 }
 END_TEST
 
+/* An interrupt flag stops a generation within one Lloyd iteration: raised from the start, nothing is
+ * returned; raised by a signal mid-run (SIGALRM after 20 ms on a generation that takes seconds), the
+ * call returns KV_EINTERRUPTED well before it would have finished. */
+static volatile sig_atomic_t g_grid_flag;
+static void on_alarm(int sig) {
+    (void)sig;
+    g_grid_flag = 1;
+}
+
+START_TEST(grid_generation_interrupted) {
+    float *g = NULL;
+    g_grid_flag = 1;
+    kv_grid_opts o = {.seed = 1, .samples = 20000, .interrupt = &g_grid_flag};
+    ck_assert_int_eq(kv_grid_generate(&g, NULL, 2, 16, &o), KV_EINTERRUPTED);
+    ck_assert_ptr_null(g);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "interrupted"));
+    g_grid_flag = 0;
+    signal(SIGALRM, on_alarm);
+    o.samples = 2000000; /* 256 points on 2M samples: many seconds uninterrupted */
+    o.max_iters = 200;
+    ualarm(20000, 0);
+    const double t0 = kv_now_seconds();
+    ck_assert_int_eq(kv_grid_generate(&g, NULL, 2, 256, &o), KV_EINTERRUPTED);
+    const double dt = kv_now_seconds() - t0;
+    /* one Lloyd iteration on 2M samples of 256 points takes ~0.1-0.5 s on one core: 5 s is generous
+     * and still far below the uninterrupted run */
+    ck_assert_msg(dt < 5.0, "stopped after %.2f s", dt);
+    ck_assert_ptr_null(g);
+    signal(SIGALRM, SIG_DFL);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("grids");
     TCase *tc = tcase_create("grids");
@@ -132,6 +166,7 @@ int main(void) {
     tcase_add_loop_test(tc, lloyd_max_1d, 0, 4);
     tcase_add_test(tc, grid_2d_beats_product_and_is_deterministic);
     tcase_add_test(tc, grid_file_roundtrip_and_corruption);
+    tcase_add_test(tc, grid_generation_interrupted);
     suite_add_tcase(s, tc);
     return kv_test_run(s);
 }

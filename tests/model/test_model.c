@@ -553,7 +553,7 @@ START_TEST(test_generate) {
     enum { N = 20 };
     int32_t out[N], out2[N], seq[5 + N];
     int n = 0, n2 = 0;
-    kv_gen_options g = {N, 0.0f, 1.0f, 0, NULL, 0};
+    kv_gen_options g = {N, 0.0f, 1.0f, 0, NULL, 0, 0};
     ck_assert_kv_ok(kv_generate(out, &n, NULL, m, c, prompt, 5, &g, NULL, NULL));
     ck_assert_int_eq(n, N);
     /* Greedy through the cache equals argmax of a full prefill of the growing sequence. */

@@ -44,7 +44,7 @@ START_TEST(test_greedy_from_bos) {
     ck_assert_kv_ok(kv_cache_plain_create(&c, a, 1, 256));
     const int32_t bos = 1;
     /* llama2.c stops when BOS comes back (a new story) or after 256 positions. */
-    kv_gen_options g = {255, 0.0f, 1.0f, 0, &bos, 1};
+    kv_gen_options g = {255, 0.0f, 1.0f, 0, &bos, 1, 0};
     int n = 0;
     kv_gen_stats st;
     ck_assert_kv_ok(kv_generate(out, &n, &st, m, c, &bos, 1, &g, NULL, NULL));

@@ -2,6 +2,9 @@
  * name the line and the key, command-line overrides, cross-key validation, dump -> load round trip. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include "kv_formats.h"
 #include "kv_test.h"
@@ -266,6 +269,57 @@ START_TEST(test_missing_file) {
 }
 END_TEST
 
+/* Where each value came from, for messages: a file position, the command line, a preset by name,
+ * "default"; a layer override remembers where it was first set. */
+START_TEST(test_origins) {
+    kv_fit_config c;
+    init(&c);
+    ck_assert_str_eq(kv_fit_config_origin(&c, "keys.bits"), "default");
+    ck_assert_kv_ok(kv_fit_config_set_from(&c, "keys.group_size=32", "the kivi preset"));
+    ck_assert_str_eq(kv_fit_config_origin(&c, "keys.group_size"), "the kivi preset");
+    ck_assert_kv_ok(load(&c, "values:\n  bits: 3\nlayers:\n  2:\n    key_bits: 4\n"));
+    ck_assert_str_eq(kv_fit_config_origin(&c, "values.bits"), "cfg.yaml:2:9");
+    ck_assert_str_eq(kv_fit_config_origin(&c, "layers.2"), "cfg.yaml:5:15");
+    ck_assert_str_eq(kv_fit_config_origin(&c, "layers.2.key_bits"), "cfg.yaml:5:15");
+    ck_assert_kv_ok(kv_fit_config_set(&c, "layers.9.value_bits=2"));
+    ck_assert_str_eq(kv_fit_config_origin(&c, "layers.9"), "command line");
+    ck_assert_str_eq(kv_fit_config_origin(&c, "layers.5"), "default");
+    /* the bits range is the shared one */
+    ck_assert_int_eq(kv_fit_config_set(&c, "keys.bits=9"), KV_EINVAL);
+    ck_assert_int_eq(kv_fit_config_set(&c, "layers.1.key_bits=9"), KV_EINVAL);
+    char as[64];
+    snprintf(as, sizeof as, "layers.1.key_bits=%d", KV_FIT_MAX_BITS);
+    ck_assert_kv_ok(kv_fit_config_set(&c, as));
+    ck_assert_int_eq(kv_fit_config_set_from(&c, "nonsense", "preset x"), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "preset x"));
+    kv_fit_config_free(&c);
+}
+END_TEST
+
+/* A configuration file is bounded: over KV_FIT_CONFIG_MAX_BYTES it is refused without being read
+ * whole; a directory is refused. */
+START_TEST(test_file_bounds) {
+    kv_fit_config c;
+    init(&c);
+    char dir[256], path[600];
+    kv_test_tmpdir(dir, sizeof dir);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/big.yaml", dir);
+    FILE *fp = fopen(path, "wb");
+    ck_assert_ptr_nonnull(fp);
+    ck_assert_int_eq(fseek(fp, (long)KV_FIT_CONFIG_MAX_BYTES, SEEK_SET), 0);
+    fputc('\n', fp);
+    fclose(fp);
+    ck_assert_int_eq(kv_fit_config_load_file(&c, path), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "larger than"));
+    ck_assert_int_eq(kv_fit_config_load_file(&c, dir), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "directory"));
+    unlink(path);
+    rmdir(dir);
+    kv_fit_config_free(&c);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("plan_config");
     TCase *tc = tcase_create("config");
@@ -278,6 +332,8 @@ int main(void) {
     tcase_add_test(tc, test_cross_origin_command_line);
     tcase_add_test(tc, test_dump_roundtrip);
     tcase_add_test(tc, test_missing_file);
+    tcase_add_test(tc, test_origins);
+    tcase_add_test(tc, test_file_bounds);
     suite_add_tcase(s, tc);
     return kv_test_run(s);
 }

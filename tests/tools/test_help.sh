@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every tool answers --help and --version; every subcommand listed in a tool's --help answers
-# --help with exit 0; an unknown command and an unknown option exit 2.
+# --help with exit 0 and a usage line that names it once; an unknown command and an unknown option
+# exit 2.
 set -u
 bin="$1"
 fail=0
@@ -18,6 +19,13 @@ for tool in kvcal kvprof kvrun; do
   subs=$("$bin/$tool" --help | awk '/^commands:/{on=1; next} on && /^  [a-z]/{print $1} on && /^$/{on=0}')
   for sub in $subs; do
     check 0 "$tool $sub --help" "$bin/$tool" "$sub" --help
+    # the usage line names the command once ("usage: kvrun info --model ...", not "kvrun info info")
+    first=$("$bin/$tool" "$sub" --help | head -1)
+    case "$first" in
+      "usage: $tool $sub $sub"*|"usage: $tool $sub") echo "FAIL: $tool $sub --help usage line: $first"; fail=1 ;;
+      "usage: $tool $sub "*) echo "ok: $tool $sub usage line" ;;
+      *) echo "FAIL: $tool $sub --help usage line: $first"; fail=1 ;;
+    esac
     check 2 "$tool $sub --no-such-option" "$bin/$tool" "$sub" --no-such-option
   done
 done

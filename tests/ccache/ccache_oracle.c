@@ -1,5 +1,10 @@
-/* kv_ccache.c — the compressed KV cache: applies a plan (kv_formats.h §5) behind the model's
- * KV-cache interface (kv_model.h), so the reference model runs with it unchanged.
+/* ccache_oracle.c — the first-generation compressed KV cache, kept as a test oracle for the runtime
+ * (kernels/rt/, RUNTIME.md): it applies a plan behind the model's KV-cache interface by keeping a
+ * decoded f32 copy of every token and letting the model attend over it through `view`. Independent
+ * of the runtime's storage, blocks and attention kernels; it shares only the quantizers and the
+ * predictor (kv_quant_roundtrip, kv_predictor_apply). As deployed (and as the runtime does), every
+ * appended key and value is first rounded to f16; keys of pre-RoPE streams are held before RoPE and
+ * rotated from their f16 value.
  *
  * Semantics (DESIGN.md §4 "Runtime cache semantics", aquakv.txt Algorithms 2-4):
  *   - per sequence, the first `sinks` tokens stay full precision;
@@ -28,6 +33,7 @@
  * Bits: compressed chunks count their exact storage (kv_block_storage: codes, scales, zero points,
  * norms); full-precision tokens (sinks, buffer) count 16 bits per value, as deployed in f16 — the
  * reference keeps them in f32; predictor weights count 32 bits each (f32 in the plan). */
+#include "ccache_oracle.h"
 #include "kvrt.h"
 #include "kv_model.h"
 
@@ -204,13 +210,20 @@ static kv_status cc_append(kv_cache *base, int layer, int seq, int n, const int3
     const int pre_rope = c->plan->layers[layer].stream[KV_PLAN_K].pre_rope;
     if (pre_rope && !k_pre) return KV_ERR(KV_EINVAL, "compressed cache: the plan needs pre-RoPE keys");
     const size_t row = (size_t)c->kv_dim * sizeof(float);
+    (void)row;
     for (int i = 0; i < n; i++) {
         const size_t dst = (size_t)(s->n + i) * c->kv_dim;
-        memcpy(s->kdom + dst, (pre_rope ? k_pre : k) + (size_t)i * ld, row);
-        memcpy(s->k + dst, k + (size_t)i * ld, row);
-        memcpy(s->v + dst, v + (size_t)i * ld, row);
+        const float *ks = (pre_rope ? k_pre : k) + (size_t)i * ld, *vs = v + (size_t)i * ld;
+        for (int j = 0; j < c->kv_dim; j++) {
+            s->kdom[dst + j] = kv_f16_to_f32(kv_f32_to_f16(ks[j]));
+            s->k[dst + j] = s->kdom[dst + j];
+            s->v[dst + j] = kv_f16_to_f32(kv_f32_to_f16(vs[j]));
+        }
         s->pos[s->n + i] = pos[i];
     }
+    if (pre_rope)
+        kv_model_rope(c->model, s->k + (size_t)s->n * c->kv_dim, (size_t)n, (size_t)c->kv_dim, c->base.n_kv_heads,
+                      s->pos + s->n, 0);
     s->n += n;
     return KV_OK;
 }
@@ -242,7 +255,7 @@ static void cc_reset(kv_cache *base, int seq) {
             }
 }
 
-kv_status kv_ccache_get_stats(const kv_cache *base, kv_ccache_stats *out) {
+kv_status ccache_oracle_get_stats(const kv_cache *base, ccache_oracle_stats *out) {
     memset(out, 0, sizeof *out);
     if (!base || base->ops->append != cc_append) return KV_ERR(KV_EINVAL, "not a compressed KV cache");
     const ccache *c = (const ccache *)base;
@@ -264,8 +277,8 @@ kv_status kv_ccache_get_stats(const kv_cache *base, kv_ccache_stats *out) {
 }
 
 static size_t cc_bytes(const kv_cache *base) {
-    kv_ccache_stats st;
-    if (kv_ccache_get_stats(base, &st) != KV_OK) return 0;
+    ccache_oracle_stats st;
+    if (ccache_oracle_get_stats(base, &st) != KV_OK) return 0;
     return (size_t)((st.payload_bits + st.fp_bits + st.predictor_bits + 7) / 8);
 }
 
@@ -290,7 +303,7 @@ static void cc_destroy(kv_cache *base) {
     free(c);
 }
 
-static const kv_cache_ops k_ccache_ops = {"compressed", cc_append, cc_view, cc_length, cc_reset, cc_bytes, cc_destroy};
+static const kv_cache_ops k_ccache_ops = {"compressed", cc_append, cc_view, cc_length, cc_reset, cc_bytes, cc_destroy, NULL};
 
 /* What this runtime applies; anything else in a plan is refused by name rather than ignored. */
 static kv_status check_supported(const kv_plan *p) {
@@ -312,7 +325,7 @@ static kv_status check_supported(const kv_plan *p) {
     return KV_OK;
 }
 
-kv_status kv_ccache_create(kv_cache **out, const kv_plan *plan, const kv_model *model, int n_seqs) {
+kv_status ccache_oracle_create(kv_cache **out, const kv_plan *plan, const kv_model *model, int n_seqs) {
     *out = NULL;
     const kv_arch *a = kv_model_arch(model);
     const kv_plan_fingerprint *fp = &plan->fingerprint;

@@ -1,0 +1,444 @@
+/* rt_attend.c — attention over what a sequence holds, from the compressed form (RUNTIME.md §4).
+ *
+ * Decoding (at most RT_DIRECT_MAX_ROWS query rows): work items are (KV head, segment of RT_SEGMENT
+ * tokens). An item takes the scores of all the head's query vectors (the GQA group times the rows)
+ * against its tokens, piece by piece, with each piece's own kernel (f16 rows, uniform codes with the
+ * query folded into the scales, HIGGS lookup tables; other layouts through a decoded tile of
+ * RT_TILE rows), then its softmax statistics (max, sum of exp) and the weighted sum of its values,
+ * again from the codes. Items are combined in a fixed order with the usual rescaling (numerically
+ * safe at any length), so results do not depend on the thread count.
+ * Prefill and chunked evaluation (more rows): items are (KV head, block of query rows); keys and
+ * values are decoded a tile of RT_TILE tokens at a time into per-thread scratch, scored with a GEMM
+ * and folded into an online softmax (flash-attention style). Neither path ever holds more than a
+ * tile of decoded keys or values. */
+#include "kvrt.h"
+#include "rt_internal.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Query rows per item on the tiled path. */
+#define TILED_ROWS 64
+
+int rt_blas_threads_begin(void) {
+    const int n = openblas_get_num_threads();
+    if (n != 1) openblas_set_num_threads(1);
+    return n;
+}
+
+void rt_blas_threads_end(int previous) {
+    if (previous != 1) openblas_set_num_threads(previous);
+}
+
+kv_status rt_scratch_reserve(rt_scratch *s, size_t floats) {
+    if (floats <= s->cap) return KV_OK;
+    float *b = kv_aligned_alloc(64, floats * sizeof(float));
+    if (!b) return KV_ERR(KV_ENOMEM, "runtime: out of memory for attention scratch (%zu floats)", floats);
+    kv_aligned_free(s->buf);
+    s->buf = b;
+    s->cap = floats;
+    return KV_OK;
+}
+
+/* ---- pieces ---------------------------------------------------------------------------------------- */
+void rt_piece_at(const kv_rt *rt, int seq, int layer, int stream, int t, int end, rt_piece *p) {
+    const rt_seq *sq = &rt->seqs[seq];
+    const rt_stream *st = &sq->st[layer * 2 + stream];
+    const int n = sq->layer_n[layer], kvd = rt->kv_dim;
+    const int sinks_held = rt_sinks_held(rt, n);
+    memset(p, 0, sizeof *p);
+    p->a = t;
+    if (t < sinks_held) {
+        p->kind = RT_PIECE_FP16;
+        p->b = end < sinks_held ? end : sinks_held;
+        p->fp = st->fp + (size_t)t * (size_t)kvd;
+    } else if (t < st->comp_end) {
+        p->b = end < st->comp_end ? end : st->comp_end;
+        if (rt_codec_of(rt, layer, stream)->pred) {
+            p->kind = RT_PIECE_RECON;
+            p->recon = sq->recon[layer * 2 + stream].x + (size_t)(t - rt->sinks) * (size_t)kvd;
+            return;
+        }
+        /* the block holding t: blocks are consecutive and sorted */
+        int lo = 0, hi = st->n_blocks - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (st->blocks[mid].t0 <= t) lo = mid; else hi = mid - 1;
+        }
+        p->kind = RT_PIECE_BLOCK;
+        p->blk = &st->blocks[lo];
+        const int blk_end = p->blk->t0 + p->blk->m;
+        if (p->b > blk_end) p->b = blk_end;
+    } else {
+        p->kind = RT_PIECE_FP16;
+        p->b = end < n ? end : n;
+        p->fp = st->fp + (size_t)(rt->sinks + (t - st->comp_end)) * (size_t)kvd;
+    }
+}
+
+kv_status rt_read_prepare(kv_rt *rt, int seq, int layer, int stream) {
+    kv_status s;
+    if (rt_codec_of(rt, layer, stream)->pred && (s = rt_recon_ensure(rt, seq, layer, stream)) != KV_OK) return s;
+    if (stream == KV_PLAN_K && rt_codec_of(rt, layer, stream)->pre_rope &&
+        (s = rt_rope_reserve(rt, rt->seqs[seq].layer_n[layer])) != KV_OK)
+        return s;
+    return KV_OK;
+}
+
+void rt_read_rows_ready(const kv_rt *rt, int seq, int layer, int stream, int h, int a, int b, float *out, size_t ldo) {
+    const rt_codec *c = rt_codec_of(rt, layer, stream);
+    const size_t hd = (size_t)rt->head_dim, kvd = (size_t)rt->kv_dim, off = (size_t)h * hd;
+    rt_piece p;
+    for (int t = a; t < b; t = p.b) {
+        rt_piece_at(rt, seq, layer, stream, t, b, &p);
+        float *o = out + (size_t)(t - a) * ldo;
+        switch (p.kind) {
+        case RT_PIECE_FP16:
+            for (int r = 0; r < p.b - p.a; r++) rt_f16_to_f32_row(o + (size_t)r * ldo, p.fp + (size_t)r * kvd + off, hd);
+            break;
+        case RT_PIECE_RECON:
+            for (int r = 0; r < p.b - p.a; r++) memcpy(o + (size_t)r * ldo, p.recon + (size_t)r * kvd + off, hd * sizeof(float));
+            break;
+        case RT_PIECE_BLOCK:
+            rt_codec_decode_head(c, p.blk, p.a - p.blk->t0, p.b - p.blk->t0, h, o, ldo);
+            break;
+        }
+    }
+    if (stream == KV_PLAN_K && c->pre_rope) rt_rope_rows(rt, out, ldo, b - a, a);
+}
+
+kv_status rt_read_rows(kv_rt *rt, int seq, int layer, int stream, int h, int a, int b, float *out, size_t ldo) {
+    kv_status s = rt_read_prepare(rt, seq, layer, stream);
+    if (s != KV_OK) return s;
+    rt_read_rows_ready(rt, seq, layer, stream, h, a, b, out, ldo);
+    return KV_OK;
+}
+
+/* ---- the job shared by the items of one attend call ------------------------------------------------ */
+typedef struct attn_job {
+    kv_rt *rt;
+    int layer, seq, n, n_q, nqv, nseg;
+    size_t hd;
+    const float *qv;     /* per KV head: nqv x hd scaled query vectors (vector j = row j / group, head j % group) */
+    const float *hprep;  /* per KV head: nqv x hprep_floats HIGGS tables of the K codec, or NULL */
+    size_t hprep_floats;
+    float *part;         /* direct path: items x nqv x (hd + 2): max, sum, weighted values */
+    float *out;
+    size_t ldo;
+} attn_job;
+
+static int row_of(const attn_job *jb, int j) { return j / jb->rt->group; }
+/* Tokens query vector j may see: [0, limit). */
+static int limit_of(const attn_job *jb, int j) { return jb->n - jb->n_q + row_of(jb, j) + 1; }
+
+/* Scores of the item's query vectors for tokens [a, b) into sc (row stride ld). */
+static void item_scores(const attn_job *jb, int h, int a, int b, const float *qv, const float *hprep, float *sc,
+                        size_t ld, float *tile) {
+    const kv_rt *rt = jb->rt;
+    const rt_codec *c = rt_codec_of(rt, jb->layer, KV_PLAN_K);
+    const int hd = rt->head_dim, kvd = rt->kv_dim, nqv = jb->nqv;
+    rt_piece p;
+    for (int t = a; t < b; t = p.b) {
+        rt_piece_at(rt, jb->seq, jb->layer, KV_PLAN_K, t, b, &p);
+        float *o = sc + (t - a);
+        const int len = p.b - p.a;
+        if (!c->pre_rope && p.kind == RT_PIECE_FP16) {
+            rt_f16_scores(p.fp + (size_t)h * hd, (size_t)kvd, len, hd, qv, nqv, o, ld);
+            continue;
+        }
+        if (!c->pre_rope && p.kind == RT_PIECE_BLOCK) {
+            const uint32_t *codes;
+            const uint8_t *params;
+            const int r0 = p.a - p.blk->t0, r1 = p.b - p.blk->t0;
+            rt_block_parts(c, p.blk, &codes, &params);
+            if (c->kind == RT_F16) {
+                rt_f16_scores((const uint16_t *)p.blk->data + (size_t)r0 * kvd + (size_t)h * hd, (size_t)kvd, len, hd, qv,
+                              nqv, o, ld);
+                continue;
+            }
+            if (c->kind == RT_UNIFORM) {
+                rt_uniform_scores(c, codes, params, p.blk->m, r0, r1, h, qv, nqv, o, ld);
+                continue;
+            }
+            if (c->kind == RT_HIGGS && c->higgs_direct) {
+                rt_higgs_scores(c, codes, params, p.blk->m, r0, r1, h, hprep, nqv, o, ld);
+                continue;
+            }
+        }
+        if (!c->pre_rope && p.kind == RT_PIECE_RECON) {
+            rt_f32_scores(p.recon + (size_t)h * hd, (size_t)kvd, len, hd, qv, nqv, o, ld);
+            continue;
+        }
+        /* anything else (keys stored before RoPE, HIGGS groups across heads): decoded tiles */
+        for (int t0 = p.a; t0 < p.b; t0 += RT_TILE) {
+            const int t1 = t0 + RT_TILE < p.b ? t0 + RT_TILE : p.b;
+            rt_read_rows_ready(rt, jb->seq, jb->layer, KV_PLAN_K, h, t0, t1, tile, (size_t)hd);
+            rt_f32_scores(tile, (size_t)hd, t1 - t0, hd, qv, nqv, sc + (t0 - a), ld);
+        }
+    }
+}
+
+/* acc (nqv x hd) += p . V over tokens [a, b); racc: HIGGS rotated-domain scratch. */
+static void item_values(const attn_job *jb, int h, int a, int b, const float *pr, size_t ld, float *acc, float *racc,
+                        float *tile) {
+    const kv_rt *rt = jb->rt;
+    const rt_codec *c = rt_codec_of(rt, jb->layer, KV_PLAN_V);
+    const int hd = rt->head_dim, kvd = rt->kv_dim, nqv = jb->nqv;
+    int any_higgs = 0;
+    rt_piece p;
+    for (int t = a; t < b; t = p.b) {
+        rt_piece_at(rt, jb->seq, jb->layer, KV_PLAN_V, t, b, &p);
+        const float *pp = pr + (t - a);
+        const int len = p.b - p.a;
+        if (p.kind == RT_PIECE_FP16) {
+            rt_f16_accum(p.fp + (size_t)h * hd, (size_t)kvd, len, hd, pp, ld, nqv, acc);
+            continue;
+        }
+        if (p.kind == RT_PIECE_RECON) {
+            rt_f32_accum(p.recon + (size_t)h * hd, (size_t)kvd, len, hd, pp, ld, nqv, acc);
+            continue;
+        }
+        const uint32_t *codes;
+        const uint8_t *params;
+        const int r0 = p.a - p.blk->t0, r1 = p.b - p.blk->t0;
+        rt_block_parts(c, p.blk, &codes, &params);
+        if (c->kind == RT_F16) {
+            rt_f16_accum((const uint16_t *)p.blk->data + (size_t)r0 * kvd + (size_t)h * hd, (size_t)kvd, len, hd, pp, ld,
+                         nqv, acc);
+        } else if (c->kind == RT_F32) {
+            rt_f32_accum((const float *)p.blk->data + (size_t)r0 * kvd + (size_t)h * hd, (size_t)kvd, len, hd, pp, ld,
+                         nqv, acc);
+        } else if (c->kind == RT_UNIFORM) {
+            rt_uniform_accum(c, codes, params, p.blk->m, r0, r1, h, pp, ld, nqv, acc);
+        } else if (c->higgs_direct) {
+            if (!any_higgs) memset(racc, 0, (size_t)nqv * (size_t)hd * sizeof(float));
+            any_higgs = 1;
+            rt_higgs_accum(c, codes, params, p.blk->m, r0, r1, h, pp, ld, nqv, racc);
+        } else {
+            for (int t0 = p.a; t0 < p.b; t0 += RT_TILE) {
+                const int t1 = t0 + RT_TILE < p.b ? t0 + RT_TILE : p.b;
+                rt_read_rows_ready(rt, jb->seq, jb->layer, KV_PLAN_V, h, t0, t1, tile, (size_t)hd);
+                rt_f32_accum(tile, (size_t)hd, t1 - t0, hd, pr + (t0 - a), ld, nqv, acc);
+            }
+        }
+    }
+    if (any_higgs) rt_higgs_finish(c, h, nqv, racc, acc);
+}
+
+/* Sum of n values in 8 lanes (lanes pairwise, then the tail in order). */
+static float sum8(const float *x, int n) {
+    float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) l[k] += x[i + k];
+    float s = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    for (; i < n; i++) s += x[i];
+    return s;
+}
+
+static void direct_item(void *ctx, int item, int thread) {
+    const attn_job *jb = ctx;
+    kv_rt *rt = jb->rt;
+    const int h = item / jb->nseg, sgi = item % jb->nseg, nqv = jb->nqv, hd = (int)jb->hd;
+    const int a = sgi * RT_SEGMENT, b = a + RT_SEGMENT < jb->n ? a + RT_SEGMENT : jb->n, len = b - a;
+    float *sc = rt->scratch[thread].buf;            /* nqv x RT_SEGMENT */
+    float *acc = sc + (size_t)nqv * RT_SEGMENT;      /* nqv x hd */
+    float *racc = acc + (size_t)nqv * (size_t)hd;    /* nqv x hd */
+    float *tile = racc + (size_t)nqv * (size_t)hd;   /* RT_TILE x hd */
+    const float *qv = jb->qv + (size_t)h * (size_t)nqv * (size_t)hd;
+    const float *hprep = jb->hprep ? jb->hprep + (size_t)h * (size_t)nqv * jb->hprep_floats : NULL;
+    float *part = jb->part + (size_t)item * (size_t)nqv * (size_t)(hd + 2);
+    item_scores(jb, h, a, b, qv, hprep, sc, RT_SEGMENT, tile);
+    int any = 0;
+    for (int j = 0; j < nqv; j++) {
+        float *s = sc + (size_t)j * RT_SEGMENT;
+        const int lim = limit_of(jb, j), valid = lim - a < len ? (lim - a > 0 ? lim - a : 0) : len;
+        float *pj = part + (size_t)j * (size_t)(hd + 2);
+        if (valid == 0) {
+            pj[0] = -INFINITY;
+            pj[1] = 0.0f;
+            memset(s, 0, (size_t)len * sizeof(float));
+            continue;
+        }
+        float mx = s[0];
+        for (int t = 1; t < valid; t++) mx = s[t] > mx ? s[t] : mx;
+        for (int t = 0; t < valid; t++) s[t] = s[t] - mx;
+        rt_exp_inplace(s, (size_t)valid);
+        for (int t = valid; t < len; t++) s[t] = 0.0f;
+        pj[0] = mx;
+        pj[1] = sum8(s, valid);
+        any = 1;
+    }
+    memset(acc, 0, (size_t)nqv * (size_t)hd * sizeof(float));
+    if (any) item_values(jb, h, a, b, sc, RT_SEGMENT, acc, racc, tile);
+    for (int j = 0; j < nqv; j++) memcpy(part + (size_t)j * (size_t)(hd + 2) + 2, acc + (size_t)j * (size_t)hd, (size_t)hd * sizeof(float));
+}
+
+/* One query vector's result from its items' partial results, in item order. */
+static void combine(const attn_job *jb, int h, int j, float *out) {
+    const int nqv = jb->nqv, hd = (int)jb->hd;
+    const size_t stride = (size_t)nqv * (size_t)(hd + 2);
+    const float *p0 = jb->part + (size_t)h * (size_t)jb->nseg * stride + (size_t)j * (size_t)(hd + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < jb->nseg; s++) M = p0[(size_t)s * stride] > M ? p0[(size_t)s * stride] : M;
+    double l = 0.0;
+    double acc[KV_RT_MAX_HEAD_DIM];
+    for (int c = 0; c < hd; c++) acc[c] = 0.0;
+    for (int s = 0; s < jb->nseg; s++) {
+        const float *ps = p0 + (size_t)s * stride;
+        if (ps[0] == -INFINITY) continue;
+        const double w = exp((double)ps[0] - (double)M);
+        l += w * (double)ps[1];
+        for (int c = 0; c < hd; c++) acc[c] += w * (double)ps[2 + c];
+    }
+    for (int c = 0; c < hd; c++) out[c] = l > 0.0 ? (float)(acc[c] / l) : 0.0f;
+}
+
+/* ---- the tiled path (many query rows) ------------------------------------------------------------- */
+typedef struct tiled_job {
+    attn_job base;
+    int nblk; /* query-row blocks per KV head */
+} tiled_job;
+
+static void tiled_item(void *ctx, int item, int thread) {
+    const tiled_job *tj = ctx;
+    const attn_job *jb = &tj->base;
+    kv_rt *rt = jb->rt;
+    const int h = item / tj->nblk, blk = item % tj->nblk, hd = (int)jb->hd, G = rt->group;
+    const int r0 = blk * TILED_ROWS, r1 = r0 + TILED_ROWS < jb->n_q ? r0 + TILED_ROWS : jb->n_q;
+    const int nv = (r1 - r0) * G; /* query vectors: row-major (row, head in group) */
+    float *Q = rt->scratch[thread].buf;              /* nv x hd */
+    float *O = Q + (size_t)nv * (size_t)hd;          /* nv x hd */
+    float *S = O + (size_t)nv * (size_t)hd;          /* nv x RT_TILE */
+    float *Kt = S + (size_t)nv * RT_TILE;            /* RT_TILE x hd */
+    float *Vt = Kt + (size_t)RT_TILE * (size_t)hd;   /* RT_TILE x hd */
+    float *ml = Vt + (size_t)RT_TILE * (size_t)hd;   /* nv maxima, nv sums */
+    const int qd = rt->n_heads * hd;
+    for (int r = r0; r < r1; r++)
+        for (int g = 0; g < G; g++) {
+            const float *src = jb->qv + (size_t)r * (size_t)qd + (size_t)(h * G + g) * (size_t)hd;
+            memcpy(Q + (size_t)((r - r0) * G + g) * (size_t)hd, src, (size_t)hd * sizeof(float));
+        }
+    memset(O, 0, (size_t)nv * (size_t)hd * sizeof(float));
+    for (int v = 0; v < nv; v++) ml[v] = -INFINITY, ml[nv + v] = 0.0f;
+    const int first_row = jb->n - jb->n_q;
+    const int end = first_row + r1; /* the last row sees tokens < end */
+    for (int a = 0; a < end; a += RT_TILE) {
+        const int b = a + RT_TILE < end ? a + RT_TILE : end, len = b - a;
+        rt_read_rows_ready(rt, jb->seq, jb->layer, KV_PLAN_K, h, a, b, Kt, (size_t)hd);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nv, len, hd, 1.0f, Q, hd, Kt, hd, 0.0f, S, RT_TILE);
+        int any = 0;
+        for (int v = 0; v < nv; v++) {
+            float *s = S + (size_t)v * RT_TILE;
+            const int lim = first_row + r0 + v / G + 1 - a;
+            const int valid = lim < len ? (lim > 0 ? lim : 0) : len;
+            if (valid == 0) {
+                memset(s, 0, (size_t)len * sizeof(float));
+                continue;
+            }
+            any = 1;
+            float mt = s[0];
+            for (int t = 1; t < valid; t++) mt = s[t] > mt ? s[t] : mt;
+            const float m_old = ml[v], m_new = mt > m_old ? mt : m_old;
+            if (m_old != -INFINITY && m_new != m_old) {
+                float corr = m_old - m_new;
+                rt_exp_inplace(&corr, 1);
+                ml[nv + v] *= corr;
+                for (int c = 0; c < hd; c++) O[(size_t)v * (size_t)hd + (size_t)c] *= corr;
+            }
+            ml[v] = m_new;
+            for (int t = 0; t < valid; t++) s[t] = s[t] - m_new;
+            rt_exp_inplace(s, (size_t)valid);
+            for (int t = valid; t < len; t++) s[t] = 0.0f;
+            ml[nv + v] += sum8(s, valid);
+        }
+        if (!any) continue;
+        rt_read_rows_ready(rt, jb->seq, jb->layer, KV_PLAN_V, h, a, b, Vt, (size_t)hd);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nv, hd, len, 1.0f, S, RT_TILE, Vt, hd, 1.0f, O, hd);
+    }
+    for (int r = r0; r < r1; r++)
+        for (int g = 0; g < G; g++) {
+            const int v = (r - r0) * G + g;
+            const float inv = ml[nv + v] > 0.0f ? 1.0f / ml[nv + v] : 0.0f;
+            float *dst = jb->out + (size_t)r * jb->ldo + (size_t)(h * G + g) * (size_t)hd;
+            for (int c = 0; c < hd; c++) dst[c] = O[(size_t)v * (size_t)hd + (size_t)c] * inv;
+        }
+}
+
+/* ---- entry ------------------------------------------------------------------------------------------ */
+kv_status rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, size_t ldq, float *out, size_t ldo) {
+    const int n = rt->seqs[seq].layer_n[layer], hd = rt->head_dim, G = rt->group, H = rt->n_kv_heads;
+    kv_status s;
+    /* everything that allocates or is shared happens here, before the parallel part */
+    if ((s = rt_read_prepare(rt, seq, layer, KV_PLAN_K)) != KV_OK) return s;
+    if ((s = rt_read_prepare(rt, seq, layer, KV_PLAN_V)) != KV_OK) return s;
+    attn_job jb;
+    memset(&jb, 0, sizeof jb);
+    jb.rt = rt, jb.layer = layer, jb.seq = seq, jb.n = n, jb.n_q = n_q, jb.hd = (size_t)hd;
+    jb.out = out, jb.ldo = ldo;
+    const int qd = rt->n_heads * hd;
+    float *qv = NULL, *hprep = NULL, *part = NULL;
+    if (n_q > RT_DIRECT_MAX_ROWS) {
+        /* tiled: scaled queries in row-major order, one item per (KV head, block of rows) */
+        tiled_job tj;
+        tj.base = jb;
+        tj.nblk = (n_q + TILED_ROWS - 1) / TILED_ROWS;
+        const int nv = TILED_ROWS * G;
+        const size_t need = 2 * (size_t)nv * (size_t)hd + (size_t)nv * RT_TILE + 2 * (size_t)RT_TILE * (size_t)hd + 2 * (size_t)nv;
+        qv = kv_aligned_alloc(64, (size_t)n_q * (size_t)qd * sizeof(float));
+        if (!qv) return KV_ERR(KV_ENOMEM, "runtime: out of memory for %d query rows", n_q);
+        for (int r = 0; r < n_q; r++)
+            for (int c = 0; c < qd; c++) qv[(size_t)r * (size_t)qd + (size_t)c] = q[(size_t)r * ldq + (size_t)c] * rt->scale;
+        for (int t = 0; t < rt->n_threads; t++)
+            if ((s = rt_scratch_reserve(&rt->scratch[t], need)) != KV_OK) goto done;
+        tj.base.qv = qv;
+        /* each pool thread calls the BLAS on its own: keep the BLAS single-threaded meanwhile */
+        const int blas_threads = rt_blas_threads_begin();
+        kv_pool_run(rt->pool, H * tj.nblk, tiled_item, &tj);
+        rt_blas_threads_end(blas_threads);
+        goto done;
+    }
+    /* direct: per KV head its query vectors (row-major: row, then head of the group) */
+    jb.nqv = n_q * G;
+    jb.nseg = (n + RT_SEGMENT - 1) / RT_SEGMENT;
+    qv = kv_aligned_alloc(64, (size_t)H * (size_t)jb.nqv * (size_t)hd * sizeof(float));
+    part = kv_aligned_alloc(64, (size_t)H * (size_t)jb.nseg * (size_t)jb.nqv * (size_t)(hd + 2) * sizeof(float));
+    if (!qv || !part) {
+        s = KV_ERR(KV_ENOMEM, "runtime: out of memory for attention");
+        goto done;
+    }
+    for (int h = 0; h < H; h++)
+        for (int j = 0; j < jb.nqv; j++) {
+            const float *src = q + (size_t)(j / G) * ldq + (size_t)(h * G + j % G) * (size_t)hd;
+            float *dst = qv + ((size_t)h * (size_t)jb.nqv + (size_t)j) * (size_t)hd;
+            for (int c = 0; c < hd; c++) dst[c] = src[c] * rt->scale;
+        }
+    const rt_codec *kc = rt_codec_of(rt, layer, KV_PLAN_K);
+    if (kc->kind == RT_HIGGS && kc->higgs_direct && !kc->pre_rope && !kc->pred) {
+        jb.hprep_floats = rt_higgs_prep_floats(kc);
+        hprep = kv_aligned_alloc(64, (size_t)H * (size_t)jb.nqv * jb.hprep_floats * sizeof(float));
+        if (!hprep) {
+            s = KV_ERR(KV_ENOMEM, "runtime: out of memory for HIGGS query tables");
+            goto done;
+        }
+        for (int h = 0; h < H; h++)
+            for (int j = 0; j < jb.nqv; j++)
+                rt_higgs_prepare(kc, h, qv + ((size_t)h * (size_t)jb.nqv + (size_t)j) * (size_t)hd,
+                                 hprep + ((size_t)h * (size_t)jb.nqv + (size_t)j) * jb.hprep_floats);
+    }
+    const size_t need = (size_t)jb.nqv * RT_SEGMENT + 2 * (size_t)jb.nqv * (size_t)hd + (size_t)RT_TILE * (size_t)hd;
+    for (int t = 0; t < rt->n_threads; t++)
+        if ((s = rt_scratch_reserve(&rt->scratch[t], need)) != KV_OK) goto done;
+    jb.qv = qv, jb.hprep = hprep, jb.part = part;
+    kv_pool_run(rt->pool, H * jb.nseg, direct_item, &jb);
+    for (int h = 0; h < H; h++)
+        for (int j = 0; j < jb.nqv; j++)
+            combine(&jb, h, j, out + (size_t)(j / G) * ldo + (size_t)(h * G + j % G) * (size_t)hd);
+done:
+    kv_aligned_free(qv);
+    kv_aligned_free(hprep);
+    kv_aligned_free(part);
+    return s;
+}

@@ -1,0 +1,241 @@
+/* rt_internal.h — the runtime's internal structures (kernels/rt/, RUNTIME.md). Not public.
+ *
+ * A runtime holds, per sequence, per layer and stream (K, V), one rt_stream:
+ *   - the f16 rows: the sinks (the first `sinks` tokens) and the window (tokens not compressed yet),
+ *     in the stream's compression domain (keys before RoPE when the stream is pre_rope);
+ *   - the compressed blocks: chunks of consecutive tokens, each stored exactly as the stream's
+ *     quantizer lays out a (tokens x kv_dim) block (kvrt.h "Packed code layout").
+ * Each (layer, stream) has one codec (rt_codec): how its blocks are encoded, how attention reads
+ * them (scores of queries against keys, weighted sums of values) and how they decode (tests, tiles).
+ * Streams with an AQUA-KV predictor are read through their reconstruction (rt_recon.c). */
+#ifndef KV_RT_INTERNAL_H
+#define KV_RT_INTERNAL_H
+
+#include "kv_quant_math.h"
+#include "kv_kernels_internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Largest head_dim the runtime takes (per-row scratch lives on the stack). */
+#define KV_RT_MAX_HEAD_DIM 1024
+/* Query vectors of one KV head that one attention call handles at once (GQA group x query rows). */
+#define RT_MAX_QV 64
+/* Tokens a work item of the single-row attention covers (its scores stay in per-thread scratch). */
+#define RT_SEGMENT 2048
+/* Query rows above which attention takes the tiled path (decoded tiles + GEMM). */
+#define RT_DIRECT_MAX_ROWS 4
+/* Keys/values decoded per tile on the tiled path and in the generic decode kernels. */
+#define RT_TILE 128
+
+typedef enum rt_kind { RT_F16 = 0, RT_F32 = 1, RT_UNIFORM = 2, RT_HIGGS = 3 } rt_kind;
+
+/* How one (layer, stream) is stored and read. Shared by every sequence; immutable after open. */
+typedef struct rt_codec {
+    rt_kind kind;
+    int layer, stream;
+    int kv_dim, head_dim, n_kv_heads;
+    int pre_rope;                  /* keys stored before RoPE (rotated when read) */
+    kv_quant q;                    /* uniform / HIGGS descriptor (kind RT_UNIFORM / RT_HIGGS) */
+    const kv_plan_predictor *pred; /* AQUA-KV predictor or NULL (borrowed from the plan) */
+    float rpc_ratio;               /* KVmix recent pivotal context, 0 = fixed window */
+    int granule;                   /* tokens compressed together at least (whole key groups) */
+    int per_word, bits;            /* packing of codes / indices */
+    float *signs;                  /* HIGGS: kv_dim random signs */
+    int higgs_direct;              /* HIGGS: groups lie inside one head (g divides head_dim) */
+    int share_from;                /* XQuant: the layer whose codes this stream decodes, or -1 */
+    kv_grid_search *search;        /* HIGGS encoder accelerator (d <= 2) or NULL */
+} rt_codec;
+
+/* Byte layout of a block of m tokens: [codes][scales or norms][zeros]. */
+typedef struct rt_layout {
+    size_t code_bytes, param_bytes, total; /* param_bytes: one array (scales or norms) */
+    size_t groups;
+} rt_layout;
+void rt_codec_layout(const rt_codec *c, int m, rt_layout *out);
+
+/* One compressed chunk: tokens [t0, t0 + m) of the sequence. */
+typedef struct rt_block {
+    int t0, m;
+    uint8_t *data;         /* rt_layout.total bytes, allocated exactly: [own codes][parameters] */
+    const uint32_t *codes; /* the codes it decodes: its own (data), or for XQuant shared codes those of the
+                              same chunk of the layer it shares with (owned there) */
+} rt_block;
+
+typedef struct rt_stream {
+    int comp_end;       /* tokens [sinks, comp_end) are in blocks; [comp_end, n) in the window */
+    int n_blocks, cap_blocks;
+    rt_block *blocks;
+    uint16_t *fp;       /* fp_rows x kv_dim f16: the sinks held (min(n, sinks) rows), then the window */
+    int fp_rows;
+} rt_stream;
+
+/* A stream's reconstruction, f32, covering tokens [sinks, sinks + rows) (the compressed ones), in the
+ * stream's compression domain: the working set of AQUA-KV (rt_recon.c). */
+typedef struct rt_recon {
+    float *x;
+    int rows, cap;
+} rt_recon;
+
+typedef struct rt_seq {
+    int *layer_n;        /* tokens appended per layer */
+    rt_stream *st;       /* n_layers * 2 */
+    rt_recon *recon;     /* n_layers * 2 */
+    uint64_t allocated;  /* cache storage bytes (blocks, block descriptors, f16 rows) */
+    uint64_t overhead;   /* the descriptor part of allocated */
+} rt_seq;
+
+/* Per-thread scratch of attention. */
+typedef struct rt_scratch {
+    float *buf;
+    size_t cap; /* floats */
+} rt_scratch;
+
+struct kv_rt {
+    const kv_plan *plan;
+    kv_rt_options opt;
+    int n_layers, n_kv_heads, head_dim, kv_dim, n_heads, group; /* group = n_heads / n_kv_heads */
+    int sinks, recent;
+    float scale;
+    rt_codec *codec;     /* n_layers * 2 */
+    rt_seq *seqs;        /* opt.n_seqs */
+    kv_pool *pool;
+    int own_pool;        /* 1: pool was created here */
+    int n_threads;
+    rt_scratch *scratch; /* n_threads */
+    /* RoPE table (pre-RoPE streams): cos/sin of rope_n positions x head_dim/2 pairs */
+    double *inv_freq;
+    float *rope_cos, *rope_sin;
+    int rope_n;
+    int any_pre_rope;
+    int *recon_last_use; /* n_layers*2: last layer that reads (layer, stream)'s reconstruction; -1 none */
+    kv_grid_search **search; /* per plan grid */
+};
+
+static inline rt_stream *rt_stream_of(kv_rt *rt, int seq, int layer, int stream) {
+    return &rt->seqs[seq].st[layer * 2 + stream];
+}
+static inline const rt_codec *rt_codec_of(const kv_rt *rt, int layer, int stream) {
+    return &rt->codec[layer * 2 + stream];
+}
+/* Rows of f16 sinks a stream holds when the sequence has n tokens. */
+static inline int rt_sinks_held(const kv_rt *rt, int n) { return n < rt->sinks ? n : rt->sinks; }
+
+/* ---- codecs (rt_codec.c, rt_uniform.c, rt_higgs.c) ---- */
+kv_status rt_codec_init(rt_codec *c, const kv_plan *p, int layer, int stream, kv_grid_search *const *search);
+void rt_codec_free(rt_codec *c);
+/* Encode m tokens x kv_dim (row-major f32) into blk (rt_layout.total bytes). */
+kv_status rt_codec_encode(const rt_codec *c, uint8_t *blk, int m, const float *x);
+/* Decode rows [r0, r1) of KV head h of a block into out (row stride ldo), in the compression domain
+ * (no RoPE). */
+void rt_codec_decode_head(const rt_codec *c, const rt_block *blk, int r0, int r1, int h, float *out, size_t ldo);
+/* The whole block, all channels (m x kv_dim). */
+kv_status rt_codec_decode(const rt_codec *c, const rt_block *blk, float *out);
+
+/* Compressed-form kernels of one KV head (RUNTIME.md §3). A block of m tokens is read through its
+ * codes and its parameters (scales then zero points, or norms), passed apart so that a stream can
+ * read codes stored elsewhere (XQuant shared codes). `nq` query vectors of head_dim floats (already
+ * scaled), rows [r0, r1) of the block:
+ *   scores: out[j * ld + (t - r0)] = q_j . k_hat[t]  (keys after RoPE: codecs with pre_rope = 0);
+ *   accum:  acc[j * hd + c] += sum_t p[j * ld + (t - r0)] v_hat[t][c]. */
+void rt_block_parts(const rt_codec *c, const rt_block *blk, const uint32_t **codes, const uint8_t **params);
+void rt_uniform_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+                       int h, const float *q, int nq, float *out, size_t ld);
+void rt_uniform_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+                      int h, const float *p, size_t ld, int nq, float *acc);
+/* HIGGS: per query vector lookup tables of its rotated copy against the grid (rt_higgs_prepare),
+ * then scores; values accumulate in the rotated domain (racc, nq x head_dim) and rt_higgs_finish
+ * transforms them back once (acc += D H racc; racc is overwritten). */
+size_t rt_higgs_prep_floats(const rt_codec *c);
+void rt_higgs_prepare(const rt_codec *c, int h, const float *q, float *prep);
+void rt_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+                     int h, const float *prep, int nq, float *out, size_t ld);
+void rt_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+                    int h, const float *p, size_t ld, int nq, float *racc);
+void rt_higgs_finish(const rt_codec *c, int h, int nq, float *racc, float *acc);
+
+/* f16 rows (row stride ld halves): scores and weighted sums, nq queries, rows [0, n). */
+void rt_f16_scores(const uint16_t *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo);
+void rt_f16_accum(const uint16_t *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc);
+void rt_f32_scores(const float *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo);
+void rt_f32_accum(const float *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc);
+
+/* ---- RoPE (rt_rope.c) ---- */
+kv_status rt_rope_reserve(kv_rt *rt, int n_pos);
+/* Rotate rows (head_dim floats each, stride ld) of tokens at positions p0, p0 + 1, ... */
+void rt_rope_rows(const kv_rt *rt, float *x, size_t ld, int n, int p0);
+
+/* ---- reconstruction working set (rt_recon.c) ---- */
+/* Make rt->seqs[seq].recon[layer*2+stream] cover every compressed token of the stream. */
+kv_status rt_recon_ensure(kv_rt *rt, int seq, int layer, int stream);
+/* Drop reconstructions no later layer of this step reads (after attending `layer`). */
+void rt_recon_release(kv_rt *rt, int seq, int layer);
+void rt_recon_free(rt_recon *r);
+/* Predictor inputs of rows [t0, t0 + m) (absolute token indices, compressed) of (layer, stream). */
+kv_status rt_recon_inputs(kv_rt *rt, int seq, int layer, int stream, int t0, const float **inputs);
+
+/* ---- reading a stream (rt_attend.c) ---- */
+/* Where tokens of a stream live: f16 rows (sinks, window), a block, or a reconstruction. */
+typedef enum rt_piece_kind { RT_PIECE_FP16 = 0, RT_PIECE_BLOCK = 1, RT_PIECE_RECON = 2 } rt_piece_kind;
+typedef struct rt_piece {
+    rt_piece_kind kind;
+    int a, b;            /* tokens [a, b) */
+    const uint16_t *fp;  /* FP16: the row of token a (row stride kv_dim) */
+    const float *recon;  /* RECON: the row of token a (row stride kv_dim) */
+    const rt_block *blk; /* BLOCK: rows [a - blk->t0, b - blk->t0) of it */
+} rt_piece;
+/* The piece holding token t of (layer, stream), clipped to [t, end). Predicted streams are read
+ * through their reconstruction (which must be ensured). */
+void rt_piece_at(const kv_rt *rt, int seq, int layer, int stream, int t, int end, rt_piece *p);
+/* Tokens [a, b) of (layer, stream) for KV head h decoded to f32 rows (stride ldo): keys after RoPE.
+ * Reserves the RoPE table and ensures reconstructions: call from one thread. */
+kv_status rt_read_rows(kv_rt *rt, int seq, int layer, int stream, int h, int a, int b, float *out, size_t ldo);
+/* The same without reserving or ensuring anything (inside parallel work, after rt_read_prepare). */
+void rt_read_rows_ready(const kv_rt *rt, int seq, int layer, int stream, int h, int a, int b, float *out, size_t ldo);
+kv_status rt_read_prepare(kv_rt *rt, int seq, int layer, int stream);
+
+/* ---- attention (rt_attend.c) ---- */
+kv_status rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, size_t ldq, float *out, size_t ldo);
+kv_status rt_scratch_reserve(rt_scratch *s, size_t floats);
+/* The runtime's pool threads call the BLAS on their own: it runs single-threaded meanwhile (the
+ * previous count is returned, and restored by _end). */
+int rt_blas_threads_begin(void);
+void rt_blas_threads_end(int previous);
+
+/* ---- AVX2 + FMA + F16C inner loops (rt_avx2.c), used when rt_avx2_usable() ---- */
+int rt_avx2_usable(void);
+void rt_f16_to_f32_row_avx2(float *dst, const uint16_t *src, size_t n);
+void rt_f32_to_f16_row_avx2(uint16_t *dst, const float *src, size_t n);
+void rt_f16_scores_avx2(const uint16_t *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo);
+void rt_f16_accum_avx2(const uint16_t *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc);
+void rt_f32_scores_avx2(const float *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo);
+void rt_f32_accum_avx2(const float *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc);
+void rt_exp_avx2(float *x, size_t n);
+void rt_unpack_words_avx2(float *dst, const uint32_t *w, size_t nwords, int bits);
+void rt_unpack_rows_avx2(float *dst, size_t ldd, const uint32_t *codes, size_t w0, size_t wstride, int rows,
+                         size_t nwords, int bits);
+void rt_uniform_tok_scores_avx2(const float *cf, size_t ldc, int n, int hd, const float *qs, int nj, float *acc,
+                                size_t lda);
+void rt_uniform_chan_accum_avx2(const float *cf, size_t ldc, int n, int hd, const float *s, const int *seg, int nseg,
+                                const float *p, size_t ldp, int nj, float *acc);
+void rt_uniform_tok_scores_fused_avx2(const uint32_t *codes, size_t run0, size_t gs, size_t i0, int n, int hd, int bits,
+                                      const float *qs, int nj, float *acc, size_t lda);
+void rt_uniform_chan_accum_fused_avx2(const uint32_t *codes, size_t pos0, size_t C, int n, int hd, int bits,
+                                      const float *ps, int nseg, const int *seg16, int nj, float *acc);
+
+/* ---- vector math shared by the kernels (rt_math.c) ---- */
+/* exp(x) for x <= 0 (scores minus their maximum), n values in place: a range reduction and a degree-6
+ * polynomial, relative error below 4e-7 (tests/runtime checks it against exp over [-104, 0]);
+ * 0 below -103.9. Written in 8 lanes so that every vector path gives the same bits. */
+void rt_exp_inplace(float *x, size_t n);
+void rt_exp_portable(float *x, size_t n); /* the portable loop alone (rt_exp_inplace's reference) */
+/* n codes of whole words (bits 1, 2, 4, 8; word-aligned) to floats. */
+void rt_unpack_words(float *dst, const uint32_t *w, size_t nwords, int bits);
+void rt_f16_to_f32_row(float *dst, const uint16_t *src, size_t n);
+void rt_f32_to_f16_row(uint16_t *dst, const float *src, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,83 @@
+/* rt_math.c — vector math of the runtime's attention: exp for the softmax, f16 rows. */
+#include "kvrt.h"
+#include "rt_internal.h"
+
+#include <string.h>
+
+/* exp(x), x <= 0: x = n ln2 + r with n = round(x log2 e) and |r| <= ln2 / 2 (ln2 split in two so
+ * that n ln2 is exact), e^r by the Cephes expf polynomial, times 2^n built in the exponent bits.
+ * Every step is elementwise and in one fixed order, so the compiler's vector versions give the
+ * same bits as the scalar loop. Below -87.33 (2^n no longer a normal float) the result is 0. */
+static inline float exp_le0(float x) {
+    const float log2e = 1.44269504088896341f, c1 = 0.693359375f, c2 = -2.12194440e-4f;
+    const float magic = 12582912.0f; /* 1.5 * 2^23: adding and subtracting it rounds to an integer */
+    const float lo = -87.33f;
+    const float xc = x < lo ? lo : x;
+    const float n = (xc * log2e + magic) - magic;
+    const float r = (xc - n * c1) - n * c2;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float y = (p * (r * r) + r) + 1.0f;
+    union { uint32_t u; float f; } e;
+    e.u = (uint32_t)((int32_t)n + 127) << 23;
+    const float out = y * e.f;
+    return x < lo ? 0.0f : out;
+}
+
+void rt_exp_inplace(float *x, size_t n) {
+    if (rt_avx2_usable())
+        rt_exp_avx2(x, n);
+    else
+        rt_exp_portable(x, n);
+}
+
+void rt_exp_portable(float *x, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) x[i + (size_t)k] = exp_le0(x[i + (size_t)k]);
+    for (; i < n; i++) x[i] = exp_le0(x[i]);
+}
+
+/* f16 -> f32 without branches, exact for every input: the exponent and mantissa moved into place
+ * (a subnormal half becomes a float subnormal pattern times 2^112, exact since the product is a
+ * normal float), Inf/NaN re-marked, the sign put back. Vectorizes with SSE2. */
+static inline float f16_to_f32_branchless(uint16_t h) {
+    union { uint32_t u; float f; } o, magic;
+    magic.u = (254u - 15u) << 23; /* 2^112 */
+    o.u = (uint32_t)(h & 0x7fffu) << 13;
+    o.f *= magic.f;
+    o.u |= ((h & 0x7c00u) == 0x7c00u) ? 0x7f800000u : 0u; /* Inf / NaN */
+    o.u |= (uint32_t)(h & 0x8000u) << 16;
+    return o.f;
+}
+
+void rt_f16_to_f32_row(float *dst, const uint16_t *src, size_t n) {
+    if (rt_avx2_usable()) {
+        rt_f16_to_f32_row_avx2(dst, src, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32_branchless(src[i]);
+}
+
+void rt_f32_to_f16_row(uint16_t *dst, const float *src, size_t n) {
+    if (rt_avx2_usable()) {
+        rt_f32_to_f16_row_avx2(dst, src, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) dst[i] = kv_f32_to_f16(src[i]);
+}
+
+void rt_unpack_words(float *dst, const uint32_t *w, size_t nwords, int bits) {
+    if (rt_avx2_usable()) {
+        rt_unpack_words_avx2(dst, w, nwords, bits);
+        return;
+    }
+    const int per = 32 / bits;
+    const uint32_t mask = (1u << bits) - 1u;
+    for (size_t i = 0; i < nwords; i++)
+        for (int s = 0; s < per; s++) dst[i * (size_t)per + (size_t)s] = (float)((w[i] >> (s * bits)) & mask);
+}

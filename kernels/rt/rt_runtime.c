@@ -1,0 +1,450 @@
+/* rt_runtime.c — the engine-facing runtime (kvrt.h "engine-facing runtime", RUNTIME.md): open a plan,
+ * hold sequences, append tokens (compressing what the cache semantics say), report what is held.
+ * Attention is in rt_attend.c, the codecs in rt_codec.c and the per-method kernel files. */
+#include "kvrt.h"
+#include "rt_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *sname(int stream) { return stream == KV_PLAN_K ? "K" : "V"; }
+
+/* ---- sequences ----------------------------------------------------------------------------------- */
+static void stream_clear(kv_rt *rt, rt_seq *sq, rt_stream *st) {
+    for (int b = 0; b < st->n_blocks; b++) free(st->blocks[b].data);
+    free(st->blocks);
+    free(st->fp);
+    memset(st, 0, sizeof *st);
+    st->comp_end = rt->sinks;
+    (void)sq;
+}
+
+static void seq_clear(kv_rt *rt, rt_seq *sq) {
+    for (int i = 0; i < rt->n_layers * 2; i++) {
+        stream_clear(rt, sq, &sq->st[i]);
+        rt_recon_free(&sq->recon[i]);
+    }
+    memset(sq->layer_n, 0, (size_t)rt->n_layers * sizeof(int));
+    sq->allocated = 0;
+    sq->overhead = 0;
+}
+
+/* Resize a stream's f16 rows to exactly `rows` (the allocation is the accounted size). */
+static kv_status fp_resize(kv_rt *rt, rt_seq *sq, rt_stream *st, int rows) {
+    const size_t row_bytes = (size_t)rt->kv_dim * 2u;
+    if (rows == st->fp_rows) return KV_OK;
+    if (rows == 0) {
+        free(st->fp);
+        st->fp = NULL;
+    } else {
+        uint16_t *p = realloc(st->fp, (size_t)rows * row_bytes);
+        if (!p) return KV_ERR(KV_ENOMEM, "runtime: out of memory for %d f16 tokens", rows);
+        st->fp = p;
+    }
+    sq->allocated = sq->allocated - (uint64_t)st->fp_rows * row_bytes + (uint64_t)rows * row_bytes;
+    st->fp_rows = rows;
+    return KV_OK;
+}
+
+static kv_status block_push(kv_rt *rt, rt_seq *sq, rt_stream *st, int t0, int m, uint8_t *data, size_t bytes,
+                            const uint32_t *codes) {
+    (void)rt;
+    if (st->n_blocks == st->cap_blocks) {
+        const int cap = st->cap_blocks ? st->cap_blocks * 2 : 16;
+        rt_block *b = realloc(st->blocks, (size_t)cap * sizeof *b);
+        if (!b) return KV_ERR(KV_ENOMEM, "runtime: out of memory for block descriptors");
+        const uint64_t grow = (uint64_t)(cap - st->cap_blocks) * sizeof *b;
+        sq->allocated += grow;
+        sq->overhead += grow;
+        st->blocks = b;
+        st->cap_blocks = cap;
+    }
+    st->blocks[st->n_blocks++] = (rt_block){t0, m, data, codes};
+    sq->allocated += bytes;
+    return KV_OK;
+}
+
+/* ---- compression ----------------------------------------------------------------------------------- */
+/* Compress window tokens [comp_end, comp_end + m) of (layer, stream) into one block; their f16 rows
+ * start at fp row `row` (the caller drops them from the window afterwards). x, pred: m x kv_dim. */
+static kv_status compress_chunk(kv_rt *rt, int seq, int layer, int stream, int row, int m, float *x, float *pred) {
+    rt_seq *sq = &rt->seqs[seq];
+    rt_stream *st = rt_stream_of(rt, seq, layer, stream);
+    const rt_codec *c = rt_codec_of(rt, layer, stream);
+    const size_t kvd = (size_t)rt->kv_dim, n = (size_t)m * kvd;
+    const int t0 = st->comp_end;
+    rt_f16_to_f32_row(x, st->fp + (size_t)row * kvd, n);
+    kv_status s;
+    if (c->pred) {
+        const float *inputs[KV_PLAN_MAX_PRED_INPUTS];
+        for (int i = 0; i < c->pred->n_inputs; i++) {
+            const rt_stream *in = rt_stream_of(rt, seq, c->pred->inputs[i].layer, c->pred->inputs[i].stream);
+            if (in->comp_end < t0 + m)
+                return KV_ERR(KV_EINVAL, "runtime: layer %d %s predicts from layer %d %s, which has not compressed "
+                              "tokens %d..%d yet (layers must be appended in order)", layer, sname(stream),
+                              c->pred->inputs[i].layer, sname(c->pred->inputs[i].stream), t0, t0 + m - 1);
+        }
+        if ((s = rt_recon_inputs(rt, seq, layer, stream, t0, inputs)) != KV_OK) return s;
+        if ((s = kv_predictor_apply(pred, c->pred, inputs, (size_t)m, rt->kv_dim)) != KV_OK) return s;
+        for (size_t i = 0; i < n; i++) x[i] = x[i] - pred[i];
+    }
+    /* XQuant: the layer it shares with compressed the same chunk already (layers go in order) */
+    const uint32_t *shared = NULL;
+    if (c->share_from >= 0) {
+        const rt_stream *o = rt_stream_of(rt, seq, c->share_from, stream);
+        for (int b = o->n_blocks - 1; b >= 0 && !shared; b--)
+            if (o->blocks[b].t0 == t0 && o->blocks[b].m == m) shared = o->blocks[b].codes;
+        if (!shared)
+            return KV_ERR(KV_EINVAL, "runtime: layer %d %s shares the codes of layer %d, which has not compressed tokens "
+                          "%d..%d yet (layers must be appended in order)", layer, sname(stream), c->share_from, t0,
+                          t0 + m - 1);
+    }
+    rt_layout L;
+    rt_codec_layout(c, m, &L);
+    uint8_t *data = malloc(L.total ? L.total : 1);
+    if (!data) return KV_ERR(KV_ENOMEM, "runtime: out of memory for a block of %d tokens", m);
+    if ((s = rt_codec_encode(c, data, m, x)) != KV_OK) {
+        free(data);
+        return kv_error_wrap(s, "layer %d %s, tokens %d..%d: ", layer, sname(stream), t0, t0 + m - 1);
+    }
+    if ((s = block_push(rt, sq, st, t0, m, data, L.total, shared ? shared : (const uint32_t *)data)) != KV_OK) {
+        free(data);
+        return s;
+    }
+    st->comp_end = t0 + m;
+    return KV_OK;
+}
+
+/* Drop the first m window rows (compressed now) from the f16 rows. */
+static kv_status window_drop(kv_rt *rt, int seq, rt_stream *st, int m) {
+    if (m == 0) return KV_OK;
+    const size_t kvd = (size_t)rt->kv_dim;
+    const int win0 = rt->sinks, rows_after = st->fp_rows - m;
+    memmove(st->fp + (size_t)win0 * kvd, st->fp + (size_t)(win0 + m) * kvd,
+            (size_t)(rows_after - win0) * kvd * sizeof(uint16_t));
+    return fp_resize(rt, &rt->seqs[seq], st, rows_after);
+}
+
+/* Bring one stream's window to what the semantics allow before new tokens arrive. */
+static kv_status settle_stream(kv_rt *rt, int seq, int layer, int stream, float *x, float *pred) {
+    rt_stream *st = rt_stream_of(rt, seq, layer, stream);
+    const rt_codec *c = rt_codec_of(rt, layer, stream);
+    const int n = rt->seqs[seq].layer_n[layer];
+    const int window = n > st->comp_end ? n - st->comp_end : 0;
+    kv_status s = KV_OK;
+    int done = 0; /* window rows compressed */
+    if (c->rpc_ratio > 0.0f) { /* KVmix: keep floor(rpc * current_RPC) of the window */
+        const int keep = (int)((double)c->rpc_ratio * window);
+        int m = window - keep;
+        m -= m % c->granule;
+        if (m > 0 && (s = compress_chunk(rt, seq, layer, stream, rt->sinks, m, x, pred)) == KV_OK) done = m;
+    } else {
+        for (; window - done >= rt->recent; done += rt->recent)
+            if ((s = compress_chunk(rt, seq, layer, stream, rt->sinks + done, rt->recent, x, pred)) != KV_OK) break;
+    }
+    const kv_status s2 = window_drop(rt, seq, st, done);
+    return s != KV_OK ? s : s2;
+}
+
+/* Tokens a settle of this stream may compress at once (scratch rows). */
+static int settle_rows(const kv_rt *rt, int seq, int layer, int stream) {
+    const rt_stream *st = &rt->seqs[seq].st[layer * 2 + stream];
+    const int n = rt->seqs[seq].layer_n[layer];
+    const int window = n > st->comp_end ? n - st->comp_end : 0;
+    return rt_codec_of(rt, layer, stream)->rpc_ratio > 0.0f ? window : rt->recent;
+}
+
+kv_status kv_rt_append(kv_rt *rt, int layer, int seq, int n, const int32_t *pos, const float *k_pre, const float *k,
+                       const float *v, size_t ld) {
+    if (!rt || layer < 0 || layer >= rt->n_layers || seq < 0 || seq >= rt->opt.n_seqs || n < 0 ||
+        (n > 0 && (!pos || !k || !v)) || (n > 0 && ld < (size_t)rt->kv_dim))
+        return KV_ERR(KV_EINVAL, "kv_rt_append: bad arguments (layer %d, seq %d, n %d)", layer, seq, n);
+    rt_seq *sq = &rt->seqs[seq];
+    const int have = sq->layer_n[layer];
+    for (int i = 0; i < n; i++)
+        if (pos[i] != have + i)
+            return KV_ERR(KV_EINVAL, "kv_rt_append: layer %d seq %d holds %d tokens, token %d comes at position %d",
+                          layer, seq, have, i, (int)pos[i]);
+    if (rt->opt.capacity > 0 && have + n > rt->opt.capacity)
+        return KV_ERR(KV_EINVAL, "kv_rt_append: sequence %d would hold %d tokens, the runtime was opened for %d",
+                      seq, have + n, rt->opt.capacity);
+    if (have > INT32_MAX - n) return KV_ERR(KV_EINVAL, "kv_rt_append: too many tokens");
+    const int any_pre = rt_codec_of(rt, layer, KV_PLAN_K)->pre_rope;
+    if (any_pre && !k_pre) return KV_ERR(KV_EINVAL, "kv_rt_append: layer %d stores keys before RoPE: k_pre needed", layer);
+    /* compress first (K before V: a V predictor may read this layer's reconstructed K) */
+    int rows = settle_rows(rt, seq, layer, 0);
+    const int rv = settle_rows(rt, seq, layer, 1);
+    rows = rows > rv ? rows : rv;
+    kv_status s = KV_OK;
+    float *x = NULL, *pred = NULL;
+    if (rows > 0) {
+        x = kv_aligned_alloc(64, (size_t)rows * (size_t)rt->kv_dim * sizeof(float));
+        pred = kv_aligned_alloc(64, (size_t)rows * (size_t)rt->kv_dim * sizeof(float));
+        if (!x || !pred) {
+            s = KV_ERR(KV_ENOMEM, "runtime: out of memory compressing %d tokens", rows);
+            goto done;
+        }
+    }
+    for (int stream = 0; stream < 2; stream++)
+        if ((s = settle_stream(rt, seq, layer, stream, x, pred)) != KV_OK) goto done;
+    /* then the new tokens join the f16 rows (sinks first, then the window) */
+    for (int stream = 0; stream < 2; stream++) {
+        rt_stream *st = rt_stream_of(rt, seq, layer, stream);
+        const int r0 = st->fp_rows;
+        if ((s = fp_resize(rt, sq, st, r0 + n)) != KV_OK) goto done;
+        const float *src = stream == KV_PLAN_V ? v : (rt_codec_of(rt, layer, 0)->pre_rope ? k_pre : k);
+        for (int i = 0; i < n; i++)
+            rt_f32_to_f16_row(st->fp + (size_t)(r0 + i) * (size_t)rt->kv_dim, src + (size_t)i * ld, (size_t)rt->kv_dim);
+    }
+    sq->layer_n[layer] = have + n;
+done:
+    kv_aligned_free(x);
+    kv_aligned_free(pred);
+    return s;
+}
+
+kv_status kv_rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, size_t ldq, float *out, size_t ldo) {
+    if (!rt || layer < 0 || layer >= rt->n_layers || seq < 0 || seq >= rt->opt.n_seqs || n_q < 1 || !q || !out)
+        return KV_ERR(KV_EINVAL, "kv_rt_attend: bad arguments (layer %d, seq %d, %d rows)", layer, seq, n_q);
+    const int qd = rt->n_heads * rt->head_dim;
+    if (ldq < (size_t)qd || ldo < (size_t)qd)
+        return KV_ERR(KV_EINVAL, "kv_rt_attend: row strides %zu, %zu below %d", ldq, ldo, qd);
+    if (n_q > rt->seqs[seq].layer_n[layer])
+        return KV_ERR(KV_EINVAL, "kv_rt_attend: %d query rows but layer %d of sequence %d holds %d tokens", n_q, layer,
+                      seq, rt->seqs[seq].layer_n[layer]);
+    kv_status s = rt_attend(rt, layer, seq, n_q, q, ldq, out, ldo);
+    rt_recon_release(rt, seq, layer);
+    return s;
+}
+
+int kv_rt_length(const kv_rt *rt, int seq) {
+    if (!rt || seq < 0 || seq >= rt->opt.n_seqs) return -1;
+    return rt->seqs[seq].layer_n[rt->n_layers - 1];
+}
+
+void kv_rt_reset(kv_rt *rt, int seq) {
+    if (!rt) return;
+    for (int q = 0; q < rt->opt.n_seqs; q++)
+        if (seq < 0 || q == seq) seq_clear(rt, &rt->seqs[q]);
+}
+
+int kv_rt_sinks(const kv_rt *rt) { return rt ? rt->sinks : 0; }
+int kv_rt_recent(const kv_rt *rt) { return rt ? rt->recent : 0; }
+
+/* ---- statistics -------------------------------------------------------------------------------------- */
+static void seq_stats(const kv_rt *rt, int seq, kv_rt_stats *o) {
+    const rt_seq *sq = &rt->seqs[seq];
+    const uint64_t kvd = (uint64_t)rt->kv_dim;
+    o->tokens += (uint64_t)sq->layer_n[rt->n_layers - 1];
+    for (int l = 0; l < rt->n_layers; l++)
+        for (int stream = 0; stream < 2; stream++) {
+            const rt_stream *st = &sq->st[l * 2 + stream];
+            const rt_codec *c = rt_codec_of(rt, l, stream);
+            o->values_total += (uint64_t)sq->layer_n[l] * kvd;
+            for (int b = 0; b < st->n_blocks; b++) {
+                rt_layout L;
+                rt_codec_layout(c, st->blocks[b].m, &L);
+                o->payload_bytes += L.total;
+                o->values_compressed += (uint64_t)st->blocks[b].m * kvd;
+            }
+            o->fp_bytes += (uint64_t)st->fp_rows * kvd * 2u;
+            const rt_recon *r = &sq->recon[l * 2 + stream];
+            o->working_bytes += (uint64_t)r->cap * kvd * sizeof(float);
+        }
+    o->allocated_bytes += sq->allocated;
+    o->overhead_bytes += sq->overhead;
+}
+
+kv_status kv_rt_get_stats(const kv_rt *rt, int seq, kv_rt_stats *out) {
+    if (!rt || !out || seq >= rt->opt.n_seqs) return KV_ERR(KV_EINVAL, "kv_rt_get_stats: bad arguments");
+    memset(out, 0, sizeof *out);
+    for (int q = 0; q < rt->opt.n_seqs; q++)
+        if (seq < 0 || q == seq) seq_stats(rt, q, out);
+    out->predictor_bytes = kv_plan_predictor_bytes(rt->plan);
+    out->accounted_bytes = out->payload_bytes + out->fp_bytes;
+    out->working_bytes += (uint64_t)rt->rope_n * (uint64_t)rt->head_dim * sizeof(float);
+    out->bits_per_value =
+        out->values_compressed ? 8.0 * (double)out->payload_bytes / (double)out->values_compressed : 0.0;
+    out->bits_per_value_total =
+        out->values_total
+            ? 8.0 * (double)(out->payload_bytes + out->fp_bytes + out->predictor_bytes) / (double)out->values_total
+            : 0.0;
+    return KV_OK;
+}
+
+/* ---- decoded view (tests, tools) ----------------------------------------------------------------------- */
+kv_status kv_rt_decode_head(kv_rt *rt, int layer, int seq, int kv_head, float *k_out, float *v_out) {
+    if (!rt || layer < 0 || layer >= rt->n_layers || seq < 0 || seq >= rt->opt.n_seqs || kv_head < 0 ||
+        kv_head >= rt->n_kv_heads || !k_out || !v_out)
+        return KV_ERR(KV_EINVAL, "kv_rt_decode_head: bad arguments");
+    const int n = rt->seqs[seq].layer_n[layer];
+    kv_status s;
+    for (int stream = 0; stream < 2; stream++)
+        if ((s = rt_read_rows(rt, seq, layer, stream, kv_head, 0, n, stream ? v_out : k_out, (size_t)rt->head_dim)) !=
+            KV_OK)
+            return s;
+    return KV_OK;
+}
+
+/* ---- open / close ------------------------------------------------------------------------------------- */
+void kv_rt_close(kv_rt *rt) {
+    if (!rt) return;
+    if (rt->seqs) {
+        for (int q = 0; q < rt->opt.n_seqs; q++) {
+            rt_seq *sq = &rt->seqs[q];
+            if (sq->st) seq_clear(rt, sq);
+            free(sq->st);
+            free(sq->recon);
+            free(sq->layer_n);
+        }
+    }
+    if (rt->codec)
+        for (int i = 0; i < rt->n_layers * 2; i++) rt_codec_free(&rt->codec[i]);
+    if (rt->search)
+        for (int g = 0; g < rt->plan->n_grids; g++) kv_grid_search_free(rt->search[g]);
+    if (rt->scratch)
+        for (int t = 0; t < rt->n_threads; t++) kv_aligned_free(rt->scratch[t].buf);
+    if (rt->own_pool) kv_pool_free(rt->pool);
+    free(rt->scratch);
+    free(rt->search);
+    free(rt->codec);
+    free(rt->seqs);
+    free(rt->inv_freq);
+    free(rt->rope_cos);
+    free(rt->rope_sin);
+    free(rt->recon_last_use);
+    free(rt);
+}
+
+static kv_status check_plan(const kv_plan *p, const kv_rt_options *o) {
+    const kv_plan_fingerprint *fp = &p->fingerprint;
+    if (p->n_layers != fp->n_layers || fp->n_layers < 1 || fp->n_kv_heads < 1 || fp->head_dim < 1)
+        return KV_ERR(KV_EFORMAT, "runtime: the plan's shape (%d layers, %d KV heads x %d) is not usable",
+                      p->n_layers, fp->n_kv_heads, fp->head_dim);
+    if (fp->head_dim > KV_RT_MAX_HEAD_DIM)
+        return KV_ERR(KV_EUNSUPPORTED, "runtime: head_dim %d (at most %d)", fp->head_dim, KV_RT_MAX_HEAD_DIM);
+    if (o->n_heads < fp->n_kv_heads || o->n_heads % fp->n_kv_heads)
+        return KV_ERR(KV_EINVAL, "runtime: %d query heads is not a multiple of the plan's %d KV heads", o->n_heads,
+                      fp->n_kv_heads);
+    if (o->n_heads / fp->n_kv_heads * RT_DIRECT_MAX_ROWS > RT_MAX_QV)
+        return KV_ERR(KV_EUNSUPPORTED, "runtime: %d query heads per KV head (at most %d)", o->n_heads / fp->n_kv_heads,
+                      RT_MAX_QV / RT_DIRECT_MAX_ROWS);
+    if (p->global.prune_method != KV_PLAN_PRUNE_NONE)
+        return KV_ERR(KV_EUNSUPPORTED, "plan: token pruning (%s) is not applied by this runtime yet",
+                      kv_plan_prune_name(p->global.prune_method));
+    if (p->global.recent < 1 || p->global.sinks < 0)
+        return KV_ERR(KV_EFORMAT, "plan: recent buffer %d / sinks %d", p->global.recent, p->global.sinks);
+    return KV_OK;
+}
+
+kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt) {
+    if (!out) return KV_ERR(KV_EINVAL, "kv_rt_open: NULL output");
+    *out = NULL;
+    if (!plan || !opt) return KV_ERR(KV_EINVAL, "kv_rt_open: NULL plan or options");
+    if (opt->device != KV_RT_DEVICE_CPU)
+        return KV_ERR(KV_EUNSUPPORTED, "runtime: device %d is not available in this build (the CUDA runtime is not "
+                      "implemented yet)", (int)opt->device);
+    if (opt->n_seqs < 1 || opt->n_seqs > 4096) return KV_ERR(KV_EINVAL, "runtime: %d sequences (1..4096)", opt->n_seqs);
+    if (opt->capacity < 0 || opt->n_threads < 0 || !(opt->scale >= 0.0f) || !isfinite(opt->scale))
+        return KV_ERR(KV_EINVAL, "runtime: bad capacity %d / threads %d / scale %g", opt->capacity, opt->n_threads,
+                      (double)opt->scale);
+    kv_status s = check_plan(plan, opt);
+    if (s != KV_OK) return s;
+    kv_rt *rt = calloc(1, sizeof *rt);
+    if (!rt) return KV_ERR(KV_ENOMEM, "out of memory for a runtime");
+    const kv_plan_fingerprint *fp = &plan->fingerprint;
+    rt->plan = plan;
+    rt->opt = *opt;
+    rt->opt.rope_inv_freq = NULL;
+    rt->n_layers = fp->n_layers;
+    rt->n_kv_heads = fp->n_kv_heads;
+    rt->head_dim = fp->head_dim;
+    rt->kv_dim = fp->n_kv_heads * fp->head_dim;
+    rt->n_heads = opt->n_heads;
+    rt->group = opt->n_heads / fp->n_kv_heads;
+    rt->sinks = plan->global.sinks;
+    rt->recent = plan->global.recent;
+    rt->scale = opt->scale > 0.0f ? opt->scale : (float)(1.0 / sqrt((double)fp->head_dim));
+    rt->n_threads = opt->pool ? kv_pool_threads(opt->pool) : opt->n_threads > 0 ? opt->n_threads : kv_default_threads();
+    const int L2 = rt->n_layers * 2;
+    rt->codec = calloc((size_t)L2, sizeof *rt->codec);
+    rt->seqs = calloc((size_t)opt->n_seqs, sizeof *rt->seqs);
+    rt->search = calloc((size_t)(plan->n_grids > 0 ? plan->n_grids : 1), sizeof *rt->search);
+    rt->scratch = calloc((size_t)rt->n_threads, sizeof *rt->scratch);
+    rt->recon_last_use = malloc((size_t)L2 * sizeof(int));
+    if (!rt->codec || !rt->seqs || !rt->search || !rt->scratch || !rt->recon_last_use) {
+        s = KV_ERR(KV_ENOMEM, "out of memory for a runtime");
+        goto done;
+    }
+    if (opt->rope_inv_freq) {
+        rt->inv_freq = malloc((size_t)rt->head_dim / 2 * sizeof(double));
+        if (!rt->inv_freq) {
+            s = KV_ERR(KV_ENOMEM, "out of memory");
+            goto done;
+        }
+        memcpy(rt->inv_freq, opt->rope_inv_freq, (size_t)rt->head_dim / 2 * sizeof(double));
+    }
+    /* the HIGGS encoder's search accelerator, one per low-dimensional grid */
+    for (int g = 0; g < plan->n_grids; g++)
+        if (plan->grids[g].d <= 2 &&
+            (s = kv_grid_search_create(&rt->search[g], plan->grids[g].points, plan->grids[g].d, plan->grids[g].n)) != KV_OK)
+            goto done;
+    for (int l = 0; l < rt->n_layers; l++)
+        for (int stream = 0; stream < 2; stream++) {
+            rt_codec *c = &rt->codec[l * 2 + stream];
+            if ((s = rt_codec_init(c, plan, l, stream, rt->search)) != KV_OK) goto done;
+            if (c->pre_rope) {
+                rt->any_pre_rope = 1;
+                if (rt->head_dim & 1) {
+                    s = KV_ERR(KV_EUNSUPPORTED, "plan layer %d K stores keys before RoPE, which needs an even head_dim "
+                               "(%d)", l, rt->head_dim);
+                    goto done;
+                }
+                if (!rt->inv_freq) {
+                    s = KV_ERR(KV_EINVAL, "plan layer %d K stores keys before RoPE: the runtime needs the model's RoPE "
+                               "frequencies (kv_rt_options.rope_inv_freq)", l);
+                    goto done;
+                }
+            }
+            if (c->granule > 1 && c->rpc_ratio <= 0.0f && rt->recent % c->granule) {
+                s = KV_ERR(KV_EFORMAT, "plan layer %d %s: token groups of %d do not divide the recent buffer (%d)", l,
+                           sname(stream), c->granule, rt->recent);
+                goto done;
+            }
+        }
+    /* which layer reads each stream's reconstruction last: its own (a predicted stream is read through
+     * it) and every predictor that takes it as input */
+    for (int i = 0; i < L2; i++) rt->recon_last_use[i] = rt->codec[i].pred ? i / 2 : -1;
+    for (int i = 0; i < L2; i++) {
+        const kv_plan_predictor *pr = rt->codec[i].pred;
+        for (int k = 0; pr && k < pr->n_inputs; k++) {
+            const int in = pr->inputs[k].layer * 2 + pr->inputs[k].stream;
+            if (rt->recon_last_use[in] < i / 2) rt->recon_last_use[in] = i / 2;
+        }
+    }
+    for (int q = 0; q < opt->n_seqs; q++) {
+        rt_seq *sq = &rt->seqs[q];
+        sq->layer_n = calloc((size_t)rt->n_layers, sizeof(int));
+        sq->st = calloc((size_t)L2, sizeof *sq->st);
+        sq->recon = calloc((size_t)L2, sizeof *sq->recon);
+        if (!sq->layer_n || !sq->st || !sq->recon) {
+            s = KV_ERR(KV_ENOMEM, "out of memory for %d sequences", opt->n_seqs);
+            goto done;
+        }
+        for (int i = 0; i < L2; i++) sq->st[i].comp_end = rt->sinks;
+    }
+    if (opt->pool) {
+        rt->pool = opt->pool;
+    } else {
+        if ((s = kv_pool_create(&rt->pool, rt->n_threads)) != KV_OK) goto done;
+        rt->own_pool = 1;
+    }
+done:
+    if (s != KV_OK) {
+        kv_rt_close(rt);
+        return s;
+    }
+    *out = rt;
+    return KV_OK;
+}

@@ -1,0 +1,688 @@
+/* The engine-facing runtime (kernels/rt/, RUNTIME.md) without a model: plans built here, keys,
+ * values and queries drawn here, appended step by step, and every attention output compared with
+ * exact attention (double precision) over the keys and values the runtime holds, decoded
+ * (kv_rt_decode_head). The bound on each output is derived from float summation (RUNTIME.md §4):
+ *   scores:  |s_hat - s| <= gamma(n_s) * A_t, n_s = head_dim + log2(g) + 8 terms summed, A_t the sum of
+ *            the magnitudes of the terms a kernel adds (uniform: |q_c| (|k_c| + 2 Z_c), Z_c the largest
+ *            |k| of the channel; HIGGS: sum over groups of |q_g|_2 |k_g|_2; f16/f32: |q_c k_c|);
+ *   weights: a score error d moves a softmax weight by at most (e^{2d} - 1) of itself, the
+ *            polynomial exp adds 4e-7 relative;
+ *   outputs: sum_t w_t v_t accumulated over at most n_v terms in float (a segment of 2048 tokens on the
+ *            decoding path, all tokens on the tiled path) adds gamma(n_v) * sum_t w_t V_tc with V the
+ *            term magnitudes as for keys.
+ * gamma(n) = n u / (1 - n u), u = 2^-24. Cases cover every method and bit width, eta, both group
+ * axes, 3-bit packings, HIGGS groups inside and across heads, keys before RoPE, AQUA-KV predictor
+ * chains, KVmix RPC, odd head dims, GQA ratios 1-8, lengths up to several thousand with the sinks,
+ * chunk, segment and window boundaries in the middle, both the decoding and the tiled path, and
+ * interleaved sequences. Also: the bytes held equal the bytes accounted plus the block descriptors,
+ * and the plans or calls the runtime cannot serve are refused by name. */
+#include "kv_test.h"
+#include "kvrt.h"
+#include "rt_internal.h"
+#include "kv_kernels_internal.h"
+
+#include <float.h>
+#include <math.h>
+
+/* ---- plans ------------------------------------------------------------------------------------- */
+typedef struct sspec {
+    int method;      /* KV_PLAN_FP / UNIFORM / HIGGS */
+    int bits;        /* FP: 16 | 32; UNIFORM: 1..8 */
+    int group;       /* UNIFORM group; HIGGS group (0 = head_dim) */
+    int axis;        /* KV_PLAN_GROUP_TOKENS / CHANNELS */
+    int pack11;
+    float eta;
+    int gd, gn;      /* HIGGS grid */
+    int f32params;
+    float rpc;
+} sspec;
+
+typedef struct rcase {
+    const char *name;
+    int layers, kv_heads, gqa, hd;
+    int sinks, recent;
+    sspec k, v;
+    sspec k0, v0;    /* layer 0 when set (method >= 0 and bits/gd given), else k, v */
+    int has_l0;
+    int pre_rope, rope_half;
+    int aqua;        /* predictors for layers >= 1 */
+    int T, prefill, step;
+    int check_every; /* compare every this many steps (and always at the end) */
+    int xq_from;     /* > 0: XQuant, layers l + 1 (l >= xq_from, l even) decode layer l's codes (K and V) */
+} rcase;
+
+static float *grid_for(int d, int n, uint64_t seed) {
+    float *g = malloc(sizeof(float) * (size_t)(d * n));
+    kv_rng r;
+    kv_rng_init(&r, seed);
+    for (int i = 0; i < d * n; i++) g[i] = (float)kv_rng_next_normal(&r);
+    return g;
+}
+
+static void set_stream(kv_plan *p, int l, int st, const sspec *s, int hd, int pre_rope) {
+    kv_plan_stream *ps = &p->layers[l].stream[st];
+    ps->method = (kv_plan_method)s->method;
+    ps->scale_dtype = s->f32params ? KV_DTYPE_F32 : KV_DTYPE_F16;
+    ps->rpc_ratio = s->rpc;
+    ps->pre_rope = st == KV_PLAN_K ? pre_rope : 0;
+    ps->higgs_grid = -1;
+    if (s->method == KV_PLAN_FP) {
+        ps->bits = s->bits;
+        ps->group_size = 0;
+        ps->scale_dtype = KV_DTYPE_F32;
+        return;
+    }
+    if (s->method == KV_PLAN_UNIFORM) {
+        ps->bits = s->bits, ps->group_size = s->group, ps->group_axis = (kv_plan_group_axis)s->axis;
+        ps->eta = s->eta, ps->pack = s->pack11 ? KV_PLAN_PACK_3BIT_11 : KV_PLAN_PACK_WORD;
+        return;
+    }
+    int gi = -1;
+    for (int i = 0; i < p->n_grids; i++)
+        if (p->grids[i].d == s->gd && p->grids[i].n == s->gn) gi = i;
+    if (gi < 0) {
+        float *g = grid_for(s->gd, s->gn, 1000u + (uint64_t)(s->gd * 1000 + s->gn));
+        ck_assert_kv_ok(kv_plan_add_grid(p, s->gd, s->gn, g, &gi));
+        free(g);
+    }
+    ps->bits = 0, ps->group_size = s->group ? s->group : hd, ps->group_axis = KV_PLAN_GROUP_CHANNELS;
+    ps->higgs_grid = gi;
+}
+
+static kv_plan *make_plan(const rcase *c) {
+    kv_plan_fingerprint fp;
+    memset(&fp, 0, sizeof fp);
+    snprintf(fp.arch, sizeof fp.arch, "llama");
+    fp.n_layers = c->layers, fp.n_kv_heads = c->kv_heads, fp.head_dim = c->hd;
+    fp.n_heads = c->kv_heads * c->gqa, fp.d_model = fp.n_heads * c->hd, fp.vocab_size = 32, fp.rope_theta = 10000.0f;
+    kv_plan *p = NULL;
+    ck_assert_kv_ok(kv_plan_create(&p, &fp));
+    p->global.sinks = c->sinks, p->global.recent = c->recent, p->global.rht_seed = 77;
+    const int kvd = c->kv_heads * c->hd;
+    for (int l = 0; l < c->layers; l++) {
+        set_stream(p, l, KV_PLAN_K, l == 0 && c->has_l0 ? &c->k0 : &c->k, c->hd, c->pre_rope);
+        set_stream(p, l, KV_PLAN_V, l == 0 && c->has_l0 ? &c->v0 : &c->v, c->hd, 0);
+        if (c->xq_from > 0 && l > c->xq_from && (l - c->xq_from) % 2 == 1)
+            p->layers[l].stream[KV_PLAN_K].share_codes_with_layer = p->layers[l].stream[KV_PLAN_V].share_codes_with_layer =
+                l - 1;
+        if (c->aqua && l >= 1) {
+            kv_rng r;
+            kv_rng_init(&r, 31u + (uint64_t)l);
+            float *wk = malloc(sizeof(float) * (size_t)kvd * kvd), *wv = malloc(sizeof(float) * (size_t)kvd * 2 * kvd);
+            float *b = malloc(sizeof(float) * (size_t)kvd);
+            for (int i = 0; i < kvd * kvd; i++) wk[i] = (float)(0.5 / sqrt((double)kvd) * kv_rng_next_normal(&r));
+            for (int i = 0; i < 2 * kvd * kvd; i++) wv[i] = (float)(0.3 / sqrt((double)kvd) * kv_rng_next_normal(&r));
+            for (int i = 0; i < kvd; i++) b[i] = (float)(0.1 * kv_rng_next_normal(&r));
+            const kv_plan_pred_input ik[1] = {{l - 1, KV_PLAN_K}}, iv[2] = {{l - 1, KV_PLAN_V}, {l, KV_PLAN_K}};
+            ck_assert_kv_ok(kv_plan_set_predictor(p, l, KV_PLAN_K, 1, ik, wk, b));
+            ck_assert_kv_ok(kv_plan_set_predictor(p, l, KV_PLAN_V, 2, iv, wv, b));
+            free(wk), free(wv), free(b);
+        }
+    }
+    ck_assert_kv_ok(kv_plan_validate(p));
+    return p;
+}
+
+static double *rope_freqs(int hd) {
+    double *f = malloc(sizeof(double) * (size_t)(hd / 2));
+    for (int i = 0; i < hd / 2; i++) f[i] = pow(10000.0, -2.0 * i / hd);
+    return f;
+}
+
+/* ---- data: keys with per-channel offsets and a few outlier channels (as real keys have) -------- */
+static void fill_kv(float *k, float *v, int n, int kvd, int layer, int t0, uint64_t seed) {
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < kvd; c++) {
+            const uint64_t ctr = ((uint64_t)layer << 40) ^ ((uint64_t)(t0 + i) << 16) ^ (uint64_t)c;
+            const double z1 = kv_rng_uniform(seed, 2 * ctr) - 0.5, z2 = kv_rng_uniform(seed ^ 0x55, 2 * ctr + 1) - 0.5;
+            const double off = (c % 7 == 3) ? 3.0 : 0.3 * ((c * 37) % 11 - 5) / 5.0;
+            k[(size_t)i * kvd + c] = (float)(off + 2.0 * z1);
+            v[(size_t)i * kvd + c] = (float)(1.6 * z2 + 0.2 * (c % 3));
+        }
+}
+
+/* ---- the reference and its bound ------------------------------------------------------------------- */
+typedef struct refctx {
+    int kind_k, kind_v; /* 0 fp, 1 uniform, 2 higgs */
+    int gk, gv;          /* HIGGS groups */
+} refctx;
+
+static int stream_kind(const kv_plan_stream *s) {
+    return s->method == KV_PLAN_UNIFORM ? 1 : s->method == KV_PLAN_HIGGS ? 2 : 0;
+}
+
+static double gamma_n(double n) {
+    const double u = ldexp(1.0, -24);
+    return n * u / (1.0 - n * u);
+}
+
+/* Per-term magnitudes of one row (key or value) for the bound: fills mag[hd]. */
+static void term_mag(int kind, int g, const float *row, const double *zmax, int hd, double *mag) {
+    if (kind == 1) {
+        for (int c = 0; c < hd; c++) mag[c] = fabs(row[c]) + 2.0 * zmax[c];
+    } else if (kind == 2) { /* a group's norm spread over its channels: sum_c |q_c| mag_c >= |q_g| |k_g| */
+        for (int a = 0; a < hd; a += g) {
+            const int b = a + g < hd ? a + g : hd;
+            double nk = 0;
+            for (int c = a; c < b; c++) nk += (double)row[c] * row[c];
+            for (int c = a; c < b; c++) mag[c] = sqrt(nk);
+        }
+    } else {
+        for (int c = 0; c < hd; c++) mag[c] = fabs(row[c]);
+    }
+}
+
+/* Compare one attend call's output with exact attention over the decoded cache; returns the largest
+ * error relative to its bound. */
+static double check_attend(kv_rt *rt, const kv_plan *p, int layer, int seq, int n, int n_q, const float *q,
+                           const float *out, int H, int G, int hd, int tiled, const char *what) {
+    const refctx rc = {stream_kind(&p->layers[layer].stream[0]), stream_kind(&p->layers[layer].stream[1]),
+                       p->layers[layer].stream[0].group_size, p->layers[layer].stream[1].group_size};
+    const int qd = H * G * hd;
+    const double scale = 1.0 / sqrt((double)hd);
+    float *K = malloc(sizeof(float) * (size_t)n * hd), *V = malloc(sizeof(float) * (size_t)n * hd);
+    double *s = malloc(sizeof(double) * (size_t)n), *ref = malloc(sizeof(double) * (size_t)hd);
+    double *kz = calloc((size_t)hd, sizeof(double)), *vz = calloc((size_t)hd, sizeof(double));
+    double *km = malloc(sizeof(double) * (size_t)n * hd), *vm = malloc(sizeof(double) * (size_t)n * hd);
+    double worst = 0;
+    const int lg = rc.kind_k == 2 ? (int)log2((double)(rc.gk > 0 ? rc.gk : 1)) : 0;
+    for (int h = 0; h < H; h++) {
+        ck_assert_kv_ok(kv_rt_decode_head(rt, layer, seq, h, K, V));
+        for (int t = 0; t < n; t++)
+            for (int c = 0; c < hd; c++) {
+                kz[c] = fmax(kz[c], fabs(K[(size_t)t * hd + c]));
+                vz[c] = fmax(vz[c], fabs(V[(size_t)t * hd + c]));
+            }
+        for (int t = 0; t < n; t++) {
+            term_mag(rc.kind_k, rc.gk, K + (size_t)t * hd, kz, hd, km + (size_t)t * hd);
+            term_mag(rc.kind_v, rc.gv, V + (size_t)t * hd, vz, hd, vm + (size_t)t * hd);
+        }
+        for (int r = 0; r < n_q; r++)
+            for (int gq = 0; gq < G; gq++) {
+                const float *qv = q + (size_t)r * qd + (size_t)(h * G + gq) * hd;
+                const int lim = n - n_q + r + 1;
+                double mx = -INFINITY, bmax = 0;
+                for (int t = 0; t < lim; t++) {
+                    double acc = 0, a = 0;
+                    for (int c = 0; c < hd; c++) {
+                        acc += (double)qv[c] * K[(size_t)t * hd + c];
+                        a += fabs((double)qv[c]) * km[(size_t)t * hd + c];
+                    }
+                    s[t] = acc * scale;
+                    /* the kernels sum scaled queries: one more rounding per product */
+                    bmax = fmax(bmax, gamma_n(hd + lg + 8) * a * scale);
+                    mx = fmax(mx, s[t]);
+                }
+                double sum = 0;
+                for (int t = 0; t < lim; t++) sum += (s[t] = exp(s[t] - mx));
+                const double wrel = expm1(2.0 * bmax) + 1e-6; /* weight perturbation, relative */
+                const double nv = tiled ? lim + 8 : (lim < RT_SEGMENT ? lim : RT_SEGMENT) + 8;
+                for (int c = 0; c < hd; c++) {
+                    double o = 0;
+                    for (int t = 0; t < lim; t++) o += s[t] * V[(size_t)t * hd + c];
+                    ref[c] = o / sum;
+                }
+                for (int c = 0; c < hd; c++) {
+                    double spread = 0, mag = 0;
+                    for (int t = 0; t < lim; t++) {
+                        spread += s[t] / sum * fabs(V[(size_t)t * hd + c] - ref[c]);
+                        mag += s[t] / sum * vm[(size_t)t * hd + c];
+                    }
+                    const double bound = 2.0 * wrel * spread + gamma_n(nv) * mag + gamma_n(8) * fabs(ref[c]) + 1e-30;
+                    const double got = out[(size_t)r * qd + (size_t)(h * G + gq) * hd + c];
+                    const double err = fabs(got - ref[c]);
+                    if (!(err <= bound))
+                        ck_abort_msg("%s: layer %d seq %d head %d row %d/%d ch %d: got %.9g want %.9g (err %.3g > bound %.3g, "
+                                     "n %d)", what, layer, seq, h * G + gq, r, n_q, c, got, ref[c], err, bound, n);
+                    worst = fmax(worst, err / bound);
+                }
+            }
+    }
+    free(K), free(V), free(s), free(ref), free(kz), free(vz), free(km), free(vm);
+    return worst;
+}
+
+/* Bytes: allocated = payload + f16 rows + descriptors, and the payload is what the quantizers say
+ * for the blocks the semantics produce (checked against kv_quant_storage by the block sizes). */
+static void check_bytes(kv_rt *rt, int seq) {
+    kv_rt_stats st;
+    ck_assert_kv_ok(kv_rt_get_stats(rt, seq, &st));
+    ck_assert_uint_eq(st.allocated_bytes, st.accounted_bytes + st.overhead_bytes);
+    ck_assert_uint_eq(st.accounted_bytes, st.payload_bytes + st.fp_bytes);
+    ck_assert_uint_eq(st.fp_bytes, 2u * (st.values_total - st.values_compressed));
+    /* descriptors: 16 per stream at first, doubling: at most 2 x blocks + 16 per stream */
+    ck_assert_uint_le(st.overhead_bytes, (uint64_t)sizeof(rt_block) * (2u * st.values_total + 16u * 64u));
+}
+
+/* ---- an independent replay of what the cache must hold --------------------------------------------
+ * The semantics simulated step by step with the public quantizer API (kv_quant_roundtrip,
+ * kv_predictor_apply), not the runtime's blocks: every held key and value, decoded, must equal the
+ * replay bit for bit (sinks and window: the f16-rounded input; compressed chunks: prediction from
+ * the replayed reconstructions plus the round trip of the residual; keys before RoPE rotated). */
+/* The model's RoPE of one head's row at position pos (what the runtime must reproduce). */
+static void rope_row(float *row, int hd, int half_layout, const double *freq, int pos) {
+    for (int pr = 0; pr < hd / 2; pr++) {
+        const double ang = (double)pos * freq[pr];
+        const int i0 = half_layout ? pr : 2 * pr, i1 = half_layout ? pr + hd / 2 : 2 * pr + 1;
+        const float cs = (float)cos(ang), sn = (float)sin(ang), a = row[i0], b = row[i1];
+        row[i0] = a * cs - b * sn;
+        row[i1] = a * sn + b * cs;
+    }
+}
+
+static void f16_round(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = kv_f16_to_f32(kv_f32_to_f16(x[i]));
+}
+
+static void check_replay(kv_rt *rt, const kv_plan *p, const rcase *c, int seq, int T, const double *freq) {
+    const int L = c->layers, kvd = c->kv_heads * c->hd, hd = c->hd;
+    float *x = malloc(sizeof(float) * (size_t)T * kvd * 2 * L);   /* inputs, f16-rounded: [l][stream][t] */
+    float *rec = malloc(sizeof(float) * (size_t)T * kvd * 2 * L); /* expected decoded (compression domain) */
+    float *tmpk = malloc(sizeof(float) * (size_t)T * kvd), *tmpv = malloc(sizeof(float) * (size_t)T * kvd);
+    float *pred = malloc(sizeof(float) * (size_t)T * kvd), *res = malloc(sizeof(float) * (size_t)T * kvd);
+#define XS(l, st) (x + ((size_t)(l) * 2 + (size_t)(st)) * (size_t)T * kvd)
+#define RS(l, st) (rec + ((size_t)(l) * 2 + (size_t)(st)) * (size_t)T * kvd)
+    for (int l = 0; l < L; l++) {
+        fill_kv(tmpk, tmpv, T, kvd, l, 0, 5u + (uint64_t)seq);
+        if (!c->pre_rope) /* keys compressed after RoPE */
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < c->kv_heads; h++) rope_row(tmpk + (size_t)t * kvd + (size_t)h * hd, hd, c->rope_half, freq, t);
+        f16_round(tmpk, (size_t)T * kvd), f16_round(tmpv, (size_t)T * kvd);
+        memcpy(XS(l, 0), tmpk, sizeof(float) * (size_t)T * kvd);
+        memcpy(XS(l, 1), tmpv, sizeof(float) * (size_t)T * kvd);
+        memcpy(RS(l, 0), tmpk, sizeof(float) * (size_t)T * kvd);
+        memcpy(RS(l, 1), tmpv, sizeof(float) * (size_t)T * kvd);
+    }
+    int *comp = malloc(sizeof(int) * (size_t)L * 2);
+    for (int i = 0; i < L * 2; i++) comp[i] = c->sinks;
+    int len = 0;
+    while (len < T) {
+        int n = len == 0 ? c->prefill : c->step;
+        if (n > T - len) n = T - len;
+        for (int l = 0; l < L; l++)
+            for (int st = 0; st < 2; st++) { /* settle before the step's tokens join */
+                const kv_plan_stream *ps = &p->layers[l].stream[st];
+                kv_quant qd;
+                ck_assert_kv_ok(kv_quant_from_plan(&qd, p, l, st));
+                const int gran = qd.kind == KV_QUANT_UNIFORM && qd.uniform.axis == KV_AXIS_TOKENS ? qd.uniform.group : 1;
+                int *ce = &comp[l * 2 + st];
+                const int window = len > *ce ? len - *ce : 0;
+                int chunks[4096], nch = 0;
+                if (ps->rpc_ratio > 0) {
+                    int m = window - (int)((double)ps->rpc_ratio * window);
+                    m -= m % gran;
+                    if (m > 0) chunks[nch++] = m;
+                } else {
+                    for (int w = window; w >= c->recent; w -= c->recent) chunks[nch++] = c->recent;
+                }
+                for (int ci = 0; ci < nch; ci++) {
+                    const int t0 = *ce, m = chunks[ci];
+                    const float *xin = XS(l, st) + (size_t)t0 * kvd;
+                    float *out = RS(l, st) + (size_t)t0 * kvd;
+                    if (ps->share_codes_with_layer >= 0) { /* the partner's codes, this layer's scales */
+                        const kv_uniform *u = &qd.uniform;
+                        kv_block_storage bs;
+                        kv_quant qp = qd;
+                        qp.shared_codes = 0;
+                        ck_assert_kv_ok(kv_quant_storage(&bs, &qp, (size_t)m, (size_t)kvd));
+                        uint32_t *pc = malloc(sizeof(uint32_t) * (size_t)(bs.code_words + 1));
+                        uint8_t *ppar = malloc((size_t)bs.scale_bytes * 2 + 8), *opar = malloc((size_t)bs.scale_bytes * 2 + 8);
+                        const float *xp = XS(ps->share_codes_with_layer, st) + (size_t)t0 * kvd;
+                        kv_uniform up = *u;
+                        up.eta = p->layers[ps->share_codes_with_layer].stream[st].eta;
+                        ck_assert_kv_ok(kv_uniform_encode_ref(pc, ppar, ppar + bs.scale_bytes, &up, (size_t)m, (size_t)kvd, xp));
+                        ck_assert_kv_ok(kv_uniform_encode_ref(NULL, opar, opar + bs.scale_bytes, u, (size_t)m, (size_t)kvd, xin));
+                        ck_assert_kv_ok(kv_uniform_decode_ref(out, u, (size_t)m, (size_t)kvd, pc, opar, opar + bs.scale_bytes));
+                        free(pc), free(ppar), free(opar);
+                    } else if (ps->predictor) {
+                        const float *ins[KV_PLAN_MAX_PRED_INPUTS];
+                        for (int k = 0; k < ps->predictor->n_inputs; k++)
+                            ins[k] = RS(ps->predictor->inputs[k].layer, ps->predictor->inputs[k].stream) + (size_t)t0 * kvd;
+                        ck_assert_kv_ok(kv_predictor_apply(pred, ps->predictor, ins, (size_t)m, kvd));
+                        for (size_t i = 0; i < (size_t)m * kvd; i++) res[i] = xin[i] - pred[i];
+                        ck_assert_kv_ok(kv_quant_roundtrip(out, NULL, &qd, (size_t)m, (size_t)kvd, res));
+                        for (size_t i = 0; i < (size_t)m * kvd; i++) out[i] = pred[i] + out[i];
+                    } else {
+                        ck_assert_kv_ok(kv_quant_roundtrip(out, NULL, &qd, (size_t)m, (size_t)kvd, xin));
+                    }
+                    *ce = t0 + m;
+                }
+            }
+        len += n;
+    }
+    float *K = malloc(sizeof(float) * (size_t)T * hd), *V = malloc(sizeof(float) * (size_t)T * hd);
+    for (int l = 0; l < L; l++)
+        for (int h = 0; h < c->kv_heads; h++) {
+            ck_assert_kv_ok(kv_rt_decode_head(rt, l, seq, h, K, V));
+            for (int t = 0; t < T; t++)
+                for (int ch = 0; ch < hd; ch++) {
+                    const float wv = RS(l, 1)[(size_t)t * kvd + (size_t)h * hd + ch];
+                    if (memcmp(&V[(size_t)t * hd + ch], &wv, sizeof wv) != 0)
+                        ck_abort_msg("%s: layer %d V token %d head %d ch %d: %.9g, replay %.9g", c->name, l, t, h, ch,
+                                     V[(size_t)t * hd + ch], wv);
+                }
+            for (int t = 0; t < T; t++) {
+                float row[KV_RT_MAX_HEAD_DIM];
+                memcpy(row, RS(l, 0) + (size_t)t * kvd + (size_t)h * hd, sizeof(float) * hd);
+                if (c->pre_rope) rope_row(row, hd, c->rope_half, freq, t);
+                if (memcmp(&K[(size_t)t * hd], row, sizeof(float) * hd) != 0)
+                    ck_abort_msg("%s: layer %d K token %d head %d differs from the replay", c->name, l, t, h);
+            }
+        }
+#undef XS
+#undef RS
+    free(x), free(rec), free(tmpk), free(tmpv), free(pred), free(res), free(comp), free(K), free(V);
+}
+
+/* ---- the driver ------------------------------------------------------------------------------- */
+static double run_case(const rcase *c, int n_seqs, int n_threads) {
+    kv_plan *p = make_plan(c);
+    double *freq = rope_freqs(c->hd);
+    kv_rt_options o;
+    memset(&o, 0, sizeof o);
+    o.n_seqs = n_seqs, o.n_heads = c->kv_heads * c->gqa, o.n_threads = n_threads;
+    o.rope_inv_freq = freq, o.rope_layout = c->rope_half ? KV_ROPE_HALF : KV_ROPE_ADJACENT;
+    kv_rt *rt = NULL;
+    ck_assert_kv_ok(kv_rt_open(&rt, p, &o));
+    const int kvd = c->kv_heads * c->hd, qd = c->kv_heads * c->gqa * c->hd, H = c->kv_heads, G = c->gqa;
+    const int maxn = c->prefill > c->step ? c->prefill : c->step;
+    float *k = malloc(sizeof(float) * (size_t)maxn * kvd), *kp = malloc(sizeof(float) * (size_t)maxn * kvd);
+    float *v = malloc(sizeof(float) * (size_t)maxn * kvd), *q = malloc(sizeof(float) * (size_t)maxn * qd);
+    float *out = malloc(sizeof(float) * (size_t)maxn * qd);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)maxn);
+    double worst = 0;
+    /* sequences advance in turn, seq q with a length offset, so that they interleave and differ */
+    int *len = calloc((size_t)n_seqs, sizeof(int)), *steps = calloc((size_t)n_seqs, sizeof(int));
+    for (int done = 0; !done;) {
+        done = 1;
+        for (int sq = 0; sq < n_seqs; sq++) {
+            const int T = c->T - 17 * sq;
+            if (len[sq] >= T) continue;
+            done = 0;
+            int n = len[sq] == 0 ? c->prefill : c->step;
+            if (n > T - len[sq]) n = T - len[sq];
+            const int last = len[sq] + n == T;
+            const int check = last || (c->check_every && steps[sq] % c->check_every == 0);
+            for (int i = 0; i < n; i++) pos[i] = len[sq] + i;
+            for (int l = 0; l < c->layers; l++) {
+                fill_kv(k, v, n, kvd, l, len[sq], 5u + (uint64_t)sq);
+                memcpy(kp, k, sizeof(float) * (size_t)n * kvd);
+                /* post-RoPE keys: the runtime's own RoPE applied per head (what a model hands over) */
+                for (int h = 0; h < H; h++)
+                    for (int i = 0; i < n; i++) rope_row(k + (size_t)i * kvd + (size_t)h * c->hd, c->hd, c->rope_half, freq, pos[i]);
+                ck_assert_kv_ok(kv_rt_append(rt, l, sq, n, pos, kp, k, v, (size_t)kvd));
+                kv_rng r;
+                kv_rng_init(&r, 900u + (uint64_t)(len[sq] * 131 + l * 7 + sq));
+                for (size_t i = 0; i < (size_t)n * qd; i++) q[i] = (float)(1.5 * kv_rng_next_normal(&r));
+                ck_assert_kv_ok(kv_rt_attend(rt, l, sq, n, q, (size_t)qd, out, (size_t)qd));
+                if (check)
+                    worst = fmax(worst, check_attend(rt, p, l, sq, len[sq] + n, n, q, out, H, G, c->hd,
+                                                     n > RT_DIRECT_MAX_ROWS, c->name));
+            }
+            len[sq] += n;
+            steps[sq]++;
+            ck_assert_int_eq(kv_rt_length(rt, sq), len[sq]);
+            check_bytes(rt, sq);
+        }
+    }
+    for (int sq = 0; sq < n_seqs; sq++) check_replay(rt, p, c, sq, c->T - 17 * sq, freq);
+    /* reset releases a sequence's memory */
+    kv_rt_reset(rt, 0);
+    kv_rt_stats st;
+    ck_assert_kv_ok(kv_rt_get_stats(rt, 0, &st));
+    ck_assert_uint_eq(st.allocated_bytes, 0);
+    ck_assert_int_eq(kv_rt_length(rt, 0), 0);
+    free(len), free(steps);
+    free(k), free(kp), free(v), free(q), free(out), free(pos), free(freq);
+    kv_rt_close(rt);
+    kv_plan_free(p);
+    return worst;
+}
+
+#define U(b, g, ax) {KV_PLAN_UNIFORM, b, g, ax, 0, 0.0f, 0, 0, 0, 0.0f}
+#define HG(g, d, n) {KV_PLAN_HIGGS, 0, g, KV_PLAN_GROUP_CHANNELS, 0, 0.0f, d, n, 0, 0.0f}
+#define F16 {KV_PLAN_FP, 16, 0, 0, 0, 0.0f, 0, 0, 0, 0.0f}
+#define F32 {KV_PLAN_FP, 32, 0, 0, 0, 0.0f, 0, 0, 0, 0.0f}
+enum { TOK = KV_PLAN_GROUP_TOKENS, CH = KV_PLAN_GROUP_CHANNELS };
+
+static const rcase k_cases[] = {
+    /* name, layers, kv_heads, gqa, hd, sinks, recent, k, v, k0, v0, has_l0, pre_rope, rope_half, aqua, T, prefill, step, every */
+    {"f16", 1, 2, 3, 64, 4, 32, F16, F16, F16, F16, 0, 0, 0, 0, 300, 40, 1, 25, 0},
+    {"f32 blocks", 1, 1, 2, 16, 0, 16, F32, F32, F16, F16, 0, 0, 0, 0, 120, 20, 3, 7, 0},
+    {"kivi-2", 2, 3, 3, 64, 4, 32, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 400, 40, 1, 60, 0},
+    {"kivi-4 eta f32", 2, 2, 4, 32, 4, 32, {KV_PLAN_UNIFORM, 4, 16, TOK, 0, 0.05f, 0, 0, 1, 0.0f},
+     {KV_PLAN_UNIFORM, 4, 16, CH, 0, 0.08f, 0, 0, 1, 0.0f}, F16, F16, 0, 0, 0, 0, 200, 36, 2, 20, 0},
+    {"kivi-3 pack11/10", 1, 2, 2, 64, 2, 64, {KV_PLAN_UNIFORM, 3, 32, TOK, 1, 0.0f, 0, 0, 0, 0.0f},
+     {KV_PLAN_UNIFORM, 3, 32, CH, 0, 0.0f, 0, 0, 0, 0.0f}, F16, F16, 0, 0, 0, 0, 300, 66, 1, 50, 0},
+    {"kivi-1 and 8", 1, 1, 8, 64, 4, 32, U(1, 32, TOK), U(8, 64, CH), F16, F16, 0, 0, 0, 0, 200, 40, 4, 10, 0},
+    {"channels keys, tokens values", 1, 2, 1, 64, 4, 32, U(2, 64, CH), U(4, 16, TOK), F16, F16, 0, 0, 0, 0, 200, 40, 1, 30,
+     0},
+    {"odd head_dim 9", 1, 2, 2, 9, 3, 16, U(2, 4, CH), U(4, 4, CH), F16, F16, 0, 0, 0, 0, 150, 21, 1, 20, 0},
+    {"odd head_dim 9 tokens", 1, 2, 1, 9, 3, 16, U(2, 8, TOK), U(2, 8, TOK), F16, F16, 0, 0, 0, 0, 100, 19, 2, 10, 0},
+    {"higgs-2", 1, 3, 3, 64, 4, 32, HG(0, 2, 16), HG(0, 2, 16), F16, F16, 0, 0, 0, 0, 300, 40, 1, 40, 0},
+    {"higgs-4 g32", 1, 2, 2, 64, 4, 32, HG(32, 2, 256), HG(32, 2, 256), F16, F16, 0, 0, 0, 0, 200, 36, 1, 30, 0},
+    {"higgs d1 d4", 1, 2, 2, 32, 4, 32, HG(0, 1, 8), HG(16, 4, 256), F16, F16, 0, 0, 0, 0, 200, 36, 3, 10, 0},
+    {"higgs across heads", 1, 2, 2, 32, 4, 32, HG(64, 2, 16), HG(64, 2, 64), F16, F16, 0, 0, 0, 0, 150, 36, 1, 20, 0},
+    {"higgs pre-rope", 1, 2, 3, 64, 4, 32, HG(0, 2, 16), HG(0, 2, 16), F16, F16, 0, 1, 0, 0, 200, 36, 1, 30, 0},
+    {"kivi pre-rope half", 1, 2, 2, 16, 4, 32, U(2, 32, TOK), U(2, 16, CH), F16, F16, 0, 1, 1, 0, 150, 36, 1, 20, 0},
+    {"aqua", 3, 2, 3, 32, 4, 32, U(2, 32, CH), HG(0, 2, 16), HG(0, 2, 256), HG(0, 2, 256), 1, 1, 0, 1, 250, 36, 1, 20, 0},
+    {"aqua uniform", 3, 2, 2, 16, 4, 16, U(2, 16, CH), U(2, 16, CH), U(4, 16, CH), U(4, 16, CH), 1, 0, 0, 1, 150, 20,
+     1, 20, 0},
+    {"rpc", 2, 2, 2, 32, 4, 32, {KV_PLAN_UNIFORM, 2, 8, TOK, 0, 0.0f, 0, 0, 0, 0.2f},
+     {KV_PLAN_UNIFORM, 2, 32, CH, 0, 0.0f, 0, 0, 0, 0.1f}, F16, F16, 0, 0, 0, 0, 250, 64, 1, 20, 0},
+    {"gqa 1", 1, 4, 1, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 150, 36, 1, 30, 0},
+    {"xquant shared codes", 4, 2, 2, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 200, 36, 1, 20, 2},
+    {"xquant 1-bit shared", 4, 2, 3, 64, 4, 32, U(1, 32, TOK), {KV_PLAN_UNIFORM, 1, 32, CH, 0, 0.2f, 0, 0, 0, 0.0f},
+     U(2, 32, TOK), U(2, 32, CH), 1, 0, 0, 0, 150, 36, 2, 20, 2},
+    {"tiled steps", 2, 2, 3, 64, 4, 64, U(2, 32, TOK), HG(0, 2, 16), F16, F16, 0, 0, 0, 0, 500, 100, 70, 1, 0},
+    {"tiled aqua", 3, 2, 2, 32, 4, 32, U(2, 32, CH), HG(0, 2, 16), HG(0, 2, 256), HG(0, 2, 256), 1, 1, 0, 1, 300, 80,
+     50, 1, 0},
+};
+
+/* Every case at each vector level: the portable C, and AVX2 + FMA when this CPU has it (the AVX2
+ * loops fuse multiply-adds, so they are held to the same bound rather than to the portable bits). */
+START_TEST(test_attention_matches_exact) {
+    const int n_cases = (int)(sizeof k_cases / sizeof k_cases[0]);
+    const rcase *c = &k_cases[_i % n_cases];
+    kv_simd_level_limit(_i < n_cases ? KV_SIMD_NONE : KV_SIMD_AVX2);
+    const double w1 = run_case(c, 1, 2);
+    const double w2 = run_case(c, 2, 1); /* two interleaved sequences, one thread */
+    printf("%-32s %s worst error / bound: %.3g, %.3g\n", c->name, _i < n_cases ? "portable" : "avx2    ", w1, w2);
+}
+END_TEST
+
+/* Long sequences: segment boundaries (2048) crossed twice, a long prefill (tiled) then decoding. */
+START_TEST(test_long_sequences) {
+    kv_simd_level_limit(_i ? KV_SIMD_AVX2 : KV_SIMD_NONE);
+    const rcase c1 = {"long kivi-2", 1, 2, 3, 64, 4, 128, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 4300, 4290,
+                      1, 0, 0};
+    const rcase c2 = {"long higgs-2 pre-rope", 1, 1, 3, 64, 4, 128, HG(0, 2, 16), HG(0, 2, 16), F16, F16, 0, 1, 0, 0,
+                      2200, 2196, 1, 0, 0};
+    printf("long kivi-2 worst %.3g\n", run_case(&c1, 1, 2));
+    printf("long higgs-2 worst %.3g\n", run_case(&c2, 1, 2));
+}
+END_TEST
+
+/* The polynomial exp of the softmax against exp, over every float in [-104, 0] stepped finely. */
+START_TEST(test_exp) {
+    kv_simd_level_limit(_i ? KV_SIMD_AVX2 : KV_SIMD_NONE);
+    double worst = 0;
+    for (double x = -104.0; x <= 0.0; x += 1.0 / 4096) {
+        float v = (float)x;
+        rt_exp_inplace(&v, 1);
+        const double want = exp((double)(float)x);
+        if ((float)x < -87.33f) { /* 2^n below the normal range: flushed to 0 (rt_math.c) */
+            ck_assert_float_eq(v, 0.0f);
+            continue;
+        }
+        worst = fmax(worst, fabs(v - want) / want);
+    }
+    ck_assert_double_lt(worst, 4e-7);
+    float z[9] = {0, -INFINITY, -1e30f, -87.0f, -87.5f, -0.5f, -1e-20f, -20.0f, -3.0f};
+    rt_exp_inplace(z, 9);
+    ck_assert_float_eq(z[0], 1.0f);
+    ck_assert_float_eq(z[1], 0.0f);
+    ck_assert_float_eq(z[2], 0.0f);
+    ck_assert_float_eq(z[4], 0.0f);
+    ck_assert_float_eq(z[6], 1.0f);
+}
+END_TEST
+
+/* Decoding with 1 and 2 threads gives the same bits (fixed segments, fixed combine order). */
+START_TEST(test_threads_agree) {
+    const rcase c = {"threads", 2, 2, 3, 64, 4, 32, U(2, 32, TOK), HG(0, 2, 16), F16, F16, 0, 0, 0, 0, 2500, 2490, 1, 0, 0};
+    kv_plan *p = make_plan(&c);
+    float *outs[2];
+    const int kvd = 128, qd = 384, n = c.T;
+    float *k = malloc(sizeof(float) * (size_t)n * kvd), *v = malloc(sizeof(float) * (size_t)n * kvd);
+    float *q = malloc(sizeof(float) * qd);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
+    for (int i = 0; i < n; i++) pos[i] = i;
+    for (int th = 1; th <= 2; th++) {
+        kv_rt_options o;
+        memset(&o, 0, sizeof o);
+        o.n_seqs = 1, o.n_heads = 6, o.n_threads = th;
+        kv_rt *rt = NULL;
+        ck_assert_kv_ok(kv_rt_open(&rt, p, &o));
+        outs[th - 1] = malloc(sizeof(float) * qd);
+        for (int l = 0; l < 2; l++) {
+            fill_kv(k, v, 2490, kvd, l, 0, 3);
+            ck_assert_kv_ok(kv_rt_append(rt, l, 0, 2490, pos, k, k, v, kvd));
+        }
+        for (int t = 2490; t < n; t++)
+            for (int l = 0; l < 2; l++) {
+                fill_kv(k, v, 1, kvd, l, t, 3);
+                ck_assert_kv_ok(kv_rt_append(rt, l, 0, 1, pos + t, k, k, v, kvd));
+                for (int i = 0; i < qd; i++) q[i] = (float)sin(0.37 * i + t + l);
+                ck_assert_kv_ok(kv_rt_attend(rt, l, 0, 1, q, qd, outs[th - 1], qd));
+            }
+        kv_rt_close(rt);
+    }
+    ck_assert_int_eq(memcmp(outs[0], outs[1], sizeof(float) * qd), 0);
+    free(outs[0]), free(outs[1]), free(k), free(v), free(q), free(pos);
+    kv_plan_free(p);
+}
+END_TEST
+
+/* AQUA-KV with the reconstructions kept across steps (extended chunk by chunk) gives the same bits as
+ * rebuilding them at every step: every chunk is predicted by the same call on the same rows. */
+START_TEST(test_keep_reconstructions) {
+    const rcase c = {"aqua keep", 3, 2, 2, 32, 4, 16, U(2, 16, CH), HG(0, 2, 16), HG(0, 2, 256), HG(0, 2, 256), 1, 1, 0, 1,
+                     120, 20, 1, 0, 0};
+    kv_plan *p = make_plan(&c);
+    double *freq = rope_freqs(c.hd);
+    const int kvd = 64, qd = 128, T = c.T;
+    float *k = malloc(sizeof(float) * (size_t)T * kvd), *v = malloc(sizeof(float) * (size_t)T * kvd);
+    float q[128], outs[2][3][128];
+    int32_t pos[120];
+    for (int i = 0; i < T; i++) pos[i] = i;
+    for (int keep = 0; keep < 2; keep++) {
+        kv_rt_options o;
+        memset(&o, 0, sizeof o);
+        o.n_seqs = 1, o.n_heads = 4, o.n_threads = 2, o.rope_inv_freq = freq, o.keep_reconstructions = keep;
+        kv_rt *rt = NULL;
+        ck_assert_kv_ok(kv_rt_open(&rt, p, &o));
+        for (int t = 0; t < T; t++)
+            for (int l = 0; l < 3; l++) {
+                fill_kv(k, v, 1, kvd, l, t, 9);
+                ck_assert_kv_ok(kv_rt_append(rt, l, 0, 1, pos + t, k, k, v, kvd));
+                for (int i = 0; i < qd; i++) q[i] = (float)cos(0.3 * i + t + l);
+                ck_assert_kv_ok(kv_rt_attend(rt, l, 0, 1, q, qd, outs[keep][l], qd));
+            }
+        kv_rt_stats st;
+        ck_assert_kv_ok(kv_rt_get_stats(rt, 0, &st));
+        /* kept: layers 1 and 2's streams and their inputs stay (f32, every compressed token) */
+        if (keep) ck_assert_uint_ge(st.working_bytes, 4u * (uint64_t)(T - 4 - 16) * kvd * 4u);
+        kv_rt_close(rt);
+    }
+    ck_assert_int_eq(memcmp(outs[0], outs[1], sizeof outs[0]), 0);
+    free(k), free(v), free(freq);
+    kv_plan_free(p);
+}
+END_TEST
+
+/* What the runtime cannot serve is refused with its own message. */
+START_TEST(test_refusals) {
+    const rcase c = {"base", 2, 2, 2, 16, 4, 16, U(2, 16, TOK), U(2, 16, CH), F16, F16, 0, 1, 0, 0, 10, 5, 1, 0, 0};
+    kv_plan *p = make_plan(&c);
+    double *freq = rope_freqs(16);
+    kv_rt_options o;
+    memset(&o, 0, sizeof o);
+    o.n_seqs = 1, o.n_heads = 4, o.n_threads = 1, o.rope_inv_freq = freq;
+    kv_rt *rt = NULL;
+    /* pre-RoPE keys without the model's RoPE */
+    o.rope_inv_freq = NULL;
+    ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EINVAL);
+    ck_assert_ptr_null(rt);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "RoPE"));
+    o.rope_inv_freq = freq;
+    /* query heads not a multiple of the KV heads */
+    o.n_heads = 3;
+    ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EINVAL);
+    o.n_heads = 4;
+    /* CUDA is not in this version */
+    o.device = KV_RT_DEVICE_CUDA;
+    ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EUNSUPPORTED);
+    o.device = KV_RT_DEVICE_CPU;
+    /* shared codes with a recent pivotal context: chunks that need not align */
+    p->layers[1].stream[KV_PLAN_K].share_codes_with_layer = 0;
+    p->layers[1].stream[KV_PLAN_K].rpc_ratio = 0.2f;
+    ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EUNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "layer 1 K"));
+    p->layers[1].stream[KV_PLAN_K].share_codes_with_layer = -1;
+    p->layers[1].stream[KV_PLAN_K].rpc_ratio = 0.0f;
+    p->global.prune_method = KV_PLAN_PRUNE_H2O;
+    ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EUNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "h2o"));
+    p->global.prune_method = KV_PLAN_PRUNE_NONE;
+    /* a key group that does not divide the recent buffer */
+    p->layers[0].stream[KV_PLAN_K].group_size = 12;
+    ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EFORMAT);
+    p->layers[0].stream[KV_PLAN_K].group_size = 16;
+    ck_assert_kv_ok(kv_rt_open(&rt, p, &o));
+    float kv[8 * 32] = {0};
+    int32_t pos[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    /* positions must continue the sequence; k_pre is needed; capacity; query rows held */
+    ck_assert_int_eq(kv_rt_append(rt, 0, 0, 2, pos + 1, kv, kv, kv, 32), KV_EINVAL);
+    ck_assert_int_eq(kv_rt_append(rt, 0, 0, 2, pos, NULL, kv, kv, 32), KV_EINVAL);
+    ck_assert_int_eq(kv_rt_append(rt, 0, 1, 2, pos, kv, kv, kv, 32), KV_EINVAL); /* no sequence 1 */
+    ck_assert_kv_ok(kv_rt_append(rt, 0, 0, 2, pos, kv, kv, kv, 32));
+    float qo[3 * 64];
+    ck_assert_int_eq(kv_rt_attend(rt, 0, 0, 3, qo, 64, qo, 64), KV_EINVAL);
+    kv_rt_close(rt);
+    o.capacity = 4;
+    ck_assert_kv_ok(kv_rt_open(&rt, p, &o));
+    ck_assert_kv_ok(kv_rt_append(rt, 0, 0, 4, pos, kv, kv, kv, 32));
+    ck_assert_int_eq(kv_rt_append(rt, 0, 0, 1, pos + 4, kv, kv, kv, 32), KV_EINVAL);
+    kv_rt_close(rt);
+    kv_plan_free(p);
+    /* an AQUA plan whose layer 1 is appended before layer 0 compressed the same tokens */
+    const rcase a = {"aqua", 2, 1, 1, 16, 0, 8, U(2, 8, CH), U(2, 8, CH), U(4, 8, CH), U(4, 8, CH), 1, 0, 0, 1, 10, 5, 1, 0, 0};
+    p = make_plan(&a);
+    o.capacity = 0, o.n_heads = 1;
+    ck_assert_kv_ok(kv_rt_open(&rt, p, &o));
+    float kk[16 * 16] = {0};
+    int32_t pp[16];
+    for (int i = 0; i < 16; i++) pp[i] = i;
+    ck_assert_kv_ok(kv_rt_append(rt, 1, 0, 8, pp, kk, kk, kk, 16));
+    ck_assert_int_eq(kv_rt_append(rt, 1, 0, 1, pp + 8, kk, kk, kk, 16), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "in order"));
+    kv_rt_close(rt);
+    kv_plan_free(p);
+    free(freq);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("runtime");
+    TCase *tc = tcase_create("runtime");
+    tcase_set_timeout(tc, 900);
+    tcase_add_loop_test(tc, test_attention_matches_exact, 0, 2 * (int)(sizeof k_cases / sizeof k_cases[0]));
+    tcase_add_loop_test(tc, test_long_sequences, 0, 2);
+    tcase_add_loop_test(tc, test_exp, 0, 2);
+    tcase_add_test(tc, test_threads_agree);
+    tcase_add_test(tc, test_keep_reconstructions);
+    tcase_add_test(tc, test_refusals);
+    suite_add_tcase(s, tc);
+    return kv_test_run(s);
+}

@@ -1,0 +1,194 @@
+/* kvrun bench: what a KV cache costs in speed and memory on a real model. B sequences each get a
+ * prompt of N tokens (a corpus slice, or seeded random tokens) through one prefill, then K
+ * single-token decoding steps run all B sequences in one forward call (greedy: each step feeds the
+ * argmax of the previous logits). Reports prefill and decode tokens per second, the bytes the cache
+ * holds (from the runtime's own allocations; the plain cache's arrays otherwise), bits per value and
+ * the process's peak RSS. Timings are wall time of the forward calls. */
+#define _POSIX_C_SOURCE 200809L
+#include "kv_tools.h"
+#include "kvrt.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+static const char *k_tool = "kvrun bench";
+
+typedef struct bench_result {
+    double prefill_s, decode_s;
+    uint64_t cache_bytes, cache_bytes_accounted, working_bytes;
+    double bits_per_value, bits_per_value_total;
+    long peak_rss_kb;
+} bench_result;
+
+static long peak_rss_kb(void) {
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : 0;
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+int kvrun_bench(int argc, char **argv) {
+    const char *model = NULL, *tokp = NULL, *text = NULL, *plan_path = NULL, *cache_kind = "f16", *weights = "native";
+    long context = 0, decode = 32, batch = 1, threads = 0, seed = 1;
+    int json = 0, keep = 0;
+    const kv_opt opts[] = {
+        {"model", 'm', KV_OPT_STRING, &model, "PATH", "model (GGUF, safetensors directory, llama2.c)", 1},
+        {"plan", 'p', KV_OPT_STRING, &plan_path, "PLAN", "the runtime with this plan's compressed cache", 0},
+        {"cache", 0, KV_OPT_STRING, &cache_kind, "KIND", "without --plan: f16 (the runtime's f16 cache; default) or "
+                                                         "f32 (the plain exact cache)", 0},
+        {"context", 'c', KV_OPT_INT, &context, "N", "prompt tokens prefilled per sequence", 1},
+        {"decode", 'n', KV_OPT_INT, &decode, "K", "decoding steps after the prefill (default 32)", 0},
+        {"batch", 'b', KV_OPT_INT, &batch, "B", "sequences decoded together (default 1)", 0},
+        {"text", 0, KV_OPT_STRING, &text, "FILE", "take the prompts from this text (default: seeded random tokens)", 0},
+        {"tokenizer", 0, KV_OPT_STRING, &tokp, "PATH", "tokenizer for --text (default: the model's own)", 0},
+        {"seed", 0, KV_OPT_INT, &seed, "S", "seed of the random prompts (default 1)", 0},
+        {"weights", 0, KV_OPT_STRING, &weights, "KIND", "weight storage: native (default), f32, f16", 0},
+        {"threads", 't', KV_OPT_INT, &threads, "N", "threads, 1..4 per CPU (default: KVCAL_THREADS or all CPUs)", 0},
+        {"keep-reconstructions", 0, KV_OPT_FLAG, &keep, NULL, "AQUA-KV plans: keep the reconstructions across steps "
+                                                                  "instead of rebuilding them (kernels/RUNTIME.md §6)", 0},
+        {"json", 0, KV_OPT_FLAG, &json, NULL, "print the result as one JSON object", 0},
+        {NULL, 0, 0, NULL, NULL, NULL, 0},
+    };
+    kv_cli_args args;
+    int rc = kv_cli_parse(&args, k_tool, "--model M [--plan P | --cache f16|f32] --context N [--decode K] [--batch B] "
+                          "[--text FILE] [-t T] [--json]",
+                          "Prefill N tokens per sequence, decode K tokens for B sequences together, and report speed "
+                          "and the bytes the KV cache holds.",
+                          opts, 0, argc, argv);
+    if (rc) return rc < 0 ? KV_EXIT_OK : rc;
+    kv_cli_args_free(&args);
+    if (context < 1 || context > (1L << 22) || decode < 1 || decode > (1L << 20) || batch < 1 || batch > 4096 ||
+        seed < 0)
+        return kv_cli_usage_error(k_tool, "--context in [1, 2^22], --decode in [1, 2^20], --batch in [1, 4096], "
+                                  "--seed >= 0");
+    int n_threads = 0;
+    if ((rc = kv_tool_threads(k_tool, threads, &n_threads)) != KV_EXIT_OK) return rc;
+    if (strcmp(cache_kind, "f32") != 0 && strcmp(cache_kind, "f16") != 0)
+        return kv_cli_usage_error(k_tool, "--cache must be f16 or f32, not '%s'", cache_kind);
+    const int storage = kv_tool_weight_storage(weights);
+    if (storage < 0) return kv_cli_usage_error(k_tool, "--weights must be native, f32 or f16, not '%s'", weights);
+    kv_model_options mo;
+    memset(&mo, 0, sizeof mo);
+    mo.n_threads = n_threads;
+    mo.weights = (kv_weight_storage)storage;
+    kv_model *m = NULL;
+    kv_tokenizer *tok = NULL;
+    kv_cache *cache = NULL;
+    kv_plan *plan = NULL;
+    int32_t *ids = NULL, *prompt = NULL, *next = NULL;
+    int *seq_ids = NULL;
+    float *logits = NULL;
+    size_t n_ids = 0;
+    bench_result br;
+    memset(&br, 0, sizeof br);
+    kv_status s;
+    if (text && (s = kv_input_check(text)) != KV_OK) goto done; /* a device never ends */
+    if ((s = kv_tool_open_model_opt(&m, text ? &tok : NULL, model, tokp, &mo)) != KV_OK) goto done;
+    const kv_arch *a = kv_model_arch(m);
+    kv_tool_warn_context(a, context + decode, "--context plus --decode");
+    const int N = (int)context, K = (int)decode, B = (int)batch, V = a->vocab_size;
+    prompt = malloc(sizeof(int32_t) * (size_t)N);
+    next = malloc(sizeof(int32_t) * (size_t)B);
+    seq_ids = malloc(sizeof(int) * (size_t)B);
+    logits = malloc(sizeof(float) * (size_t)B * (size_t)V);
+    if (!prompt || !next || !seq_ids || !logits) {
+        s = KV_ERR(KV_ENOMEM, "out of memory");
+        goto done;
+    }
+    if (text) {
+        if ((s = kv_tool_tokenize_file(&ids, &n_ids, NULL, tok, text)) != KV_OK) goto done;
+        if (n_ids < (size_t)N) {
+            s = KV_ERR(KV_EINVAL, "'%s' has %zu tokens, fewer than one prompt of %d", text, n_ids, N);
+            goto done;
+        }
+    }
+    if ((s = kv_tool_make_cache(&cache, &plan, m, model, plan_path, cache_kind, B, N + K,
+                                 keep ? KV_CACHE_RT_KEEP_RECONSTRUCTIONS : 0u)) != KV_OK) goto done;
+    kv_rng rng;
+    kv_rng_init(&rng, (uint64_t)seed);
+    for (int b = 0; b < B; b++) {
+        /* sequence b's prompt: the corpus from a different offset, or fresh random ids */
+        if (text)
+            memcpy(prompt, ids + ((size_t)b * 7919u) % (n_ids - (size_t)N + 1), sizeof(int32_t) * (size_t)N);
+        else
+            for (int t = 0; t < N; t++) prompt[t] = (int32_t)(kv_rng_next_u64(&rng) % (uint64_t)V);
+        kv_forward f;
+        memset(&f, 0, sizeof f);
+        f.tokens = prompt, f.n_seqs = 1, f.n_tokens = N, f.cache = cache, f.seq_ids = &b;
+        f.logits = logits + (size_t)b * V, f.logits_last_only = 1;
+        const double t0 = kv_now_seconds();
+        if ((s = kv_model_forward(m, &f)) != KV_OK) goto done;
+        br.prefill_s += kv_now_seconds() - t0;
+        next[b] = argmax(logits + (size_t)b * V, V);
+        seq_ids[b] = b;
+    }
+    for (int i = 0; i < K; i++) {
+        kv_forward f;
+        memset(&f, 0, sizeof f);
+        f.tokens = next, f.n_seqs = B, f.n_tokens = 1, f.cache = cache, f.seq_ids = seq_ids;
+        f.logits = logits, f.logits_last_only = 1;
+        const double t0 = kv_now_seconds();
+        if ((s = kv_model_forward(m, &f)) != KV_OK) goto done;
+        br.decode_s += kv_now_seconds() - t0;
+        for (int b = 0; b < B; b++) next[b] = argmax(logits + (size_t)b * V, V);
+    }
+    kv_rt *rt = kv_cache_rt_runtime(cache);
+    if (rt) {
+        kv_rt_stats st;
+        if ((s = kv_rt_get_stats(rt, -1, &st)) != KV_OK) goto done;
+        br.cache_bytes = st.allocated_bytes + st.predictor_bytes;
+        br.cache_bytes_accounted = st.accounted_bytes + st.predictor_bytes;
+        br.working_bytes = st.working_bytes;
+        br.bits_per_value = st.bits_per_value;
+        br.bits_per_value_total = st.bits_per_value_total;
+    } else { /* the plain cache: f32 keys and values of every token */
+        br.cache_bytes = br.cache_bytes_accounted = kv_cache_bytes(cache);
+        br.bits_per_value = br.bits_per_value_total = 32.0;
+    }
+    br.peak_rss_kb = peak_rss_kb();
+    const double dec_tps = br.decode_s > 0 ? (double)B * K / br.decode_s : 0.0;
+    const double pre_tps = br.prefill_s > 0 ? (double)B * N / br.prefill_s : 0.0;
+    const char *what = plan_path ? plan_path : cache_kind;
+    if (json) {
+        printf("{\"cache\": \"");
+        for (const char *p = what; *p; p++) {
+            if (*p == '"' || *p == '\\') putchar('\\');
+            if ((unsigned char)*p >= 0x20) putchar(*p);
+        }
+        printf("\", \"context\": %d, \"decode\": %d, \"batch\": %d, \"threads\": %d, \"decode_tokens_per_second\": %.3f, "
+               "\"prefill_tokens_per_second\": %.3f, \"decode_seconds\": %.4f, \"prefill_seconds\": %.4f, "
+               "\"cache_bytes\": %llu, \"cache_bytes_accounted\": %llu, \"working_bytes\": %llu, "
+               "\"bits_per_value\": %.4f, \"bits_per_value_total\": %.4f, \"peak_rss_bytes\": %lld}\n",
+               N, K, B, kv_model_threads(m), dec_tps, pre_tps, br.decode_s, br.prefill_s,
+               (unsigned long long)br.cache_bytes, (unsigned long long)br.cache_bytes_accounted,
+               (unsigned long long)br.working_bytes, br.bits_per_value, br.bits_per_value_total,
+               (long long)br.peak_rss_kb * 1024);
+    } else {
+        printf("cache                      %s\n", what);
+        printf("context / decode / batch   %d / %d / %d (%d threads)\n", N, K, B, kv_model_threads(m));
+        printf("decode_tokens_per_second   %.2f\n", dec_tps);
+        printf("prefill_tokens_per_second  %.2f\n", pre_tps);
+        printf("cache_bytes                %llu held (accounted %llu; working set %llu)\n",
+               (unsigned long long)br.cache_bytes, (unsigned long long)br.cache_bytes_accounted,
+               (unsigned long long)br.working_bytes);
+        printf("bits_per_value             %.3f (total %.3f)\n", br.bits_per_value, br.bits_per_value_total);
+        printf("peak_rss                   %.1f MiB\n", br.peak_rss_kb / 1024.0);
+    }
+done:
+    free(ids);
+    free(prompt);
+    free(next);
+    free(seq_ids);
+    free(logits);
+    kv_cache_free(cache);
+    kv_plan_free(plan);
+    kv_tokenizer_free(tok);
+    kv_model_free(m);
+    return s == KV_OK ? KV_EXIT_OK : kv_cli_fail(k_tool, s);
+}
