@@ -904,10 +904,12 @@ static kv_status check_inputs(kv_model *m, const kv_fit_data *data, const kv_fit
     return KV_OK;
 }
 
-/* Sequences per shard: data.shard_seqs, else 8192 tokens' worth (at least one sequence). */
+/* Sequences per shard: data.shard_seqs, else 2048 tokens' worth (at least one sequence): large enough
+ * for efficient matrix products, small enough that one shard's forward activations stay a small part
+ * of the memory (BENCHMARKS.md), and enough shards for the ranks to share. */
 static int shard_seqs_of(const kv_fit_config *cfg) {
     if (cfg->data.shard_seqs > 0) return cfg->data.shard_seqs;
-    const int b = 8192 / cfg->data.seq_len;
+    const int b = 2048 / cfg->data.seq_len;
     return b < 1 ? 1 : b;
 }
 

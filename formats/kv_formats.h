@@ -627,7 +627,7 @@ typedef struct kv_fit_config {
         int seq_len;
         int64_t max_tokens;      /* calibration tokens at most; 0 = all */
         int shard_seqs;          /* sequences per shard (forward batch, unit of the rank split and of the
-                                    fixed-order sums); 0 = max(1, 8192 / seq_len) */
+                                    fixed-order sums); 0 = max(1, 2048 / seq_len) */
     } data;
     struct {
         int sinks, recent;

@@ -23,32 +23,35 @@ valid="$data/wikitext-2-raw/wiki.valid.raw" test_split="$data/wikitext-2-raw/wik
 out="${BENCH_OUT:-$(mktemp -d)}"
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-1700000000}" # plans of different runs comparable byte for byte
 base=(fit --model "$model" --corpus "$valid" --max-tokens "$tokens" --no-checkpoint -q)
 echo "bench-dist: $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg), $(git -C "$here" rev-parse --short HEAD); output in $out" >&2
 
-# run NAME CMD...: time it (GNU time: peak RSS of the process, or of rank 0's under mpirun's own
-# accounting — the report's peak RSS is the largest rank's) and print one line
+# run NAME CMD...: time it and print one line: wall time, CPU time (user + system, of every rank under
+# mpirun), GNU time's peak RSS (the largest process; the report's peak RSS is the largest rank's)
 run() {
   local name="$1"
   shift
   echo "\$ $*" >&2
-  /usr/bin/time -f "%M %e" -o "$out/$name.time" "$@" > "$out/$name.txt" 2> "$out/$name.err" || {
+  /usr/bin/time -f "%M %e %U %S" -o "$out/$name.time" "$@" > "$out/$name.txt" 2> "$out/$name.err" || {
     echo "bench-dist: $name failed:" >&2; cat "$out/$name.err" >&2; return 1; }
-  local rss wall
-  read -r rss wall < "$out/$name.time"
+  local rss wall user sys
+  read -r rss wall user sys < "$out/$name.time"
   local mem
   mem="$(grep '^memory:' "$out/$name.txt" | sed 's/^memory: //')"
   local t
   t="$(grep '^time:' "$out/$name.txt" | sed 's/^time: //')"
-  printf '%-34s wall %7.1f s | maxrss (time -v) %7.1f MiB | %s | %s\n' "$name" "$wall" "$(echo "$rss/1024" | bc -l)" "$mem" "$t"
+  printf '%-34s wall %7.1f s cpu %7.1f s | maxrss %7.1f MiB | %s | %s\n' "$name" "$wall" "$(echo "$user+$sys" | bc -l)" \
+    "$(echo "$rss/1024" | bc -l)" "$mem" "$t"
 }
 
 case "$what" in
   memory)
-    run whole-f32 "$kvcal" "${base[@]}" -t 2 --out "$out/whole-f32.kvplan" --set memory.stream_weights=false
+    run whole-f32 "$kvcal" "${base[@]}" -t 2 --out "$out/whole-f32.kvplan" --set memory.stream_weights=false \
+      --set data.shard_seqs=8
     run whole-native "$kvcal" "${base[@]}" -t 2 --out "$out/whole-native.kvplan" --set memory.stream_weights=false \
-      --set memory.weights=native
-    run stream-f32 "$kvcal" "${base[@]}" -t 2 --out "$out/stream-f32.kvplan"
+      --set memory.weights=native --set data.shard_seqs=8
+    run stream-f32 "$kvcal" "${base[@]}" -t 2 --out "$out/stream-f32.kvplan" --set data.shard_seqs=8
     run stream-f32-shard2 "$kvcal" "${base[@]}" -t 2 --out "$out/stream-f32-shard2.kvplan" --set data.shard_seqs=2
     run stream-native-shard2 "$kvcal" "${base[@]}" -t 2 --out "$out/stream-native-shard2.kvplan" --set data.shard_seqs=2 \
       --set memory.weights=native
