@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -363,29 +364,50 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
     return KV_OK;
 }
 
-/* ---- the run ------------------------------------------------------------------------------------- */
+/* ---- the run -------------------------------------------------------------------------------------
+ * Sequences are cut into shards of data.shard_seqs consecutive sequences (calibration sequences
+ * first, then held-out ones). A shard is one forward call, the unit the ranks share (shard k belongs
+ * to rank k mod size) and the unit of every sum: the normal equations are summed per shard and the
+ * shards' sums added in shard order (kv_dist_fold), the held-out metrics per chunk and the chunks'
+ * sums added in chunk order. The plan therefore has the same bits for any number of ranks (at a
+ * given thread count per rank). */
 typedef struct fit_run {
     kv_model *m;
     const kv_fit_config *cfg;
     const kv_fit_options *opt;
+    kv_dist *dist;
+    int rank, size;
     kv_plan *plan;
     kv_fit_seqs seqs;
     int L, d_model, kv_dim;
     int seq_len, sinks, recent, n_chunks, n_comp; /* per sequence */
-    int64_t n_seqs;
-    size_t n_hidden, n_kv;  /* floats */
-    float *hidden;          /* n_seqs*seq_len x d_model */
-    float *K, *V;           /* this layer: originals, then reconstructions in place (n_seqs*n_comp x kv_dim) */
-    float *Kp, *Vp;         /* previous layer's reconstructions */
-    int32_t *pos;           /* positions of one batch */
-    int batch_seqs;
-    double *layer_report;   /* n_layers * KV_FIT_CKPT_DOUBLES */
+    int64_t n_seqs;             /* every rank's */
+    int shard_seqs;
+    int64_t n_shards, n_local, max_local; /* shards: all, this rank's, the most any rank has */
+    int64_t *shard_ids;         /* n_local: global index of each of this rank's shards */
+    int64_t *shard_nseq;        /* n_local: its sequences */
+    kv_fit_store st;            /* hidden states and K/V of this rank's shards */
+    int32_t *pos;               /* positions of one shard */
+    double *layer_report;       /* n_layers * KV_FIT_CKPT_DOUBLES */
+    size_t weight_bytes_max;
     kv_grid_search *search[64]; /* per plan grid (at most 64, PLAN_FORMAT.md §6.3) */
 } fit_run;
 
+static int64_t shard_nseq(const fit_run *r, int64_t k) {
+    const int64_t first = k * r->shard_seqs;
+    return r->n_seqs - first < r->shard_seqs ? r->n_seqs - first : r->shard_seqs;
+}
+
+/* Calibration sequences of shard k (they come first, so they are the shard's first ones). */
+static int64_t shard_ncal(const fit_run *r, int64_t k) {
+    int64_t c = r->seqs.n_cal - k * r->shard_seqs;
+    const int64_t n = shard_nseq(r, k);
+    return c < 0 ? 0 : c > n ? n : c;
+}
+
 typedef struct capture_ctx {
     fit_run *r;
-    int64_t seq0;
+    float *k, *v; /* the shard's K and V */
 } capture_ctx;
 
 static kv_status capture(void *user, const kv_capture *c) {
@@ -395,38 +417,226 @@ static kv_status capture(void *user, const kv_capture *c) {
     const size_t kvd = (size_t)r->kv_dim;
     for (int b = 0; b < c->n_seqs; b++) {
         const size_t row0 = (size_t)b * (size_t)c->n_tokens + (size_t)r->sinks;
-        const size_t dst0 = (size_t)(cc->seq0 + b) * (size_t)r->n_comp;
-        memcpy(r->K + dst0 * kvd, ksrc + row0 * kvd, (size_t)r->n_comp * kvd * sizeof(float));
-        memcpy(r->V + dst0 * kvd, c->v + row0 * kvd, (size_t)r->n_comp * kvd * sizeof(float));
+        const size_t dst0 = (size_t)b * (size_t)r->n_comp;
+        memcpy(cc->k + dst0 * kvd, ksrc + row0 * kvd, (size_t)r->n_comp * kvd * sizeof(float));
+        memcpy(cc->v + dst0 * kvd, c->v + row0 * kvd, (size_t)r->n_comp * kvd * sizeof(float));
     }
     return KV_OK;
 }
 
 static void fit_run_free(fit_run *r) {
+    kv_fit_store_free(&r->st);
     kv_fit_seqs_free(&r->seqs);
-    kv_aligned_free(r->hidden);
-    kv_aligned_free(r->K);
-    kv_aligned_free(r->V);
-    kv_aligned_free(r->Kp);
-    kv_aligned_free(r->Vp);
+    free(r->shard_ids);
+    free(r->shard_nseq);
     free(r->pos);
     free(r->layer_report);
     for (int i = 0; i < 64; i++) kv_grid_search_free(r->search[i]);
 }
 
-/* Metrics partial sums of one chunk (held-out chunks only), reduced in chunk order. */
-typedef struct chunk_sums {
-    double ss, sse_pred, rr, rerr;
-} chunk_sums;
+/* ---- layer forward ------------------------------------------------------------------------------ */
+/* NaN or Inf in a layer's captured K/V (a NaN weight, an overflow) would otherwise surface as a
+ * LAPACK argument error or a silently broken plan. Checked per shard as it is captured. */
+static kv_status check_finite(const fit_run *r, int l, int64_t j, const float *k, const float *v) {
+    const float *kv[2] = {k, v};
+    const size_t n = (size_t)r->shard_nseq[j] * (size_t)r->n_comp * (size_t)r->kv_dim;
+    for (int st = 0; st < 2; st++)
+        for (size_t i = 0; i < n; i++)
+            if (!isfinite(kv[st][i])) {
+                const size_t row = i / (size_t)r->kv_dim, seq = (size_t)(r->shard_ids[j] * r->shard_seqs) + row / (size_t)r->n_comp;
+                return KV_ERR(KV_ENUMERIC, "non-finite activations at layer %d: %s value %g (sequence %zu, token %zu, "
+                              "channel %zu); the model's weights or the forward pass produce NaN or Inf", l,
+                              st ? "V" : "K", (double)kv[st][i], seq, (size_t)r->sinks + row % (size_t)r->n_comp,
+                              i % (size_t)r->kv_dim);
+            }
+    return KV_OK;
+}
+
+static kv_status forward_shard(fit_run *r, int l, int64_t j) {
+    float *h, *k, *v;
+    kv_status s;
+    if ((s = kv_fit_store_get(&r->st, KV_FIT_H, j, 1, &h)) != KV_OK ||
+        (s = kv_fit_store_get(&r->st, KV_FIT_K, j, 0, &k)) != KV_OK ||
+        (s = kv_fit_store_get(&r->st, KV_FIT_V, j, 0, &v)) != KV_OK)
+        return s;
+    capture_ctx cc = {r, k, v};
+    kv_hooks hooks;
+    memset(&hooks, 0, sizeof hooks);
+    hooks.on_layer = capture;
+    hooks.user = &cc;
+    hooks.layer_begin = l;
+    hooks.layer_end = l + 1;
+    s = kv_model_layer_forward(r->m, l, h, (int)r->shard_nseq[j], r->seq_len, r->pos, NULL, NULL, &hooks);
+    if (s != KV_OK) return kv_error_wrap(s, "layer %d forward: ", l);
+    if ((s = check_finite(r, l, j, k, v)) != KV_OK) return s;
+    if ((s = kv_fit_store_put(&r->st, KV_FIT_H, j)) != KV_OK || (s = kv_fit_store_put(&r->st, KV_FIT_K, j)) != KV_OK ||
+        (s = kv_fit_store_put(&r->st, KV_FIT_V, j)) != KV_OK)
+        return s;
+    return KV_OK;
+}
+
+/* Every rank takes the same number of steps (ranks with fewer shards idle in the last one), and the
+ * ranks agree on the status before each step: an interruption or a failure on any rank stops all
+ * of them at the same shard. */
+static kv_status forward_pass(fit_run *r, int l, kv_progress *prog, double *done_rows) {
+    kv_status s = KV_OK;
+    for (int64_t j = 0; j < r->max_local; j++) {
+        if (s == KV_OK && r->opt->interrupt && *r->opt->interrupt)
+            s = KV_ERR(KV_EINTERRUPTED, "interrupted during layer %d", l); /* kv_fit_run adds where the checkpoint is */
+        if ((s = kv_dist_agree(r->dist, s)) != KV_OK) return s;
+        if (j < r->n_local) s = forward_shard(r, l, j);
+        for (int64_t k = j * r->size; k < (j + 1) * r->size && k < r->n_shards; k++)
+            *done_rows += (double)shard_nseq(r, k) * (double)r->seq_len;
+        kv_progress_update(prog, *done_rows);
+    }
+    return kv_dist_agree(r->dist, s);
+}
+
+/* ---- predictors: normal equations per shard, summed in shard order, solved on rank 0 ------------- */
+typedef struct stats_job {
+    fit_run *r;
+    int n_inputs;
+    int in_roles[2];
+    int y_role;
+    kv_ridge_stats st; /* one shard's sums (reused) */
+    float *xb;         /* concatenated inputs of XB rows */
+} stats_job;
+enum { XB = 4096 };
+
+static size_t stats_len(int n_in, int n_out) {
+    const size_t na = (size_t)n_in + 1;
+    return na * na + na * (size_t)n_out + 2 * (size_t)n_out + 1;
+}
+
+static kv_status stats_part(void *user, int64_t k, double *out) {
+    stats_job *job = user;
+    fit_run *r = job->r;
+    kv_ridge_stats *st = &job->st;
+    const int kvd = r->kv_dim, n_in = job->n_inputs * kvd;
+    const size_t na = (size_t)n_in + 1;
+    memset(st->G, 0, na * na * sizeof(double));
+    memset(st->C, 0, na * (size_t)kvd * sizeof(double));
+    memset(st->yy, 0, (size_t)kvd * sizeof(double));
+    memset(st->ys, 0, (size_t)kvd * sizeof(double));
+    st->n_samples = 0;
+    const int64_t rows = shard_ncal(r, k) * r->n_comp;
+    if (rows > 0) {
+        const int64_t j = k / r->size; /* k = rank + j * size */
+        float *in[2] = {NULL, NULL}, *y = NULL;
+        kv_status s;
+        for (int i = 0; i < job->n_inputs; i++)
+            if ((s = kv_fit_store_get(&r->st, job->in_roles[i], j, 1, &in[i])) != KV_OK) return s;
+        if ((s = kv_fit_store_get(&r->st, job->y_role, j, 1, &y)) != KV_OK) return s;
+        for (int64_t r0 = 0; r0 < rows; r0 += XB) {
+            const int64_t nr = rows - r0 < XB ? rows - r0 : XB;
+            const float *x = in[0] + (size_t)r0 * (size_t)kvd;
+            int ldx = kvd;
+            if (job->n_inputs > 1) {
+                for (int64_t i = 0; i < nr; i++)
+                    for (int q = 0; q < job->n_inputs; q++)
+                        memcpy(job->xb + (size_t)i * (size_t)n_in + (size_t)q * (size_t)kvd,
+                               in[q] + (size_t)(r0 + i) * (size_t)kvd, (size_t)kvd * sizeof(float));
+                x = job->xb;
+                ldx = n_in;
+            }
+            if ((s = kv_ridge_stats_add(st, x, ldx, y + (size_t)r0 * (size_t)kvd, kvd, nr)) != KV_OK) return s;
+        }
+    }
+    double *o = out;
+    memcpy(o, st->G, na * na * sizeof(double));
+    o += na * na;
+    memcpy(o, st->C, na * (size_t)kvd * sizeof(double));
+    o += na * (size_t)kvd;
+    memcpy(o, st->yy, (size_t)kvd * sizeof(double));
+    o += kvd;
+    memcpy(o, st->ys, (size_t)kvd * sizeof(double));
+    o += kvd;
+    o[0] = (double)st->n_samples;
+    return KV_OK;
+}
+
+/* Fit a predictor of the stream from the inputs (roles) concatenated; every rank stores it. */
+static kv_status fit_predictor(fit_run *r, int l, int stream, int n_inputs, const kv_plan_pred_input *in_ids,
+                               const int *in_roles, kv_fit_layer_report *lr) {
+    const int kvd = r->kv_dim, n_in = n_inputs * kvd;
+    const size_t na = (size_t)n_in + 1, len = stats_len(n_in, kvd);
+    stats_job job;
+    memset(&job, 0, sizeof job);
+    job.r = r;
+    job.n_inputs = n_inputs;
+    for (int i = 0; i < n_inputs; i++) job.in_roles[i] = in_roles[i];
+    job.y_role = stream == KV_PLAN_K ? KV_FIT_K : KV_FIT_V;
+    kv_ridge_fit fit;
+    memset(&fit, 0, sizeof fit);
+    double *acc = malloc(len * sizeof(double));
+    float *wt = malloc((size_t)n_in * (size_t)kvd * sizeof(float)), *b = malloc((size_t)kvd * sizeof(float));
+    kv_status s = kv_ridge_stats_init(&job.st, n_in, kvd);
+    if (s == KV_OK && n_inputs > 1 && !(job.xb = malloc((size_t)XB * (size_t)n_in * sizeof(float))))
+        s = KV_ERR(KV_ENOMEM, "out of memory");
+    if (s == KV_OK && (!acc || !wt || !b)) s = KV_ERR(KV_ENOMEM, "out of memory for the normal equations");
+    if ((s = kv_dist_agree(r->dist, s)) != KV_OK) goto done;
+    if ((s = kv_dist_fold(r->dist, acc, len, r->n_shards, stats_part, &job)) != KV_OK) goto done;
+    kv_status solved = KV_OK;
+    double solve_info[2] = {NAN, NAN}; /* rcond, fallback: rank 0's, for every rank's report */
+    if (r->rank == 0) {
+        kv_ridge_stats sum;
+        memset(&sum, 0, sizeof sum);
+        sum.n_in = n_in;
+        sum.n_out = kvd;
+        sum.G = acc;
+        sum.C = acc + na * na;
+        sum.yy = sum.C + na * (size_t)kvd;
+        sum.ys = sum.yy + kvd;
+        sum.n_samples = (int64_t)sum.ys[kvd];
+        solved = kv_ridge_solve(&fit, &sum, r->cfg->aqua.ridge);
+        if (solved != KV_OK) {
+            solved = kv_error_wrap(solved, "layer %d %s predictor: ", l, stream ? "V" : "K");
+        } else {
+            solve_info[0] = fit.rcond;
+            solve_info[1] = fit.used_fallback;
+            if (fit.used_fallback)
+                kv_log(KV_LOG_WARN, "fit: layer %d %s predictor: the normal equations are rank deficient (reciprocal "
+                       "condition number %.3g < %.3g; rank %d of %d): used the minimum-norm solution", l,
+                       stream ? "V" : "K", fit.rcond, kv_ridge_rcond_threshold(n_in), fit.rank, n_in + 1);
+            /* ridge W is n_in x kvd (y = x W + b); the plan stores out x in (y = W x + b). */
+            for (int i = 0; i < n_in; i++)
+                for (int o = 0; o < kvd; o++)
+                    wt[(size_t)o * (size_t)n_in + (size_t)i] = fit.W[(size_t)i * (size_t)kvd + (size_t)o];
+            memcpy(b, fit.b, (size_t)kvd * sizeof(float));
+        }
+    }
+    if ((s = kv_dist_agree(r->dist, solved)) != KV_OK) goto done;
+    if ((s = kv_dist_bcast(r->dist, wt, (size_t)n_in * (size_t)kvd * sizeof(float), 0)) != KV_OK ||
+        (s = kv_dist_bcast(r->dist, b, (size_t)kvd * sizeof(float), 0)) != KV_OK ||
+        (s = kv_dist_bcast(r->dist, solve_info, sizeof solve_info, 0)) != KV_OK)
+        goto done;
+    lr->ridge_rcond[stream] = solve_info[0];
+    lr->ridge_fallback[stream] = solve_info[1];
+    s = kv_plan_set_predictor(r->plan, l, stream, n_inputs, in_ids, wt, b);
+done:
+    free(acc);
+    free(wt);
+    free(b);
+    free(job.xb);
+    kv_ridge_fit_free(&fit);
+    kv_ridge_stats_free(&job.st);
+    return s;
+}
+
+/* ---- quantization of a stream, per shard; held-out metrics per chunk ---------------------------- */
+/* Per held-out chunk (in chunk order): ss, sse_pred, rr, rerr, then kv_dim column sums of Y. Each
+ * chunk is filled by the rank that owns it and zero elsewhere (kv_dist_sum_disjoint). */
+#define HO_SUMS 4
+static size_t ho_stride(const fit_run *r) { return HO_SUMS + (size_t)r->kv_dim; }
 
 /* Predict, quantize the residual and reconstruct one stream of layer l in place (Y -> Y_hat), for
- * every compressed chunk; metrics from held-out chunks. */
-static kv_status process_stream(fit_run *r, int l, int stream, const kv_plan_predictor *pred,
-                                const float *const *inputs, kv_fit_layer_report *lr) {
+ * every compressed chunk of this rank's shards; per-chunk sums of the held-out chunks into ho. */
+static kv_status quant_pass(fit_run *r, int l, int stream, const kv_plan_predictor *pred, const int *in_roles,
+                            double *ho) {
     const int kvd = r->kv_dim, recent = r->recent;
-    const int64_t n_chunks_total = r->n_seqs * r->n_chunks;
     const int64_t first_ho_chunk = r->seqs.n_cal * r->n_chunks;
-    float *Y = stream == KV_PLAN_K ? r->K : r->V;
+    const int y_role = stream == KV_PLAN_K ? KV_FIT_K : KV_FIT_V;
+    const size_t stride = ho_stride(r);
     kv_quant q;
     kv_status s = kv_quant_from_plan(&q, r->plan, l, stream);
     if (s != KV_OK) return s;
@@ -438,213 +648,152 @@ static kv_status process_stream(fit_run *r, int l, int stream, const kv_plan_pre
         }
         if (gi >= 0 && gi < 64) q.higgs.search = r->search[gi];
     }
-    const int64_t n_ho_chunks = n_chunks_total - first_ho_chunk;
-    chunk_sums *sums = calloc((size_t)(n_ho_chunks > 0 ? n_ho_chunks : 1), sizeof *sums);
-    double *colsum = calloc((size_t)(n_ho_chunks > 0 ? n_ho_chunks : 1) * (size_t)kvd, sizeof(double));
     /* Predictions for a block of chunks at a time (BLAS, serial), then the round trips in parallel. */
     enum { BLOCK = 64 };
     const size_t chunk_vals = (size_t)recent * (size_t)kvd;
     float *P = pred ? malloc(BLOCK * chunk_vals * sizeof(float)) : NULL;
-    if (!sums || !colsum || (pred && !P)) {
-        s = KV_ERR(KV_ENOMEM, "out of memory for predictions");
-        goto done;
-    }
-    for (int64_t c0 = 0; c0 < n_chunks_total; c0 += BLOCK) {
-        if (r->opt->interrupt && *r->opt->interrupt) {
-            s = KV_ERR(KV_EINTERRUPTED, "interrupted during layer %d", l);
-            goto done;
+    if (pred && !P) return KV_ERR(KV_ENOMEM, "out of memory for predictions");
+    for (int64_t j = 0; j < r->n_local && s == KV_OK; j++) {
+        const float *inputs[KV_PLAN_MAX_PRED_INPUTS] = {NULL};
+        float *Y = NULL;
+        for (int i = 0; pred && i < pred->n_inputs && s == KV_OK; i++) {
+            float *p = NULL;
+            s = kv_fit_store_get(&r->st, in_roles[i], j, 1, &p);
+            inputs[i] = p;
         }
-        const int nb = (int)(n_chunks_total - c0 < BLOCK ? n_chunks_total - c0 : BLOCK);
-        if (pred) {
-            for (int i = 0; i < nb; i++) {
-                const size_t off = (size_t)(c0 + i) * chunk_vals;
-                const float *in[KV_PLAN_MAX_PRED_INPUTS];
-                for (int k = 0; k < pred->n_inputs; k++) in[k] = inputs[k] + off;
-                s = kv_predictor_apply(P + (size_t)i * chunk_vals, pred, in, (size_t)recent, kvd);
-                if (s != KV_OK) goto done;
+        if (s == KV_OK) s = kv_fit_store_get(&r->st, y_role, j, 1, &Y);
+        if (s != KV_OK) break;
+        const int64_t n_chunks = r->shard_nseq[j] * r->n_chunks;
+        const int64_t g0 = r->shard_ids[j] * r->shard_seqs * r->n_chunks; /* global index of its first chunk */
+        for (int64_t c0 = 0; c0 < n_chunks && s == KV_OK; c0 += BLOCK) {
+            if (r->opt->interrupt && *r->opt->interrupt) { /* the ranks agree after the pass */
+                s = KV_ERR(KV_EINTERRUPTED, "interrupted during layer %d", l);
+                break;
             }
-        }
-        kv_status bad = KV_OK;
-        char bad_msg[512] = "";
+            const int nb = (int)(n_chunks - c0 < BLOCK ? n_chunks - c0 : BLOCK);
+            if (pred) {
+                for (int i = 0; i < nb && s == KV_OK; i++) {
+                    const size_t off = (size_t)(c0 + i) * chunk_vals;
+                    const float *in[KV_PLAN_MAX_PRED_INPUTS];
+                    for (int k = 0; k < pred->n_inputs; k++) in[k] = inputs[k] + off;
+                    s = kv_predictor_apply(P + (size_t)i * chunk_vals, pred, in, (size_t)recent, kvd);
+                }
+                if (s != KV_OK) break;
+            }
+            kv_status bad = KV_OK;
+            char bad_msg[512] = "";
 #pragma omp parallel for schedule(dynamic, 1)
-        for (int i = 0; i < nb; i++) {
-            const int64_t chunk = c0 + i;
-            float *y = Y + (size_t)chunk * chunk_vals;
-            const float *p = pred ? P + (size_t)i * chunk_vals : NULL;
-            float *res = malloc(2 * chunk_vals * sizeof(float));
-            if (!res) {
+            for (int i = 0; i < nb; i++) {
+                const int64_t chunk = g0 + c0 + i;
+                float *y = Y + (size_t)(c0 + i) * chunk_vals;
+                const float *p = pred ? P + (size_t)i * chunk_vals : NULL;
+                float *res = malloc(2 * chunk_vals * sizeof(float));
+                if (!res) {
 #pragma omp critical
-                bad = KV_ENOMEM;
-                continue;
-            }
-            float *rh = res + chunk_vals;
-            for (size_t j = 0; j < chunk_vals; j++) res[j] = p ? y[j] - p[j] : y[j];
-            kv_status qs = kv_quant_roundtrip(rh, NULL, &q, (size_t)recent, (size_t)kvd, res);
-            if (qs != KV_OK) {
-#pragma omp critical
-                {
-                    /* the message is thread-local: carry it to the calling thread */
-                    bad = qs;
-                    snprintf(bad_msg, sizeof bad_msg, "%s", kv_error_last());
+                    bad = KV_ENOMEM;
+                    continue;
                 }
+                float *rh = res + chunk_vals;
+                for (size_t k = 0; k < chunk_vals; k++) res[k] = p ? y[k] - p[k] : y[k];
+                kv_status qs = kv_quant_roundtrip(rh, NULL, &q, (size_t)recent, (size_t)kvd, res);
+                if (qs != KV_OK) {
+#pragma omp critical
+                    {
+                        /* the message is thread-local: carry it to the calling thread */
+                        bad = qs;
+                        snprintf(bad_msg, sizeof bad_msg, "%s", kv_error_last());
+                    }
+                    free(res);
+                    continue;
+                }
+                if (chunk >= first_ho_chunk) {
+                    double *h = ho + (size_t)(chunk - first_ho_chunk) * stride;
+                    double ss = 0, sse = 0, rr = 0, rerr = 0;
+                    double *col = h + HO_SUMS;
+                    for (size_t k = 0; k < chunk_vals; k++) {
+                        const double yv = y[k], rv = res[k], e = (double)res[k] - (double)rh[k];
+                        ss += yv * yv;
+                        sse += rv * rv; /* ||Y - f(X)||^2 (= ||Y||^2 without a predictor) */
+                        rr += rv * rv;
+                        rerr += e * e;
+                        col[k % (size_t)kvd] += yv;
+                    }
+                    h[0] = ss, h[1] = sse, h[2] = rr, h[3] = rerr;
+                }
+                for (size_t k = 0; k < chunk_vals; k++) y[k] = p ? p[k] + rh[k] : rh[k];
                 free(res);
-                continue;
             }
-            if (chunk >= first_ho_chunk) {
-                chunk_sums cs = {0, 0, 0, 0};
-                double *col = colsum + (size_t)(chunk - first_ho_chunk) * (size_t)kvd;
-                for (size_t j = 0; j < chunk_vals; j++) {
-                    const double yv = y[j], rv = res[j], e = (double)res[j] - (double)rh[j];
-                    cs.ss += yv * yv;
-                    cs.sse_pred += rv * rv; /* ||Y - f(X)||^2 (= ||Y||^2 without a predictor) */
-                    cs.rr += rv * rv;
-                    cs.rerr += e * e;
-                    col[j % (size_t)kvd] += yv;
-                }
-                sums[chunk - first_ho_chunk] = cs;
-            }
-            for (size_t j = 0; j < chunk_vals; j++) y[j] = p ? p[j] + rh[j] : rh[j];
-            free(res);
+            if (bad != KV_OK)
+                s = bad == KV_ENOMEM ? KV_ERR(KV_ENOMEM, "out of memory quantizing residuals")
+                                     : KV_ERR(bad, "layer %d %s stream: %s", l, stream ? "V" : "K", bad_msg);
         }
-        if (bad != KV_OK) {
-            s = bad == KV_ENOMEM ? KV_ERR(KV_ENOMEM, "out of memory quantizing residuals")
-                                 : KV_ERR(bad, "layer %d %s stream: %s", l, stream ? "V" : "K", bad_msg);
-            goto done;
-        }
+        if (s == KV_OK) s = kv_fit_store_put(&r->st, y_role, j);
     }
-    {
-        chunk_sums t = {0, 0, 0, 0};
-        double *col = calloc((size_t)kvd, sizeof(double));
-        if (!col) {
-            s = KV_ERR(KV_ENOMEM, "out of memory");
-            goto done;
-        }
-        for (int64_t c = 0; c < n_ho_chunks; c++) {
-            t.ss += sums[c].ss;
-            t.sse_pred += sums[c].sse_pred;
-            t.rr += sums[c].rr;
-            t.rerr += sums[c].rerr;
-            for (int j = 0; j < kvd; j++) col[j] += colsum[(size_t)c * (size_t)kvd + (size_t)j];
-        }
-        const double n_rows = (double)n_ho_chunks * (double)recent;
-        double centred = t.ss;
-        for (int j = 0; j < kvd; j++) centred -= n_rows > 0 ? col[j] * col[j] / n_rows : 0.0;
-        free(col);
-        lr->rel_mse[stream] = pred && t.ss > 0 ? t.sse_pred / t.ss : NAN;
-        lr->explained_var[stream] = pred && centred > 0 ? 1.0 - t.sse_pred / centred : NAN;
-        lr->resid_rel_err[stream] = t.rr > 0 ? t.rerr / t.rr : NAN;
-        lr->quant_rel_err[stream] = t.ss > 0 ? t.rerr / t.ss : NAN;
-        lr->bits[stream] = kv_plan_stream_bits(r->plan, l, stream);
-    }
-done:
-    free(sums);
-    free(colsum);
     free(P);
     return s;
 }
 
-/* Fit a predictor of Y (the calibration rows) from inputs concatenated; store it in the plan. */
-static kv_status fit_predictor(fit_run *r, int l, int stream, int n_inputs, const kv_plan_pred_input *in_ids,
-                               const float *const *inputs, kv_fit_layer_report *lr) {
-    const int kvd = r->kv_dim, n_in = n_inputs * kvd;
-    const float *Y = stream == KV_PLAN_K ? r->K : r->V;
-    const int64_t rows = r->seqs.n_cal * r->n_comp;
-    kv_ridge_stats st;
-    kv_ridge_fit fit;
-    memset(&fit, 0, sizeof fit);
-    kv_status s = kv_ridge_stats_init(&st, n_in, kvd);
-    if (s != KV_OK) return s;
-    float *xb = NULL, *wt = NULL;
-    enum { XB = 4096 };
-    if (n_inputs > 1) {
-        xb = malloc((size_t)XB * (size_t)n_in * sizeof(float));
-        if (!xb) {
-            s = KV_ERR(KV_ENOMEM, "out of memory");
-            goto done;
-        }
+/* The stream's metrics from every held-out chunk's sums, added in chunk order. */
+static void stream_metrics(fit_run *r, int l, int stream, int has_pred, const double *ho, kv_fit_layer_report *lr) {
+    const int kvd = r->kv_dim;
+    const int64_t n_ho_chunks = r->seqs.n_ho * r->n_chunks;
+    const size_t stride = ho_stride(r);
+    double ss = 0, sse = 0, rr = 0, rerr = 0, centred;
+    double *col = calloc((size_t)kvd, sizeof(double));
+    for (int64_t c = 0; c < n_ho_chunks; c++) {
+        const double *h = ho + (size_t)c * stride;
+        ss += h[0];
+        sse += h[1];
+        rr += h[2];
+        rerr += h[3];
+        for (int j = 0; col && j < kvd; j++) col[j] += h[HO_SUMS + j];
     }
-    for (int64_t r0 = 0; r0 < rows; r0 += XB) {
-        const int64_t nr = rows - r0 < XB ? rows - r0 : XB;
-        const float *x = inputs[0] + (size_t)r0 * (size_t)kvd;
-        int ldx = kvd;
-        if (n_inputs > 1) {
-            for (int64_t i = 0; i < nr; i++)
-                for (int k = 0; k < n_inputs; k++)
-                    memcpy(xb + (size_t)i * (size_t)n_in + (size_t)k * (size_t)kvd,
-                           inputs[k] + (size_t)(r0 + i) * (size_t)kvd, (size_t)kvd * sizeof(float));
-            x = xb;
-            ldx = n_in;
-        }
-        s = kv_ridge_stats_add(&st, x, ldx, Y + (size_t)r0 * (size_t)kvd, kvd, nr);
-        if (s != KV_OK) goto done;
-    }
-    s = kv_ridge_solve(&fit, &st, r->cfg->aqua.ridge);
-    if (s != KV_OK) {
-        s = kv_error_wrap(s, "layer %d %s predictor: ", l, stream ? "V" : "K");
-        goto done;
-    }
-    lr->ridge_rcond[stream] = fit.rcond;
-    lr->ridge_fallback[stream] = fit.used_fallback;
-    if (fit.used_fallback)
-        kv_log(KV_LOG_WARN, "fit: layer %d %s predictor: the normal equations are rank deficient (reciprocal "
-               "condition number %.3g < %.3g; rank %d of %d): used the minimum-norm solution", l, stream ? "V" : "K",
-               fit.rcond, kv_ridge_rcond_threshold(n_in), fit.rank, n_in + 1);
-    /* ridge W is n_in x kvd (y = x W + b); the plan stores out x in (y = W x + b). */
-    wt = malloc((size_t)n_in * (size_t)kvd * sizeof(float));
-    if (!wt) {
-        s = KV_ERR(KV_ENOMEM, "out of memory");
-        goto done;
-    }
-    for (int i = 0; i < n_in; i++)
-        for (int o = 0; o < kvd; o++) wt[(size_t)o * (size_t)n_in + (size_t)i] = fit.W[(size_t)i * (size_t)kvd + (size_t)o];
-    s = kv_plan_set_predictor(r->plan, l, stream, n_inputs, in_ids, wt, fit.b);
-done:
-    free(xb);
-    free(wt);
-    kv_ridge_fit_free(&fit);
-    kv_ridge_stats_free(&st);
-    return s;
-}
-
-/* NaN or Inf in a layer's captured K/V (a NaN weight, an overflow) would otherwise surface as a
- * LAPACK argument error or a silently broken plan. */
-static kv_status check_finite(const fit_run *r, int l) {
-    const float *kv[2] = {r->K, r->V};
-    for (int st = 0; st < 2; st++)
-        for (size_t i = 0; i < r->n_kv; i++)
-            if (!isfinite(kv[st][i]))
-                return KV_ERR(KV_ENUMERIC, "non-finite activations at layer %d: %s value %g (token row %zu, channel "
-                              "%zu); the model's weights or the forward pass produce NaN or Inf", l, st ? "V" : "K",
-                              (double)kv[st][i], i / (size_t)r->kv_dim, i % (size_t)r->kv_dim);
-    return KV_OK;
+    const double n_rows = (double)n_ho_chunks * (double)r->recent;
+    centred = ss;
+    for (int j = 0; col && j < kvd; j++) centred -= n_rows > 0 ? col[j] * col[j] / n_rows : 0.0;
+    if (!col) centred = NAN;
+    free(col);
+    lr->rel_mse[stream] = has_pred && ss > 0 ? sse / ss : NAN;
+    lr->explained_var[stream] = has_pred && centred > 0 ? 1.0 - sse / centred : NAN;
+    lr->resid_rel_err[stream] = rr > 0 ? rerr / rr : NAN;
+    lr->quant_rel_err[stream] = ss > 0 ? rerr / ss : NAN;
+    lr->bits[stream] = kv_plan_stream_bits(r->plan, l, stream);
 }
 
 static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
     const kv_fit_config *cfg = r->cfg;
     const int aqua = is_aqua(cfg->method) && l >= 1;
-    kv_status s;
+    const size_t n_ho = (size_t)(r->seqs.n_ho * r->n_chunks) * ho_stride(r);
+    double *ho = calloc(2 * n_ho + 1, sizeof(double)); /* K's chunks, then V's */
+    kv_status s = kv_dist_agree(r->dist, ho ? KV_OK : KV_ERR(KV_ENOMEM, "out of memory for the held-out sums"));
     lr->ridge_rcond[0] = lr->ridge_rcond[1] = NAN;
     lr->ridge_fallback[0] = lr->ridge_fallback[1] = NAN;
-    if ((s = check_finite(r, l)) != KV_OK) return s;
+    if (s != KV_OK) goto done;
     /* K: f_k(K_hat(l-1)) */
     const kv_plan_predictor *pk = NULL;
-    const float *kin[2] = {r->Kp, NULL};
+    const int kin[2] = {KV_FIT_KP, -1};
     if (aqua && cfg->aqua.predict_keys) {
         const kv_plan_pred_input ids[1] = {{l - 1, KV_PLAN_K}};
-        if ((s = fit_predictor(r, l, KV_PLAN_K, 1, ids, kin, lr)) != KV_OK) return s;
+        if ((s = fit_predictor(r, l, KV_PLAN_K, 1, ids, kin, lr)) != KV_OK) goto done;
         pk = r->plan->layers[l].stream[KV_PLAN_K].predictor;
     }
-    if ((s = process_stream(r, l, KV_PLAN_K, pk, kin, lr)) != KV_OK) return s;
-    /* V: f_v([V_hat(l-1); K_hat(l)]) — r->K now holds K_hat(l) */
+    if ((s = kv_dist_agree(r->dist, quant_pass(r, l, KV_PLAN_K, pk, kin, ho))) != KV_OK) goto done;
+    /* V: f_v([V_hat(l-1); K_hat(l)]) — the K role now holds K_hat(l) */
     const kv_plan_predictor *pv = NULL;
-    const float *vin[2] = {r->Vp, r->K};
+    const int vin[2] = {KV_FIT_VP, KV_FIT_K};
     if (aqua && cfg->aqua.predict_values) {
         const kv_plan_pred_input ids[2] = {{l - 1, KV_PLAN_V}, {l, KV_PLAN_K}};
         const int n_in = cfg->aqua.value_uses_keys ? 2 : 1;
-        if ((s = fit_predictor(r, l, KV_PLAN_V, n_in, ids, vin, lr)) != KV_OK) return s;
+        if ((s = fit_predictor(r, l, KV_PLAN_V, n_in, ids, vin, lr)) != KV_OK) goto done;
         pv = r->plan->layers[l].stream[KV_PLAN_V].predictor;
     }
-    return process_stream(r, l, KV_PLAN_V, pv, vin, lr);
+    if ((s = kv_dist_agree(r->dist, quant_pass(r, l, KV_PLAN_V, pv, vin, ho + n_ho))) != KV_OK) goto done;
+    if ((s = kv_dist_sum_disjoint(r->dist, ho, 2 * n_ho)) != KV_OK) goto done;
+    stream_metrics(r, l, KV_PLAN_K, pk != NULL, ho, lr);
+    stream_metrics(r, l, KV_PLAN_V, pv != NULL, ho + n_ho, lr);
+done:
+    free(ho);
+    return s;
 }
 
 /* Store the per-layer numbers (doubles for the checkpoint, floats in the plan's report). */
@@ -662,6 +811,7 @@ static void pack_layer_report(double *dst, const kv_fit_layer_report *lr) {
         dst[12 + st] = lr->ridge_rcond[st];
         dst[14 + st] = lr->ridge_fallback[st];
     }
+    dst[16] = lr->peak_rss_mib;
 }
 
 static void unpack_layer_report(kv_fit_layer_report *lr, const double *src) {
@@ -678,6 +828,7 @@ static void unpack_layer_report(kv_fit_layer_report *lr, const double *src) {
         lr->ridge_rcond[st] = src[12 + st];
         lr->ridge_fallback[st] = src[14 + st];
     }
+    lr->peak_rss_mib = src[16];
 }
 
 /* Where metric m of stream st sits in a packed layer record. */
@@ -697,26 +848,11 @@ static kv_status update_plan_report(fit_run *r) {
     return s;
 }
 
-static kv_status alloc_floats(float **p, size_t n, const char *what) {
-    size_t bytes;
-    if (kv_size_mul(&bytes, n, sizeof(float)) != 0) return KV_ERR(KV_EINVAL, "%s: size overflow", what);
-    *p = kv_aligned_alloc(64, bytes);
-    if (!*p) return KV_ERR(KV_ENOMEM, "out of memory for %s (%.1f MiB)", what, (double)bytes / 1048576.0);
-    return KV_OK;
-}
-
-/* Sequences per forward call and the positions array. */
-static kv_status batch_setup(int *batch_seqs, int32_t **pos, int seq_len, int64_t n_seqs, const kv_fit_options *opt) {
-    const int rows = opt && opt->batch_rows > 0 ? opt->batch_rows : 8192;
-    int bs = rows / seq_len;
-    if (bs < 1) bs = 1;
-    if ((int64_t)bs > n_seqs) bs = (int)n_seqs;
-    *batch_seqs = bs;
-    *pos = malloc((size_t)bs * (size_t)seq_len * sizeof(int32_t));
-    if (!*pos) return KV_ERR(KV_ENOMEM, "out of memory");
-    for (int b = 0; b < bs; b++)
-        for (int t = 0; t < seq_len; t++) (*pos)[(size_t)b * (size_t)seq_len + (size_t)t] = t;
-    return KV_OK;
+/* Peak resident set of this process so far, MiB (the largest over ranks after kv_dist_max). */
+static double peak_rss_mib(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return NAN;
+    return (double)ru.ru_maxrss / 1024.0; /* KiB on Linux */
 }
 
 kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a) {
@@ -768,6 +904,199 @@ static kv_status check_inputs(kv_model *m, const kv_fit_data *data, const kv_fit
     return KV_OK;
 }
 
+/* Sequences per shard: data.shard_seqs, else 2048 tokens' worth (at least one sequence): large enough
+ * for efficient matrix products, small enough that one shard's forward activations stay a small part
+ * of the memory (BENCHMARKS.md), and enough shards for the ranks to share. */
+static int shard_seqs_of(const kv_fit_config *cfg) {
+    if (cfg->data.shard_seqs > 0) return cfg->data.shard_seqs;
+    const int b = 2048 / cfg->data.seq_len;
+    return b < 1 ? 1 : b;
+}
+
+/* Shards, this rank's share of them, the per-token state and the positions of one shard. */
+static kv_status setup_shards(fit_run *r) {
+    r->shard_seqs = shard_seqs_of(r->cfg);
+    r->n_shards = (r->n_seqs + r->shard_seqs - 1) / r->shard_seqs;
+    r->max_local = (r->n_shards + r->size - 1) / r->size;
+    r->n_local = r->rank < r->n_shards ? (r->n_shards - r->rank + r->size - 1) / r->size : 0;
+    r->shard_ids = calloc((size_t)(r->n_local > 0 ? r->n_local : 1), sizeof(int64_t));
+    r->shard_nseq = calloc((size_t)(r->n_local > 0 ? r->n_local : 1), sizeof(int64_t));
+    r->pos = malloc((size_t)r->shard_seqs * (size_t)r->seq_len * sizeof(int32_t));
+    if (!r->shard_ids || !r->shard_nseq || !r->pos) return KV_ERR(KV_ENOMEM, "out of memory");
+    for (int64_t j = 0; j < r->n_local; j++) {
+        r->shard_ids[j] = r->rank + j * r->size;
+        r->shard_nseq[j] = shard_nseq(r, r->shard_ids[j]);
+    }
+    for (int b = 0; b < r->shard_seqs; b++)
+        for (int t = 0; t < r->seq_len; t++) r->pos[(size_t)b * (size_t)r->seq_len + (size_t)t] = t;
+    size_t h_per_seq, kv_per_seq;
+    if (kv_size_mul(&h_per_seq, (size_t)r->seq_len, (size_t)r->d_model) != 0 ||
+        kv_size_mul(&kv_per_seq, (size_t)r->n_comp, (size_t)r->kv_dim) != 0)
+        return KV_ERR(KV_EINVAL, "calibration set too large");
+    return kv_fit_store_init(&r->st, r->cfg->memory.spill_dir, r->cfg->memory.hidden_dtype == KV_DTYPE_F16, r->n_local,
+                             r->shard_ids, r->shard_nseq, r->shard_seqs, h_per_seq, kv_per_seq);
+}
+
+/* Rank 0's plan to every other rank (the grids, provenance and predictors so far). */
+static kv_status share_plan(fit_run *r) {
+    if (r->size == 1) return KV_OK;
+    uint8_t *bytes = NULL;
+    uint64_t size = 0;
+    kv_status s = KV_OK;
+    if (r->rank == 0) {
+        kv_plan_write_options wo;
+        memset(&wo, 0, sizeof wo);
+        size_t n = 0;
+        s = kv_plan_write_memory(&bytes, &n, r->plan, &wo);
+        size = n;
+    }
+    if ((s = kv_dist_agree(r->dist, s)) != KV_OK) return s;
+    if ((s = kv_dist_bcast(r->dist, &size, sizeof size, 0)) != KV_OK) goto done;
+    if (r->rank != 0 && !(bytes = malloc(size ? (size_t)size : 1))) s = KV_ERR(KV_ENOMEM, "out of memory for the plan");
+    if ((s = kv_dist_agree(r->dist, s)) != KV_OK) goto done;
+    if ((s = kv_dist_bcast(r->dist, bytes, (size_t)size, 0)) != KV_OK) goto done;
+    if (r->rank != 0) {
+        kv_plan_free(r->plan);
+        r->plan = NULL;
+        s = kv_plan_read_memory(&r->plan, bytes, (size_t)size);
+    }
+    s = kv_dist_agree(r->dist, s);
+done:
+    free(bytes);
+    return s;
+}
+
+/* The model's part, held by every rank (agreed). */
+static kv_status acquire(fit_run *r, int part) {
+    kv_status s = kv_model_acquire(r->m, part);
+    const size_t held = kv_model_weight_bytes(r->m);
+    if (held > r->weight_bytes_max) r->weight_bytes_max = held;
+    return kv_dist_agree(r->dist, s);
+}
+
+/* Every rank embeds its shards (the input of layer 0). */
+static kv_status embed_all(fit_run *r) {
+    kv_status s = acquire(r, KV_MODEL_PART_EMBED);
+    if (s != KV_OK) return s;
+    for (int64_t j = 0; j < r->n_local && s == KV_OK; j++) {
+        float *h = NULL;
+        if ((s = kv_fit_store_get(&r->st, KV_FIT_H, j, 0, &h)) != KV_OK) break;
+        const int64_t q0 = r->shard_ids[j] * r->shard_seqs;
+        for (int64_t b = 0; b < r->shard_nseq[j] && s == KV_OK; b++)
+            s = kv_model_embed(r->m, r->seqs.tokens + (size_t)(q0 + b) * (size_t)r->seq_len, (size_t)r->seq_len,
+                               h + (size_t)b * (size_t)r->seq_len * (size_t)r->d_model);
+        if (s == KV_OK) s = kv_fit_store_put(&r->st, KV_FIT_H, j);
+    }
+    kv_model_release(r->m, KV_MODEL_PART_EMBED);
+    return kv_dist_agree(r->dist, s);
+}
+
+/* ---- checkpoints: every rank its shards, then rank 0 the plan, the report and the manifest ------- */
+static kv_status ckpt_save(fit_run *r, const char *hash, int l) {
+    const char *dir = r->opt->checkpoint_dir;
+    const uint64_t n_h = (uint64_t)r->seq_len * (uint64_t)r->d_model, n_kv = (uint64_t)r->n_comp * (uint64_t)r->kv_dim;
+    kv_status s = KV_OK;
+    for (int64_t j = 0; j < r->n_local && s == KV_OK; j++) {
+        float *h, *kp, *vp;
+        if ((s = kv_fit_store_get(&r->st, KV_FIT_H, j, 1, &h)) != KV_OK ||
+            (s = kv_fit_store_get(&r->st, KV_FIT_KP, j, 1, &kp)) != KV_OK ||
+            (s = kv_fit_store_get(&r->st, KV_FIT_VP, j, 1, &vp)) != KV_OK)
+            break;
+        const uint64_t nb = (uint64_t)r->shard_nseq[j];
+        s = kv_fit_ckpt_save_shard(dir, l, r->shard_ids[j], r->n_shards, h, nb * n_h, kp, vp, nb * n_kv);
+    }
+    if ((s = kv_dist_agree(r->dist, s)) != KV_OK) return s;
+    if (r->rank == 0) s = kv_fit_ckpt_commit(dir, hash, l, r->L, r->n_shards, r->plan, r->layer_report);
+    return kv_dist_agree(r->dist, s);
+}
+
+/* Resume: the layer to continue after (-1: none), with the plan and the report restored on every
+ * rank and every rank's shards loaded. A checkpoint that cannot be used is cleared (rank 0). */
+static kv_status ckpt_resume(fit_run *r, const char *hash, int *layer) {
+    const char *dir = r->opt->checkpoint_dir;
+    const uint64_t n_h = (uint64_t)r->seq_len * (uint64_t)r->d_model, n_kv = (uint64_t)r->n_comp * (uint64_t)r->kv_dim;
+    int32_t l = -1;
+    char why[1100] = "";
+    kv_status s = KV_OK;
+    if (r->rank == 0) {
+        const char *w = NULL;
+        int found = -1;
+        kv_fit_ckpt_manifest(&found, &w, dir, hash, r->L, r->n_shards);
+        if (found >= 0) {
+            if (kv_fit_ckpt_load_common(&r->plan, r->layer_report, dir, found, r->L) == KV_OK) l = found;
+            else snprintf(why, sizeof why, "%s", kv_error_last());
+        } else if (w) {
+            snprintf(why, sizeof why, "%s", w);
+        }
+        kv_error_clear();
+    }
+    if ((s = kv_dist_bcast(r->dist, &l, sizeof l, 0)) != KV_OK) return s;
+    if (l >= 0) {
+        if ((s = share_plan(r)) != KV_OK) return s;
+        if ((s = kv_dist_bcast(r->dist, r->layer_report, (size_t)r->L * KV_FIT_CKPT_DOUBLES * sizeof(double), 0)) != KV_OK)
+            return s;
+        kv_status ls = KV_OK;
+        for (int64_t j = 0; j < r->n_local && ls == KV_OK; j++) {
+            float *h, *kp, *vp;
+            if ((ls = kv_fit_store_get(&r->st, KV_FIT_H, j, 0, &h)) != KV_OK ||
+                (ls = kv_fit_store_get(&r->st, KV_FIT_KP, j, 0, &kp)) != KV_OK ||
+                (ls = kv_fit_store_get(&r->st, KV_FIT_VP, j, 0, &vp)) != KV_OK)
+                break;
+            const uint64_t nb = (uint64_t)r->shard_nseq[j];
+            ls = kv_fit_ckpt_load_shard(dir, l, r->shard_ids[j], r->n_shards, h, nb * n_h, kp, vp, nb * n_kv);
+            if (ls == KV_OK && (ls = kv_fit_store_put(&r->st, KV_FIT_H, j)) == KV_OK &&
+                (ls = kv_fit_store_put(&r->st, KV_FIT_KP, j)) == KV_OK)
+                ls = kv_fit_store_put(&r->st, KV_FIT_VP, j);
+        }
+        if (kv_dist_agree(r->dist, ls) != KV_OK) {
+            snprintf(why, sizeof why, "%s", kv_error_last());
+            kv_error_clear();
+            kv_plan_free(r->plan);
+            r->plan = NULL;
+            l = -1;
+        }
+    }
+    if (l < 0)
+        for (size_t i = 0; i < (size_t)r->L * KV_FIT_CKPT_DOUBLES; i++) r->layer_report[i] = NAN;
+    if (l < 0 && r->rank == 0) {
+        if (why[0]) kv_log(KV_LOG_WARN, "fit: not resuming from the checkpoint in %s: %s; starting over", dir, why);
+        struct stat sb;
+        if (stat(dir, &sb) == 0) kv_fit_ckpt_clear(dir);
+    }
+    *layer = l;
+    return KV_OK;
+}
+
+/* Rank 0 builds the plan (quantizers, grids, provenance) and shares it. */
+static kv_status fresh_plan(fit_run *r, const kv_plan_fingerprint *fp, kv_fit_report *lrep) {
+    kv_status s = KV_OK;
+    char *cfg_yaml = NULL;
+    if (r->rank == 0) {
+        const kv_fit_config *cfg = r->cfg;
+        const kv_fit_options *opt = r->opt;
+        if ((s = kv_plan_create(&r->plan, fp)) != KV_OK) goto agree;
+        if ((s = setup_plan(r->plan, cfg, r->kv_dim, kv_model_arch(r->m)->head_dim, opt, &lrep->seconds_grids)) !=
+            KV_OK)
+            goto agree;
+        kv_plan_provenance pv;
+        memset(&pv, 0, sizeof pv);
+        if ((s = kv_fit_config_dump(&cfg_yaml, cfg)) != KV_OK) goto agree;
+        char tool[64];
+        snprintf(tool, sizeof tool, "kvcal %s", KV_VERSION_STRING);
+        pv.tool_version = (char *)(opt->tool_version ? opt->tool_version : tool);
+        pv.git_hash = (char *)(opt->git_hash ? opt->git_hash : "");
+        pv.corpus_sha256 = (char *)(opt->corpus_sha256 ? opt->corpus_sha256 : "");
+        pv.seed = cfg->seed;
+        pv.config_yaml = cfg_yaml;
+        if ((s = kv_plan_creation_time(&pv.created)) != KV_OK) goto agree;
+        s = kv_plan_set_provenance(r->plan, &pv);
+    }
+agree:
+    free(cfg_yaml);
+    if ((s = kv_dist_agree(r->dist, s)) != KV_OK) return s;
+    return share_plan(r);
+}
+
 kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_model_file *mf,
                      const kv_fit_data *data, const kv_fit_config *cfg, const kv_fit_options *opt_in) {
     const double t_start = kv_now_seconds();
@@ -776,26 +1105,26 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
     kv_fit_options defopt;
     kv_fit_options_init(&defopt);
     const kv_fit_options *opt = opt_in ? opt_in : &defopt;
+    kv_dist *dist = opt->dist;
     fit_run r;
     memset(&r, 0, sizeof r);
-    kv_fit_ckpt ck;
-    memset(&ck, 0, sizeof ck);
-    ck.layer = -1;
-    char *cfg_yaml = NULL;
     char inputs_hash[65] = "";
     int ckpt_layer = -1; /* the layer the checkpoint on disk holds (-1: none) */
     kv_fit_report lrep;
     memset(&lrep, 0, sizeof lrep);
-    kv_status s = check_inputs(m, data, cfg);
+    kv_status s = kv_dist_agree(dist, check_inputs(m, data, cfg));
     if (s != KV_OK) return s;
     const kv_arch *a = kv_model_arch(m);
     kv_plan_fingerprint fp;
+    memset(&fp, 0, sizeof fp);
     if (opt->fingerprint) {
         fp = *opt->fingerprint;
-    } else {
-        if (!mf) return KV_ERR(KV_EINVAL, "kv_fit_run: neither a model file nor a fingerprint");
-        if ((s = kv_plan_fingerprint_compute(&fp, mf)) != KV_OK) return s;
+    } else if (kv_dist_rank(dist) == 0) {
+        s = mf ? kv_plan_fingerprint_compute(&fp, mf) : KV_ERR(KV_EINVAL, "kv_fit_run: neither a model file nor a fingerprint");
+        if (mf) kv_model_file_release_pages(mf, NULL); /* the hashed keys' pages */
     }
+    if ((s = kv_dist_agree(dist, s)) != KV_OK) return s;
+    if ((s = kv_dist_bcast(dist, &fp, sizeof fp, 0)) != KV_OK) return s;
     if (fp.n_layers != a->n_layers || fp.n_kv_heads != a->n_kv_heads || fp.head_dim != a->head_dim)
         return KV_ERR(KV_EMISMATCH, "the fingerprint does not describe the model (layers %d/%d, kv heads %d/%d, "
                       "head_dim %d/%d)", fp.n_layers, a->n_layers, fp.n_kv_heads, a->n_kv_heads, fp.head_dim,
@@ -803,6 +1132,9 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
     r.m = m;
     r.cfg = cfg;
     r.opt = opt;
+    r.dist = dist;
+    r.rank = kv_dist_rank(dist);
+    r.size = kv_dist_size(dist);
     r.L = a->n_layers;
     r.d_model = a->d_model;
     r.kv_dim = a->n_kv_heads * a->head_dim;
@@ -814,65 +1146,34 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
     lrep.n_layers = r.L;
     lrep.layers = calloc((size_t)r.L, sizeof *lrep.layers);
     r.layer_report = malloc((size_t)r.L * KV_FIT_CKPT_DOUBLES * sizeof(double));
-    if (!lrep.layers || !r.layer_report) {
-        s = KV_ERR(KV_ENOMEM, "out of memory");
-        goto done;
+    if (!lrep.layers || !r.layer_report) s = KV_ERR(KV_ENOMEM, "out of memory");
+    if (s == KV_OK) s = kv_fit_make_seqs(&r.seqs, data, cfg);
+    if (s == KV_OK) {
+        r.n_seqs = r.seqs.n_cal + r.seqs.n_ho;
+        s = setup_shards(&r);
     }
+    if ((s = kv_dist_agree(dist, s)) != KV_OK) goto done;
     for (size_t i = 0; i < (size_t)r.L * KV_FIT_CKPT_DOUBLES; i++) r.layer_report[i] = NAN;
-    if ((s = kv_fit_make_seqs(&r.seqs, data, cfg)) != KV_OK) goto done;
-    r.n_seqs = r.seqs.n_cal + r.seqs.n_ho;
-    if (kv_size_mul(&r.n_hidden, (size_t)r.n_seqs * (size_t)r.seq_len, (size_t)r.d_model) != 0 ||
-        kv_size_mul(&r.n_kv, (size_t)r.n_seqs * (size_t)r.n_comp, (size_t)r.kv_dim) != 0) {
-        s = KV_ERR(KV_EINVAL, "calibration set too large");
-        goto done;
-    }
-    if ((s = alloc_floats(&r.hidden, r.n_hidden, "the hidden states")) != KV_OK ||
-        (s = alloc_floats(&r.K, r.n_kv, "keys")) != KV_OK || (s = alloc_floats(&r.V, r.n_kv, "values")) != KV_OK ||
-        (s = alloc_floats(&r.Kp, r.n_kv, "previous keys")) != KV_OK ||
-        (s = alloc_floats(&r.Vp, r.n_kv, "previous values")) != KV_OK)
-        goto done;
-    if ((s = batch_setup(&r.batch_seqs, &r.pos, r.seq_len, r.n_seqs, opt)) != KV_OK) goto done;
 
     /* Resume? */
+    int first = 0, resumed = -1;
     if (opt->checkpoint_dir) {
-        if ((s = kv_fit_inputs_hash(inputs_hash, mf, &fp, data, cfg, opt)) != KV_OK) goto done;
-        if ((s = kv_fit_ckpt_load(&ck, opt->checkpoint_dir, inputs_hash, r.L, r.hidden, r.n_hidden, r.Kp, r.Vp,
-                                  r.n_kv)) != KV_OK)
-            goto done;
+        if (r.rank == 0) s = kv_fit_inputs_hash(inputs_hash, mf, &fp, data, cfg, opt);
+        if ((s = kv_dist_agree(dist, s)) != KV_OK) goto done;
+        if ((s = kv_dist_bcast(dist, inputs_hash, sizeof inputs_hash, 0)) != KV_OK) goto done;
+        if ((s = ckpt_resume(&r, inputs_hash, &resumed)) != KV_OK) goto done;
     }
-    int first = 0;
-    if (ck.layer >= 0) {
-        r.plan = ck.plan;
-        ck.plan = NULL;
-        memcpy(r.layer_report, ck.layer_report, (size_t)r.L * KV_FIT_CKPT_DOUBLES * sizeof(double));
-        first = ck.layer + 1;
-        ckpt_layer = ck.layer;
+    if (resumed >= 0) {
+        first = resumed + 1;
+        ckpt_layer = resumed;
         for (int l = 0; l < first; l++) {
             unpack_layer_report(&lrep.layers[l], r.layer_report + (size_t)l * KV_FIT_CKPT_DOUBLES);
             lrep.layers[l].resumed = 1;
         }
-        kv_log(KV_LOG_INFO, "fit: resuming after layer %d from the checkpoint in %s", ck.layer, opt->checkpoint_dir);
+        kv_log(KV_LOG_INFO, "fit: resuming after layer %d from the checkpoint in %s", resumed, opt->checkpoint_dir);
     } else {
-        if ((s = kv_plan_create(&r.plan, &fp)) != KV_OK) goto done;
-        if ((s = setup_plan(r.plan, cfg, r.kv_dim, a->head_dim, opt, &lrep.seconds_grids)) != KV_OK) goto done;
-        kv_plan_provenance pv;
-        memset(&pv, 0, sizeof pv);
-        if ((s = kv_fit_config_dump(&cfg_yaml, cfg)) != KV_OK) goto done;
-        char tool[64];
-        snprintf(tool, sizeof tool, "kvcal %s", KV_VERSION_STRING);
-        pv.tool_version = (char *)(opt->tool_version ? opt->tool_version : tool);
-        pv.git_hash = (char *)(opt->git_hash ? opt->git_hash : "");
-        pv.corpus_sha256 = (char *)(opt->corpus_sha256 ? opt->corpus_sha256 : "");
-        pv.seed = cfg->seed;
-        pv.config_yaml = cfg_yaml;
-        if ((s = kv_plan_creation_time(&pv.created)) != KV_OK) goto done;
-        if ((s = kv_plan_set_provenance(r.plan, &pv)) != KV_OK) goto done;
-        /* embeddings: the input of layer 0 */
-        for (int64_t q = 0; q < r.n_seqs; q++) {
-            s = kv_model_embed(m, r.seqs.tokens + (size_t)q * (size_t)r.seq_len, (size_t)r.seq_len,
-                               r.hidden + (size_t)q * (size_t)r.seq_len * (size_t)r.d_model);
-            if (s != KV_OK) goto done;
-        }
+        if ((s = fresh_plan(&r, &fp, &lrep)) != KV_OK) goto done;
+        if ((s = embed_all(&r)) != KV_OK) goto done;
     }
     lrep.resumed_from_layer = first;
     lrep.seconds_setup = kv_now_seconds() - t_start;
@@ -883,30 +1184,11 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
     for (int l = first; l < r.L; l++) {
         kv_fit_layer_report *lr = &lrep.layers[l];
         const double t0 = kv_now_seconds();
-        kv_hooks hooks;
-        capture_ctx cc = {&r, 0};
-        memset(&hooks, 0, sizeof hooks);
-        hooks.on_layer = capture;
-        hooks.user = &cc;
-        hooks.layer_begin = l;
-        hooks.layer_end = l + 1;
-        for (int64_t q0 = 0; q0 < r.n_seqs; q0 += r.batch_seqs) {
-            if (opt->interrupt && *opt->interrupt) {
-                s = KV_ERR(KV_EINTERRUPTED, "interrupted during layer %d", l);
-                kv_progress_end(&prog);
-                goto done;
-            }
-            const int nb = (int)(r.n_seqs - q0 < r.batch_seqs ? r.n_seqs - q0 : r.batch_seqs);
-            cc.seq0 = q0;
-            s = kv_model_layer_forward(m, l, r.hidden + (size_t)q0 * (size_t)r.seq_len * (size_t)r.d_model, nb,
-                                       r.seq_len, r.pos, NULL, NULL, &hooks);
-            if (s != KV_OK) {
-                kv_progress_end(&prog);
-                s = kv_error_wrap(s, "layer %d forward: ", l);
-                goto done;
-            }
-            done_rows += (double)nb * (double)r.seq_len;
-            kv_progress_update(&prog, done_rows);
+        if ((s = acquire(&r, l)) == KV_OK) s = forward_pass(&r, l, &prog, &done_rows);
+        kv_model_release(m, l);
+        if (s != KV_OK) {
+            kv_progress_end(&prog);
+            goto done;
         }
         const double t1 = kv_now_seconds();
         if ((s = fit_layer(&r, l, lr)) != KV_OK) {
@@ -916,6 +1198,8 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
         const double t2 = kv_now_seconds();
         lr->seconds_forward = t1 - t0;
         lr->seconds_fit = t2 - t1;
+        lr->peak_rss_mib = peak_rss_mib();
+        if ((s = kv_dist_max(dist, &lr->peak_rss_mib)) != KV_OK) goto done;
         pack_layer_report(r.layer_report + (size_t)l * KV_FIT_CKPT_DOUBLES, lr);
         if ((s = update_plan_report(&r)) != KV_OK) goto done;
         {   /* "ev -" where a stream has no predictor (NaN) */
@@ -931,14 +1215,10 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
                    lr->resid_rel_err[1], lr->seconds_forward, lr->seconds_fit);
         }
         /* this layer's reconstructions are the next layer's inputs */
-        float *t;
-        t = r.Kp, r.Kp = r.K, r.K = t;
-        t = r.Vp, r.Vp = r.V, r.V = t;
+        kv_fit_store_swap(&r.st);
         if (opt->checkpoint_dir && (l + 1 < r.L)) {
             const double tc = kv_now_seconds();
-            s = kv_fit_ckpt_save(opt->checkpoint_dir, inputs_hash, l, r.plan, r.layer_report, r.L, r.hidden,
-                                 r.n_hidden, r.Kp, r.Vp, r.n_kv);
-            if (s != KV_OK) {
+            if ((s = ckpt_save(&r, inputs_hash, l)) != KV_OK) {
                 kv_progress_end(&prog);
                 goto done;
             }
@@ -952,12 +1232,14 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
         }
     }
     kv_progress_end(&prog);
-    if ((s = kv_plan_validate(r.plan)) != KV_OK) goto done;
-    if (opt->out_path && (s = kv_plan_write(r.plan, opt->out_path, NULL)) != KV_OK) {
-        s = kv_error_wrap(s, "writing the plan: ");
-        goto done;
+    /* rank 0 writes the plan; the checkpoint goes only once it is on disk */
+    if (r.rank == 0) {
+        s = kv_plan_validate(r.plan);
+        if (s == KV_OK && opt->out_path && (s = kv_plan_write(r.plan, opt->out_path, NULL)) != KV_OK)
+            s = kv_error_wrap(s, "writing the plan: ");
     }
-    if (opt->checkpoint_dir) (void)kv_fit_ckpt_remove(opt->checkpoint_dir);
+    if ((s = kv_dist_agree(dist, s)) != KV_OK) goto done;
+    if (r.rank == 0 && opt->checkpoint_dir) (void)kv_fit_ckpt_remove(opt->checkpoint_dir);
     /* summary */
     lrep.seq_len = r.seq_len;
     lrep.sinks = r.sinks;
@@ -968,12 +1250,26 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
     lrep.heldout_tokens = r.seqs.n_ho * r.seq_len;
     lrep.fit_rows = r.seqs.n_cal * r.n_comp;
     lrep.heldout_rows = r.seqs.n_ho * r.n_comp;
-    lrep.hidden_bytes = (uint64_t)r.n_hidden * 4u;
+    lrep.n_ranks = r.size;
+    lrep.n_shards = r.n_shards;
+    lrep.shard_seqs = r.shard_seqs;
+    lrep.hidden_f16 = r.st.h_f16;
+    lrep.spilled = r.st.spill;
+    lrep.weights_streamed = kv_model_streamed(m);
+    lrep.weight_bytes_max = kv_model_streamed(m) ? r.weight_bytes_max : kv_model_weight_bytes(m);
     {
+        /* this rank's hidden states in memory (one shard when spilled) */
+        uint64_t seqs = 0;
+        for (int64_t j = 0; j < r.n_local; j++)
+            seqs = r.st.spill ? (seqs > (uint64_t)r.shard_nseq[j] ? seqs : (uint64_t)r.shard_nseq[j])
+                              : seqs + (uint64_t)r.shard_nseq[j];
+        lrep.hidden_bytes = seqs * (uint64_t)r.seq_len * (uint64_t)r.d_model * (r.st.h_f16 ? 2u : 4u);
         const uint64_t n_in = (uint64_t)r.kv_dim * 2 + 1;
-        lrep.state_bytes = lrep.hidden_bytes + 4u * 4u * (uint64_t)r.n_kv + 8u * n_in * (n_in + (uint64_t)r.kv_dim) +
+        lrep.state_bytes = r.st.bytes + 8u * 2u * n_in * (n_in + (uint64_t)r.kv_dim) +
                            64u * (uint64_t)r.recent * (uint64_t)r.kv_dim * 4u;
     }
+    lrep.peak_rss_mib = peak_rss_mib();
+    if ((s = kv_dist_max(dist, &lrep.peak_rss_mib)) != KV_OK) goto done;
     double bsum = 0;
     for (int l = 0; l < r.L; l++) bsum += kv_plan_stream_bits(r.plan, l, 0) + kv_plan_stream_bits(r.plan, l, 1);
     lrep.mean_bits = bsum / (2.0 * r.L);
@@ -990,7 +1286,7 @@ done:
             kv_error_append(s, "; the checkpoint after layer %d is kept in %s (the same command resumes from it; "
                             "delete it to start over)", ckpt_layer, opt->checkpoint_dir);
         } else {
-            (void)rmdir(opt->checkpoint_dir); /* only when empty */
+            if (r.rank == 0) (void)rmdir(opt->checkpoint_dir); /* only when empty */
             if (s == KV_EINTERRUPTED) kv_error_append(s, "; no layer had finished, so there is no checkpoint");
         }
     }
@@ -1000,8 +1296,6 @@ done:
     }
     kv_fit_report_free(&lrep);
     kv_plan_free(r.plan);
-    kv_fit_ckpt_free(&ck);
-    free(cfg_yaml);
     fit_run_free(&r);
     return s;
 }
@@ -1009,28 +1303,69 @@ done:
 kv_status kv_fit_forward_baseline(double *seconds, kv_model *m, const kv_fit_data *data, const kv_fit_config *cfg,
                                   const kv_fit_options *opt) {
     *seconds = 0;
-    kv_status s = check_inputs(m, data, cfg);
+    kv_dist *dist = opt ? opt->dist : NULL;
+    const int rank = kv_dist_rank(dist), size = kv_dist_size(dist);
+    kv_status s = kv_dist_agree(dist, check_inputs(m, data, cfg));
     if (s != KV_OK) return s;
     kv_fit_seqs seqs;
-    if ((s = kv_fit_make_seqs(&seqs, data, cfg)) != KV_OK) return s;
-    const int64_t n = seqs.n_cal + seqs.n_ho;
-    int bs;
+    memset(&seqs, 0, sizeof seqs);
+    const int d = kv_model_arch(m)->d_model, L = kv_model_arch(m)->n_layers, T = cfg->data.seq_len;
+    const int B = shard_seqs_of(cfg);
+    float *h = NULL;
     int32_t *pos = NULL;
-    if ((s = batch_setup(&bs, &pos, seqs.seq_len, n, opt)) != KV_OK) {
-        kv_fit_seqs_free(&seqs);
-        return s;
+    int64_t local = 0;
+    s = kv_fit_make_seqs(&seqs, data, cfg);
+    const int64_t n = seqs.n_cal + seqs.n_ho, n_shards = (n + B - 1) / B;
+    /* this rank's sequences, shard by shard */
+    for (int64_t k = rank; s == KV_OK && k < n_shards; k += size) local += n - k * B < B ? n - k * B : B;
+    if (s == KV_OK) {
+        pos = malloc((size_t)B * (size_t)T * sizeof(int32_t));
+        h = kv_model_streamed(m) ? kv_aligned_alloc(64, (size_t)(local ? local : 1) * (size_t)T * (size_t)d * sizeof(float))
+                                 : NULL;
+        if (!pos || (kv_model_streamed(m) && !h)) s = KV_ERR(KV_ENOMEM, "out of memory for the forward baseline");
     }
-    free(pos);
+    if ((s = kv_dist_agree(dist, s)) != KV_OK) goto done;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) pos[(size_t)b * (size_t)T + (size_t)t] = t;
     const double t0 = kv_now_seconds();
-    for (int64_t q0 = 0; q0 < n && s == KV_OK; q0 += bs) {
-        kv_forward f;
-        memset(&f, 0, sizeof f);
-        f.tokens = seqs.tokens + (size_t)q0 * (size_t)seqs.seq_len;
-        f.n_seqs = (int)(n - q0 < bs ? n - q0 : bs);
-        f.n_tokens = seqs.seq_len;
-        s = kv_model_forward(m, &f);
+    if (!kv_model_streamed(m)) {
+        /* every layer of a shard at once (kv_model_forward), shard after shard */
+        for (int64_t k = rank; k < n_shards && s == KV_OK; k += size) {
+            kv_forward f;
+            memset(&f, 0, sizeof f);
+            f.tokens = seqs.tokens + (size_t)(k * B) * (size_t)T;
+            f.n_seqs = (int)(n - k * B < B ? n - k * B : B);
+            f.n_tokens = T;
+            s = kv_model_forward(m, &f);
+        }
+    } else {
+        /* streamed weights: one layer at a time over every shard, as the fit runs */
+        if ((s = kv_model_acquire(m, KV_MODEL_PART_EMBED)) == KV_OK) {
+            size_t row = 0;
+            for (int64_t k = rank; k < n_shards && s == KV_OK; k += size) {
+                const int64_t nb = n - k * B < B ? n - k * B : B;
+                s = kv_model_embed(m, seqs.tokens + (size_t)(k * B) * (size_t)T, (size_t)(nb * T), h + row * (size_t)d);
+                row += (size_t)(nb * T);
+            }
+        }
+        kv_model_release(m, KV_MODEL_PART_EMBED);
+        for (int l = 0; l < L && s == KV_OK; l++) {
+            if ((s = kv_model_acquire(m, l)) != KV_OK) break;
+            size_t row = 0;
+            for (int64_t k = rank; k < n_shards && s == KV_OK; k += size) {
+                const int64_t nb = n - k * B < B ? n - k * B : B;
+                s = kv_model_layer_forward(m, l, h + row * (size_t)d, (int)nb, T, pos, NULL, NULL, NULL);
+                row += (size_t)(nb * T);
+            }
+            kv_model_release(m, l);
+        }
     }
     *seconds = kv_now_seconds() - t0;
+    s = kv_dist_agree(dist, s);
+    if (s == KV_OK) s = kv_dist_max(dist, seconds);
+done:
+    kv_aligned_free(h);
+    free(pos);
     kv_fit_seqs_free(&seqs);
     return s;
 }

@@ -1,16 +1,20 @@
 /* kvcal fit checkpoints (fit_internal.h): after each layer, the state needed to continue is written
  * into a directory next to the output plan, so that a killed run resumes from its last finished
- * layer. Layout of the directory (calib/FIT.md):
+ * layer. Layout of the directory (calib/FIT.md §6):
  *
- *   manifest            text: format line, sha256 of the inputs, last finished layer, file names
- *   state.<L>.bin       hidden states after layer L, reconstructed K/V of layer L, per-layer report
- *   plan.<L>.kvplan     the plan so far (a valid plan: later layers still full precision)
+ *   manifest              text: format line, sha256 of the inputs, last finished layer, shard count,
+ *                         file names
+ *   state.<L>.<k>.bin     shard k: hidden states after layer L, reconstructed K/V of layer L
+ *                         (written by the rank that owns the shard)
+ *   report.<L>.bin        the per-layer report numbers so far
+ *   plan.<L>.kvplan       the plan so far (a valid plan: later layers still full precision)
  *
  * Every file is written atomically (temporary file, rename; the manifest and plan also fsync'd) and
- * the manifest last, naming
- * files that carry the layer number, so a crash at any point leaves either the previous complete
- * checkpoint or the new one. The state file is private to this machine (host float layout, checked
- * by a byte-order mark) and carries a CRC-32 of its payload. */
+ * the manifest last, after every rank's shard files are in place, naming files that carry the layer
+ * number, so a crash of any rank at any point leaves either the previous complete checkpoint or the
+ * new one. State is per shard, not per rank: a run resumed with another number of ranks reads the
+ * same files. The state files are private to this machine's float layout (checked by a byte-order
+ * mark) and carry a CRC-32 of their payload. */
 #define _POSIX_C_SOURCE 200809L
 #include "fit_internal.h"
 
@@ -23,7 +27,6 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#define CKPT_MAGIC "KVFITCK1"
 #define CKPT_HEADER 64
 #define CKPT_BOM 0x0A0B0C0Du
 
@@ -50,6 +53,31 @@ static void hash_tokens(kv_sha256 *h, const int32_t *t, size_t n) {
     }
 }
 
+/* SHA-256 of a file read in 1 MiB pieces: a mapping of the whole file would count in the resident
+ * set until unmapped (the whole model, which layer streaming is there to avoid). */
+static kv_status sha256_file_read(char out[65], const char *path) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return KV_ERR(KV_EIO, "cannot open '%s': %s", path, strerror(errno));
+    enum { PIECE = 1 << 20 };
+    uint8_t *buf = malloc(PIECE);
+    if (!buf) {
+        fclose(fp);
+        return KV_ERR(KV_ENOMEM, "out of memory");
+    }
+    kv_sha256 h;
+    kv_sha256_init(&h);
+    size_t n;
+    while ((n = fread(buf, 1, PIECE, fp)) > 0) kv_sha256_update(&h, buf, n);
+    const int bad = ferror(fp);
+    fclose(fp);
+    free(buf);
+    if (bad) return KV_ERR(KV_EIO, "reading '%s': %s", path, strerror(errno));
+    uint8_t d[32];
+    kv_sha256_final(&h, d);
+    kv_sha256_hex(out, d);
+    return KV_OK;
+}
+
 kv_status kv_fit_inputs_hash(char out[65], const kv_model_file *mf, const kv_plan_fingerprint *fp,
                              const kv_fit_data *data, const kv_fit_config *cfg, const kv_fit_options *opt) {
     kv_sha256 h;
@@ -67,7 +95,7 @@ kv_status kv_fit_inputs_hash(char out[65], const kv_model_file *mf, const kv_pla
     struct stat st;
     if (path && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
         char hex[65];
-        kv_status s = kv_sha256_file(hex, path);
+        kv_status s = sha256_file_read(hex, path);
         if (s != KV_OK) return kv_error_wrap(s, "hashing the model file for the checkpoint: ");
         hash_str(&h, hex);
     } else {
@@ -104,15 +132,18 @@ static void remove_files(const char *dir, int keep) {
     DIR *d = opendir(dir);
     if (!d) return;
     struct dirent *e;
-    char keep_state[64], keep_plan[64];
-    snprintf(keep_state, sizeof keep_state, "state.%d.bin", keep);
+    char keep_state[64], keep_plan[64], keep_report[64];
+    snprintf(keep_state, sizeof keep_state, "state.%d.", keep);
     snprintf(keep_plan, sizeof keep_plan, "plan.%d.kvplan", keep);
+    snprintf(keep_report, sizeof keep_report, "report.%d.bin", keep);
     while ((e = readdir(d)) != NULL) {
         const char *n = e->d_name;
-        const int ours = strncmp(n, "state.", 6) == 0 || strncmp(n, "plan.", 5) == 0 ||
+        const int ours = strncmp(n, "state.", 6) == 0 || strncmp(n, "plan.", 5) == 0 || strncmp(n, "report.", 7) == 0 ||
                          (keep < 0 && strncmp(n, "manifest", 8) == 0);
         if (!ours) continue;
-        if (keep >= 0 && (strcmp(n, keep_state) == 0 || strcmp(n, keep_plan) == 0)) continue;
+        if (keep >= 0 && (strncmp(n, keep_state, strlen(keep_state)) == 0 || strcmp(n, keep_plan) == 0 ||
+                          strcmp(n, keep_report) == 0))
+            continue;
         if (keep >= 0 && strncmp(n, "manifest", 8) == 0) continue;
         char *p = join(dir, n);
         if (p) unlink(p);
@@ -121,19 +152,13 @@ static void remove_files(const char *dir, int keep) {
     closedir(d);
 }
 
+void kv_fit_ckpt_clear(const char *dir) { remove_files(dir, -1); }
+
 kv_status kv_fit_ckpt_remove(const char *dir) {
     remove_files(dir, -1);
     if (rmdir(dir) != 0 && errno != ENOENT)
         return KV_ERR(KV_EIO, "removing checkpoint directory '%s': %s", dir, strerror(errno));
     return KV_OK;
-}
-
-void kv_fit_ckpt_free(kv_fit_ckpt *ck) {
-    if (!ck) return;
-    kv_plan_free(ck->plan);
-    free(ck->layer_report);
-    ck->plan = NULL;
-    ck->layer_report = NULL;
 }
 
 static uLong crc_update(uLong crc, const void *p, size_t n) {
@@ -158,66 +183,139 @@ static int read_all(FILE *fp, void *p, size_t n, uLong *crc) {
     return 1;
 }
 
-kv_status kv_fit_ckpt_save(const char *dir, const char *inputs_hash, int layer, const kv_plan *plan,
-                           const double *layer_report, int n_layers, const float *hidden, uint64_t n_hidden,
-                           const float *kp, const float *vp, uint64_t n_kv) {
+/* A binary checkpoint file: 64-byte header (magic, byte-order mark, then the u64 fields given), the
+ * payload pieces, CRC-32 of the payload. */
+typedef struct piece {
+    void *p;
+    size_t n;
+} piece;
+
+/* Write atomically (rename) without fsync: a process killed at any point leaves the old or the new
+ * file, which is what resuming needs; after a power loss a file whose data did not reach the disk
+ * fails its size or CRC check and the run starts over. Syncing the state (hundreds of MB per layer
+ * on a real model) would cost more than the layer. */
+static kv_status write_bin(const char *path, const char *magic, const uint64_t *fields, int n_fields,
+                           const piece *pieces, int n_pieces) {
+    kv_atomic_file af;
+    kv_status s = kv_atomic_open(&af, path);
+    if (s != KV_OK) return s;
+    uint8_t hdr[CKPT_HEADER];
+    memset(hdr, 0, sizeof hdr);
+    memcpy(hdr, magic, 8);
+    const uint32_t bom = CKPT_BOM;
+    memcpy(hdr + 8, &bom, 4); /* host order: a reader on another byte order rejects the file */
+    for (int i = 0; i < n_fields; i++) kv_store_u64le(hdr + 16 + 8 * i, fields[i]);
+    uLong crc = crc32(0L, Z_NULL, 0);
+    int ok = fwrite(hdr, 1, sizeof hdr, af.fp) == sizeof hdr;
+    for (int i = 0; i < n_pieces && ok; i++) ok = write_all(af.fp, pieces[i].p, pieces[i].n, &crc);
+    uint8_t tr[4];
+    kv_store_u32le(tr, (uint32_t)crc);
+    ok = ok && fwrite(tr, 1, 4, af.fp) == 4;
+    if (!ok) {
+        kv_atomic_abort(&af);
+        return KV_ERR(KV_EIO, "writing checkpoint '%s': %s", path, strerror(errno));
+    }
+    const int closed = fclose(af.fp) == 0;
+    af.fp = NULL;
+    if (!closed || rename(af.tmp_path, af.final_path) != 0) {
+        s = KV_ERR(KV_EIO, "writing checkpoint '%s': %s", path, strerror(errno));
+        unlink(af.tmp_path);
+    }
+    free(af.tmp_path);
+    free(af.final_path);
+    return s;
+}
+
+/* Read a file written by write_bin whose header fields must equal `fields`. */
+static kv_status read_bin(const char *path, const char *magic, const uint64_t *fields, int n_fields, const piece *pieces,
+                          int n_pieces) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return KV_ERR(KV_EIO, "cannot open '%s': %s", path, strerror(errno));
+    kv_status s = KV_OK;
+    uint8_t hdr[CKPT_HEADER];
+    uint32_t bom;
+    if (fread(hdr, 1, sizeof hdr, fp) != sizeof hdr || memcmp(hdr, magic, 8) != 0) {
+        s = KV_ERR(KV_EFORMAT, "'%s' is not a kvcal fit checkpoint file of this kind", path);
+        goto done;
+    }
+    memcpy(&bom, hdr + 8, 4);
+    int same = bom == CKPT_BOM;
+    for (int i = 0; i < n_fields && same; i++) same = kv_load_u64le(hdr + 16 + 8 * i) == fields[i];
+    if (!same) {
+        s = KV_ERR(KV_EFORMAT, "'%s' does not match this run (layer, shard, sizes or byte order)", path);
+        goto done;
+    }
+    uLong crc = crc32(0L, Z_NULL, 0);
+    uint8_t tr[4];
+    int ok = 1;
+    for (int i = 0; i < n_pieces && ok; i++) ok = read_all(fp, pieces[i].p, pieces[i].n, &crc);
+    if (!ok || fread(tr, 1, 4, fp) != 4) {
+        s = KV_ERR(KV_EFORMAT, "'%s' is truncated", path);
+        goto done;
+    }
+    if (kv_load_u32le(tr) != (uint32_t)crc) s = KV_ERR(KV_ECHECKSUM, "'%s': CRC mismatch", path);
+done:
+    fclose(fp);
+    return s;
+}
+
+#define STATE_MAGIC "KVFITSH2"
+#define REPORT_MAGIC "KVFITRP2"
+
+static char *state_path(const char *dir, int layer, int64_t shard) {
+    char name[96];
+    snprintf(name, sizeof name, "state.%d.%lld.bin", layer, (long long)shard);
+    return join(dir, name);
+}
+
+kv_status kv_fit_ckpt_save_shard(const char *dir, int layer, int64_t shard, int64_t n_shards, const float *hidden,
+                                 uint64_t n_hidden, const float *kp, const float *vp, uint64_t n_kv) {
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return KV_ERR(KV_EIO, "creating checkpoint directory '%s': %s", dir, strerror(errno));
+    char *path = state_path(dir, layer, shard);
+    if (!path) return KV_ERR(KV_ENOMEM, "out of memory");
+    const uint64_t f[5] = {(uint64_t)layer, (uint64_t)shard, (uint64_t)n_shards, n_hidden, n_kv};
+    const piece p[3] = {{(void *)hidden, (size_t)n_hidden * sizeof(float)},
+                        {(void *)kp, (size_t)n_kv * sizeof(float)},
+                        {(void *)vp, (size_t)n_kv * sizeof(float)}};
+    kv_status s = write_bin(path, STATE_MAGIC, f, 5, p, 3);
+    free(path);
+    return s;
+}
+
+kv_status kv_fit_ckpt_load_shard(const char *dir, int layer, int64_t shard, int64_t n_shards, float *hidden,
+                                 uint64_t n_hidden, float *kp, float *vp, uint64_t n_kv) {
+    char *path = state_path(dir, layer, shard);
+    if (!path) return KV_ERR(KV_ENOMEM, "out of memory");
+    const uint64_t f[5] = {(uint64_t)layer, (uint64_t)shard, (uint64_t)n_shards, n_hidden, n_kv};
+    const piece p[3] = {{hidden, (size_t)n_hidden * sizeof(float)},
+                        {kp, (size_t)n_kv * sizeof(float)},
+                        {vp, (size_t)n_kv * sizeof(float)}};
+    kv_status s = read_bin(path, STATE_MAGIC, f, 5, p, 3);
+    free(path);
+    return s;
+}
+
+kv_status kv_fit_ckpt_commit(const char *dir, const char *inputs_hash, int layer, int n_layers, int64_t n_shards,
+                             const kv_plan *plan, const double *report) {
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return KV_ERR(KV_EIO, "creating checkpoint directory '%s': %s", dir, strerror(errno));
     char name[64];
     kv_status s = KV_OK;
-    char *state_path = NULL, *plan_path = NULL, *man_path = NULL;
-    snprintf(name, sizeof name, "state.%d.bin", layer);
-    state_path = join(dir, name);
+    char *report_path = NULL, *plan_path = NULL, *man_path = NULL;
+    snprintf(name, sizeof name, "report.%d.bin", layer);
+    report_path = join(dir, name);
     snprintf(name, sizeof name, "plan.%d.kvplan", layer);
     plan_path = join(dir, name);
     man_path = join(dir, "manifest");
-    if (!state_path || !plan_path || !man_path) {
+    if (!report_path || !plan_path || !man_path) {
         s = KV_ERR(KV_ENOMEM, "out of memory");
         goto done;
     }
-    /* state file */
     {
-        kv_atomic_file af;
-        if ((s = kv_atomic_open(&af, state_path)) != KV_OK) goto done;
-        uint8_t hdr[CKPT_HEADER];
-        memset(hdr, 0, sizeof hdr);
-        memcpy(hdr, CKPT_MAGIC, 8);
-        const uint32_t bom = CKPT_BOM;
-        memcpy(hdr + 8, &bom, 4); /* host order: a reader on another byte order rejects the file */
-        kv_store_u32le(hdr + 12, (uint32_t)layer);
-        kv_store_u32le(hdr + 16, (uint32_t)n_layers);
-        kv_store_u32le(hdr + 20, KV_FIT_CKPT_DOUBLES);
-        kv_store_u64le(hdr + 24, n_hidden);
-        kv_store_u64le(hdr + 32, n_kv);
-        uLong crc = crc32(0L, Z_NULL, 0);
-        int ok = fwrite(hdr, 1, sizeof hdr, af.fp) == sizeof hdr;
-        ok = ok && write_all(af.fp, layer_report, (size_t)n_layers * KV_FIT_CKPT_DOUBLES * sizeof(double), &crc);
-        ok = ok && write_all(af.fp, hidden, (size_t)n_hidden * sizeof(float), &crc);
-        ok = ok && write_all(af.fp, kp, (size_t)n_kv * sizeof(float), &crc);
-        ok = ok && write_all(af.fp, vp, (size_t)n_kv * sizeof(float), &crc);
-        uint8_t tr[4];
-        kv_store_u32le(tr, (uint32_t)crc);
-        ok = ok && fwrite(tr, 1, 4, af.fp) == 4;
-        if (!ok) {
-            kv_atomic_abort(&af);
-            s = KV_ERR(KV_EIO, "writing checkpoint '%s': %s", state_path, strerror(errno));
-            goto done;
-        }
-        /* Renamed into place without fsync: a process killed at any point leaves the old or the new
-         * file (the rename is atomic), which is what resuming needs; after a power loss a file whose
-         * data did not reach the disk fails its size or CRC check and the run starts over. Syncing
-         * the state (hundreds of MB per layer on a real model) would cost more than the layer. */
-        const int closed = fclose(af.fp) == 0;
-        af.fp = NULL;
-        if (!closed || rename(af.tmp_path, af.final_path) != 0) {
-            s = KV_ERR(KV_EIO, "writing checkpoint '%s': %s", state_path, strerror(errno));
-            unlink(af.tmp_path);
-            free(af.tmp_path);
-            free(af.final_path);
-            goto done;
-        }
-        free(af.tmp_path);
-        free(af.final_path);
+        const uint64_t f[3] = {(uint64_t)layer, (uint64_t)n_layers, KV_FIT_CKPT_DOUBLES};
+        const piece p[1] = {{(void *)report, (size_t)n_layers * KV_FIT_CKPT_DOUBLES * sizeof(double)}};
+        if ((s = write_bin(report_path, REPORT_MAGIC, f, 3, p, 1)) != KV_OK) goto done;
     }
     /* uncompressed: zlib level 9 over the predictors (MBs) would cost more than the whole write */
     kv_plan_write_options wo;
@@ -230,104 +328,69 @@ kv_status kv_fit_ckpt_save(const char *dir, const char *inputs_hash, int layer, 
     {
         char man[512];
         const int n = snprintf(man, sizeof man,
-                               "kvcal-fit-checkpoint 1\ninputs %s\nlayer %d\nn_layers %d\nstate state.%d.bin\n"
-                               "plan plan.%d.kvplan\n",
-                               inputs_hash, layer, n_layers, layer, layer);
+                               "kvcal-fit-checkpoint 2\ninputs %s\nlayer %d\nn_layers %d\nshards %lld\n"
+                               "state state.%d.<shard>.bin\nreport report.%d.bin\nplan plan.%d.kvplan\n",
+                               inputs_hash, layer, n_layers, (long long)n_shards, layer, layer, layer);
         if ((s = kv_write_file_atomic(man_path, man, (size_t)n)) != KV_OK) goto done;
     }
     remove_files(dir, layer);
 done:
-    free(state_path);
+    free(report_path);
     free(plan_path);
     free(man_path);
     return s;
 }
 
-/* Why a checkpoint cannot be used (KV_OK = it can). */
-static kv_status load_state(const char *path, int layer, int n_layers, double *report, float *hidden,
-                            uint64_t n_hidden, float *kp, float *vp, uint64_t n_kv) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return KV_ERR(KV_EIO, "cannot open '%s': %s", path, strerror(errno));
-    kv_status s = KV_OK;
-    uint8_t hdr[CKPT_HEADER];
-    uint32_t bom;
-    if (fread(hdr, 1, sizeof hdr, fp) != sizeof hdr || memcmp(hdr, CKPT_MAGIC, 8) != 0) {
-        s = KV_ERR(KV_EFORMAT, "'%s' is not a kvcal fit state file", path);
-        goto done;
-    }
-    memcpy(&bom, hdr + 8, 4);
-    if (bom != CKPT_BOM || kv_load_u32le(hdr + 12) != (uint32_t)layer || kv_load_u32le(hdr + 16) != (uint32_t)n_layers ||
-        kv_load_u32le(hdr + 20) != KV_FIT_CKPT_DOUBLES || kv_load_u64le(hdr + 24) != n_hidden ||
-        kv_load_u64le(hdr + 32) != n_kv) {
-        s = KV_ERR(KV_EFORMAT, "'%s' does not match this run (layer, sizes or byte order)", path);
-        goto done;
-    }
-    uLong crc = crc32(0L, Z_NULL, 0);
-    uint8_t tr[4];
-    if (!read_all(fp, report, (size_t)n_layers * KV_FIT_CKPT_DOUBLES * sizeof(double), &crc) ||
-        !read_all(fp, hidden, (size_t)n_hidden * sizeof(float), &crc) || !read_all(fp, kp, (size_t)n_kv * sizeof(float), &crc) ||
-        !read_all(fp, vp, (size_t)n_kv * sizeof(float), &crc) || fread(tr, 1, 4, fp) != 4) {
-        s = KV_ERR(KV_EFORMAT, "'%s' is truncated", path);
-        goto done;
-    }
-    if (kv_load_u32le(tr) != (uint32_t)crc) s = KV_ERR(KV_ECHECKSUM, "'%s': CRC mismatch", path);
-done:
-    fclose(fp);
-    return s;
-}
-
-kv_status kv_fit_ckpt_load(kv_fit_ckpt *ck, const char *dir, const char *inputs_hash, int n_layers,
-                           float *hidden, uint64_t n_hidden, float *kp, float *vp, uint64_t n_kv) {
-    memset(ck, 0, sizeof *ck);
-    ck->layer = -1;
+void kv_fit_ckpt_manifest(int *layer, const char **why, const char *dir, const char *inputs_hash, int n_layers,
+                          int64_t n_shards) {
+    *layer = -1;
+    *why = NULL;
     char *man_path = join(dir, "manifest");
-    if (!man_path) return KV_ERR(KV_ENOMEM, "out of memory");
+    if (!man_path) {
+        *why = "out of memory";
+        return;
+    }
     char *man = NULL;
     size_t size = 0;
     kv_status s = kv_file_read_all(&man, &size, man_path);
     free(man_path);
     if (s != KV_OK) { /* no checkpoint (or an unreadable one): start from layer 0 */
         kv_error_clear();
-        struct stat st;
-        if (stat(dir, &st) == 0) remove_files(dir, -1);
-        return KV_OK;
+        return;
     }
     char hash[80] = "";
-    int layer = -1, nl = -1, version = 0;
-    const int n = sscanf(man, "kvcal-fit-checkpoint %d inputs %70s layer %d n_layers %d", &version, hash, &layer, &nl);
+    int l = -1, nl = -1, version = 0;
+    long long shards = -1;
+    const int n = sscanf(man, "kvcal-fit-checkpoint %d inputs %70s layer %d n_layers %d shards %lld", &version, hash, &l,
+                         &nl, &shards);
     free(man);
-    const char *why = NULL;
-    if (n != 4 || version != 1 || nl != n_layers || layer < 0 || layer >= n_layers - 1)
-        why = "its manifest is not one this version writes";
+    if (n != 5 || version != 2 || nl != n_layers || l < 0 || l >= n_layers - 1)
+        *why = "its manifest is not one this version writes";
     else if (strcmp(hash, inputs_hash) != 0)
-        why = "it was made from different inputs (model, corpus, configuration or tool version)";
-    if (!why) {
-        char name[64];
-        snprintf(name, sizeof name, "plan.%d.kvplan", layer);
-        char *plan_path = join(dir, name);
-        snprintf(name, sizeof name, "state.%d.bin", layer);
-        char *state_path = join(dir, name);
-        ck->layer_report = malloc((size_t)n_layers * KV_FIT_CKPT_DOUBLES * sizeof(double));
-        if (!plan_path || !state_path || !ck->layer_report) {
-            free(plan_path);
-            free(state_path);
-            kv_fit_ckpt_free(ck);
-            return KV_ERR(KV_ENOMEM, "out of memory");
-        }
-        s = kv_plan_read(&ck->plan, plan_path);
-        if (s == KV_OK) s = load_state(state_path, layer, n_layers, ck->layer_report, hidden, n_hidden, kp, vp, n_kv);
-        free(plan_path);
-        free(state_path);
-        if (s != KV_OK) why = kv_error_last();
+        *why = "it was made from different inputs (model, corpus, configuration or tool version)";
+    else if (shards != (long long)n_shards)
+        *why = "it was made with another number of shards";
+    else
+        *layer = l;
+}
+
+kv_status kv_fit_ckpt_load_common(kv_plan **plan, double *report, const char *dir, int layer, int n_layers) {
+    *plan = NULL;
+    char name[64];
+    snprintf(name, sizeof name, "plan.%d.kvplan", layer);
+    char *plan_path = join(dir, name);
+    snprintf(name, sizeof name, "report.%d.bin", layer);
+    char *report_path = join(dir, name);
+    kv_status s = KV_OK;
+    if (!plan_path || !report_path) {
+        s = KV_ERR(KV_ENOMEM, "out of memory");
+    } else {
+        const uint64_t f[3] = {(uint64_t)layer, (uint64_t)n_layers, KV_FIT_CKPT_DOUBLES};
+        const piece p[1] = {{report, (size_t)n_layers * KV_FIT_CKPT_DOUBLES * sizeof(double)}};
+        s = read_bin(report_path, REPORT_MAGIC, f, 3, p, 1);
+        if (s == KV_OK) s = kv_plan_read(plan, plan_path);
     }
-    if (why) {
-        kv_log(KV_LOG_WARN, "fit: not resuming from the checkpoint in %s: %s; starting over", dir, why);
-        kv_error_clear();
-        kv_fit_ckpt_free(ck);
-        remove_files(dir, -1);
-        ck->layer = -1;
-        return KV_OK;
-    }
-    ck->layer = layer;
-    return KV_OK;
+    free(plan_path);
+    free(report_path);
+    return s;
 }

@@ -18,33 +18,65 @@ typedef struct kv_fit_seqs {
 kv_status kv_fit_make_seqs(kv_fit_seqs *out, const kv_fit_data *data, const kv_fit_config *cfg);
 void kv_fit_seqs_free(kv_fit_seqs *s);
 
-/* ---- checkpoints (fit_ckpt.c) ---- */
-/* What a checkpoint restores: the state after `layer` finished. */
-typedef struct kv_fit_ckpt {
-    int layer;                 /* last finished layer */
-    kv_plan *plan;             /* the plan so far (owned) */
-    double *layer_report;      /* n_layers * KV_FIT_CKPT_DOUBLES (owned) */
-} kv_fit_ckpt;
-#define KV_FIT_CKPT_DOUBLES 16 /* per layer: 4 metrics x 2 streams, bits x 2, forward/fit seconds,
-                                  ridge rcond x 2, ridge fallback x 2 */
+/* ---- per-token state, shard by shard (fit_store.c) ---- */
+enum { KV_FIT_H = 0, KV_FIT_K, KV_FIT_V, KV_FIT_KP, KV_FIT_VP, KV_FIT_ROLES };
+typedef struct kv_fit_store {
+    int spill, h_f16;
+    char *dir;                      /* spill directory (owned) */
+    int64_t n_local;                /* shards of this rank */
+    const int64_t *shard_ids;       /* global index of each local shard (borrowed) */
+    const int64_t *shard_nseq;      /* sequences of each local shard (borrowed) */
+    int shard_seqs;                 /* sequences of a full shard */
+    size_t per_seq[KV_FIT_ROLES];   /* values per sequence of each role */
+    int slot[KV_FIT_ROLES];         /* storage slot of each role (K/V slots swap between layers) */
+    void *mem[KV_FIT_ROLES];        /* in memory: per slot, every local sequence (H: f16 when h_f16) */
+    float *scratch[KV_FIT_ROLES];   /* per role, one shard (spill; H when h_f16) */
+    uint16_t *h16;                  /* spill + f16: one shard of H as stored */
+    uint64_t bytes;                 /* held in memory */
+} kv_fit_store;
+/* h_per_seq / kv_per_seq: floats per sequence of H and of each K/V role. spill_dir NULL or "": in
+ * memory. shard_ids / shard_nseq must outlive the store. */
+kv_status kv_fit_store_init(kv_fit_store *st, const char *spill_dir, int h_f16, int64_t n_local, const int64_t *shard_ids,
+                            const int64_t *shard_nseq, int shard_seqs, size_t h_per_seq, size_t kv_per_seq);
+/* Frees the memory and removes this rank's spill files (and the directory when it is empty). */
+void kv_fit_store_free(kv_fit_store *st);
+/* The values of `role` for local shard j (shard_nseq[j] * per_seq[role] floats). read = 0: the
+ * caller overwrites them all (nothing is read). Valid until the next get of the same role. */
+kv_status kv_fit_store_get(kv_fit_store *st, int role, int64_t j, int read, float **out);
+/* Store back what get returned, after changing it. */
+kv_status kv_fit_store_put(kv_fit_store *st, int role, int64_t j);
+/* K <-> KP, V <-> VP: this layer's reconstructions become the next layer's inputs. */
+void kv_fit_store_swap(kv_fit_store *st);
+
+/* ---- checkpoints (fit_ckpt.c) ----
+ * The directory (shared by every rank) holds, for the last finished layer L: one state file per
+ * shard (written by the rank that owns it), the plan so far and the per-layer report (rank 0), and
+ * the manifest naming them (rank 0, written last, after every rank's files are in place). */
+#define KV_FIT_CKPT_DOUBLES 17 /* per layer: 4 metrics x 2 streams, bits x 2, forward/fit seconds,
+                                  ridge rcond x 2, ridge fallback x 2, peak RSS */
 
 /* SHA-256 (hex) identifying a run's inputs: model identity, tokens, resolved configuration and
- * provenance strings. */
+ * provenance strings (the model file is read in pieces, not mapped whole). */
 kv_status kv_fit_inputs_hash(char out[65], const kv_model_file *mf, const kv_plan_fingerprint *fp,
                              const kv_fit_data *data, const kv_fit_config *cfg, const kv_fit_options *opt);
 
-/* Write the state after `layer` into dir (created if needed): state file (hidden states, previous
- * reconstructions, per-layer report), plan so far, then the manifest naming them (atomic writes;
- * files of the previous layer removed afterwards). */
-kv_status kv_fit_ckpt_save(const char *dir, const char *inputs_hash, int layer, const kv_plan *plan,
-                           const double *layer_report, int n_layers, const float *hidden, uint64_t n_hidden,
-                           const float *kp, const float *vp, uint64_t n_kv);
-/* Look for a usable checkpoint: KV_OK with ck->layer >= 0 and the arrays filled when one matches
- * inputs_hash and the sizes; ck->layer = -1 when there is none or it does not match (a message is
- * logged and the directory is cleared). */
-kv_status kv_fit_ckpt_load(kv_fit_ckpt *ck, const char *dir, const char *inputs_hash, int n_layers,
-                           float *hidden, uint64_t n_hidden, float *kp, float *vp, uint64_t n_kv);
-void kv_fit_ckpt_free(kv_fit_ckpt *ck);
+/* The layer the manifest in dir names when it matches inputs_hash, n_layers and n_shards: *layer >= 0;
+ * else *layer = -1 and *why says why (static text, or kv_error_last()); no manifest: -1, why NULL. */
+void kv_fit_ckpt_manifest(int *layer, const char **why, const char *dir, const char *inputs_hash, int n_layers,
+                          int64_t n_shards);
+/* The plan and the per-layer report (n_layers * KV_FIT_CKPT_DOUBLES) of layer `layer`. */
+kv_status kv_fit_ckpt_load_common(kv_plan **plan, double *report, const char *dir, int layer, int n_layers);
+/* One shard's state after `layer`: hidden states (f32), previous K/V reconstructions. */
+kv_status kv_fit_ckpt_save_shard(const char *dir, int layer, int64_t shard, int64_t n_shards, const float *hidden,
+                                 uint64_t n_hidden, const float *kp, const float *vp, uint64_t n_kv);
+kv_status kv_fit_ckpt_load_shard(const char *dir, int layer, int64_t shard, int64_t n_shards, float *hidden,
+                                 uint64_t n_hidden, float *kp, float *vp, uint64_t n_kv);
+/* Rank 0, once every shard of `layer` is saved: the report, the plan, then the manifest (atomic,
+ * fsync'd), then every file of other layers is removed. */
+kv_status kv_fit_ckpt_commit(const char *dir, const char *inputs_hash, int layer, int n_layers, int64_t n_shards,
+                             const kv_plan *plan, const double *report);
+/* Remove every checkpoint file (keep the directory). */
+void kv_fit_ckpt_clear(const char *dir);
 /* Remove the checkpoint files and the directory (missing ones are fine). */
 kv_status kv_fit_ckpt_remove(const char *dir);
 

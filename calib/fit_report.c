@@ -74,6 +74,13 @@ kv_status kv_fit_report_format(char **out, const kv_fit_report *r, int json) {
         sb_printf(&b, ", \"predictor_bytes\": %llu, \"hidden_bytes\": %llu, \"state_bytes\": %llu,\n",
                   (unsigned long long)r->predictor_bytes, (unsigned long long)r->hidden_bytes,
                   (unsigned long long)r->state_bytes);
+        sb_printf(&b, "  \"weight_bytes_max\": %llu, \"weights_streamed\": %s, \"hidden_dtype\": \"%s\", \"spilled\": %s, "
+                      "\"peak_rss_mib\": ",
+                  (unsigned long long)r->weight_bytes_max, r->weights_streamed ? "true" : "false",
+                  r->hidden_f16 ? "f16" : "f32", r->spilled ? "true" : "false");
+        sb_num(&b, r->peak_rss_mib);
+        sb_printf(&b, ",\n  \"ranks\": %d, \"shards\": %lld, \"shard_seqs\": %d,\n", r->n_ranks, (long long)r->n_shards,
+                  r->shard_seqs);
         sb_printf(&b, "  \"seconds_total\": %.3f, \"seconds_setup\": %.3f, \"seconds_grids\": %.3f,\n", r->seconds_total,
                   r->seconds_setup, r->seconds_grids);
         sb_printf(&b, "  \"layers\": [");
@@ -98,15 +105,18 @@ kv_status kv_fit_report_format(char **out, const kv_fit_report *r, int json) {
                 else sb_printf(&b, "null");
                 sb_printf(&b, "}");
             }
-            sb_printf(&b, ", \"seconds_forward\": %.3f, \"seconds_fit\": %.3f, \"seconds_checkpoint\": %.3f}",
+            sb_printf(&b, ", \"seconds_forward\": %.3f, \"seconds_fit\": %.3f, \"seconds_checkpoint\": %.3f, "
+                          "\"peak_rss_mib\": ",
                       lr->seconds_forward, lr->seconds_fit, lr->seconds_checkpoint);
+            sb_num(&b, lr->peak_rss_mib);
+            sb_printf(&b, "}");
         }
         sb_printf(&b, "\n  ]\n}\n");
     } else {
         sb_printf(&b, "held-out metrics per layer (pred = predictor, ev = explained variance, resid = quantizer error "
                       "on its input, total = ||Y - Y_hat||^2/||Y||^2)\n");
-        sb_printf(&b, "%5s | %5s %8s %8s %8s %8s | %5s %8s %8s %8s %8s | %8s %8s\n", "layer", "Kbits", "K pred", "K ev",
-                  "K resid", "K total", "Vbits", "V pred", "V ev", "V resid", "V total", "fwd s", "fit s");
+        sb_printf(&b, "%5s | %5s %8s %8s %8s %8s | %5s %8s %8s %8s %8s | %8s %8s %8s\n", "layer", "Kbits", "K pred", "K ev",
+                  "K resid", "K total", "Vbits", "V pred", "V ev", "V resid", "V total", "fwd s", "fit s", "RSS MiB");
         for (int l = 0; l < r->n_layers; l++) {
             const kv_fit_layer_report *lr = &r->layers[l];
             sb_printf(&b, "%5d |", l);
@@ -120,6 +130,7 @@ kv_status kv_fit_report_format(char **out, const kv_fit_report *r, int json) {
             }
             sb_cell(&b, lr->seconds_forward, 8, 2);
             sb_cell(&b, lr->seconds_fit, 8, 2);
+            sb_cell(&b, lr->peak_rss_mib, 8, 1);
             sb_printf(&b, "%s\n", lr->resumed ? "  (checkpoint)" : "");
         }
         sb_printf(&b, "sequences: %lld calibration + %lld held-out of %d tokens (sinks %d, chunks of %d); %lld fit rows, "
@@ -135,8 +146,12 @@ kv_status kv_fit_report_format(char **out, const kv_fit_report *r, int json) {
                               l, st ? "V" : "K", r->layers[l].ridge_rcond[st]);
         sb_printf(&b, "mean nominal bits per value %.3f, predictor weights %.1f KiB\n", r->mean_bits,
                   (double)r->predictor_bytes / 1024.0);
-        sb_printf(&b, "memory: hidden states %.1f MiB, working set %.1f MiB\n", (double)r->hidden_bytes / 1048576.0,
-                  (double)r->state_bytes / 1048576.0);
+        sb_printf(&b, "memory: hidden states %.1f MiB (%s%s), working set %.1f MiB, weights held at most %.1f MiB (%s), "
+                      "peak RSS %.1f MiB\n",
+                  (double)r->hidden_bytes / 1048576.0, r->hidden_f16 ? "f16" : "f32", r->spilled ? ", one shard: spilled" : "",
+                  (double)r->state_bytes / 1048576.0, (double)r->weight_bytes_max / 1048576.0,
+                  r->weights_streamed ? "one layer at a time" : "the whole model", r->peak_rss_mib);
+        sb_printf(&b, "ranks: %d; shards: %lld of up to %d sequences\n", r->n_ranks, (long long)r->n_shards, r->shard_seqs);
         sb_printf(&b, "time: %.2f s total (set-up %.2f s, grids %.2f s)%s\n", r->seconds_total, r->seconds_setup,
                   r->seconds_grids, r->resumed_from_layer > 0 ? ", resumed from a checkpoint" : "");
     }

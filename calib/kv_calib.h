@@ -12,6 +12,7 @@
 #include <signal.h>
 
 #include "kv_common.h"
+#include "kv_dist.h"
 #include "kv_formats.h"
 #include "kv_model.h"
 
@@ -138,9 +139,20 @@ void kv_fit_error_free(kv_fit_error *e);
  *     kv_quant_roundtrip (the runtime's own code path), keep K_hat(l), V_hat(l) for layer l+1;
  *   - held-out sequences are reconstructed the same way and give the metrics.
  *
- * Memory: the hidden states of every calibration token (N x d_model f32, N = all sequences'
- * tokens), four N_c x kv_dim f32 buffers (K, V of this layer, reconstructions of the previous one;
- * N_c = compressed tokens) and O(kv_dim^2) statistics; never more than two layers' K/V. */
+ * Sharding: the sequences are cut into shards of data.shard_seqs sequences; a shard is one forward
+ * call and the unit of every sum (normal equations per shard, added in shard order; held-out sums
+ * per chunk, added in chunk order). Under MPI (kv_fit_options.dist) shard k belongs to rank
+ * k mod ranks: each rank runs the layer over its shards and keeps their hidden states and
+ * reconstructions; rank 0 adds the shards' normal equations in shard order, solves, and sends the
+ * predictors to every rank; the plan is the same bits for any number of ranks (each rank with the
+ * same thread count). Every rank calls kv_fit_run with the same arguments; rank 0 writes the plan
+ * and the checkpoint's plan/manifest, each rank its shards' checkpoint state.
+ *
+ * Memory (per rank): the hidden states of its sequences (f32, or f16 with memory.hidden_dtype),
+ * four N_c x kv_dim f32 buffers (K, V of this layer, reconstructions of the previous one; N_c = its
+ * compressed tokens) — or one shard of each when memory.spill_dir sends them to files — plus
+ * O(kv_dim^2) statistics and the model's weights: one layer at a time when the model is streamed
+ * (kv_model_load_streamed; kv_fit_run acquires and releases each layer), all of them otherwise. */
 
 /* Where the tokens come from. Tokens are corpus ids without BOS. */
 typedef struct kv_fit_data {
@@ -167,7 +179,7 @@ typedef struct kv_fit_options {
     const char *tool_version;       /* provenance ("kvcal 0.1.0"); NULL = "kvcal " KV_VERSION_STRING */
     const char *git_hash;           /* provenance: 40 hex digits or NULL/"" */
     const char *corpus_sha256;      /* provenance: 64 hex digits or NULL/"" */
-    int batch_rows;                 /* rows (tokens) per forward call; 0 = 8192 (whole sequences) */
+    kv_dist *dist;                  /* ranks sharing the work (kv_dist_init), or NULL: one process */
     /* Directory of generated HIGGS grids (grid files, GRID_FORMAT.md, named by d, n, seed, samples
      * and iterations), or NULL: grids are generated every run. Grids are data-free and deterministic,
      * so a cached grid is exactly the one that would be generated. */
@@ -190,6 +202,7 @@ typedef struct kv_fit_layer_report {
     double seconds_forward;   /* layer forward + capture */
     double seconds_fit;       /* statistics, solves, predictions, quantization, metrics */
     double seconds_checkpoint;
+    double peak_rss_mib;      /* peak resident set after this layer, MiB (largest over ranks) */
     int resumed;              /* 1: taken from a checkpoint, not computed in this run */
 } kv_fit_layer_report;
 
@@ -203,8 +216,14 @@ typedef struct kv_fit_report {
     int64_t fit_rows, heldout_rows;/* compressed tokens the fit / the metrics use */
     int resumed_from_layer;        /* first layer computed in this run (0: fresh start) */
     double seconds_total, seconds_grids, seconds_setup;
-    uint64_t hidden_bytes;         /* the hidden-state buffer */
-    uint64_t state_bytes;          /* hidden + K/V buffers + statistics: the working set */
+    uint64_t hidden_bytes;         /* the hidden states held in memory by rank 0 (one shard when spilled) */
+    uint64_t state_bytes;          /* rank 0's per-token state in memory + statistics: the working set */
+    uint64_t weight_bytes_max;     /* most model weight bytes held at once */
+    double peak_rss_mib;           /* peak resident set at the end, MiB (largest over ranks) */
+    int n_ranks;
+    int64_t n_shards;
+    int shard_seqs;
+    int hidden_f16, spilled, weights_streamed;
     double mean_bits;              /* mean nominal bits per value over every stream */
     uint64_t predictor_bytes;      /* kv_plan_predictor_bytes */
 } kv_fit_report;
@@ -235,7 +254,9 @@ kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a);
 kv_status kv_fit_config_method_preset(kv_fit_config *c, kv_fit_method method);
 
 /* Wall time of one plain forward pass (embedding and every layer, no logits, no hooks) over the
- * sequences kv_fit_run would use, in the same batches: the reference for calibration speed. */
+ * sequences kv_fit_run would use, in the same batches (shards; each rank its own, the time is the
+ * slowest rank's): the reference for calibration speed. A streamed model runs layer by layer over
+ * every shard, acquiring each layer once, as the fit does. */
 kv_status kv_fit_forward_baseline(double *seconds, kv_model *m, const kv_fit_data *data,
                                   const kv_fit_config *cfg, const kv_fit_options *opt);
 

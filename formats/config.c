@@ -29,6 +29,7 @@ typedef struct key_desc {
 static const char *const k_methods[] = {"aqua", "aqua-uniform", "higgs", "kivi", NULL};
 static const char *const k_axes[] = {"tokens", "channels", NULL};
 static const char *const k_dtypes[] = {"f32", "f16", NULL}; /* = KV_DTYPE_F32, KV_DTYPE_F16 */
+static const char *const k_weights[] = {"f32", "f16", "native", NULL}; /* = model/'s kv_weight_storage */
 static const char *const k_prunes[] = {"none", "streamingllm", "h2o", "snapkv", "pyramidkv", NULL};
 
 #define OFF(field) offsetof(kv_fit_config, field)
@@ -49,6 +50,7 @@ static const key_desc k_keys[] = {
     {"data.heldout_fraction", T_DOUBLE, OFF(data.heldout_fraction), 0, 0.9, NULL},
     {"data.seq_len", T_INT, OFF(data.seq_len), 2, 1 << 20, NULL},
     {"data.max_tokens", T_I64, OFF(data.max_tokens), 0, 1e15, NULL},
+    {"data.shard_seqs", T_INT, OFF(data.shard_seqs), 0, 1 << 20, NULL},
     {"cache.sinks", T_INT, OFF(cache.sinks), 0, 1 << 20, NULL},
     {"cache.recent", T_INT, OFF(cache.recent), 0, 1 << 24, NULL},
     {"cache.pre_rope", T_BOOL, OFF(cache.pre_rope), 0, 1, NULL},
@@ -79,6 +81,10 @@ static const key_desc k_keys[] = {
     {"pruning.budget", T_DOUBLE, OFF(pruning.budget), 1e-6, 1, NULL},
     {"pruning.window", T_INT, OFF(pruning.window), 0, 1 << 20, NULL},
     {"pruning.pool", T_INT, OFF(pruning.pool), 0, 1023, NULL},
+    {"memory.weights", T_ENUM, OFF(memory.weights), 0, 0, k_weights},
+    {"memory.stream_weights", T_BOOL, OFF(memory.stream_weights), 0, 1, NULL},
+    {"memory.hidden_dtype", T_ENUM, OFF(memory.hidden_dtype), 0, 0, k_dtypes},
+    {"memory.spill_dir", T_STRING, OFF(memory.spill_dir), 0, 0, NULL},
 };
 #undef OFF
 enum { N_KEYS = sizeof k_keys / sizeof *k_keys };
@@ -151,8 +157,12 @@ kv_status kv_fit_config_init(kv_fit_config *c) {
     c->pruning.budget = 1.0;
     c->pruning.window = 32;
     c->pruning.pool = 7;
+    c->memory.weights = 0;
+    c->memory.stream_weights = 1;
+    c->memory.hidden_dtype = KV_DTYPE_F32;
+    c->memory.spill_dir = kv_plan_strdup("");
     c->origins_ = calloc(1, sizeof(origin));
-    if (!c->model || !c->data.calibration || !c->data.heldout || !c->origins_) {
+    if (!c->model || !c->data.calibration || !c->data.heldout || !c->memory.spill_dir || !c->origins_) {
         kv_fit_config_free(c);
         return KV_ERR(KV_ENOMEM, "out of memory");
     }

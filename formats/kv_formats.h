@@ -255,6 +255,11 @@ kv_status kv_model_file_read_f32(const kv_model_file *mf, const kv_tensor_info *
 const kv_gguf *kv_model_file_gguf(const kv_model_file *mf);
 /* Path the model was opened from (borrowed). */
 const char *kv_model_file_path(const kv_model_file *mf);
+/* Hand back the memory pages of tensor t's data (t NULL: every tensor's) to the OS: they stop
+ * counting in the process's resident set and are read again from the file when next touched. For a
+ * caller that has copied or decoded a tensor and will not read it soon (layer-streamed weights,
+ * kv_model_options.stream). The data stays valid; only advice, so it cannot fail. */
+void kv_model_file_release_pages(const kv_model_file *mf, const kv_tensor_info *t);
 
 /* ============================================================================================
  * 4. Tokenizer data (the model/ tokenizer builds on this)
@@ -621,6 +626,8 @@ typedef struct kv_fit_config {
         double heldout_fraction; /* fraction of calibration sequences held out when heldout is "" */
         int seq_len;
         int64_t max_tokens;      /* calibration tokens at most; 0 = all */
+        int shard_seqs;          /* sequences per shard (forward batch, unit of the rank split and of the
+                                    fixed-order sums); 0 = max(1, 2048 / seq_len) */
     } data;
     struct {
         int sinks, recent;
@@ -657,6 +664,12 @@ typedef struct kv_fit_config {
         double budget;
         int window, pool;
     } pruning;
+    struct {                     /* where kvcal fit keeps its working set (calib/FIT.md §5) */
+        int weights;             /* model weights: 0 f32, 1 f16, 2 native (model/'s kv_weight_storage) */
+        int stream_weights;      /* hold one layer's weights at a time */
+        int hidden_dtype;        /* hidden states between layers: KV_DTYPE_F32 or KV_DTYPE_F16 */
+        char *spill_dir;         /* "" = in memory; else the per-token state goes to files there */
+    } memory;
     int n_layer_overrides;       /* sorted by layer */
     kv_fit_layer_override *layer_overrides;
     void *origins_;              /* where each key was set (for messages); internal */

@@ -73,6 +73,9 @@ static kv_status need_f32(const kv_matrix *mx, const char *what) {
 
 kv_status kv_grad_create(kv_grad **out, const kv_model *m, kv_grad_precision prec, int all_grads) {
     *out = NULL;
+    if (kv_model_streamed(m))
+        return KV_ERR(KV_EINVAL, "gradients need every layer's weights at once: load the model whole, not with "
+                      "kv_model_load_streamed");
     kv_status s = KV_OK;
     kv_grad *g = calloc(1, sizeof *g);
     if (!g) return KV_ERR(KV_ENOMEM, "out of memory");

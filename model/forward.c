@@ -320,6 +320,7 @@ kv_status kv_model_layer_forward(kv_model *m, int layer, float *h, int n_seqs, i
         return KV_ERR(KV_EINVAL, "kv_model_layer_forward: bad arguments (layer %d, %d x %d rows)", layer,
                       n_seqs, n_tokens);
     kv_status s;
+    if ((s = kv_model_require(m, layer)) != KV_OK) return s;
     if (cache && (s = check_cache(m, cache, n_seqs, seq_ids)) != KV_OK) return s;
     const kv_arch *a = &m->arch;
     const size_t n = (size_t)n_seqs * (size_t)n_tokens;
@@ -398,6 +399,7 @@ kv_status kv_model_layer_forward(kv_model *m, int layer, float *h, int n_seqs, i
 /* ---- embedding, output, whole forward ----------------------------------------------------------- */
 kv_status kv_model_embed(const kv_model *m, const int32_t *tokens, size_t n, float *h) {
     if (!m || (!tokens && n) || (!h && n)) return KV_ERR(KV_EINVAL, "kv_model_embed: NULL argument");
+    if (kv_model_require(m, KV_MODEL_PART_EMBED) != KV_OK) return KV_EINVAL;
     const int d = m->arch.d_model, V = m->arch.vocab_size;
     for (size_t r = 0; r < n; r++)
         if (tokens[r] < 0 || tokens[r] >= V)
@@ -413,7 +415,9 @@ kv_status kv_model_embed(const kv_model *m, const int32_t *tokens, size_t n, flo
 kv_status kv_model_logits(kv_model *m, const float *h, size_t n, float *logits) {
     if (!m || (!h && n) || (!logits && n)) return KV_ERR(KV_EINVAL, "kv_model_logits: NULL argument");
     if (n == 0) return KV_OK;
-    kv_status s = ws_ensure_rows(m, n);
+    kv_status s = kv_model_require(m, KV_MODEL_PART_OUTPUT);
+    if (s != KV_OK) return s;
+    s = ws_ensure_rows(m, n);
     if (s != KV_OK) return s;
     rmsnorm_rows(m, m->ws.x, h, m->output_norm, n, m->arch.d_model, m->arch.rms_eps);
     s = kv_model_matmul(m, m->ws.x, n, &m->output.m, NULL, logits);

@@ -9,6 +9,7 @@
 typedef struct kv_owned_matrix {
     kv_matrix m;
     void *data; /* float* or uint16_t*, kv_aligned_alloc'd */
+    size_t bytes; /* of data (counted in kv_model.weight_bytes) */
 } kv_owned_matrix;
 
 typedef struct kv_layer_storage {
@@ -53,8 +54,18 @@ struct kv_model {
     float *inv_freq;     /* the same, rounded */
     size_t weight_bytes;
     kv_workspace ws;
+    int stream;              /* layer-streamed weights (kv_model_*_streamed) */
+    /* The weight source, kept for layer streaming (weights.c). */
+    kv_tensor_read_fn src_read;
+    struct kv_model_raw_source *src_raw; /* NULL: no raw blocks (kv_model_create) */
+    void *src_user;
+    unsigned char *held;     /* n_layers + 2: [0] embedding, [1] output, [2 + l] layer l */
     kv_pool *pool; /* the decode path's threads (kv_model_pool), n_threads of them */
 };
+
+/* KV_OK when part (a layer or KV_MODEL_PART_*) is held, else KV_EINVAL naming it (forward.c's
+ * entry points call it so that a streamed model fails cleanly instead of reading NULL weights). */
+kv_status kv_model_require(const kv_model *m, int part);
 
 /* Work (multiply-adds or elements) below which a loop or a BLAS call runs on one thread: the
  * synchronization would cost more than it saves, and on a loaded machine every barrier waits for a
@@ -97,7 +108,16 @@ kv_status kv_model_matrix_row(const kv_matrix *w, int r, float *dst);
  * it), *row_bytes the bytes of one row of ne[0] elements. */
 typedef kv_status (*kv_tensor_raw_fn)(void *user, const char *name, int n_dims, const uint64_t ne[4], int *dtype,
                                       const uint8_t **data, size_t *row_bytes);
-kv_status kv_model_create_raw(kv_model **out, const kv_arch *arch, kv_tensor_read_fn read, kv_tensor_raw_fn raw,
-                              void *user, const kv_model_options *opt);
+/* Called after a tensor has been copied or decoded: its source bytes are not needed now (the file
+ * source hands the mapping's pages back to the OS); name NULL: no source bytes are needed now. */
+typedef void (*kv_tensor_done_fn)(void *user, const char *name);
+typedef struct kv_model_raw_source {
+    kv_tensor_raw_fn raw;
+    kv_tensor_done_fn done; /* may be NULL */
+} kv_model_raw_source;
+/* raw may be NULL (no stored blocks: every matrix is read through `read`). stream: layer-streamed
+ * weights, and then the source (read, *raw, user) must outlive the model. */
+kv_status kv_model_create_raw(kv_model **out, const kv_arch *arch, kv_tensor_read_fn read,
+                              const kv_model_raw_source *raw, void *user, const kv_model_options *opt, int stream);
 
 #endif

@@ -80,8 +80,16 @@ typedef kv_status (*kv_tensor_read_fn)(void *user, const char *name, int n_dims,
 kv_status kv_model_create(kv_model **out, const kv_arch *arch, kv_tensor_read_fn read, void *user,
                           const kv_model_options *opt);
 /* Load every weight of an open model file (stored as opt->weights says; shapes checked against
- * kv_arch). The file may be closed afterwards: the model keeps its own copy. */
+ * kv_arch). The file may be closed afterwards: the model keeps its own copy. Pages of the file
+ * mapping that loading touched are handed back to the OS (kv_model_file_release_pages) once their
+ * tensor is copied. */
 kv_status kv_model_load(kv_model **out, const kv_model_file *mf, const kv_model_options *opt);
+/* The same with layer-streamed weights (below): nothing but the architecture and the RoPE
+ * frequencies is read now; mf must stay open as long as the model lives. */
+kv_status kv_model_load_streamed(kv_model **out, const kv_model_file *mf, const kv_model_options *opt);
+/* kv_model_create with layer-streamed weights: read and user must outlive the model. */
+kv_status kv_model_create_streamed(kv_model **out, const kv_arch *arch, kv_tensor_read_fn read, void *user,
+                                   const kv_model_options *opt);
 /* kv_model_file_open + kv_model_load + close. */
 kv_status kv_model_open(kv_model **out, const char *path, const kv_model_options *opt);
 void kv_model_free(kv_model *m);
@@ -96,10 +104,30 @@ const float *kv_model_output_norm(const kv_model *m);                     /* [d_
 const float *kv_model_rope_inv_freq(const kv_model *m);
 /* The same in double precision, as the model computes its angles (head_dim/2 values; borrowed). */
 const double *kv_model_rope_inv_freq_d(const kv_model *m);
-size_t kv_model_weight_bytes(const kv_model *m);
+size_t kv_model_weight_bytes(const kv_model *m);   /* bytes of weights held now (streamed: the parts acquired) */
 int kv_model_threads(const kv_model *m);
 /* Set the thread count for OpenMP regions and the BLAS (0 = kv_default_threads()). */
 void kv_model_set_threads(kv_model *m, int n_threads);
+
+/* ---- layer-streamed weights (weights.c) ---------------------------------------------------------
+ * A layer-sequential caller (kvcal fit) needs one layer's weights at a time. A model made by
+ * kv_model_load_streamed / kv_model_create_streamed starts with no weights held;
+ * kv_model_acquire(m, part) reads a part's tensors from the source (stored as
+ * kv_model_options.weights says, exactly as a whole load would store them, so results are the
+ * same bits) and kv_model_release(m, part) frees them, so the weights held are one layer plus
+ * whatever else the caller holds, whatever the number of layers. The embedding part is kept in the
+ * file's blocks when they are quantized (rows are decoded on lookup to the same f32 values as a
+ * dequantized table). Functions that need a part that is not held fail with KV_EINVAL naming it
+ * (kv_model_layer_forward: the layer; kv_model_embed: the embedding; kv_model_logits: the output;
+ * kv_model_forward: all; kv_grad_create refuses a streamed model). On a model that is not streamed
+ * every part is always held: acquire and release do nothing. Not thread-safe with a forward on the
+ * same model. Errors of acquire: those of reading the tensors (KV_EIO, KV_EFORMAT, KV_ENOMEM). */
+#define KV_MODEL_PART_EMBED (-1)  /* token embedding */
+#define KV_MODEL_PART_OUTPUT (-2) /* output norm and output matrix (with tied embeddings: the embedding too) */
+kv_status kv_model_acquire(kv_model *m, int part); /* part: a layer index or KV_MODEL_PART_* */
+void kv_model_release(kv_model *m, int part);
+int kv_model_streamed(const kv_model *m);           /* 1 when made by kv_model_*_streamed */
+int kv_model_holds(const kv_model *m, int part);    /* 1 when the part's weights are in memory */
 
 /* Rotate n rows of n_heads heads (head h of row r at x + r*ld + h*head_dim) in place to the
  * positions pos[r], in the model's RoPE layout; inverse = 1 rotates back (pre-RoPE from post-RoPE).

@@ -1,5 +1,6 @@
 /* weights.c — building a kv_model: architecture checks, weights from a tensor source or a model
- * file (dequantized to f32, or kept as f16), RoPE frequencies, getters. */
+ * file (dequantized to f32, kept as f16 or in the file's blocks), all at once or part by part
+ * (layer-streamed weights: kv_model_acquire / kv_model_release), RoPE frequencies, getters. */
 #include "forward_internal.h"
 
 #include <math.h>
@@ -69,9 +70,21 @@ static void compute_inv_freq(double *inv, const kv_arch *a, const float *freq_fa
     }
 }
 
-static void owned_matrix_free(kv_owned_matrix *om) {
+static void owned_matrix_free(kv_model *m, kv_owned_matrix *om) {
     kv_aligned_free(om->data);
-    om->data = NULL;
+    m->weight_bytes -= om->bytes;
+    memset(om, 0, sizeof *om);
+}
+
+static void vec_free(kv_model *m, float **v, size_t n) {
+    if (*v) m->weight_bytes -= n * sizeof(float);
+    kv_aligned_free(*v);
+    *v = NULL;
+}
+
+/* The source's bytes of `name` are not needed any more (the file source releases its pages). */
+static void source_done(const kv_model *m, const char *name) {
+    if (m->src_raw && m->src_raw->done) m->src_raw->done(m->src_user, name);
 }
 
 /* A tensor source's failure: KV_OK for an optional tensor that is absent (nothing is read), the
@@ -86,38 +99,40 @@ static kv_status read_failed(kv_status s, const char *name, int optional) {
 }
 
 /* Read a vector tensor (always f32). optional: KV_ENOTFOUND leaves *out NULL. */
-static kv_status read_vec(kv_model *m, float **out, kv_tensor_read_fn read, void *user, const char *name,
-                          uint64_t n, int optional) {
+static kv_status read_vec(kv_model *m, float **out, const char *name, uint64_t n, int optional) {
     *out = NULL;
     float *buf = kv_aligned_alloc(KV_ALIGN, (size_t)n * sizeof(float));
     if (!buf) return KV_ERR(KV_ENOMEM, "out of memory for tensor '%s'", name);
     const uint64_t ne[4] = {n, 1, 1, 1};
     kv_error_clear();
-    kv_status s = read(user, name, 1, ne, buf);
+    kv_status s = m->src_read(m->src_user, name, 1, ne, buf);
     if (s != KV_OK) {
         kv_aligned_free(buf);
         return read_failed(s, name, optional);
     }
+    source_done(m, name);
     m->weight_bytes += (size_t)n * sizeof(float);
     *out = buf;
     return KV_OK;
 }
 
 /* Keep a matrix in its stored blocks (KV_WEIGHTS_NATIVE): 1 when done, 0 when the tensor is not
- * quantized (or f16) and should be read as f32, or a negative status. */
-static int read_native(kv_model *m, kv_owned_matrix *om, kv_tensor_raw_fn raw, void *user, const char *name,
-                       int rows, int cols, kv_status *status) {
+ * quantized (or f16) and should be read as f32, or a negative status. f16_ok = 0 reads f16 tensors
+ * as f32 too (only quantized blocks are kept). */
+static int read_native(kv_model *m, kv_owned_matrix *om, const char *name, int rows, int cols, int f16_ok,
+                       kv_status *status) {
     const uint64_t ne[4] = {(uint64_t)cols, (uint64_t)rows, 1, 1};
     int dtype = -1;
     const uint8_t *data = NULL;
     size_t row_bytes = 0;
     kv_error_clear();
-    kv_status s = raw(user, name, 2, ne, &dtype, &data, &row_bytes);
+    kv_status s = m->src_raw->raw(m->src_user, name, 2, ne, &dtype, &data, &row_bytes);
     if (s != KV_OK) {
         *status = s;
         return -1;
     }
     if (dtype == KV_DTYPE_F32 || dtype == KV_DTYPE_BF16 || !kv_dtype_can_dequantize(dtype)) return 0;
+    if (dtype == KV_DTYPE_F16 && !f16_ok) return 0;
     size_t expect = 0;
     if (kv_dtype_row_bytes(&expect, dtype, (uint64_t)cols) != KV_OK || expect != row_bytes) {
         *status = KV_ERR(KV_EFORMAT, "tensor '%s': rows of %zu bytes, %s needs %zu", name, row_bytes,
@@ -131,7 +146,9 @@ static int read_native(kv_model *m, kv_owned_matrix *om, kv_tensor_raw_fn raw, v
         return -1;
     }
     memcpy(copy, data, bytes);
+    source_done(m, name);
     om->data = copy;
+    om->bytes = bytes;
     om->m.rows = rows;
     om->m.cols = cols;
     if (dtype == KV_DTYPE_F16) {
@@ -145,66 +162,221 @@ static int read_native(kv_model *m, kv_owned_matrix *om, kv_tensor_raw_fn raw, v
     return 1;
 }
 
-/* Read a rows x cols matrix (GGML ne = {cols, rows}): native blocks, f32, or f16 through `tmp`. */
-static kv_status read_mat(kv_model *m, kv_owned_matrix *om, kv_tensor_read_fn read, kv_tensor_raw_fn raw,
-                          void *user, const char *name, int rows, int cols, float *tmp, int optional) {
+/* Read a rows x cols matrix (GGML ne = {cols, rows}) stored as `storage`: native blocks, f32, or f16
+ * (converted from an f32 read of the whole matrix, held only during the call). */
+static kv_status read_mat(kv_model *m, kv_owned_matrix *om, const char *name, int rows, int cols,
+                          kv_weight_storage storage, int optional) {
     memset(om, 0, sizeof *om);
     const size_t n = (size_t)rows * (size_t)cols;
     const uint64_t ne[4] = {(uint64_t)cols, (uint64_t)rows, 1, 1};
     kv_status s = KV_OK;
-    if (m->opt.weights == KV_WEIGHTS_NATIVE && raw) {
-        const int r = read_native(m, om, raw, user, name, rows, cols, &s);
+    if (storage == KV_WEIGHTS_NATIVE && m->src_raw) {
+        const int r = read_native(m, om, name, rows, cols, m->opt.weights == KV_WEIGHTS_NATIVE, &s);
         if (r > 0) return KV_OK;
         if (r < 0) return read_failed(s, name, optional);
     }
-    const int f16 = m->opt.weights == KV_WEIGHTS_F16;
-    float *dst = f16 ? tmp : kv_aligned_alloc(KV_ALIGN, n * sizeof(float));
+    const int f16 = storage == KV_WEIGHTS_F16;
+    float *dst = kv_aligned_alloc(KV_ALIGN, n * sizeof(float));
     if (!dst) return KV_ERR(KV_ENOMEM, "out of memory for tensor '%s' (%d x %d)", name, rows, cols);
     kv_error_clear();
-    s = read(user, name, 2, ne, dst);
+    s = m->src_read(m->src_user, name, 2, ne, dst);
     if (s != KV_OK) {
-        if (!f16) kv_aligned_free(dst);
+        kv_aligned_free(dst);
         return read_failed(s, name, optional);
     }
+    source_done(m, name);
     om->m.rows = rows;
     om->m.cols = cols;
     if (f16) {
         uint16_t *h = kv_aligned_alloc(KV_ALIGN, n * sizeof(uint16_t));
-        if (!h) return KV_ERR(KV_ENOMEM, "out of memory for tensor '%s' (%d x %d)", name, rows, cols);
-        for (size_t i = 0; i < n; i++) h[i] = kv_f32_to_f16(tmp[i]);
+        if (!h) {
+            kv_aligned_free(dst);
+            return KV_ERR(KV_ENOMEM, "out of memory for tensor '%s' (%d x %d)", name, rows, cols);
+        }
+        for (size_t i = 0; i < n; i++) h[i] = kv_f32_to_f16(dst[i]);
+        kv_aligned_free(dst);
         om->data = h;
+        om->bytes = n * sizeof(uint16_t);
         om->m.f16 = h;
-        m->weight_bytes += n * sizeof(uint16_t);
     } else {
         om->data = dst;
+        om->bytes = n * sizeof(float);
         om->m.f32 = dst;
-        m->weight_bytes += n * sizeof(float);
+    }
+    m->weight_bytes += om->bytes;
+    return KV_OK;
+}
+
+/* ---- parts: the embedding, the output, each layer ------------------------------------------------ */
+static size_t held_index(int part) {
+    return part == KV_MODEL_PART_EMBED ? 0 : part == KV_MODEL_PART_OUTPUT ? 1 : (size_t)part + 2;
+}
+
+static int valid_part(const kv_model *m, int part) {
+    return part == KV_MODEL_PART_EMBED || part == KV_MODEL_PART_OUTPUT || (part >= 0 && part < m->arch.n_layers);
+}
+
+static void free_layer(kv_model *m, int l) {
+    const kv_arch *a = &m->arch;
+    const size_t d = (size_t)a->d_model, qd = (size_t)a->n_heads * a->head_dim, kvd = (size_t)a->n_kv_heads * a->head_dim;
+    kv_layer_storage *st = &m->store[l];
+    owned_matrix_free(m, &st->wq);
+    owned_matrix_free(m, &st->wk);
+    owned_matrix_free(m, &st->wv);
+    owned_matrix_free(m, &st->wo);
+    owned_matrix_free(m, &st->w_gate);
+    owned_matrix_free(m, &st->w_up);
+    owned_matrix_free(m, &st->w_down);
+    vec_free(m, &st->attn_norm, d);
+    vec_free(m, &st->ffn_norm, d);
+    vec_free(m, &st->bq, qd);
+    vec_free(m, &st->bk, kvd);
+    vec_free(m, &st->bv, kvd);
+    memset(&m->layers[l], 0, sizeof m->layers[l]);
+}
+
+static kv_status load_layer(kv_model *m, int l) {
+    const kv_arch *a = &m->arch;
+    const int d = a->d_model, hd = a->head_dim;
+    const int qd = a->n_heads * hd, kvd = a->n_kv_heads * hd, ff = a->d_ff;
+    const kv_weight_storage w = m->opt.weights;
+    kv_layer_storage *st = &m->store[l];
+    char name[96];
+    kv_status s = KV_OK;
+#define MAT(field, suffix, rows, cols)                                                           \
+    do {                                                                                         \
+        snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                     \
+        if ((s = read_mat(m, &st->field, name, rows, cols, w, 0)) != KV_OK) goto done;           \
+    } while (0)
+#define VEC(field, suffix, n, optional)                                                          \
+    do {                                                                                         \
+        snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                     \
+        if ((s = read_vec(m, &st->field, name, (uint64_t)(n), optional)) != KV_OK) goto done;    \
+    } while (0)
+    VEC(attn_norm, "attn_norm.weight", d, 0);
+    MAT(wq, "attn_q.weight", qd, d);
+    MAT(wk, "attn_k.weight", kvd, d);
+    MAT(wv, "attn_v.weight", kvd, d);
+    MAT(wo, "attn_output.weight", d, qd);
+    if (a->qkv_bias) {
+        VEC(bq, "attn_q.bias", qd, 0);
+        VEC(bk, "attn_k.bias", kvd, 0);
+        VEC(bv, "attn_v.bias", kvd, 0);
+    }
+    VEC(ffn_norm, "ffn_norm.weight", d, 0);
+    MAT(w_gate, "ffn_gate.weight", ff, d);
+    MAT(w_up, "ffn_up.weight", ff, d);
+    MAT(w_down, "ffn_down.weight", d, ff);
+#undef MAT
+#undef VEC
+    kv_layer_weights *lw = &m->layers[l];
+    lw->attn_norm = st->attn_norm;
+    lw->ffn_norm = st->ffn_norm;
+    lw->wq = st->wq.m;
+    lw->wk = st->wk.m;
+    lw->wv = st->wv.m;
+    lw->wo = st->wo.m;
+    lw->bq = st->bq;
+    lw->bk = st->bk;
+    lw->bv = st->bv;
+    lw->w_gate = st->w_gate.m;
+    lw->w_up = st->w_up.m;
+    lw->w_down = st->w_down.m;
+done:
+    if (s != KV_OK) free_layer(m, l);
+    return s;
+}
+
+/* The embedding. Streamed, quantized blocks stay blocks whatever the storage: a lookup decodes a
+ * row to the same f32 values as a dequantized table, and the table is the largest tensor. */
+static kv_status load_embed(kv_model *m) {
+    const kv_weight_storage w = m->stream && m->opt.weights == KV_WEIGHTS_F32 ? KV_WEIGHTS_NATIVE : m->opt.weights;
+    return read_mat(m, &m->tok_embd, "token_embd.weight", m->arch.vocab_size, m->arch.d_model, w, 0);
+}
+
+static void free_output(kv_model *m) {
+    vec_free(m, &m->output_norm, (size_t)m->arch.d_model);
+    if (m->output.data) owned_matrix_free(m, &m->output);
+    memset(&m->output, 0, sizeof m->output);
+}
+
+/* Output norm and matrix; tied (or a file that ties without saying so): the embedding's matrix,
+ * which the caller has loaded. */
+static kv_status load_output(kv_model *m) {
+    kv_status s = read_vec(m, &m->output_norm, "output_norm.weight", (uint64_t)m->arch.d_model, 0);
+    if (s != KV_OK) return s;
+    if (!m->arch.tied_embeddings &&
+        (s = read_mat(m, &m->output, "output.weight", m->arch.vocab_size, m->arch.d_model, m->opt.weights, 1)) != KV_OK) {
+        free_output(m);
+        return s;
+    }
+    if (!m->output.data) {
+        m->output.m = m->tok_embd.m;
+        m->arch.tied_embeddings = 1;
     }
     return KV_OK;
 }
 
+kv_status kv_model_acquire(kv_model *m, int part) {
+    if (!m || !valid_part(m, part)) return KV_ERR(KV_EINVAL, "kv_model_acquire: no part %d", part);
+    unsigned char *held = &m->held[held_index(part)];
+    if (*held) return KV_OK;
+    kv_status s;
+    if (part == KV_MODEL_PART_EMBED) {
+        s = load_embed(m);
+    } else if (part == KV_MODEL_PART_OUTPUT) {
+        /* tied: the output reads the embedding's matrix; a streamed embedding may be in blocks
+         * that a product can read (native), so hold it with the output */
+        if ((s = kv_model_acquire(m, KV_MODEL_PART_EMBED)) != KV_OK) return s;
+        s = load_output(m);
+    } else {
+        s = load_layer(m, part);
+    }
+    if (s != KV_OK) return s;
+    *held = 1;
+    return KV_OK;
+}
+
+void kv_model_release(kv_model *m, int part) {
+    if (!m || !m->stream || !valid_part(m, part)) return;
+    unsigned char *held = &m->held[held_index(part)];
+    if (!*held) return;
+    if (part == KV_MODEL_PART_EMBED) {
+        if (m->held[1]) return; /* the output still reads it (released with the output) */
+        owned_matrix_free(m, &m->tok_embd);
+    } else if (part == KV_MODEL_PART_OUTPUT) {
+        free_output(m);
+        m->held[1] = 0;
+        kv_model_release(m, KV_MODEL_PART_EMBED);
+    } else {
+        free_layer(m, part);
+    }
+    *held = 0;
+    source_done(m, NULL); /* pages of the source mapped around the part's tensors, too */
+}
+
+int kv_model_streamed(const kv_model *m) { return m && m->stream; }
+
+int kv_model_holds(const kv_model *m, int part) {
+    return m && valid_part(m, part) && m->held[held_index(part)];
+}
+
+kv_status kv_model_require(const kv_model *m, int part) {
+    if (kv_model_holds(m, part)) return KV_OK;
+    if (part == KV_MODEL_PART_EMBED)
+        return KV_ERR(KV_EINVAL, "the model's embedding is not loaded (streamed weights: kv_model_acquire)");
+    if (part == KV_MODEL_PART_OUTPUT)
+        return KV_ERR(KV_EINVAL, "the model's output weights are not loaded (streamed weights: kv_model_acquire)");
+    return KV_ERR(KV_EINVAL, "layer %d's weights are not loaded (streamed weights: kv_model_acquire)", part);
+}
+
 void kv_model_free(kv_model *m) {
     if (!m) return;
-    owned_matrix_free(&m->tok_embd);
-    owned_matrix_free(&m->output);
-    kv_aligned_free(m->output_norm);
-    if (m->store) {
-        for (int l = 0; l < m->arch.n_layers; l++) {
-            kv_layer_storage *st = &m->store[l];
-            owned_matrix_free(&st->wq);
-            owned_matrix_free(&st->wk);
-            owned_matrix_free(&st->wv);
-            owned_matrix_free(&st->wo);
-            owned_matrix_free(&st->w_gate);
-            owned_matrix_free(&st->w_up);
-            owned_matrix_free(&st->w_down);
-            kv_aligned_free(st->attn_norm);
-            kv_aligned_free(st->ffn_norm);
-            kv_aligned_free(st->bq);
-            kv_aligned_free(st->bk);
-            kv_aligned_free(st->bv);
-        }
-    }
+    if (m->store && m->layers)
+        for (int l = 0; l < m->arch.n_layers; l++) free_layer(m, l);
+    free_output(m);
+    owned_matrix_free(m, &m->tok_embd);
+    free(m->held);
     free(m->store);
     free(m->layers);
     free(m->inv_freq_d);
@@ -234,11 +406,16 @@ void kv_model_free(kv_model *m) {
 
 kv_status kv_model_create(kv_model **out, const kv_arch *arch, kv_tensor_read_fn read, void *user,
                           const kv_model_options *opt) {
-    return kv_model_create_raw(out, arch, read, NULL, user, opt);
+    return kv_model_create_raw(out, arch, read, NULL, user, opt, 0);
 }
 
-kv_status kv_model_create_raw(kv_model **out, const kv_arch *arch, kv_tensor_read_fn read, kv_tensor_raw_fn raw,
-                              void *user, const kv_model_options *opt) {
+kv_status kv_model_create_streamed(kv_model **out, const kv_arch *arch, kv_tensor_read_fn read, void *user,
+                                   const kv_model_options *opt) {
+    return kv_model_create_raw(out, arch, read, NULL, user, opt, 1);
+}
+
+kv_status kv_model_create_raw(kv_model **out, const kv_arch *arch, kv_tensor_read_fn read,
+                              const kv_model_raw_source *raw, void *user, const kv_model_options *opt, int stream) {
     if (!out || !arch || !read) return KV_ERR(KV_EINVAL, "kv_model_create: NULL argument");
     *out = NULL;
     kv_status s = check_arch(arch);
@@ -248,91 +425,37 @@ kv_status kv_model_create_raw(kv_model **out, const kv_arch *arch, kv_tensor_rea
     m->arch = *arch;
     m->isa = -1;
     if (opt) m->opt = *opt;
+    m->stream = stream != 0;
+    m->src_read = read;
+    m->src_raw = raw && raw->raw ? (kv_model_raw_source *)raw : NULL;
+    m->src_user = user;
     kv_model_set_threads(m, m->opt.n_threads);
     const kv_arch *a = &m->arch;
-    const int L = a->n_layers, d = a->d_model, hd = a->head_dim;
-    const int qd = a->n_heads * hd, kvd = a->n_kv_heads * hd, ff = a->d_ff, V = a->vocab_size;
-    float *tmp = NULL, *freq_factors = NULL;
-    char name[96];
+    const int L = a->n_layers, hd = a->head_dim;
+    float *freq_factors = NULL;
 
-    /* The largest matrix bounds the f16 conversion buffer. */
-    size_t maxn = (size_t)V * (size_t)d;
-    if ((size_t)ff * (size_t)d > maxn) maxn = (size_t)ff * (size_t)d;
-    if ((size_t)qd * (size_t)d > maxn) maxn = (size_t)qd * (size_t)d;
     if (m->opt.weights != KV_WEIGHTS_F32 && m->opt.weights != KV_WEIGHTS_F16 &&
         m->opt.weights != KV_WEIGHTS_NATIVE) {
         s = KV_ERR(KV_EINVAL, "unknown weight storage %d", (int)m->opt.weights);
         goto done;
     }
-    if (m->opt.weights == KV_WEIGHTS_F16) {
-        tmp = kv_aligned_alloc(KV_ALIGN, maxn * sizeof(float));
-        if (!tmp) {
-            s = KV_ERR(KV_ENOMEM, "out of memory for the weight conversion buffer");
-            goto done;
-        }
-    }
     m->store = calloc((size_t)L, sizeof *m->store);
     m->layers = calloc((size_t)L, sizeof *m->layers);
+    m->held = calloc((size_t)L + 2, 1);
     m->inv_freq_d = calloc((size_t)hd / 2, sizeof(double));
     m->inv_freq = calloc((size_t)hd / 2, sizeof(float));
-    if (!m->store || !m->layers || !m->inv_freq_d || !m->inv_freq) {
+    if (!m->store || !m->layers || !m->held || !m->inv_freq_d || !m->inv_freq) {
         s = KV_ERR(KV_ENOMEM, "out of memory for the model");
         goto done;
     }
-    if ((s = read_mat(m, &m->tok_embd, read, raw, user, "token_embd.weight", V, d, tmp, 0)) != KV_OK) goto done;
-    if ((s = read_vec(m, &m->output_norm, read, user, "output_norm.weight", (uint64_t)d, 0)) != KV_OK) goto done;
-    if (!arch->tied_embeddings) {
-        if ((s = read_mat(m, &m->output, read, raw, user, "output.weight", V, d, tmp, 1)) != KV_OK) goto done;
-    }
-    if (!m->output.data) {
-        m->output.m = m->tok_embd.m; /* tied (or a file that ties without saying so) */
-        m->arch.tied_embeddings = 1;
-    }
-    for (int l = 0; l < L; l++) {
-        kv_layer_storage *st = &m->store[l];
-#define MAT(field, suffix, rows, cols)                                                               \
-    do {                                                                                             \
-        snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                         \
-        if ((s = read_mat(m, &st->field, read, raw, user, name, rows, cols, tmp, 0)) != KV_OK) goto done; \
-    } while (0)
-#define VEC(field, suffix, n, optional)                                                                   \
-    do {                                                                                                  \
-        snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                              \
-        if ((s = read_vec(m, &st->field, read, user, name, (uint64_t)(n), optional)) != KV_OK) goto done; \
-    } while (0)
-        VEC(attn_norm, "attn_norm.weight", d, 0);
-        MAT(wq, "attn_q.weight", qd, d);
-        MAT(wk, "attn_k.weight", kvd, d);
-        MAT(wv, "attn_v.weight", kvd, d);
-        MAT(wo, "attn_output.weight", d, qd);
-        if (arch->qkv_bias) {
-            VEC(bq, "attn_q.bias", qd, 0);
-            VEC(bk, "attn_k.bias", kvd, 0);
-            VEC(bv, "attn_v.bias", kvd, 0);
-        }
-        VEC(ffn_norm, "ffn_norm.weight", d, 0);
-        MAT(w_gate, "ffn_gate.weight", ff, d);
-        MAT(w_up, "ffn_up.weight", ff, d);
-        MAT(w_down, "ffn_down.weight", d, ff);
-#undef MAT
-#undef VEC
-        kv_layer_weights *lw = &m->layers[l];
-        lw->attn_norm = st->attn_norm;
-        lw->ffn_norm = st->ffn_norm;
-        lw->wq = st->wq.m;
-        lw->wk = st->wk.m;
-        lw->wv = st->wv.m;
-        lw->wo = st->wo.m;
-        lw->bq = st->bq;
-        lw->bk = st->bk;
-        lw->bv = st->bv;
-        lw->w_gate = st->w_gate.m;
-        lw->w_up = st->w_up.m;
-        lw->w_down = st->w_down.m;
+    if (!m->stream) {
+        if ((s = kv_model_acquire(m, KV_MODEL_PART_EMBED)) != KV_OK) goto done;
+        if ((s = kv_model_acquire(m, KV_MODEL_PART_OUTPUT)) != KV_OK) goto done;
+        for (int l = 0; l < L; l++)
+            if ((s = kv_model_acquire(m, l)) != KV_OK) goto done;
     }
     /* llama.cpp's GGUF form of llama3 scaling: per-pair frequency divisors. */
-    if ((s = read_vec(m, &freq_factors, read, user, "rope_freqs.weight", (uint64_t)hd / 2, 1)) != KV_OK)
-        goto done;
+    if ((s = read_vec(m, &freq_factors, "rope_freqs.weight", (uint64_t)hd / 2, 1)) != KV_OK) goto done;
     if (freq_factors) {
         m->weight_bytes -= (size_t)hd / 2 * sizeof(float);
         for (int i = 0; i < hd / 2; i++)
@@ -345,7 +468,6 @@ kv_status kv_model_create_raw(kv_model **out, const kv_arch *arch, kv_tensor_rea
     for (int i = 0; i < hd / 2; i++) m->inv_freq[i] = (float)m->inv_freq_d[i];
     s = KV_OK;
 done:
-    kv_aligned_free(tmp);
     kv_aligned_free(freq_factors);
     if (s != KV_OK) {
         kv_model_free(m);

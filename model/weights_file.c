@@ -48,14 +48,38 @@ static kv_status file_raw(void *user, const char *name, int n_dims, const uint64
     return KV_OK;
 }
 
-kv_status kv_model_load(kv_model **out, const kv_model_file *mf, const kv_model_options *opt) {
+/* The tensor has been copied or decoded: hand its mapped pages back (they count in the resident set
+ * until then; for a streamed model that is the whole point). name NULL: every page of the file —
+ * a page fault maps the file's neighbouring cached pages too (the kernel's fault-around), which
+ * belong to other tensors and would otherwise stay counted. */
+static void file_done(void *user, const char *name) {
+    const kv_model_file *mf = user;
+    if (!name) {
+        kv_model_file_release_pages(mf, NULL);
+        return;
+    }
+    const kv_tensor_info *t = kv_model_file_find(mf, name);
+    if (t) kv_model_file_release_pages(mf, t);
+}
+
+static const kv_model_raw_source k_file_source = {file_raw, file_done};
+
+static kv_status load(kv_model **out, const kv_model_file *mf, const kv_model_options *opt, int stream) {
     if (!out || !mf) return KV_ERR(KV_EINVAL, "kv_model_load: NULL argument");
     *out = NULL;
     const kv_arch *a = kv_model_file_arch(mf);
     if (!a) return KV_ERR(KV_EINVAL, "kv_model_load: model file has no architecture");
-    kv_status s = kv_model_create_raw(out, a, file_reader, file_raw, (void *)mf, opt);
+    kv_status s = kv_model_create_raw(out, a, file_reader, &k_file_source, (void *)mf, opt, stream);
     if (s != KV_OK) return kv_error_wrap(s, "loading model '%s': ", kv_model_file_path(mf));
     return KV_OK;
+}
+
+kv_status kv_model_load(kv_model **out, const kv_model_file *mf, const kv_model_options *opt) {
+    return load(out, mf, opt, 0);
+}
+
+kv_status kv_model_load_streamed(kv_model **out, const kv_model_file *mf, const kv_model_options *opt) {
+    return load(out, mf, opt, 1);
 }
 
 kv_status kv_model_open(kv_model **out, const char *path, const kv_model_options *opt) {

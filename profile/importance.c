@@ -1,7 +1,8 @@
 /* KVmix layer importance (kvmix.txt "KV Importance Analysis", appendix B Algorithm 1, with one
  * backward per prompt for all layers instead of one per layer): prompts are windows of the
  * tokenized corpus, sampled with a seed from non-overlapping slots so that two halves of the
- * prompt set are disjoint (the rank-stability measure compares them). */
+ * prompt set are disjoint (the rank-stability measure compares them). Under MPI the prompts are
+ * shared among the ranks (kv_dist). */
 #include "kv_profile.h"
 
 #include <math.h>
@@ -66,10 +67,9 @@ kv_status kv_importance_run(kv_importance *out, kv_model *m, const int32_t *toke
     out->losses = calloc((size_t)P, sizeof(double));
     out->prompt_starts = calloc((size_t)P, sizeof(int64_t));
     if (!buf || !slots || !out->k_scores || !out->v_scores || !out->k_mean || !out->k_std || !out->v_mean ||
-        !out->v_std || !out->losses || !out->prompt_starts) {
+        !out->v_std || !out->losses || !out->prompt_starts)
         s = KV_ERR(KV_ENOMEM, "importance: out of memory");
-        goto done;
-    }
+    if ((s = kv_dist_agree(opt->dist, s)) != KV_OK) goto done;
     /* P distinct slots, uniformly at random (partial Fisher-Yates) */
     kv_rng rng;
     kv_rng_init(&rng, opt->seed);
@@ -81,24 +81,29 @@ kv_status kv_importance_run(kv_importance *out, kv_model *m, const int32_t *toke
         slots[j] = t;
         out->prompt_starts[i] = (int64_t)(slots[i] * (size_t)body);
     }
-    if ((s = kv_grad_create(&g, m, KV_GRAD_F32, 0)) != KV_OK) goto done;
+    if ((s = kv_dist_agree(opt->dist, kv_grad_create(&g, m, KV_GRAD_F32, 0))) != KV_OK) goto done;
     kv_progress prog;
     kv_progress_begin(&prog, opt->progress_label ? opt->progress_label : "importance", "prompt", P);
     const double t0 = kv_now_seconds();
-    for (int p = 0; p < P; p++) {
+    /* this rank's prompts; the others' entries stay zero for the exact sum below */
+    for (int p = 0; p < P && s == KV_OK; p++) {
+        if (kv_dist_owner(opt->dist, p) != kv_dist_rank(opt->dist)) continue;
         int n = 0;
         if (opt->bos_id >= 0) buf[n++] = opt->bos_id;
         memcpy(buf + n, tokens + out->prompt_starts[p], sizeof(int32_t) * (size_t)body);
         n += body;
         s = kv_grad_run(g, buf, n, &out->losses[p], out->k_scores + (size_t)p * L, out->v_scores + (size_t)p * L);
-        if (s != KV_OK) {
-            kv_error_wrap(s, "importance: prompt %d: ", p);
-            goto done;
-        }
+        if (s != KV_OK) kv_error_wrap(s, "importance: prompt %d: ", p);
         kv_progress_update(&prog, p + 1);
     }
     out->seconds = kv_now_seconds() - t0;
     kv_progress_end(&prog);
+    if ((s = kv_dist_agree(opt->dist, s)) != KV_OK) goto done;
+    if ((s = kv_dist_sum_disjoint(opt->dist, out->k_scores, (size_t)P * L)) != KV_OK ||
+        (s = kv_dist_sum_disjoint(opt->dist, out->v_scores, (size_t)P * L)) != KV_OK ||
+        (s = kv_dist_sum_disjoint(opt->dist, out->losses, (size_t)P)) != KV_OK ||
+        (s = kv_dist_max(opt->dist, &out->seconds)) != KV_OK)
+        goto done;
     mean_std(out->k_scores, P, L, out->k_mean, out->k_std);
     mean_std(out->v_scores, P, L, out->v_mean, out->v_std);
 done:

@@ -5,6 +5,7 @@
 #define KV_PROFILE_H
 
 #include "kv_common.h"
+#include "kv_dist.h"
 #include "kv_model.h"
 
 #ifdef __cplusplus
@@ -70,6 +71,7 @@ typedef struct kv_importance_options {
     uint64_t seed;    /* prompt sampling */
     int bos_id;       /* prepended when >= 0 */
     const char *progress_label;
+    kv_dist *dist;    /* ranks sharing the prompts (prompt p on rank p mod ranks), or NULL: one process */
 } kv_importance_options;
 
 typedef struct kv_importance {
@@ -82,7 +84,11 @@ typedef struct kv_importance {
 } kv_importance;
 
 /* Sample P non-overlapping windows of the tokenized corpus with the seed (so that the first and
- * second halves of the prompt set are disjoint), and run one forward + one backward per prompt. */
+ * second halves of the prompt set are disjoint), and run one forward + one backward per prompt.
+ * Under MPI (opt->dist) every rank samples the same prompts and runs its share (prompt p on rank
+ * p mod ranks); the per-prompt scores and losses are then combined exactly (each prompt's numbers
+ * come from one rank), so every rank gets the result of one process, bit for bit, for the same
+ * thread count per rank. seconds is the slowest rank's. Every rank must call it. */
 kv_status kv_importance_run(kv_importance *out, kv_model *m, const int32_t *tokens, size_t n_tokens,
                             const kv_importance_options *opt);
 void kv_importance_free(kv_importance *imp);

@@ -1,6 +1,8 @@
 /* kvcal fit: calibrate a compression plan (AQUA-KV and baselines) on a text corpus. Thin: parse,
  * resolve the configuration (defaults < method preset < config file < flags < --set), tokenize,
- * call kv_fit_run, print the held-out metrics. calib/FIT.md documents the procedure. */
+ * call kv_fit_run, print the held-out metrics. calib/FIT.md documents the procedure.
+ * Under mpirun every rank runs this with the same arguments (kv_dist): rank 0 prints and writes,
+ * the others only report errors that are theirs alone (carried to rank 0 by kv_dist_agree). */
 #define _POSIX_C_SOURCE 200809L
 #include "kv_calib.h"
 #include "kv_tools.h"
@@ -136,13 +138,18 @@ int kvcal_fit(int argc, char **argv) {
                           "predictors from the previous layer's reconstructions (aqua, aqua-uniform), quantize the "
                           "residuals chunk by chunk as the compressed cache will, and report held-out predictor and "
                           "quantizer errors per layer. Interrupted runs resume from the last finished layer "
-                          "(PLAN.ckpt/). Configuration precedence: defaults < method preset < --config < flags < --set.",
+                          "(PLAN.ckpt/). Configuration precedence: defaults < method preset < --config < flags < --set. "
+                          "Holds one layer's weights at a time (memory.* keys: weights, hidden states in f16, "
+                          "spilling to disk). Under mpirun (mpirun -np N kvcal fit ...) the ranks share the "
+                          "sequences and rank 0 writes the same plan as one process.",
                           opts, 0, argc, argv);
     if (rc != KV_EXIT_OK) {
         free(sets);
         return rc < 0 ? KV_EXIT_OK : rc;
     }
     kv_fit_config cfg;
+    kv_dist *dist = NULL;
+    int rank = 0;
     kv_model_file *mf = NULL;
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
@@ -180,6 +187,13 @@ int kvcal_fit(int argc, char **argv) {
     }
     int n_threads = 0;
     if ((rc = kv_tool_threads(tool, threads, &n_threads)) != KV_EXIT_OK) goto end;
+    /* ---- ranks (mpirun), one process otherwise: from here on only rank 0 prints ---- */
+    if ((s = kv_dist_init(&dist, NULL, NULL)) != KV_OK) goto fail;
+    rank = kv_dist_rank(dist);
+    if (rank != 0) {
+        kv_log_set_callback(kv_log_to_stream, stderr, KV_LOG_ERROR);
+        kv_progress_set_stream(NULL, 10.0);
+    }
     /* ---- configuration: defaults < method preset < file < flags < --set ---- */
     if (method_id < 0 && config) { /* the file's method picks the preset */
         kv_fit_config probe;
@@ -220,11 +234,12 @@ int kvcal_fit(int argc, char **argv) {
         if ((s = kv_fit_config_set(&cfg, sets[i])) != KV_OK) goto fail;
     if ((s = kv_fit_config_validate(&cfg)) != KV_OK) goto fail;
     if (!cfg.model[0]) {
-        rc = kv_cli_usage_error(tool, "no model: give --model or `model:` in the configuration");
+        rc = rank ? KV_EXIT_USAGE : kv_cli_usage_error(tool, "no model: give --model or `model:` in the configuration");
         goto end;
     }
     if (!cfg.data.calibration[0]) {
-        rc = kv_cli_usage_error(tool, "no corpus: give --corpus or `data.calibration:` in the configuration");
+        rc = rank ? KV_EXIT_USAGE
+                  : kv_cli_usage_error(tool, "no corpus: give --corpus or `data.calibration:` in the configuration");
         goto end;
     }
     /* ---- every output location and input identity, before any work ---- */
@@ -249,28 +264,30 @@ int kvcal_fit(int argc, char **argv) {
     /* corpora that never end (devices) are refused before anything is loaded */
     if ((s = kv_input_check(cfg.data.calibration)) != KV_OK) goto fail;
     if (cfg.data.heldout[0] && (s = kv_input_check(cfg.data.heldout)) != KV_OK) goto fail;
-    /* ---- model, tokenizer, corpus ---- */
-    if ((s = kv_model_file_open(&mf, cfg.model)) != KV_OK) goto fail;
+    /* ---- model, tokenizer, corpus: every rank loads its own copy ---- */
+    char corpus_sha[65] = "";
+    if ((s = kv_model_file_open(&mf, cfg.model)) != KV_OK) goto loaded;
     /* what the fit would refuse, now that the model's shape is known and before any weight is read */
-    if ((s = kv_fit_check(&cfg, kv_model_file_arch(mf))) != KV_OK) goto fail;
+    if ((s = kv_fit_check(&cfg, kv_model_file_arch(mf))) != KV_OK) goto loaded;
     kv_tool_warn_context(kv_model_file_arch(mf), cfg.data.seq_len, "data.seq_len (--seq-len)");
-    {
+    {   /* weights as memory.* says: one layer at a time by default */
         kv_model_options mo;
         memset(&mo, 0, sizeof mo);
         mo.n_threads = n_threads;
-        if ((s = kv_model_load(&m, mf, &mo)) != KV_OK) goto fail;
+        mo.weights = (kv_weight_storage)cfg.memory.weights;
+        s = cfg.memory.stream_weights ? kv_model_load_streamed(&m, mf, &mo) : kv_model_load(&m, mf, &mo);
+        if (s != KV_OK) goto loaded;
     }
-    if ((s = kv_tokenizer_load(&tok, mf, tokenizer)) != KV_OK) goto fail;
-    if ((s = kv_tool_check_vocab(m, tok, tokenizer)) != KV_OK) goto fail;
-    char corpus_sha[65] = "";
+    if ((s = kv_tokenizer_load(&tok, mf, tokenizer)) != KV_OK) goto loaded;
+    if ((s = kv_tool_check_vocab(m, tok, tokenizer)) != KV_OK) goto loaded;
     /* only the tokens the fit can use are read and tokenized (data.max_tokens, 0 = all); the held-out
      * corpus never needs more than that either (at most 0.9 of the calibration sequences) */
     const size_t budget = cfg.data.max_tokens > 0 ? (size_t)cfg.data.max_tokens : 0;
     if ((s = kv_tool_tokenize_file_max(&ids, &n_ids, corpus_sha, tok, cfg.data.calibration, budget)) != KV_OK)
-        goto fail;
-    if (cfg.data.heldout[0] &&
-        (s = kv_tool_tokenize_file_max(&ho_ids, &n_ho, NULL, tok, cfg.data.heldout, budget)) != KV_OK)
-        goto fail;
+        goto loaded;
+    if (cfg.data.heldout[0]) s = kv_tool_tokenize_file_max(&ho_ids, &n_ho, NULL, tok, cfg.data.heldout, budget);
+loaded: /* the ranks agree before working together (a rank that failed alone says why) */
+    if ((s = kv_dist_agree(dist, s)) != KV_OK) goto fail;
     kv_fit_data data;
     memset(&data, 0, sizeof data);
     data.tokens = ids;
@@ -288,6 +305,7 @@ int kvcal_fit(int argc, char **argv) {
     fo.corpus_sha256 = corpus_sha;
     fo.interrupt = &g_interrupt;
     fo.grid_cache_dir = gcache;
+    fo.dist = dist;
     struct stat ost;
     if (!no_ckpt && stat(out, &ost) == 0 && !S_ISREG(ost.st_mode)) {
         /* a device or a pipe: its directory (/dev) is no place for PLAN.ckpt, and nothing could resume */
@@ -326,6 +344,7 @@ int kvcal_fit(int argc, char **argv) {
     }
     double fwd = 0.0;
     if (bench && (s = kv_fit_forward_baseline(&fwd, m, &data, &cfg, &fo)) != KV_OK) goto fail;
+    if (rank != 0) goto end;
     if ((s = kv_fit_report_format(&text, &rep, json)) != KV_OK) goto fail;
     if (json) {
         /* the report object, plus where the plan went (and the benchmark) */
@@ -348,7 +367,8 @@ int kvcal_fit(int argc, char **argv) {
     }
     goto end;
 fail:
-    rc = kv_cli_fail(tool, s);
+    /* failures past kv_dist_init are the same on every rank (deterministic, or agreed): rank 0 says it */
+    rc = rank == 0 ? kv_cli_fail(tool, s) : KV_EXIT_RUNTIME;
 end:
     free(text);
     free(ckpt);
@@ -363,5 +383,6 @@ end:
     kv_fit_config_free(&cfg);
     kv_cli_args_free(&a);
     free(sets);
+    kv_dist_finalize(dist);
     return rc;
 }

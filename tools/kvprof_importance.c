@@ -1,6 +1,7 @@
 /* kvprof importance: KVmix layer importance (||dL/dW_k||_F, ||dL/dW_v||_F per layer, averaged over
  * prompts sampled from a corpus), rank stability, the mixed-precision allocation with recent
- * pivotal context ratios, a report (YAML/JSON), a kvcal configuration fragment and an SVG chart. */
+ * pivotal context ratios, a report (YAML/JSON), a kvcal configuration fragment and an SVG chart.
+ * Under mpirun the ranks share the prompts (kv_dist); rank 0 writes and prints. */
 #define _POSIX_C_SOURCE 200809L
 #include "kv_profile.h"
 #include "kv_tools.h"
@@ -73,7 +74,8 @@ int kvprof_importance(int argc, char **argv) {
     kv_cli_args args;
     int rc = kv_cli_parse(&args, k_tool, "--model M --corpus FILE --out REPORT [options]",
                           "KVmix layer importance: one forward and one backward per prompt give every layer's\n"
-                          "||dL/dW_k||_F and ||dL/dW_v||_F; the top --high-frac layers get high bits.",
+                          "||dL/dW_k||_F and ||dL/dW_v||_F; the top --high-frac layers get high bits.\n"
+                          "Under mpirun the ranks share the prompts (same report as one process).",
                           opts, 0, argc, argv);
     if (rc) return rc < 0 ? KV_EXIT_OK : rc;
     kv_cli_args_free(&args);
@@ -115,15 +117,26 @@ int kvprof_importance(int argc, char **argv) {
     ap.high_frac = high_frac, ap.k_high_bits = (int)k_high, ap.v_high_bits = (int)v_high;
     ap.k_low_bits = ap.v_low_bits = (int)low, ap.rpc_high = rpc_high, ap.rpc_low = rpc_low;
     kv_status s;
+    kv_dist *dist = NULL;
+    int rank = 0;
     if ((s = kv_input_check(corpus)) != KV_OK) goto done; /* a device never ends: before loading anything */
-    if ((s = kv_tool_open_model(&m, &tok, model, tokp, n_threads)) != KV_OK) goto done;
-    kv_tool_warn_context(kv_model_arch(m), max_len, "--max-len");
-    if ((s = kv_tool_tokenize_file(&ids, &n_ids, sha, tok, corpus)) != KV_OK) goto done;
-    kv_importance_options io = {(int)prompts, (int)max_len, (uint64_t)seed, kv_tokenizer_bos(tok), "importance"};
+    if ((s = kv_dist_init(&dist, NULL, NULL)) != KV_OK) goto done;
+    rank = kv_dist_rank(dist);
+    if (rank != 0) { /* rank 0 prints; the others only their own errors */
+        kv_log_set_callback(kv_log_to_stream, stderr, KV_LOG_ERROR);
+        kv_progress_set_stream(NULL, 10.0);
+    }
+    if ((s = kv_tool_open_model(&m, &tok, model, tokp, n_threads)) == KV_OK) {
+        if (rank == 0) kv_tool_warn_context(kv_model_arch(m), max_len, "--max-len");
+        s = kv_tool_tokenize_file(&ids, &n_ids, sha, tok, corpus);
+    }
+    if ((s = kv_dist_agree(dist, s)) != KV_OK) goto done;
+    kv_importance_options io = {(int)prompts, (int)max_len, (uint64_t)seed, kv_tokenizer_bos(tok), "importance", dist};
     if ((s = kv_importance_run(&imp, m, ids, n_ids, &io)) != KV_OK) goto done;
     if ((s = kv_alloc_by_importance(&alloc, imp.k_mean, imp.v_mean, imp.n_layers, &ap)) != KV_OK) goto done;
     if ((s = kv_importance_stability(&stab, &imp, alloc.n_high > 0 ? alloc.n_high : 1)) != KV_OK) goto done;
     kv_importance_meta meta = {model, kv_model_arch(m)->name, corpus, sha, &ap, (uint64_t)seed, 0.0};
+    if (rank != 0) goto done; /* the rest is rank 0's: the reports, and the plain forwards it times alone */
     if (compare_forward && (s = time_forwards(&meta.forward_seconds, m, &imp, ids, kv_tokenizer_bos(tok))) != KV_OK)
         goto done;
     if ((s = kv_importance_report_write(out, json, &imp, &alloc, &stab, &meta)) != KV_OK) goto done;
@@ -167,5 +180,7 @@ done:
     free(ids);
     kv_tokenizer_free(tok);
     kv_model_free(m);
-    return s == KV_OK ? KV_EXIT_OK : kv_cli_fail(k_tool, s);
+    kv_dist_finalize(dist);
+    /* failures are the same on every rank (deterministic, or agreed): rank 0 says it */
+    return s == KV_OK ? KV_EXIT_OK : rank == 0 ? kv_cli_fail(k_tool, s) : KV_EXIT_RUNTIME;
 }

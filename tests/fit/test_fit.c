@@ -519,7 +519,7 @@ START_TEST(test_resume_corrupt_state) {
     ckpt_env e;
     ckpt_env_init(&e, 0);
     char *dir = e.dir, state[340];
-    snprintf(state, sizeof state, "%s/state.0.bin", e.ck);
+    snprintf(state, sizeof state, "%s/state.0.0.bin", e.ck); /* layer 0, shard 0 */
     kv_fit_options o = e.o;
     kv_plan *plan = NULL, *ref = NULL;
     ck_assert_int_eq(run_fit(&plan, NULL, &cfg, &o), KV_EINTERRUPTED);
