@@ -6,6 +6,7 @@
 #include "kv_tools.h"
 #include "kvrt.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -25,10 +26,23 @@ static int ascii_letter(unsigned char c) { return (c >= 'A' && c <= 'Z') || (c >
  * ` ?\p{L}+` / `[^\r\n\p{L}\p{N}]?\p{L}+`) and SentencePiece BPE (no piece holds a space after its
  * first character), so tokenizing the pieces gives the tokens of the whole text (tests/tools checks
  * this on WikiText with both kinds). 0 when there is none. */
-static size_t last_cut(const char *buf, size_t n) {
-    for (size_t p = n >= 2 ? n - 2 : 0; p >= 1; p--)
+static size_t last_cut(const char *buf, size_t n, size_t from) {
+    for (size_t p = n >= 2 ? n - 2 : 0; p >= 1 && p >= from; p--)
         if (buf[p] == ' ' && ascii_letter((unsigned char)buf[p - 1]) && ascii_letter((unsigned char)buf[p + 1]))
             return p;
+    return 0;
+}
+
+/* Text without such a space (a CJK corpus, code, base64) is cut after a line break that stands alone
+ * between two non-space characters ("...abc\n|def"): the byte-level pre-tokenizers end a token at
+ * "\n" and never join it to the letters after it, and SentencePiece has no piece across a line break;
+ * the piece after it starts with no space, so it is encoded without the dummy prefix
+ * (KV_TOK_NO_SPACE_PREFIX). tests/tools checks it on WikiText with every space made '_', with both
+ * tokenizer kinds. 0 when there is none. Both searches look at positions >= from only: the bytes
+ * before were searched when they were read (so a long text without a cut is read in linear time). */
+static size_t last_line_cut(const char *buf, size_t n, size_t from) {
+    for (size_t p = n >= 1 ? n - 1 : 0; p >= 2 && p >= from; p--)
+        if (buf[p - 1] == '\n' && !isspace((unsigned char)buf[p]) && !isspace((unsigned char)buf[p - 2])) return p;
     return 0;
 }
 
@@ -83,7 +97,8 @@ kv_status kv_tool_tokenize_file_ex(int32_t **ids, size_t *n, char sha256[65], co
     size_t n_out = 0, out_cap = 0;
     kv_sha256 h;
     if (sha256) kv_sha256_init(&h);
-    int eof = 0, first = 1;
+    int eof = 0;
+    unsigned piece_flags = 0; /* how the piece at buf[0] is encoded: the text's start, after a space, after a line */
     long cont_flags;
     continuation_flags(t, &cont_flags);
     while (!(max_tokens && n_out >= max_tokens)) {
@@ -107,11 +122,17 @@ kv_status kv_tool_tokenize_file_ex(int32_t **ids, size_t *n, char sha256[65], co
         }
         if (sha256) kv_sha256_update(&h, buf + len, got);
         len += got;
-        const size_t cut = eof ? len : cont_flags < 0 ? 0 : last_cut(buf, len);
+        /* the cut positions not searched yet: those that need a byte read in this step */
+        const size_t from = len - got >= 2 ? len - got - 2 : 0;
+        size_t cut = eof ? len : cont_flags < 0 ? 0 : last_cut(buf, len, from);
+        unsigned next_flags = (unsigned)cont_flags;
+        if (cut == 0 && !eof && cont_flags >= 0 && (cut = last_line_cut(buf, len, from)) > 0)
+            next_flags = KV_TOK_NO_SPACE_PREFIX;
         if (cut == 0) {
-            if (!regular && len > TOK_MAX_PENDING) {
-                s = KV_ERR(KV_EINVAL, "'%s': no word boundary in %d MiB of text read from a pipe; is it text?", path,
-                           TOK_MAX_PENDING >> 20);
+            /* a tokenizer that can only take the text whole (cont_flags < 0) reads a regular file whole */
+            if ((!regular || cont_flags >= 0) && len > TOK_MAX_PENDING) {
+                s = KV_ERR(KV_EINVAL, "'%s': no place to cut the text (a space between words or a line break) in %d "
+                           "MiB; is it text?", path, TOK_MAX_PENDING >> 20);
                 goto done;
             }
             continue;
@@ -119,12 +140,12 @@ kv_status kv_tool_tokenize_file_ex(int32_t **ids, size_t *n, char sha256[65], co
         int32_t *piece = NULL;
         size_t np = 0;
         /* the SentencePiece dummy prefix once, at the start of the text */
-        s = kv_tokenizer_encode(&piece, &np, t, buf, cut, first ? 0u : (unsigned)cont_flags);
+        s = kv_tokenizer_encode(&piece, &np, t, buf, cut, piece_flags);
         if (s != KV_OK) {
             s = kv_error_wrap(s, "tokenizing '%s': ", path);
             goto done;
         }
-        first = 0;
+        piece_flags = next_flags;
         if (n_out + np > out_cap) {
             size_t nc = out_cap ? out_cap : 1 << 16;
             while (nc < n_out + np) nc *= 2;

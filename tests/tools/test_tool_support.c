@@ -45,6 +45,35 @@ static void check_model(const char *model, const char *tok_path) {
         ck_assert_str_eq(sha, want);
         free(ids);
     }
+    free(ref);
+    /* text without a space: WikiText with every space made '_', cut at line breaks */
+    char dir[256], nospace[600];
+    kv_test_tmpdir(dir, sizeof dir);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(nospace, sizeof nospace, "%s/nospace.txt", dir);
+    {
+        char *text = NULL;
+        size_t len = 0;
+        ck_assert_kv_ok(kv_file_read_all(&text, &len, g_valid));
+        for (size_t i = 0; i < len; i++)
+            if (text[i] == ' ') text[i] = '_';
+        FILE *f = fopen(nospace, "wb");
+        ck_assert(f && fwrite(text, 1, len, f) == len && fclose(f) == 0);
+        free(text);
+    }
+    whole_tokens(&ref, &nref, t, nospace);
+    for (size_t b = 1; b < sizeof blocks / sizeof *blocks; b++) {
+        ck_assert_kv_ok(kv_tool_tokenize_file_ex(&ids, &n, NULL, t, nospace, 0, blocks[b]));
+        size_t i = 0;
+        while (i < n && i < nref && ids[i] == ref[i]) i++;
+        ck_assert_msg(n == nref && i == n, "%s, no spaces, blocks of %zu: %zu tokens, whole text %zu, first "
+                      "difference at %zu", model, blocks[b], n, nref, i);
+        free(ids);
+    }
+    free(ref);
+    unlink(nospace);
+    rmdir(dir);
+    whole_tokens(&ref, &nref, t, g_valid);
     /* a budget: the first 4096 tokens, the whole file's hash */
     ck_assert_kv_ok(kv_tool_tokenize_file_ex(&ids, &n, sha, t, g_valid, 4096, 4096));
     ck_assert_uint_eq(n, 4096);
