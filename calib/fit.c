@@ -127,25 +127,6 @@ kv_status kv_fit_make_seqs(kv_fit_seqs *out, const kv_fit_data *data, const kv_f
     return KV_OK;
 }
 
-/* mkdir -p (0 on success). */
-static int mkdir_p(const char *dir) {
-    char *p = malloc(strlen(dir) + 1);
-    if (!p) return -1;
-    strcpy(p, dir);
-    for (char *c = p + 1; *c; c++) {
-        if (*c != '/') continue;
-        *c = '\0';
-        if (mkdir(p, 0777) != 0 && errno != EEXIST) {
-            free(p);
-            return -1;
-        }
-        *c = '/';
-    }
-    const int rc = mkdir(p, 0777) != 0 && errno != EEXIST ? -1 : 0;
-    free(p);
-    return rc;
-}
-
 /* ---- presets ------------------------------------------------------------------------------------ */
 kv_status kv_fit_config_method_preset(kv_fit_config *c, kv_fit_method method) {
     static const char *const kivi[] = {"keys.group_axis=tokens", "keys.group_size=32", "values.group_axis=channels",
@@ -237,7 +218,7 @@ static kv_status grid_index(kv_plan *p, int d, int n, const kv_fit_config *cfg, 
             return kv_error_wrap(s, "HIGGS grid d=%d n=%d: ", d, n);
         }
         if (path) { /* a cache that cannot be written only costs time */
-            if (mkdir_p(cache_dir) != 0 ||
+            if (kv_mkdir_p(cache_dir) != 0 ||
                 kv_grid_write(path, pts, d, n, FIT_GRID_SEED, (uint64_t)cfg->higgs.grid_samples) != KV_OK)
                 kv_log(KV_LOG_WARN, "fit: could not cache the grid in %s: %s", path,
                        *kv_error_last() ? kv_error_last() : strerror(errno));

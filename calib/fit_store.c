@@ -35,25 +35,6 @@ static char *slot_path(const kv_fit_store *st, int slot, int64_t shard) {
     return p;
 }
 
-/* mkdir -p (0 on success). */
-static int make_dirs(const char *dir) {
-    char *p = malloc(strlen(dir) + 1);
-    if (!p) return -1;
-    strcpy(p, dir);
-    for (char *c = p + 1; *c; c++) {
-        if (*c != '/') continue;
-        *c = '\0';
-        if (mkdir(p, 0777) != 0 && errno != EEXIST) {
-            free(p);
-            return -1;
-        }
-        *c = '/';
-    }
-    const int rc = mkdir(p, 0777) != 0 && errno != EEXIST ? -1 : 0;
-    free(p);
-    return rc;
-}
-
 static kv_status alloc_bytes(void **p, size_t n, size_t size, const char *what, uint64_t *total) {
     size_t bytes;
     if (kv_size_mul(&bytes, n, size) != 0) return KV_ERR(KV_EINVAL, "%s: size overflow", what);
@@ -86,7 +67,7 @@ kv_status kv_fit_store_init(kv_fit_store *st, const char *spill_dir, int h_f16, 
         st->dir = malloc(n);
         if (!st->dir) return KV_ERR(KV_ENOMEM, "out of memory");
         memcpy(st->dir, spill_dir, n);
-        if (make_dirs(st->dir) != 0) {
+        if (kv_mkdir_p(st->dir) != 0) {
             s = KV_ERR(KV_EIO, "creating the spill directory '%s' (memory.spill_dir): %s", st->dir, strerror(errno));
             goto done;
         }

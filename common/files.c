@@ -345,3 +345,26 @@ int kv_default_threads(void) {
     kv_error_clear();
     return online_cpus();
 }
+
+/* mkdir -p: the failing component keeps its errno (free() does not change it in glibc, but save it anyway). */
+int kv_mkdir_p(const char *dir) {
+    char *p = malloc(strlen(dir) + 1);
+    if (!p) return -1;
+    strcpy(p, dir);
+    for (char *c = p + 1; *c; c++) {
+        if (*c != '/') continue;
+        *c = '\0';
+        if (mkdir(p, 0777) != 0 && errno != EEXIST) {
+            const int e = errno;
+            free(p);
+            errno = e;
+            return -1;
+        }
+        *c = '/';
+    }
+    const int rc = mkdir(p, 0777) != 0 && errno != EEXIST ? -1 : 0;
+    const int e = errno;
+    free(p);
+    errno = e;
+    return rc;
+}

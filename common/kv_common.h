@@ -159,6 +159,8 @@ kv_status kv_write_file_atomic(const char *path, const void *data, size_t size);
 kv_status kv_output_check(const char *path);
 /* 1 when a and b both exist and are the same file (device and inode, not names), else 0. */
 int kv_same_file(const char *a, const char *b);
+/* mkdir -p: dir and its missing parents (mode 0777 before the umask). 0 on success, -1 with errno set. */
+int kv_mkdir_p(const char *dir);
 
 /* ---- SHA-256 (FIPS 180-4) --------------------------------------------------------------------- */
 typedef struct kv_sha256 {

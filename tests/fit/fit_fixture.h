@@ -1,0 +1,67 @@
+/* The fixture the kvcal fit C-API tests share: the synthetic model of fit_test_util.h (K and V exactly
+ * linear from one layer to the next), a token stream of N_SEQS sequences of SEQ_LEN, a small fast
+ * configuration, and kv_fit_run with the model's fingerprint. Each test binary includes it once. */
+#ifndef KV_FIT_FIXTURE_H
+#define KV_FIT_FIXTURE_H
+
+#include "fit_test_util.h"
+#include "kv_test.h"
+
+enum { SEQ_LEN = 68, N_SEQS = 40 }; /* 4 sinks + 2 chunks of 32 tokens */
+
+static syn_model g_syn;
+static kv_model *g_model;
+static int32_t *g_tokens;
+static size_t g_n_tokens;
+static kv_plan_fingerprint g_fp;
+
+static void setup(void) {
+    kv_error_clear();
+    syn_init(&g_syn, 12345);
+    kv_model_options mo;
+    memset(&mo, 0, sizeof mo);
+    mo.n_threads = 1;
+    ck_assert_kv_ok(kv_model_create(&g_model, &g_syn.arch, syn_read, &g_syn, &mo));
+    g_n_tokens = (size_t)N_SEQS * (SEQ_LEN - 1);
+    g_tokens = malloc(g_n_tokens * sizeof *g_tokens);
+    for (size_t i = 0; i < g_n_tokens; i++) g_tokens[i] = (int32_t)(3 + kv_rng_u64(99, i) % (SYN_VOCAB - 3));
+    syn_fingerprint(&g_fp, &g_syn.arch);
+    setenv("SOURCE_DATE_EPOCH", "1700000000", 1);
+}
+
+static void teardown(void) {
+    kv_model_free(g_model);
+    syn_free(&g_syn);
+    free(g_tokens);
+}
+
+/* A configuration for the synthetic model: chunks of 32 tokens, 4 sinks, small fast grids. */
+static void make_cfg(kv_fit_config *c, kv_fit_method method, const char *const *sets) {
+    ck_assert_kv_ok(kv_fit_config_init(c));
+    ck_assert_kv_ok(kv_fit_config_method_preset(c, method));
+    const char *base[] = {"data.seq_len=68", "cache.recent=32", "cache.sinks=4", "data.heldout_fraction=0.25",
+                          "higgs.grid_samples=20000", "higgs.grid_iters=30", "keys.group_size=16",
+                          "values.group_size=16", NULL};
+    for (int i = 0; base[i]; i++) ck_assert_kv_ok(kv_fit_config_set(c, base[i]));
+    for (int i = 0; sets && sets[i]; i++) ck_assert_kv_ok(kv_fit_config_set(c, sets[i]));
+}
+
+static kv_fit_data make_data(void) {
+    kv_fit_data d;
+    memset(&d, 0, sizeof d);
+    d.tokens = g_tokens;
+    d.n_tokens = g_n_tokens;
+    d.bos_id = 1;
+    return d;
+}
+
+static kv_status run_fit(kv_plan **plan, kv_fit_report *rep, const kv_fit_config *cfg, kv_fit_options *opt) {
+    kv_fit_options o;
+    kv_fit_options_init(&o);
+    if (!opt) opt = &o;
+    opt->fingerprint = &g_fp;
+    kv_fit_data d = make_data();
+    return kv_fit_run(plan, rep, g_model, NULL, &d, cfg, opt);
+}
+
+#endif
