@@ -86,9 +86,13 @@ typedef struct kv_higgs {
     int size;                 /* grid size n: power of two, 2..256 */
     int group;                /* g: power of two, d <= g <= 4096; channels must be a multiple */
     kv_param_type norm_type;  /* storage of the per-group L2 norm */
-    uint64_t seed;            /* sign of channel c = bit 0 of kv_rng_u64(seed, c): 1 -> -1 */
+    uint64_t seed;            /* sign of channel c = bit 0 of kv_rng_u64(seed, channel0 + c): 1 -> -1 */
     const float *grid;        /* n*d points, point i at grid[i*d .. i*d + d); borrowed */
     const kv_grid_search *search; /* optional (CPU only), built from the same grid; NULL = exhaustive */
+    uint64_t channel0;        /* index of the block's first channel in the token vector: channel c of the block
+                                 takes the sign of channel channel0 + c, so a block holding one KV head's channels
+                                 (token pruning keeps tokens per head) is coded exactly as those channels of a
+                                 whole-token block; 0 for whole tokens */
 } kv_higgs;
 
 typedef enum kv_quant_kind {
