@@ -268,7 +268,7 @@ kv_status kv_predictor_apply(float *y, const kv_plan_predictor *pr, const float 
  * they received from every prompt query; SnapKV: by the pooled attention of the last prune_window
  * queries; PyramidKV: SnapKV's scores under per-layer budgets falling with depth), as many as the
  * layer's budget (a fraction of the prompt's f16 cache) pays for at the plan's honest bits plus 4 bytes
- * of position per kept token and head; the kept tokens are coded by the layer's quantizer in blocks one
+ * of position per kept token, head and stream; the kept tokens are coded by the layer's quantizer in blocks one
  * KV head wide, the rest is dropped. Later tokens follow the semantics above (H2O also selects, at the
  * same budget, among each chunk leaving the window, by the attention it received meanwhile). Attention
  * covers the tokens a head holds; the step's own tokens are always held.

@@ -12,8 +12,8 @@
  * tokens are kept; among the tokens between them the policy keeps the best-scored ones, as many as the
  * layer's budget pays for: budget x (the f16 bytes of the prompt's K and V of one head), minus the f16
  * sinks, over the bytes of m tokens of K and V coded one head wide by the layer's quantizers (codes,
- * scales, zero points or norms, exactly as stored) plus 4 bytes of position per token when the kept
- * tokens are not consecutive. What is kept is encoded in one block per head and stream; the rest of
+ * scales, zero points or norms, exactly as stored) plus 4 bytes of position per token in each of the K
+ * and V blocks when the kept tokens are not consecutive. What is kept is encoded in one block per head and stream; the rest of
  * the prompt is dropped. */
 #include "kvrt.h"
 #include "rt_internal.h"
@@ -242,11 +242,13 @@ kv_status rt_policy_saw_queries(kv_rt *rt, int seq, int layer, int n_q, const fl
 /* ---- selection ---------------------------------------------------------------------------------------- */
 /* Rows m a head keeps: the most whose K and V (coded one head wide) and positions fit in `allow` bytes,
  * at least `forced`, at most `most`. */
+/* index_bytes: position bytes per kept token in one stream; the K and V blocks each store their positions
+ * (kv_rt_get_stats counts both), so both are charged. */
 static int rows_for_budget(const kv_rt *rt, int layer, double allow, int forced, int most, int index_bytes) {
     rt_layout lk, lv;
     const rt_codec *ck = rt_hcodec_of(rt, layer, KV_PLAN_K, 0), *cv = rt_hcodec_of(rt, layer, KV_PLAN_V, 0);
 #define COST(m) (rt_codec_layout(ck, (m), &lk), rt_codec_layout(cv, (m), &lv), \
-                 (double)lk.total + (double)lv.total + (double)index_bytes * (double)(m))
+                 (double)lk.total + (double)lv.total + 2.0 * (double)index_bytes * (double)(m))
     if (COST(forced) > allow) return forced;
     int lo = forced, hi = most; /* cost(lo) <= allow; find the largest such */
     while (lo < hi) {

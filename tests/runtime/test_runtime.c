@@ -681,7 +681,7 @@ static int expected_rows(const kv_plan *p, int l, double allow, int forced, int 
         kv_block_storage a, b;
         ck_assert_kv_ok(kv_quant_storage(&a, &qk, (size_t)m, (size_t)hd));
         ck_assert_kv_ok(kv_quant_storage(&b, &qv, (size_t)m, (size_t)hd));
-        if ((double)(a.total_bytes + b.total_bytes) + (double)index * m <= allow) return m;
+        if ((double)(a.total_bytes + b.total_bytes) + 2.0 * (double)index * m <= allow) return m; /* K and V blocks each store positions */
     }
     return forced;
 }
