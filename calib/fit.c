@@ -779,6 +779,30 @@ kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a) {
     return KV_OK;
 }
 
+kv_status kv_fit_plan_uncalibrated(kv_plan **out, const kv_fit_config *cfg, const kv_plan_fingerprint *fp,
+                                   const kv_arch *a) {
+    if (!out || !cfg || !fp || !a) return KV_ERR(KV_EINVAL, "kv_fit_plan_uncalibrated: bad arguments");
+    *out = NULL;
+    if (cfg->method != KV_FIT_KIVI)
+        return KV_ERR(KV_EINVAL, "method %s calibrates predictors or grids: an uncalibrated plan exists for kivi only",
+                      kv_fit_method_name(cfg->method));
+    kv_status s = kv_fit_check(cfg, a);
+    if (s != KV_OK) return s;
+    if (fp->n_layers != a->n_layers || fp->n_kv_heads != a->n_kv_heads || fp->head_dim != a->head_dim)
+        return KV_ERR(KV_EMISMATCH, "the fingerprint does not describe the model");
+    kv_plan *p = NULL;
+    double grid_seconds = 0;
+    if ((s = kv_plan_create(&p, fp)) == KV_OK &&
+        (s = setup_plan(p, cfg, a->n_kv_heads * a->head_dim, a->head_dim, NULL, &grid_seconds)) == KV_OK)
+        s = kv_plan_validate(p);
+    if (s != KV_OK) {
+        kv_plan_free(p);
+        return s;
+    }
+    *out = p;
+    return KV_OK;
+}
+
 static kv_status check_inputs(kv_model *m, const kv_fit_data *data, const kv_fit_config *cfg) {
     if (!m || !data || !cfg) return KV_ERR(KV_EINVAL, "kv_fit: no model, data or configuration");
     if (!data->tokens && data->n_tokens) return KV_ERR(KV_EINVAL, "kv_fit: no tokens");

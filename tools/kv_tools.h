@@ -137,6 +137,7 @@ int kvcal_grids(int argc, char **argv);    /* kvcal_grids.c: generate a HIGGS gr
 int kvcal_fit(int argc, char **argv);      /* kvcal_fit.c: calibrate a plan (AQUA-KV and baselines) */
 
 /* kvprof */
+int kvprof_budget(int argc, char **argv);     /* kvprof_budget.c: quantized pruning operating points under a budget */
 int kvprof_importance(int argc, char **argv); /* kvprof_importance.c: KVmix layer importance and bit allocation */
 
 #endif

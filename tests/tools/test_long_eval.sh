@@ -6,7 +6,8 @@
 #   kvrun eval --protocol continuation with and without a plan, with and without pruning (JSON fields,
 #   the held memory against the budget, the exact model's ppl the same in every run);
 #   kvrun eval --task passkey (one answer per length x depth x trial, the same keys every run);
-#   refusals: an observation window longer than the prompt, bad --depths / --length.
+#   refusals: an observation window longer than the prompt, bad --depths / --length;
+#   kvprof budget (table, JSON, chart, the best point's fragment loaded by kvcal fit) and its refusals.
 #   test_long_eval.sh TOOLS_DIR   (data from $KVCAL_DATA_DIR; exit 77 = skipped)
 set -u
 bin="$1"
@@ -158,4 +159,46 @@ expect 1 "cannot hold its" "a passkey prompt too short for its template refused"
     --model "$model" --tokenizer "$tok" --task passkey --filler "$heldout" --length 20
 expect 2 "needs --prompt-len" "continuation without --prompt-len refused" -- "$bin/kvrun" eval -q --model "$model" \
     --tokenizer "$tok" --text "$heldout" --protocol continuation --score-len 8
+
+# 6. kvprof budget: every operating point on the calibration text, the table, JSON, chart and a fragment
+#    that kvcal fit loads into a plan with the chosen pruning and bits
+bud=(-q --model "$model" --tokenizer "$tok" --corpus "$calib" --budgets 0.25,0.125 --methods snapkv,h2o --bits 16,8,4
+     --mix-ranges 2 --prompt-len 200 --score-len 32 --samples 2 --passkey-length 256 --depths 0.5
+     --set keys.group_size=32 --set values.group_size=32 --set cache.recent=32)
+"$bin/kvprof" budget "${bud[@]}" --target 0.125 --config-out "$tmp/best.yaml" --svg "$tmp/budget.svg" \
+    --report "$tmp/budget.json" > "$tmp/budget.txt" && ok "kvprof budget" || { bad "kvprof budget"; cat "$tmp/budget.txt"; }
+"$bin/kvprof" budget "${bud[@]}" --json > "$tmp/budget_table.json" && ok "kvprof budget --json" || bad "kvprof budget --json"
+python3 - "$tmp/budget_table.json" "$tmp/best.yaml" <<'PY' && ok "kvprof budget: points, best, fragment" || bad "kvprof budget results"
+import json, sys
+r = json.load(open(sys.argv[1]))
+pts = r["points"]
+# per budget: 2 methods x 3 precisions + 1 mix method x 2 other precisions x 2 ranges
+assert len(pts) == 2 * (6 + 4), len(pts)
+for p in pts:
+    assert p["kl_mean"] > 0 and p["ppl"] > 1 and 0 <= p["passkey_accuracy"] <= 1, p
+for b in (0.25, 0.125):
+    at = [p for p in pts if abs(p["budget"] - b) < 1e-12]
+    best = [p for p in at if p["best"]]
+    assert len(best) == 1, (b, best)
+    # the best: highest passkey accuracy, then lowest KL
+    key = lambda p: (-p["passkey_accuracy"], p["kl_mean"])
+    assert key(best[0]) == min(key(p) for p in at), (b, best[0])
+    if b == 0.125:
+        best125 = best[0]
+frag = open(sys.argv[2]).read()
+assert "method: %s" % best125["method"] in frag and "bits: %d" % best125["bits"] in frag and "budget: 0.125" in frag, frag
+PY
+grep -q "</svg>" "$tmp/budget.svg" && [ "$(grep -c '<polyline' "$tmp/budget.svg")" -eq 10 ] && ok "budget chart: 10 lines" \
+  || bad "budget chart"
+grep -q "<- best" "$tmp/budget.txt" && ok "budget table marks the best" || bad "budget table"
+"$bin/kvcal" fit "${fit[@]}" --method kivi --config "$tmp/best.yaml" --out "$tmp/best.kvplan" > /dev/null \
+  && ok "kvcal fit loads the fragment" || bad "kvcal fit --config fragment"
+"$bin/kvrun" eval "${cont[@]}" --plan "$tmp/best.kvplan" > "$tmp/c_best.json" && ok "the fragment's plan evaluates" \
+  || bad "eval the fragment's plan"
+expect 2 "--target 0.5 is not one of --budgets" "a target outside the budgets refused" -- "$bin/kvprof" budget \
+    "${bud[@]}" --target 0.5
+expect 1 "outside (0, 1]" "budget 2 refused" -- "$bin/kvprof" budget "${bud[@]}" --budgets 2 --target 2
+expect 1 "token precision 5 bits" "5 bits refused" -- "$bin/kvprof" budget "${bud[@]}" --bits 5
+expect 2 "is not streamingllm, h2o, snapkv or pyramidkv" "unknown method refused" -- "$bin/kvprof" budget "${bud[@]}" \
+    --methods snapkv,bogus
 exit $fail
