@@ -4,8 +4,11 @@
 # plan (same prompt, same prefill chunks, 4 tokens generated). The difference of the two peaks must
 # be the difference of the caches' bytes as the runtime reports them, less the f16 window a chunked
 # prefill holds at its largest ((chunk + recent) tokens, which the plan run holds on top of its
-# compressed cache): at least 85% of that (the allocator keeps some freed window memory mapped),
-# at most the whole difference plus 16 MiB. Needs the default model (exit 77 without it); not run
+# compressed cache): at least 75% of that, at most the whole difference plus 16 MiB. Why 75%: glibc
+# raises its mmap threshold after the first freed window, so later windows come from the heap, where
+# freed windows interleave with compressed blocks and stay mapped; measured 85-92% of the bound on the
+# CI machine (one run at 84.96% failed an 85% bound), so 75% leaves room for another allocator state
+# while still failing if the plan run held a decoded f16 copy (that would save ~0%). Needs the default model (exit 77 without it); not run
 # under the sanitizers (their shadow memory scales every allocation).
 set -u
 bin="$1"
@@ -27,7 +30,9 @@ f16="$(run --cache f16)" || { echo "FAIL: generate f16"; exit 1; }
 plan="$(run --plan "$tmp/kivi2.kvplan")" || { echo "FAIL: generate plan"; exit 1; }
 echo "f16:  $f16"
 echo "plan: $plan"
-kvpt="$("$bin/kvrun" info --model "$model" | awk '/^KV per token/ {print $(NF-2)}')" # fp16 bytes per token
+# fp16 bytes per token, from "KV per token ... = N values, B bytes at fp16"
+kvpt="$("$bin/kvrun" info --model "$model" | sed -n 's/^KV per token.* \([0-9][0-9]*\) bytes at fp16.*/\1/p')"
+[ -n "$kvpt" ] || { echo "FAIL: kvrun info printed no 'KV per token ... bytes at fp16' line"; exit 1; }
 python3 - "$f16" "$plan" "$kvpt" "$chunk" <<'PY'
 import re, sys
 def parse(line):
@@ -39,7 +44,7 @@ n2, b_plan, r_plan = parse(sys.argv[2])
 kv_per_token, chunk, recent = int(sys.argv[3]), int(sys.argv[4]), 128
 assert n == n2 and n > 8000, (n, n2)
 window = (chunk + recent) * kv_per_token  # the plan run's f16 window at its largest
-want_lo = 0.85 * (b_f16 - b_plan - window)
+want_lo = 0.75 * (b_f16 - b_plan - window)
 want_hi = (b_f16 - b_plan) + 16 * 2**20
 got = r_f16 - r_plan
 print(f"{n} tokens: caches {b_f16/2**20:.1f} vs {b_plan/2**20:.1f} MiB, window <= {window/2**20:.1f} MiB; "
