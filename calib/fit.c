@@ -278,6 +278,17 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
                           "higgs.d (%d) and divide the %d channels of a token (n_kv_heads * head_dim)", hg,
                           cfg->higgs.d, kv_dim);
     }
+    /* PyramidKV: the plan records its per-layer schedule (the runtime's, kv_prune_pyramid_budgets), so that
+     * what a layer keeps is read from the plan; layers.N.prune_budget overrides it (per-layer mixes). */
+    const int pyramid = cfg->pruning.method == KV_PLAN_PRUNE_PYRAMIDKV;
+    double *pyr = pyramid ? malloc((size_t)p->n_layers * sizeof *pyr) : NULL;
+    if (pyramid && !pyr) return KV_ERR(KV_ENOMEM, "out of memory");
+    if (pyramid) {
+        const kv_status ps = kv_prune_pyramid_budgets(pyr, p->n_layers, cfg->pruning.budget);
+        for (int l = 0; l < p->n_layers && ps == KV_OK; l++) p->layers[l].prune_budget = (float)pyr[l];
+        free(pyr);
+        if (ps != KV_OK) return ps;
+    }
     for (int l = 0; l < p->n_layers; l++) {
         const kv_fit_layer_override *lo = kv_fit_config_layer(cfg, l);
         if (lo && (lo->set & KV_FIT_LO_PRUNE_BUDGET)) p->layers[l].prune_budget = (float)lo->prune_budget;
@@ -311,6 +322,18 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
                 s->group_axis = KV_PLAN_GROUP_CHANNELS;
                 s->eta = 0.0f;
                 s->higgs_grid = gi;
+            } else if (bits == KV_FIT_F16_BITS) { /* kept in f16, not quantized (KV_FIT_F16_BITS) */
+                kv_plan_stream keep = *s;
+                memset(s, 0, sizeof *s);
+                s->method = KV_PLAN_FP;
+                s->bits = 16;
+                s->group_axis = KV_PLAN_GROUP_TOKENS;
+                s->scale_dtype = KV_DTYPE_F32;
+                s->pack = KV_PLAN_PACK_WORD;
+                s->share_codes_with_layer = -1;
+                s->higgs_grid = -1;
+                s->pre_rope = keep.pre_rope;
+                s->rpc_ratio = keep.rpc_ratio;
             } else {
                 if (bits < 1 || bits > 8)
                     return KV_ERR(KV_EINVAL, "layer %d %s stream: %d bits for the uniform quantizer (1..8)", l, sname,
@@ -846,10 +869,23 @@ kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a) {
     if (cfg->xquant.km >= 0 || cfg->xquant.vm >= 0 || cfg->xquant.kq >= 0 || cfg->xquant.vq >= 0)
         return KV_ERR(KV_EUNSUPPORTED, "xquant.km/vm/kq/vq: XQuant cross-layer sharing and 1-bit layers are not "
                       "fitted by this version of kvcal fit (set them to -1)");
-    if (cfg->pruning.method != KV_PLAN_PRUNE_NONE)
-        return KV_ERR(KV_EUNSUPPORTED, "%s: key 'pruning.method': token pruning (%s) is not applied by any runtime in "
-                      "this version (kvrun eval would refuse the plan); use pruning.method: none",
-                      kv_fit_config_origin(cfg, "pruning.method"), kv_plan_prune_name(cfg->pruning.method));
+    if (cfg->pruning.method != KV_PLAN_PRUNE_NONE) { /* what the runtime's token policy cannot combine with */
+        const char *pw = kv_fit_config_origin(cfg, "pruning.method"), *pm = kv_plan_prune_name(cfg->pruning.method);
+        if ((cfg->method == KV_FIT_AQUA || cfg->method == KV_FIT_AQUA_UNIFORM) &&
+            (cfg->aqua.predict_keys || cfg->aqua.predict_values))
+            return KV_ERR(KV_EUNSUPPORTED, "%s: key 'pruning.method': token pruning (%s) keeps different tokens per KV "
+                          "head and layer, but an AQUA-KV predictor reads every head of the previous layer's same "
+                          "tokens: use method kivi or higgs with pruning (method %s, set at %s)", pw, pm,
+                          kv_fit_method_name(cfg->method), kv_fit_config_origin(cfg, "method"));
+        if (cfg->cache.rpc_ratio > 0.0)
+            return KV_ERR(KV_EUNSUPPORTED, "%s: key 'pruning.method': token pruning (%s) together with a KVmix recent "
+                          "pivotal context (cache.rpc_ratio %g) is not applied by the runtime", pw, pm,
+                          cfg->cache.rpc_ratio);
+        if (uses_higgs(cfg->method) && cfg->higgs.group_size > a->head_dim)
+            return KV_ERR(KV_EUNSUPPORTED, "%s: key 'pruning.method': token pruning (%s) codes each KV head's kept "
+                          "tokens on their own, so a HIGGS group (higgs.group_size %d) cannot span heads (head_dim %d)",
+                          pw, pm, cfg->higgs.group_size, a->head_dim);
+    }
     for (int i = 0; i < cfg->n_layer_overrides; i++) { /* an override of a layer the model lacks is a mistake */
         const kv_fit_layer_override *o = &cfg->layer_overrides[i];
         if (o->layer >= a->n_layers)
@@ -857,6 +893,30 @@ kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a) {
                           "apply to nothing; remove it or fix its index", o->where[0] ? o->where : "configuration",
                           o->layer, a->n_layers, a->n_layers - 1);
     }
+    return KV_OK;
+}
+
+kv_status kv_fit_plan_uncalibrated(kv_plan **out, const kv_fit_config *cfg, const kv_plan_fingerprint *fp,
+                                   const kv_arch *a) {
+    if (!out || !cfg || !fp || !a) return KV_ERR(KV_EINVAL, "kv_fit_plan_uncalibrated: bad arguments");
+    *out = NULL;
+    if (cfg->method != KV_FIT_KIVI)
+        return KV_ERR(KV_EINVAL, "method %s calibrates predictors or grids: an uncalibrated plan exists for kivi only",
+                      kv_fit_method_name(cfg->method));
+    kv_status s = kv_fit_check(cfg, a);
+    if (s != KV_OK) return s;
+    if (fp->n_layers != a->n_layers || fp->n_kv_heads != a->n_kv_heads || fp->head_dim != a->head_dim)
+        return KV_ERR(KV_EMISMATCH, "the fingerprint does not describe the model");
+    kv_plan *p = NULL;
+    double grid_seconds = 0;
+    if ((s = kv_plan_create(&p, fp)) == KV_OK &&
+        (s = setup_plan(p, cfg, a->n_kv_heads * a->head_dim, a->head_dim, NULL, &grid_seconds)) == KV_OK)
+        s = kv_plan_validate(p);
+    if (s != KV_OK) {
+        kv_plan_free(p);
+        return s;
+    }
+    *out = p;
     return KV_OK;
 }
 

@@ -241,10 +241,18 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
 
 /* What kv_fit_run refuses before any work, checkable as soon as the model's architecture is known
  * (the tool calls it before loading weights or reading the corpus): kv_fit_config_validate, methods
- * this version does not fit (SQuat, XQuant sharing: KV_EUNSUPPORTED), token pruning that no runtime
- * applies (pruning.method other than none: KV_EUNSUPPORTED), and per-layer overrides of layers the
+ * this version does not fit (SQuat, XQuant sharing: KV_EUNSUPPORTED), token pruning combined with what the
+ * runtime's token policy cannot apply (AQUA-KV predictors, KVmix RPC, HIGGS groups across heads:
+ * KV_EUNSUPPORTED), and per-layer overrides of layers the
  * model does not have (KV_EINVAL). Messages name the key and where it was set. */
 kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a);
+
+/* The plan kv_fit_run would write for a method that calibrates nothing (kivi: uniform or f16 streams,
+ * pruning), without running the model: streams, cache and pruning settings exactly as kv_fit_run sets
+ * them, no report or provenance. For kvprof budget, which applies many such plans to one prefill.
+ * KV_EINVAL for another method (it needs calibration data: kv_fit_run) or what kv_fit_check refuses. */
+kv_status kv_fit_plan_uncalibrated(kv_plan **out, const kv_fit_config *cfg, const kv_plan_fingerprint *fp,
+                                   const kv_arch *a);
 
 /* Per-method defaults that differ from kv_fit_config_init's, applied before a configuration file so
  * that the file and later overrides win: kivi: keys per-channel groups of 32 tokens, values

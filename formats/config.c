@@ -16,7 +16,8 @@
 
 #include "plan_internal.h"
 
-typedef enum key_type { T_INT, T_I64, T_U64, T_DOUBLE, T_BOOL, T_STRING, T_ENUM } key_type;
+/* T_BITS: an int in [min, max] or KV_FIT_F16_BITS (16: the stream kept in f16, unquantized). */
+typedef enum key_type { T_INT, T_I64, T_U64, T_DOUBLE, T_BOOL, T_STRING, T_ENUM, T_BITS } key_type;
 
 typedef struct key_desc {
     const char *path;
@@ -34,7 +35,7 @@ static const char *const k_prunes[] = {"none", "streamingllm", "h2o", "snapkv", 
 
 #define OFF(field) offsetof(kv_fit_config, field)
 #define STREAM_KEYS(prefix, member)                                                            \
-    {prefix ".bits", T_INT, OFF(member.bits), KV_FIT_MIN_BITS, KV_FIT_MAX_BITS, NULL},                                     \
+    {prefix ".bits", T_BITS, OFF(member.bits), KV_FIT_MIN_BITS, KV_FIT_MAX_BITS, NULL},                                     \
     {prefix ".group_size", T_INT, OFF(member.group_size), 1, 1 << 20, NULL},                   \
     {prefix ".group_axis", T_ENUM, OFF(member.group_axis), 0, 0, k_axes},                      \
     {prefix ".scale_dtype", T_ENUM, OFF(member.scale_dtype), 0, 0, k_dtypes},                  \
@@ -78,7 +79,7 @@ static const key_desc k_keys[] = {
     {"xquant.vq", T_INT, OFF(xquant.vq), -1, 4096, NULL},
     {"xquant.eta1", T_DOUBLE, OFF(xquant.eta1), 0, 0.4999, NULL},
     {"pruning.method", T_ENUM, OFF(pruning.method), 0, 0, k_prunes},
-    {"pruning.budget", T_DOUBLE, OFF(pruning.budget), 1e-6, 1, NULL},
+    {"pruning.budget", T_DOUBLE, OFF(pruning.budget), -1e9, 1e9, NULL}, /* (0, 1]: kv_fit_config_validate */
     {"pruning.window", T_INT, OFF(pruning.window), 0, 1 << 20, NULL},
     {"pruning.pool", T_INT, OFF(pruning.pool), 0, 1023, NULL},
     {"memory.weights", T_ENUM, OFF(memory.weights), 0, 0, k_weights},
@@ -98,8 +99,8 @@ static const struct layer_key {
     double min, max;
     unsigned bit;
 } k_layer_keys[] = {
-    {"key_bits", T_INT, LOFF(key_bits), KV_FIT_MIN_BITS, KV_FIT_MAX_BITS, KV_FIT_LO_KEY_BITS},
-    {"value_bits", T_INT, LOFF(value_bits), KV_FIT_MIN_BITS, KV_FIT_MAX_BITS, KV_FIT_LO_VALUE_BITS},
+    {"key_bits", T_BITS, LOFF(key_bits), KV_FIT_MIN_BITS, KV_FIT_MAX_BITS, KV_FIT_LO_KEY_BITS},
+    {"value_bits", T_BITS, LOFF(value_bits), KV_FIT_MIN_BITS, KV_FIT_MAX_BITS, KV_FIT_LO_VALUE_BITS},
     {"rpc_ratio", T_DOUBLE, LOFF(rpc_ratio), 0, 1, KV_FIT_LO_RPC_RATIO},
     {"key_eta", T_DOUBLE, LOFF(key_eta), 0, 0.4999, KV_FIT_LO_KEY_ETA},
     {"value_eta", T_DOUBLE, LOFF(value_eta), 0, 0.4999, KV_FIT_LO_VALUE_ETA},
@@ -186,13 +187,16 @@ static int parse_value(key_type type, double min, double max, const char *const 
     errno = 0;
     switch (type) {
     case T_INT:
+    case T_BITS:
     case T_I64: {
         long long v = strtoll(text, &end, 10);
-        if (errno || end == text || *end || (double)v < min || (double)v > max) {
-            snprintf(why, why_n, "expected an integer in [%.0f, %.0f], got '%s'", min, max, text);
+        const int f16 = type == T_BITS && !errno && end != text && !*end && v == KV_FIT_F16_BITS;
+        if (!f16 && (errno || end == text || *end || (double)v < min || (double)v > max)) {
+            snprintf(why, why_n, "expected an integer in [%.0f, %.0f], got '%s'%s", min, max, text,
+                     type == T_BITS ? " (or 16: the stream kept in f16, unquantized)" : "");
             return 0;
         }
-        if (type == T_INT) *(int *)dst = (int)v;
+        if (type != T_I64) *(int *)dst = (int)v;
         else *(int64_t *)dst = (int64_t)v;
         return 1;
     }
@@ -332,7 +336,7 @@ static kv_status set_path(kv_fit_config *c, const char *path, const char *text, 
             kv_fit_layer_override *o = layer_slot(c, (int)layer);
             if (!o) return KV_ERR(KV_ENOMEM, "out of memory");
             if (!o->where[0]) snprintf(o->where, sizeof o->where, "%s", where);
-            memcpy((char *)o + lk->offset, (char *)&tmp + lk->offset, lk->type == T_INT ? sizeof(int) : sizeof(double));
+            memcpy((char *)o + lk->offset, (char *)&tmp + lk->offset, lk->type == T_INT || lk->type == T_BITS ? sizeof(int) : sizeof(double));
             o->set |= lk->bit;
             return KV_OK;
         }
@@ -569,6 +573,21 @@ kv_status kv_fit_config_validate(const kv_fit_config *c) {
         return CFG_ERR("data.heldout_fraction", "no held-out data: set data.heldout or a heldout_fraction > 0");
     if (c->keys.pack3 != 10 && c->keys.pack3 != 11) return CFG_ERR("keys.pack3", "must be 10 or 11");
     if (c->values.pack3 != 10 && c->values.pack3 != 11) return CFG_ERR("values.pack3", "must be 10 or 11");
+    /* bits 16 = an f16 stream (KV_FIT_F16_BITS): no quantizer, so no predictor or grid either */
+    {
+        int f16 = c->keys.bits == KV_FIT_F16_BITS || c->values.bits == KV_FIT_F16_BITS;
+        const char *key = c->keys.bits == KV_FIT_F16_BITS ? "keys.bits" : "values.bits";
+        for (int i = 0; i < c->n_layer_overrides && !f16; i++) {
+            const kv_fit_layer_override *o = &c->layer_overrides[i];
+            if (((o->set & KV_FIT_LO_KEY_BITS) && o->key_bits == KV_FIT_F16_BITS) ||
+                ((o->set & KV_FIT_LO_VALUE_BITS) && o->value_bits == KV_FIT_F16_BITS))
+                f16 = 1, key = "layers.N.key_bits/value_bits";
+        }
+        if (f16 && c->method != KV_FIT_KIVI)
+            return KV_ERR(KV_EINVAL, "key '%s': 16 bits keeps the stream in f16 unquantized, which only method kivi "
+                          "does (method is '%s', set at %s): an AQUA-KV or HIGGS stream is always quantized", key,
+                          kv_fit_method_name(c->method), origin_of(c, "method"));
+    }
     if (higgs) {
         if (c->higgs.d != 1 && c->higgs.d != 2 && c->higgs.d != 4 && c->higgs.d != 8)
             return CFG_ERR("higgs.d", "must be 1, 2, 4 or 8 (got %d)", c->higgs.d);
@@ -591,6 +610,9 @@ kv_status kv_fit_config_validate(const kv_fit_config *c) {
     if (c->squat.enabled && c->method != KV_FIT_KIVI && c->method != KV_FIT_AQUA_UNIFORM)
         return CFG_ERR("squat.enabled", "SQuat quantizes keys with the uniform quantizer: method must be kivi or "
                        "aqua-uniform (method is '%s', set at %s)", kv_fit_method_name(c->method), origin_of(c, "method"));
+    if (!(c->pruning.budget > 0.0 && c->pruning.budget <= 1.0))
+        return CFG_ERR("pruning.budget", "the budget is the fraction of the f16 cache the kept tokens may use, in (0, 1] "
+                       "(got %g)", c->pruning.budget);
     if (c->pruning.method == KV_PLAN_PRUNE_NONE && c->pruning.budget != 1.0)
         return CFG_ERR("pruning.budget", "a budget below 1 needs a pruning.method");
     if (c->pruning.pool != 0 && c->pruning.pool % 2 == 0)
@@ -643,7 +665,8 @@ kv_status kv_fit_config_dump(char **out, const kv_fit_config *c) {
         const void *f = (const char *)c + d->offset;
         json_t *v = NULL;
         switch (d->type) {
-        case T_INT: v = json_integer(*(const int *)f); break;
+        case T_INT:
+        case T_BITS: v = json_integer(*(const int *)f); break;
         case T_I64: v = json_integer((json_int_t) * (const int64_t *)f); break;
         case T_U64: {
             const uint64_t u = *(const uint64_t *)f;
@@ -682,7 +705,7 @@ kv_status kv_fit_config_dump(char **out, const kv_fit_config *c) {
                 const struct layer_key *lk = &k_layer_keys[k];
                 if (!(o->set & lk->bit)) continue;
                 const void *f = (const char *)o + lk->offset;
-                json_t *v = lk->type == T_INT ? json_integer(*(const int *)f) : jdouble(*(const double *)f);
+                json_t *v = lk->type == T_INT || lk->type == T_BITS ? json_integer(*(const int *)f) : jdouble(*(const double *)f);
                 ok = v && json_object_set_new(row, lk->name, v) == 0;
             }
         }

@@ -697,6 +697,10 @@ const char *kv_fit_config_origin(const kv_fit_config *c, const char *path);
  * the HIGGS bits-per-dimension. */
 #define KV_FIT_MIN_BITS 1
 #define KV_FIT_MAX_BITS 8
+/* keys.bits / values.bits / key_bits / value_bits 16: the stream is not quantized but held in f16 (a plan
+ * stream of method fp, bits 16; uniform methods only: kivi). With token pruning this is "1x tokens at 16
+ * bits", the quantized-pruning paper's baseline; the uniform quantizer itself has no 16-bit mode. */
+#define KV_FIT_F16_BITS 16
 kv_status kv_fit_config_validate(const kv_fit_config *c);
 /* The resolved configuration as YAML (caller frees). */
 kv_status kv_fit_config_dump(char **out, const kv_fit_config *c);

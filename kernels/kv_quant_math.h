@@ -235,9 +235,10 @@ KV_HD float kv_qm_higgs_enc_mul(float norm) { return norm > 0.0f ? 1.0f / norm :
 /* Decoder multiplier: x = D H (grid * norm / g) because H H = g I. */
 KV_HD float kv_qm_higgs_dec_mul(float norm, size_t g) { return norm / (float)g; }
 
-/* Rotated query of a HIGGS block: qrot = H (D q) per group of g channels (unnormalized H). */
-KV_HD void kv_qm_higgs_rotate_query(float *qrot, const float *q, uint64_t seed, size_t C, size_t g) {
-    for (size_t c = 0; c < C; c++) qrot[c] = q[c] * kv_qm_higgs_sign(seed, c);
+/* Rotated query of a HIGGS block: qrot = H (D q) per group of g channels (unnormalized H); the block's
+ * channel c takes the sign of channel ch0 + c (kv_higgs.channel0). */
+KV_HD void kv_qm_higgs_rotate_query(float *qrot, const float *q, uint64_t seed, uint64_t ch0, size_t C, size_t g) {
+    for (size_t c = 0; c < C; c++) qrot[c] = q[c] * kv_qm_higgs_sign(seed, ch0 + c);
     for (size_t c0 = 0; c0 < C; c0 += g) kv_qm_fwht(qrot + c0, g);
 }
 

@@ -86,9 +86,13 @@ typedef struct kv_higgs {
     int size;                 /* grid size n: power of two, 2..256 */
     int group;                /* g: power of two, d <= g <= 4096; channels must be a multiple */
     kv_param_type norm_type;  /* storage of the per-group L2 norm */
-    uint64_t seed;            /* sign of channel c = bit 0 of kv_rng_u64(seed, c): 1 -> -1 */
+    uint64_t seed;            /* sign of channel c = bit 0 of kv_rng_u64(seed, channel0 + c): 1 -> -1 */
     const float *grid;        /* n*d points, point i at grid[i*d .. i*d + d); borrowed */
     const kv_grid_search *search; /* optional (CPU only), built from the same grid; NULL = exhaustive */
+    uint64_t channel0;        /* index of the block's first channel in the token vector: channel c of the block
+                                 takes the sign of channel channel0 + c, so a block holding one KV head's channels
+                                 (token pruning keeps tokens per head) is coded exactly as those channels of a
+                                 whole-token block; 0 for whole tokens */
 } kv_higgs;
 
 typedef enum kv_quant_kind {
@@ -257,6 +261,18 @@ kv_status kv_predictor_apply(float *y, const kv_plan_predictor *pr, const float 
  * quantizer; a stream with a KVmix rpc_ratio keeps floor(ratio * window) of its window instead.
  * Attention of a step's query i covers every token held up to its own position (causal).
  *
+ * Token pruning (plans with a prune_method; RUNTIME.md §8): a sequence's first tokens are its prompt, held
+ * in f16 (nothing is compressed while it is open) until kv_rt_end_prompt (or the first append of a single
+ * token, which ends it first). Then, per layer and KV head, the token policy keeps the sinks, the last
+ * prune_window tokens and the tokens it selects (StreamingLLM: the most recent; H2O: by the attention
+ * they received from every prompt query; SnapKV: by the pooled attention of the last prune_window
+ * queries; PyramidKV: SnapKV's scores under per-layer budgets falling with depth), as many as the
+ * layer's budget (a fraction of the prompt's f16 cache) pays for at the plan's honest bits plus 4 bytes
+ * of position per kept token, head and stream; the kept tokens are coded by the layer's quantizer in blocks one
+ * KV head wide, the rest is dropped. Later tokens follow the semantics above (H2O also selects, at the
+ * same budget, among each chunk leaving the window, by the attention it received meanwhile). Attention
+ * covers the tokens a head holds; the step's own tokens are always held.
+ *
  * Ownership and threads: the plan is borrowed and must outlive the runtime. A runtime is used by one
  * thread at a time (calls are not concurrent); inside a call it uses its own thread pool
  * (kv_rt_options.n_threads). Different runtimes are independent. Every buffer a sequence holds is
@@ -287,11 +303,18 @@ typedef struct kv_rt_options {
      * two layers' reconstructions); 1 keeps every reconstruction and extends it chunk by chunk
      * (no per-step predictor cost, but an f32 copy of the predicted streams is held). */
     int keep_reconstructions;
+    /* Prompt statistics whatever the plan's prune method (for kv_rt_prompt_copy: one prefill, several plans
+     * applied to it): 1 holds every prompt in f16 until kv_rt_end_prompt, accumulates the attention every
+     * token receives (what H2O selects by) and keeps the prompt's last prompt_window queries (SnapKV,
+     * PyramidKV; 0 = the plan's prune_window). 0 (default): what the plan's own policy needs. */
+    int prompt_stats;
+    int prompt_window;
 } kv_rt_options;
 
 /* Open a runtime for plan (validated here: every stream's method must be one this runtime applies:
- * f16/f32, uniform (with XQuant eta and shared codes), HIGGS, AQUA-KV predictors, KVmix RPC; others
- * are refused with KV_EUNSUPPORTED naming the layer and stream). *out NULL on failure. */
+ * f16/f32, uniform (with XQuant eta and shared codes), HIGGS, AQUA-KV predictors, KVmix RPC, token
+ * pruning (StreamingLLM, H2O, SnapKV, PyramidKV) with f16/f32, uniform or HIGGS groups inside a head;
+ * others are refused with KV_EUNSUPPORTED naming the layer and stream). *out NULL on failure. */
 kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt);
 void kv_rt_close(kv_rt *rt); /* NULL ok */
 
@@ -308,6 +331,29 @@ kv_status kv_rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, s
                        size_t ldo);
 /* Tokens appended to seq in the last layer (the next position); -1 for a bad seq. */
 int kv_rt_length(const kv_rt *rt, int seq);
+/* The prompt of seq is complete (every layer appended and attended): apply the plan's token selection
+ * to every layer now and compress what is kept (pruning plans; RUNTIME.md §8). A no-op for plans that
+ * prune nothing (their compression already follows the appends), and for a sequence with no open prompt.
+ * Errors: KV_EINVAL when the observation window is larger than the prompt, or when a policy that scores
+ * tokens by attention did not see the queries it needs (a step appended without kv_rt_attend, rows
+ * attended twice) — the runtime cannot score what it did not attend. On an error the sequence must be
+ * reset. */
+kv_status kv_rt_end_prompt(kv_rt *rt, int seq);
+/* Copy the open prompt of src_seq in src into dst_seq of dst (reset first), as if dst had prefilled it
+ * itself: the prompt is held in f16 until its end under every plan that prunes, so its attention, and what
+ * the policies score it by, do not depend on the plan. One prefill then serves several plans (kvprof
+ * budget). Requires the same model shape and key domain (pre_rope) per layer and the same sinks, a source
+ * that holds its prompt in f16 and collected what dst's policy needs (kv_rt_options.prompt_stats), and a
+ * destination that holds prompts (a pruning plan, or prompt_stats). KV_EINVAL naming what differs. */
+kv_status kv_rt_prompt_copy(kv_rt *dst, int dst_seq, const kv_rt *src, int src_seq);
+/* Tokens KV head kv_head of (layer, seq) holds (the sequence's length unless tokens were pruned); -1 for
+ * bad arguments. */
+int kv_rt_held(const kv_rt *rt, int layer, int seq, int kv_head);
+/* Their positions, in order, into pos (kv_rt_held entries). */
+kv_status kv_rt_held_positions(const kv_rt *rt, int layer, int seq, int kv_head, int32_t *pos);
+/* PyramidKV's per-layer budgets for a mean budget b (its schedule, beta = 20): falling linearly with depth
+ * from b_max = min(1, 2b - b/20) to 2b - b_max, mean b. out: n_layers fractions in (0, 1]. */
+kv_status kv_prune_pyramid_budgets(double *out, int n_layers, double b);
 /* Forget sequence seq (seq < 0: every sequence) and release its memory. */
 void kv_rt_reset(kv_rt *rt, int seq);
 
@@ -315,19 +361,24 @@ void kv_rt_reset(kv_rt *rt, int seq);
  * `payload` = codes + scales + zero points + norms of the compressed tokens, `fp` = the f16 tokens
  * (sinks, window, RPC), predictor weights once per runtime (f32 as the plan stores them). */
 typedef struct kv_rt_stats {
-    uint64_t tokens;             /* tokens held (summed over sequences) */
-    uint64_t values_total;       /* 2 per token, layer and KV channel */
+    uint64_t tokens;             /* tokens appended (the sequence lengths, summed over sequences) */
+    uint64_t values_total;       /* values held: 2 streams x layers x (per KV head: tokens held x head_dim) */
     uint64_t values_compressed;
     uint64_t payload_bytes;      /* exact storage of the compressed tokens */
     uint64_t fp_bytes;           /* 2 bytes per uncompressed value */
     uint64_t predictor_bytes;    /* the plan's predictor weights and biases (once per runtime) */
-    uint64_t accounted_bytes;    /* payload + fp (the cache itself) */
+    uint64_t accounted_bytes;    /* payload + index + fp (the cache itself) */
     uint64_t allocated_bytes;    /* bytes the runtime allocated for these sequences' cache storage:
                                     accounted_bytes + index overhead (RUNTIME.md §5) */
     uint64_t overhead_bytes;     /* allocated - accounted: block descriptors */
-    uint64_t working_bytes;      /* scratch held at the moment (reconstruction working set, RoPE table) */
-    double bits_per_value;       /* payload bits / compressed values (0 when none) */
-    double bits_per_value_total; /* (payload + fp + predictors) bits / all values */
+    uint64_t working_bytes;      /* scratch held at the moment (reconstruction working set, RoPE table, the
+                                    token policy's scores and window queries) */
+    double bits_per_value;       /* (payload + index) bits / compressed values (0 when none) */
+    double bits_per_value_total; /* (payload + index + fp + predictors) bits / all values held */
+    /* token pruning */
+    uint64_t index_bytes;        /* positions of kept tokens (4 bytes per token and KV head, when not consecutive) */
+    uint64_t values_appended;    /* values an f16 cache of every appended token would hold (2 x layers x tokens x
+                                    kv_dim): the denominator of a budget, accounted_bytes / (2 values_appended) */
 } kv_rt_stats;
 kv_status kv_rt_get_stats(const kv_rt *rt, int seq, kv_rt_stats *out);
 
@@ -336,8 +387,9 @@ int kv_rt_sinks(const kv_rt *rt);
 int kv_rt_recent(const kv_rt *rt);
 
 /* The keys and values held for (layer, seq, KV head), decoded to f32 (keys after RoPE), tokens in
- * order: k_out, v_out hold kv_rt_length(seq) x head_dim floats. For tests and tools (the oracle of
- * the compressed-form attention); never on the attention path. */
+ * order: k_out, v_out hold kv_rt_held(layer, seq, kv_head) x head_dim floats (kv_rt_length(seq) rows
+ * unless tokens were pruned). For tests and tools (the oracle of the compressed-form attention); never
+ * on the attention path. */
 kv_status kv_rt_decode_head(kv_rt *rt, int layer, int seq, int kv_head, float *k_out, float *v_out);
 
 #ifdef __cplusplus

@@ -112,6 +112,8 @@ kv_status kv_eval_compare(kv_model *m, kv_cache *cache, const int32_t *tokens, s
             f.cache = cache;
             f.hidden = h_c + (size_t)p * d;
             if ((s = kv_model_forward(m, &f)) != KV_OK) goto done;
+            /* the first step is the prompt: a cache that prunes tokens selects what it keeps after it */
+            if (p == 0 && (s = kv_cache_end_prompt(cache, 0)) != KV_OK) goto done;
             p += len;
         }
         out->seconds_cache += kv_now_seconds() - t0;
@@ -155,5 +157,145 @@ done:
     kv_aligned_free(lg_ref);
     kv_aligned_free(lg_c);
     free(rows);
+    return s;
+}
+
+/* ---- continuation (long-context protocol) ---------------------------------------------------------- */
+/* n tokens of `in` from position p0 through the cache in steps (hidden states into h, n x d). */
+static kv_status feed(kv_model *m, kv_cache *cache, const int32_t *in, int n, int step, float *h) {
+    const int d = m->arch.d_model;
+    for (int p = 0; p < n;) {
+        const int len = step > 0 && step < n - p ? step : n - p;
+        kv_forward f;
+        memset(&f, 0, sizeof f);
+        f.tokens = in + p;
+        f.n_seqs = 1;
+        f.n_tokens = len;
+        f.cache = cache;
+        f.hidden = h ? h + (size_t)p * (size_t)d : NULL;
+        kv_status s = kv_model_forward(m, &f);
+        if (s != KV_OK) return s;
+        p += len;
+    }
+    return KV_OK;
+}
+
+kv_status kv_eval_continuation(kv_model *m, kv_cache *const *caches, int n_caches, const int32_t *tokens,
+                               size_t n_tokens, const kv_cont_options *opt, kv_cont_summary *sum, kv_cont_result *res) {
+    if (!m || !opt || !sum || (n_caches > 0 && (!caches || !res)) || n_caches < 0 || (!tokens && n_tokens))
+        return KV_ERR(KV_EINVAL, "kv_eval_continuation: bad arguments");
+    memset(sum, 0, sizeof *sum);
+    if (n_caches) memset(res, 0, (size_t)n_caches * sizeof *res);
+    const int N = opt->prompt_len, M = opt->score_len, V = m->arch.vocab_size, d = m->arch.d_model;
+    if (N < 2 || M < 1 || N > (1 << 24) - M)
+        return KV_ERR(KV_EINVAL, "continuation: prompt of %d and %d scored tokens (prompt >= 2, scored >= 1)", N, M);
+    if (opt->bos_id < 0 || opt->bos_id >= V) return KV_ERR(KV_EINVAL, "continuation needs a BOS token (got %d)", opt->bos_id);
+    if (opt->step < 1 || opt->prefill_chunk < 0) return KV_ERR(KV_EINVAL, "continuation: step %d, prefill chunk %d", opt->step, opt->prefill_chunk);
+    const size_t stride = (size_t)N + (size_t)M; /* text tokens per sample: N - 1 in the prompt, M fed, 1 more target */
+    size_t n_samples = n_tokens / stride;
+    if (opt->max_samples && n_samples > opt->max_samples) n_samples = opt->max_samples;
+    if (n_samples == 0)
+        return KV_ERR(KV_EINVAL, "the text has %zu tokens, fewer than one sample (%zu: a %d-token prompt after BOS and %d "
+                      "scored)", n_tokens, stride, N - 1, M);
+    kv_status s = KV_OK;
+    const size_t L = (size_t)N + (size_t)M;
+    int32_t *in = malloc((L + 1) * sizeof(int32_t));
+    float *h_ref = kv_aligned_alloc(64, L * (size_t)d * sizeof(float));
+    float *h_c = kv_aligned_alloc(64, (size_t)M * (size_t)d * sizeof(float));
+    float *lg_ref = kv_aligned_alloc(64, (size_t)M * (size_t)V * sizeof(float));
+    float *lg_c = kv_aligned_alloc(64, (size_t)CMP_ROWS * (size_t)V * sizeof(float));
+    double *rows = malloc((size_t)CMP_ROWS * 4 * sizeof(double));
+    double *sums = calloc((size_t)(n_caches > 0 ? n_caches : 1) * 3, sizeof(double));
+    if (!in || !h_ref || !h_c || !lg_ref || !lg_c || !rows || !sums) {
+        s = KV_ERR(KV_ENOMEM, "out of memory for a continuation of %d + %d tokens (%.0f MiB of reference logits)", N, M,
+                   (double)M * V * 4 / 1048576.0);
+        goto done;
+    }
+    kv_progress prog;
+    if (opt->progress_label) kv_progress_begin(&prog, opt->progress_label, "sample", (double)n_samples);
+    double sum_ref = 0;
+    for (size_t c = 0; c < n_samples; c++) {
+        in[0] = opt->bos_id;
+        memcpy(in + 1, tokens + c * stride, stride * sizeof(int32_t));
+        /* exact: the whole sample in one pass; logits of the fed positions N .. N+M-1 */
+        double t0 = kv_now_seconds();
+        kv_forward f;
+        memset(&f, 0, sizeof f);
+        f.tokens = in;
+        f.n_seqs = 1;
+        f.n_tokens = (int)L;
+        f.hidden = h_ref;
+        if ((s = kv_model_forward(m, &f)) != KV_OK) goto done;
+        for (int r0 = 0; r0 < M; r0 += CMP_ROWS) {
+            const int nr = M - r0 < CMP_ROWS ? M - r0 : CMP_ROWS;
+            if ((s = kv_model_logits(m, h_ref + ((size_t)N + (size_t)r0) * (size_t)d, (size_t)nr,
+                                     lg_ref + (size_t)r0 * (size_t)V)) != KV_OK)
+                goto done;
+        }
+        for (int r = 0; r < M; r++) sum_ref += kv_nll_of(lg_ref + (size_t)r * (size_t)V, V, in[N + r + 1]);
+        sum->seconds_ref += kv_now_seconds() - t0;
+        if (opt->prefill_cache && n_caches > 0) {
+            t0 = kv_now_seconds();
+            kv_cache_reset(opt->prefill_cache, 0);
+            const int chunk = opt->prefill_chunk > 0 ? opt->prefill_chunk : N;
+            if ((s = feed(m, opt->prefill_cache, in, N, chunk, NULL)) != KV_OK) goto done;
+            sum->seconds_shared_prefill += kv_now_seconds() - t0;
+        }
+        for (int i = 0; i < n_caches; i++) {
+            kv_cache *cache = caches[i];
+            t0 = kv_now_seconds();
+            if (opt->prefill_cache) {
+                if ((s = kv_cache_rt_prompt_copy(cache, 0, opt->prefill_cache, 0)) != KV_OK) goto done;
+            } else {
+                kv_cache_reset(cache, 0);
+                if ((s = feed(m, cache, in, N, opt->prefill_chunk > 0 ? opt->prefill_chunk : N, NULL)) != KV_OK) goto done;
+            }
+            res[i].seconds_prefill += kv_now_seconds() - t0;
+            t0 = kv_now_seconds();
+            if ((s = kv_cache_end_prompt(cache, 0)) != KV_OK) goto done;
+            res[i].seconds_end_prompt += kv_now_seconds() - t0;
+            if (opt->on_prompt && (s = opt->on_prompt(opt->user, cache, c)) != KV_OK) goto done;
+            t0 = kv_now_seconds();
+            if ((s = feed(m, cache, in + N, M, opt->step, h_c)) != KV_OK) goto done;
+            for (int r0 = 0; r0 < M; r0 += CMP_ROWS) {
+                const int nr = M - r0 < CMP_ROWS ? M - r0 : CMP_ROWS;
+                if ((s = kv_model_logits(m, h_c + (size_t)r0 * (size_t)d, (size_t)nr, lg_c)) != KV_OK) goto done;
+                score_job sj = {lg_ref + (size_t)r0 * (size_t)V, lg_c, V, in + N + r0 + 1, rows};
+                kv_model_for_rows(m, (size_t)nr, (size_t)nr * (size_t)V * 8, score_range, &sj);
+                for (int k = 0; k < nr; k++) { /* sums in a fixed order */
+                    sums[3 * i] += rows[4 * k + 1];
+                    sums[3 * i + 1] += rows[4 * k + 2];
+                    sums[3 * i + 2] += rows[4 * k + 3];
+                }
+            }
+            res[i].seconds_continuation += kv_now_seconds() - t0;
+            if (opt->on_sample_end && (s = opt->on_sample_end(opt->user, cache, c)) != KV_OK) goto done;
+        }
+        if (opt->progress_label) kv_progress_update(&prog, (double)(c + 1));
+    }
+    if (opt->progress_label) kv_progress_end(&prog);
+    const double scored = (double)n_samples * (double)M;
+    sum->n_samples = n_samples;
+    sum->tokens_scored = n_samples * (size_t)M;
+    sum->tokens_total = n_tokens;
+    sum->nll_mean_ref = sum_ref / scored;
+    sum->ppl_ref = exp(sum->nll_mean_ref);
+    for (int i = 0; i < n_caches; i++) {
+        res[i].nll_mean = sums[3 * i] / scored;
+        res[i].ppl = exp(res[i].nll_mean);
+        res[i].kl_mean = sums[3 * i + 1] / scored;
+        res[i].top1_agreement = sums[3 * i + 2] / scored;
+        if (!isfinite(res[i].nll_mean) || !isfinite(res[i].kl_mean))
+            s = KV_ERR(KV_ENUMERIC, "the continuation through cache %d is not finite (NLL %g, KL %g)", i, res[i].nll_mean,
+                       res[i].kl_mean);
+    }
+done:
+    free(in);
+    kv_aligned_free(h_ref);
+    kv_aligned_free(h_c);
+    kv_aligned_free(lg_ref);
+    kv_aligned_free(lg_c);
+    free(rows);
+    free(sums);
     return s;
 }

@@ -102,6 +102,10 @@ kv_status kv_generate(int32_t *out, int *n_out, kv_gen_stats *stats, kv_model *m
         s = kv_model_forward(m, &f);
     }
     st.prefill_seconds = kv_now_seconds() - t0;
+    /* the prompt is complete: a cache that prunes tokens selects what it keeps now */
+    t0 = kv_now_seconds();
+    if (s == KV_OK) s = kv_cache_end_prompt(cache, slot);
+    st.end_prompt_seconds = kv_now_seconds() - t0;
     t0 = kv_now_seconds();
     for (int i = 0; s == KV_OK && i < opt->n_new; i++) {
         int32_t tok;

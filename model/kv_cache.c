@@ -26,6 +26,11 @@ int kv_cache_length(const kv_cache *c, int seq) {
     return c->ops->length(c, seq);
 }
 
+kv_status kv_cache_end_prompt(kv_cache *c, int seq) {
+    if (!c || !c->ops || seq < 0 || seq >= c->n_seqs) return KV_ERR(KV_EINVAL, "kv_cache_end_prompt: bad arguments");
+    return c->ops->end_prompt ? c->ops->end_prompt(c, seq) : KV_OK;
+}
+
 void kv_cache_reset(kv_cache *c, int seq) {
     if (c && c->ops) c->ops->reset(c, seq);
 }
@@ -142,7 +147,7 @@ static void plain_destroy(kv_cache *c) {
 }
 
 static const kv_cache_ops k_plain_ops = {
-    "plain", plain_append, plain_view, plain_length, plain_reset, plain_bytes, plain_destroy, NULL,
+    "plain", plain_append, plain_view, plain_length, plain_reset, plain_bytes, plain_destroy, NULL, NULL,
 };
 
 kv_status kv_cache_plain_create(kv_cache **out, const kv_arch *arch, int n_seqs, int capacity_hint) {

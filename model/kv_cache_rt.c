@@ -49,8 +49,10 @@ static kv_status rc_attend(kv_cache *c, int layer, int seq, int n_q, const float
     return kv_rt_attend(((rt_cache *)c)->rt, layer, seq, n_q, q, ldq, out, ldo);
 }
 
+static kv_status rc_end_prompt(kv_cache *c, int seq) { return kv_rt_end_prompt(((rt_cache *)c)->rt, seq); }
+
 static const kv_cache_ops k_rt_ops = {"runtime", rc_append, rc_view, rc_length, rc_reset, rc_bytes, rc_destroy,
-                                      rc_attend};
+                                      rc_attend, rc_end_prompt};
 
 /* Every stream in f16, nothing ever quantized: the cache this engine would hold without a plan.
  * Tokens still move from the window into f16 blocks of 64, so that no f16 array grows without bound. */
@@ -97,6 +99,7 @@ kv_status kv_cache_rt_create(kv_cache **out, const kv_plan *plan, const kv_model
     o.rope_inv_freq = m->inv_freq_d;
     o.rope_layout = (int)a->rope_layout;
     o.keep_reconstructions = (flags & KV_CACHE_RT_KEEP_RECONSTRUCTIONS) != 0;
+    o.prompt_stats = (flags & KV_CACHE_RT_PROMPT_STATS) != 0;
     if ((s = kv_rt_open(&r->rt, plan, &o)) != KV_OK) goto done;
     r->base.ops = &k_rt_ops;
     r->base.impl = r;
@@ -115,4 +118,10 @@ done:
 
 kv_rt *kv_cache_rt_runtime(kv_cache *c) {
     return c && c->ops == &k_rt_ops ? ((rt_cache *)c)->rt : NULL;
+}
+
+kv_status kv_cache_rt_prompt_copy(kv_cache *dst, int dst_seq, kv_cache *src, int src_seq) {
+    kv_rt *d = kv_cache_rt_runtime(dst), *s = kv_cache_rt_runtime(src);
+    if (!d || !s) return KV_ERR(KV_EINVAL, "prompt copy: both caches must be the runtime's");
+    return kv_rt_prompt_copy(d, dst_seq, s, src_seq);
 }

@@ -181,6 +181,9 @@ typedef struct kv_cache_ops {
      * the model calls it instead of view; NULL: the model attends over view's keys and values. */
     kv_status (*attend)(kv_cache *c, int layer, int seq, int n_q, const float *q, size_t ldq, float *out,
                         size_t ldo);
+    /* Optional: the prompt of seq is complete (after its last step, before the first generated token). A
+     * cache whose plan prunes tokens selects what it keeps now (kv_rt_end_prompt). NULL: nothing to do. */
+    kv_status (*end_prompt)(kv_cache *c, int seq);
 } kv_cache_ops;
 
 /* The handle every implementation fills in (ops and geometry; impl is its own state). */
@@ -203,15 +206,21 @@ kv_status kv_cache_plain_create(kv_cache **out, const kv_arch *arch, int n_seqs,
  * kv_model_set_threads must not be called while the cache exists). */
 struct kv_rt;
 #define KV_CACHE_RT_KEEP_RECONSTRUCTIONS 0x1u /* kv_rt_options.keep_reconstructions (AQUA-KV, RUNTIME.md §6) */
+#define KV_CACHE_RT_PROMPT_STATS 0x2u         /* kv_rt_options.prompt_stats: every prompt held in f16 with what any
+                                                 token policy scores by (the source of kv_rt_prompt_copy) */
 kv_status kv_cache_rt_create(kv_cache **out, const kv_plan *plan, const kv_model *m, int n_seqs, int capacity,
                              int n_threads, unsigned flags);
 /* The runtime behind a cache made by kv_cache_rt_create (borrowed), or NULL for another cache. */
 struct kv_rt *kv_cache_rt_runtime(kv_cache *c);
+/* kv_rt_prompt_copy between two runtime caches (KV_EINVAL for other caches). */
+kv_status kv_cache_rt_prompt_copy(kv_cache *dst, int dst_seq, kv_cache *src, int src_seq);
 /* Dispatch helpers (argument checks, then the vtable). kv_cache_free accepts NULL. */
 kv_status kv_cache_append(kv_cache *c, int layer, int seq, int n, const int32_t *pos, const float *k_pre,
                           const float *k, const float *v, size_t ld);
 kv_status kv_cache_view_layer(kv_cache *c, int layer, int seq, kv_cache_view *out);
 int kv_cache_length(const kv_cache *c, int seq);
+/* The prompt of seq is complete: ops->end_prompt, or KV_OK when the cache has none. */
+kv_status kv_cache_end_prompt(kv_cache *c, int seq);
 void kv_cache_reset(kv_cache *c, int seq);
 size_t kv_cache_bytes(const kv_cache *c);
 void kv_cache_free(kv_cache *c);
@@ -321,14 +330,15 @@ typedef struct kv_gen_options {
 typedef struct kv_gen_stats {
     int n_prompt, n_generated;
     double prefill_seconds;   /* the prompt's forward pass */
+    double end_prompt_seconds; /* kv_cache_end_prompt after it (token selection and compression of a pruning plan) */
     double decode_seconds;    /* the single-token forward passes */
 } kv_gen_stats;
 
 /* Called for each generated token; a non-OK return stops generation with that status. */
 typedef kv_status (*kv_token_fn)(void *user, int32_t token);
 
-/* Prefill the prompt into `cache` slot 0 (which is reset first), then decode token by token through
- * the cache. Generated ids go to out (capacity opt->n_new) and *n_out; a stop token is not included.
+/* Prefill the prompt into `cache` slot 0 (which is reset first), end the prompt (kv_cache_end_prompt),
+ * then decode token by token through the cache. Generated ids go to out (capacity opt->n_new) and *n_out; a stop token is not included.
  * stats may be NULL. */
 kv_status kv_generate(int32_t *out, int *n_out, kv_gen_stats *stats, kv_model *m, kv_cache *cache,
                       const int32_t *prompt, int n_prompt, const kv_gen_options *opt, kv_token_fn on_token,
@@ -342,7 +352,8 @@ kv_status kv_sample_token(int32_t *out, const float *logits, int n_vocab, float 
 /* ---- comparison with a KV cache (eval_compare.c) -------------------------------------------
  * The same chunks (protocol "all": BOS + ctx-1 text tokens, every prediction scored) run twice:
  * exact attention (one prefill per chunk) and through `cache` fed in steps (first_step tokens, then
- * step tokens at a time, as a decoder with that cache's buffer would see them). */
+ * step tokens at a time, as a decoder with that cache's buffer would see them). The first step is the
+ * chunk's prompt: kv_cache_end_prompt follows it (a pruning plan selects what it keeps there). */
 typedef kv_status (*kv_compare_chunk_fn)(void *user, kv_cache *cache, size_t chunk);
 typedef struct kv_compare_options {
     int ctx;
@@ -366,6 +377,51 @@ typedef struct kv_compare_result {
 
 kv_status kv_eval_compare(kv_model *m, kv_cache *cache, const int32_t *tokens, size_t n_tokens,
                           const kv_compare_options *opt, kv_compare_result *out);
+
+/* ---- long-context evaluation (eval_compare.c, eval_passkey.c; DESIGN.md §9) ----------------
+ * Perplexity over independent chunks cannot show what a cache policy (token pruning above all) loses.
+ *
+ * Continuation: a sample is BOS + prompt_len - 1 text tokens (the prompt), prefilled through a cache in
+ * steps of prefill_chunk and ended (kv_cache_end_prompt: a pruning plan selects and compresses there),
+ * then the next score_len text tokens fed in steps of `step` (1 = decoding); each fed token's prediction
+ * of the text token after it is scored, so every scored prediction is made from the compressed cache
+ * (score_len per sample; a sample spans prompt_len + score_len text tokens). The exact model runs the same
+ * tokens in one pass (exact attention): ppl both ways, mean KL(P_exact || P_cache), top-1 agreement.
+ * Samples are consecutive and disjoint in the text. Several caches are evaluated on the same samples;
+ * with a prefill cache (a runtime cache made with KV_CACHE_RT_PROMPT_STATS) each prompt goes through the
+ * model once and is copied into every cache (kv_cache_rt_prompt_copy: what each would have held). */
+typedef struct kv_cont_options {
+    int prompt_len;            /* N >= 2: prompt tokens, BOS included */
+    int score_len;             /* M >= 1 */
+    int bos_id;
+    size_t max_samples;        /* 0: as many as the text holds */
+    int prefill_chunk;         /* prompt tokens per step; 0: the whole prompt in one */
+    int step;                  /* continuation tokens per step, >= 1 */
+    kv_cache *prefill_cache;   /* NULL: each cache prefills the prompt itself */
+    const char *progress_label;
+    kv_compare_chunk_fn on_prompt; /* after a cache's prompt ended, before its continuation (statistics) */
+    kv_compare_chunk_fn on_sample_end; /* after a cache's continuation (statistics of the steady state) */
+    void *user;
+} kv_cont_options;
+
+typedef struct kv_cont_result {
+    double ppl, nll_mean, kl_mean, top1_agreement;
+    double seconds_prefill;    /* its own prefill, or the copy from the prefill cache */
+    double seconds_end_prompt; /* kv_cache_end_prompt: selection and compression */
+    double seconds_continuation;
+} kv_cont_result;
+
+typedef struct kv_cont_summary {
+    double ppl_ref, nll_mean_ref;
+    size_t n_samples, tokens_scored, tokens_total;
+    double seconds_ref;            /* the exact passes */
+    double seconds_shared_prefill; /* the prefill cache's prompts */
+} kv_cont_summary;
+
+/* res: n_caches results (n_caches may be 0: the exact model alone). */
+kv_status kv_eval_continuation(kv_model *m, kv_cache *const *caches, int n_caches, const int32_t *tokens,
+                               size_t n_tokens, const kv_cont_options *opt, kv_cont_summary *sum, kv_cont_result *res);
+
 /* ---- end comparison ---- */
 
 /* ---- backward (backward.c) ----------------------------------------------------------------
@@ -450,6 +506,37 @@ int kv_tokenizer_is_eog(const kv_tokenizer *t, int32_t id);
 kv_vocab_kind kv_tokenizer_kind(const kv_tokenizer *t);
 const char *kv_tokenizer_pre(const kv_tokenizer *t); /* pre-tokenizer name, "" for SPM kinds */
 /* ---- end tokenizer ---- */
+
+/* ---- passkey retrieval (eval_passkey.c; DESIGN.md §9, with the continuation protocol above) ---- */
+/* Passkey retrieval: a needle "The pass key is NNNNN. Remember it." at a depth (fraction of the filler
+ * before it) in filler tokens taken from a corpus, an instruction before and a question after, in the
+ * model's ChatML turn when its vocabulary has <|im_start|> / <|im_end|> (SmolLM2, Qwen), as plain text
+ * otherwise; the assistant's answer is primed with "The pass key is". The prompt has exactly `length`
+ * tokens. The key (5 digits) and the filler's offset come from the seed. */
+typedef struct kv_passkey_options {
+    int length;
+    double depth;              /* [0, 1] */
+    uint64_t seed;
+} kv_passkey_options;
+/* *ids (malloc'd) receives the prompt, *key the number. KV_EINVAL when length cannot hold the template
+ * and one filler token, or the filler has fewer tokens than the prompt needs. */
+kv_status kv_passkey_prompt(int32_t **ids, int *n, int *key, const kv_tokenizer *tok, const int32_t *filler,
+                            size_t n_filler, const kv_passkey_options *opt);
+
+typedef struct kv_passkey_answer {
+    int correct;               /* the first number in the answer is the key */
+    int answer;                /* that number (-1: none; digits beyond 9 ignored) */
+    char text[96];             /* the answer as generated (truncated) */
+    double seconds_prefill, seconds_end_prompt, seconds_decode;
+} kv_passkey_answer;
+
+/* Greedy answers of up to max_new tokens (stopping at end-of-generation tokens) for each cache, the prompt
+ * prefilled in steps of prefill_chunk (own, or once through prefill_cache and copied: the first answer
+ * token comes from the prompt's last position, which every cache computes the same way). */
+kv_status kv_eval_passkey(kv_model *m, const kv_tokenizer *tok, kv_cache *const *caches, int n_caches,
+                          kv_cache *prefill_cache, const int32_t *prompt, int n_prompt, int key, int max_new,
+                          int prefill_chunk, kv_passkey_answer *answers);
+/* ---- end passkey ---- */
 
 #ifdef __cplusplus
 }

@@ -127,6 +127,53 @@ kv_status kv_importance_report_write(const char *path, int json, const kv_import
 /* The allocation as a `kvcal fit` configuration fragment (YAML): per-layer K/V bits and RPC ratios. */
 kv_status kv_alloc_config_write(const char *path, const kv_alloc *alloc, const kv_importance_meta *meta);
 
+/* ---- quantized pruning under a memory budget (budget.c; kvprof budget) ----------------------------
+ * An operating point: a selection method keeping, at a budget (fraction of the f16 cache), as many
+ * tokens as the budget pays for at `bits` (16 = f16: "1x tokens at 16 bits", 8: 2x, 4: 4x, 2: 8x), or a
+ * layer-wise mix (quantized-pruning.txt appendix C): `bits` everywhere but layers [range_lo, range_hi)
+ * at range_bits. Every point is a kvcal fit configuration of method kivi (kv_budget_point_assignments). */
+typedef struct kv_budget_point {
+    kv_plan_prune method;
+    double budget;
+    int bits;
+    int range_lo, range_hi, range_bits; /* range_bits 0: no mix */
+    char name[64];                      /* "snapkv 4-bit (4x tokens)", "snapkv 4-bit, layers 0-7 8-bit" */
+} kv_budget_point;
+
+typedef struct kv_budget_grid {
+    const double *budgets;
+    int n_budgets;
+    const kv_plan_prune *methods;
+    int n_methods;
+    const int *bits;   /* 16, 8, 4, 3, 2 */
+    int n_bits;
+    int mix_base;      /* 0: no layer-wise mixes; else the base precision of the mixes */
+    int mix_ranges;    /* the layers split into this many equal ranges, each changed in turn */
+    int mix_methods;   /* mixes for the first mix_methods methods (0 = all) */
+} kv_budget_grid;
+
+/* Every point, budget-major: for each budget, methods x bits, then the mixes (for each mix method, each
+ * precision of the list other than mix_base, each range). *out malloc'd. KV_EINVAL naming a bad value. */
+kv_status kv_budget_points(kv_budget_point **out, int *n, const kv_budget_grid *g, int n_layers);
+int kv_budget_point_layer_bits(const kv_budget_point *p, int layer);
+/* The point as kvcal fit assignments ("method=kivi", "keys.bits=4", ..., "layers.3.key_bits=8"), at most
+ * max of 64 bytes each; returns how many. */
+int kv_budget_point_assignments(const kv_budget_point *p, int n_layers, char (*a)[64], int max);
+
+typedef struct kv_budget_result {
+    double kl_mean, ppl, top1_agreement, cache_fraction;
+    double passkey_accuracy; /* NaN when passkey was not measured */
+    double seconds;
+} kv_budget_result;
+/* 1 when a is better than b (b NULL: 1): higher passkey accuracy when both measured it, else lower KL. */
+int kv_budget_better(const kv_budget_result *a, const kv_budget_result *b);
+/* The point as a kvcal fit configuration fragment (YAML; comments give its measured quality). */
+kv_status kv_budget_config_write(const char *path, const kv_budget_point *p, const kv_budget_result *r, int n_layers,
+                                 int window, int pool);
+/* SVG: KL (log scale) against the budgets (in the order given), one line per operating point name. */
+kv_status kv_budget_svg_write(const char *path, const char *title, const kv_budget_point *pts,
+                              const kv_budget_result *res, int n, const double *budgets, int n_budgets);
+
 #ifdef __cplusplus
 }
 #endif

@@ -83,6 +83,48 @@ kv_status kv_tool_eval_plan(kv_tool_plan_eval *out, kv_model *m, const char *mod
                             int prefill, int step, const char *progress_label);
 void kv_tool_eval_plan_print(const kv_tool_plan_eval *e, int json);
 
+/* `kvrun eval --protocol continuation` and `--task passkey` (eval_long.c; DESIGN.md §9). */
+typedef struct kv_tool_cont_eval {
+    kv_cont_summary sum;
+    kv_cont_result res;           /* through the plan's cache (has_plan) */
+    int has_plan;
+    int prompt_len, score_len, step, prefill_chunk;
+    double cache_fraction;        /* bytes held right after each prompt / its f16 cache, averaged over samples */
+    double end_fraction;          /* the same after each sample's scored tokens */
+    double bits_per_value;        /* of the compressed values then (codes, scales, zero points, norms, positions) */
+    uint64_t cache_bytes, fp16_bytes; /* per sample, averaged */
+    const char *prune_method;
+    double prune_budget;
+} kv_tool_cont_eval;
+/* plan_path NULL: the exact model alone. step <= 0: the plan's recent window (one chunk per step). */
+kv_status kv_tool_eval_continuation(kv_tool_cont_eval *out, kv_model *m, const char *model_path, const char *plan_path,
+                                    const int32_t *tokens, size_t n_tokens, int bos, int prompt_len, int score_len,
+                                    int step, int prefill_chunk, size_t max_samples, const char *progress_label);
+void kv_tool_eval_continuation_print(const kv_tool_cont_eval *e, int json);
+
+typedef struct kv_tool_passkey_trial {
+    int length, trial, key, answer, correct;
+    double depth, cache_fraction; /* cache bytes after the answer / f16 bytes of the same tokens */
+    double seconds_prefill, seconds_end_prompt;
+    char text[96];
+} kv_tool_passkey_trial;
+typedef struct kv_tool_passkey_eval {
+    double accuracy;
+    int correct, n_trials, has_plan;
+    kv_tool_passkey_trial *trials; /* lengths x depths x trials, in that order (owned) */
+    const char *prune_method;
+    double prune_budget;
+} kv_tool_passkey_eval;
+/* Trial t uses the key and filler offset of seed kv_rng_u64(seed, t) at every length and depth. */
+kv_status kv_tool_eval_passkey(kv_tool_passkey_eval *out, kv_model *m, const kv_tokenizer *tok, const char *model_path,
+                               const char *plan_path, const int32_t *filler, size_t n_filler, const int *lengths,
+                               int n_lengths, const double *depths, int n_depths, int trials, uint64_t seed,
+                               int prefill_chunk, int max_new, const char *progress_label);
+void kv_tool_eval_passkey_print(const kv_tool_passkey_eval *e, int json);
+void kv_tool_passkey_eval_free(kv_tool_passkey_eval *e);
+/* "0.1,0.5,0.9" into out (at most max values). */
+kv_status kv_tool_parse_list(double *out, int max, int *n, const char *text, const char *what);
+
 /* kvrun */
 int kvrun_eval(int argc, char **argv);     /* kvrun_eval.c: perplexity; with --plan, the plan's cost */
 int kvrun_generate(int argc, char **argv); /* kvrun_generate.c: text generation through the KV cache */
@@ -95,6 +137,7 @@ int kvcal_grids(int argc, char **argv);    /* kvcal_grids.c: generate a HIGGS gr
 int kvcal_fit(int argc, char **argv);      /* kvcal_fit.c: calibrate a plan (AQUA-KV and baselines) */
 
 /* kvprof */
+int kvprof_budget(int argc, char **argv);     /* kvprof_budget.c: quantized pruning operating points under a budget */
 int kvprof_importance(int argc, char **argv); /* kvprof_importance.c: KVmix layer importance and bit allocation */
 
 #endif

@@ -107,7 +107,7 @@ int kvcal_fit(int argc, char **argv) {
         {"config", 0, KV_OPT_STRING, &config, "CFG.yaml", "fit configuration (configs/kvcal-example.yaml)", 0},
         {"out", 'o', KV_OPT_STRING, &out, "PLAN", "plan to write (atomically); PLAN.ckpt/ holds checkpoints", 1},
         {"method", 0, KV_OPT_STRING, &method, "NAME", "aqua (default), aqua-uniform, higgs or kivi", 0},
-        {"bits", 'b', KV_OPT_INT, &bits, "B", "bits of keys and values: 2, 3 or 4 (default: the config's, 2)", 0},
+        {"bits", 'b', KV_OPT_INT, &bits, "B", "bits of keys and values: 2, 3, 4, 8, or 16 (kivi: kept in f16, for pruning plans; default: the config's, 2)", 0},
         {"seq-len", 0, KV_OPT_INT, &seq_len, "N", "tokens per calibration sequence (data.seq_len, default 1024)", 0},
         {"max-tokens", 0, KV_OPT_INT, &max_tokens, "N", "calibration tokens at most, 0 = all (data.max_tokens)", 0},
         {"seed", 0, KV_OPT_INT, &seed, "S", "seed: held-out split, grids, HIGGS signs (default 0)", 0},
@@ -132,7 +132,7 @@ int kvcal_fit(int argc, char **argv) {
     kv_cli_args a;
     int rc = kv_cli_parse(&a, tool,
                           "--model M --corpus FILE --out PLAN [--config CFG.yaml] [--method aqua|aqua-uniform|higgs|kivi] "
-                          "[--bits 2|3|4] [--seq-len N] [--max-tokens N] [--seed S] [--json] [--set key=value ...]",
+                          "[--bits 2|3|4|8|16] [--seq-len N] [--max-tokens N] [--seed S] [--json] [--set key=value ...]",
                           "Fit a KV-cache compression plan for a model on a calibration corpus, layer by layer "
                           "(AQUA-KV, aquakv.txt Algorithm 1): capture each layer's keys and values, fit linear "
                           "predictors from the previous layer's reconstructions (aqua, aqua-uniform), quantize the "
@@ -168,8 +168,8 @@ int kvcal_fit(int argc, char **argv) {
         rc = kv_cli_usage_error(tool, "--method must be aqua, aqua-uniform, higgs or kivi (got '%s')", method);
         goto end;
     }
-    if (kv_cli_given(&a, opts, "bits") && (bits < 2 || bits > 4)) {
-        rc = kv_cli_usage_error(tool, "--bits must be 2, 3 or 4 (got %ld); other widths: --set keys.bits=B "
+    if (kv_cli_given(&a, opts, "bits") && !((bits >= 2 && bits <= 4) || bits == 8 || bits == KV_FIT_F16_BITS)) {
+        rc = kv_cli_usage_error(tool, "--bits must be 2, 3, 4, 8 or 16 (got %ld); other widths: --set keys.bits=B "
                                 "--set values.bits=B", bits);
         goto end;
     }

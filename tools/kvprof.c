@@ -3,6 +3,7 @@
 
 static const kv_subcommand k_commands[] = {
     {"importance", "KVmix layer importance (gradient norms), bit allocation, RPC ratios", kvprof_importance},
+    {"budget", "quantized pruning: token-precision operating points under a memory budget", kvprof_budget},
     {NULL, NULL, NULL},
 };
 

@@ -16,6 +16,7 @@ static const char *k_tool = "kvrun bench";
 
 typedef struct bench_result {
     double prefill_s, decode_s;
+    double end_prompt_s; /* kv_cache_end_prompt after each prefill: a pruning plan's selection and compression */
     uint64_t cache_bytes, cache_bytes_accounted, working_bytes;
     double bits_per_value, bits_per_value_total;
     long peak_rss_kb;
@@ -132,6 +133,10 @@ int kvrun_bench(int argc, char **argv) {
             if ((s = kv_model_forward(m, &f)) != KV_OK) goto done;
         }
         br.prefill_s += kv_now_seconds() - t0;
+        /* the prompt is complete: a pruning plan selects and compresses what it keeps (timed apart) */
+        const double t1 = kv_now_seconds();
+        if ((s = kv_cache_end_prompt(cache, b)) != KV_OK) goto done;
+        br.end_prompt_s += kv_now_seconds() - t1;
         next[b] = argmax(logits + (size_t)b * V, V);
         seq_ids[b] = b;
     }
@@ -170,9 +175,10 @@ int kvrun_bench(int argc, char **argv) {
         }
         printf("\", \"context\": %d, \"decode\": %d, \"batch\": %d, \"threads\": %d, \"decode_tokens_per_second\": %.3f, "
                "\"prefill_tokens_per_second\": %.3f, \"decode_seconds\": %.4f, \"prefill_seconds\": %.4f, "
+               "\"end_prompt_seconds\": %.4f, "
                "\"cache_bytes\": %llu, \"cache_bytes_accounted\": %llu, \"working_bytes\": %llu, "
                "\"bits_per_value\": %.4f, \"bits_per_value_total\": %.4f, \"peak_rss_bytes\": %lld}\n",
-               N, K, B, kv_model_threads(m), dec_tps, pre_tps, br.decode_s, br.prefill_s,
+               N, K, B, kv_model_threads(m), dec_tps, pre_tps, br.decode_s, br.prefill_s, br.end_prompt_s,
                (unsigned long long)br.cache_bytes, (unsigned long long)br.cache_bytes_accounted,
                (unsigned long long)br.working_bytes, br.bits_per_value, br.bits_per_value_total,
                (long long)br.peak_rss_kb * 1024);
@@ -181,6 +187,8 @@ int kvrun_bench(int argc, char **argv) {
         printf("context / decode / batch   %d / %d / %d (%d threads)\n", N, K, B, kv_model_threads(m));
         printf("decode_tokens_per_second   %.2f\n", dec_tps);
         printf("prefill_tokens_per_second  %.2f\n", pre_tps);
+        printf("end_prompt_seconds         %.4f (%.2f%% of the prefill's %.4f s: token selection and compression)\n",
+               br.end_prompt_s, br.prefill_s > 0 ? 100.0 * br.end_prompt_s / br.prefill_s : 0.0, br.prefill_s);
         printf("cache_bytes                %llu held (accounted %llu; working set %llu)\n",
                (unsigned long long)br.cache_bytes, (unsigned long long)br.cache_bytes_accounted,
                (unsigned long long)br.working_bytes);

@@ -3,22 +3,59 @@
  * top-1 agreement, bits per value, cache bytes and speed (eval_plan.c). */
 #include "kv_tools.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const char *k_tool = "kvrun eval";
 
+/* kvrun eval --task passkey (the model loaded; filler read here). */
+static int run_passkey(kv_model *m, kv_tokenizer *tok, const char *model, const char *plan, const char *filler,
+                       const char *lengths, const char *depths, long trials, long seed, long prefill_chunk,
+                       long answer_tokens, int json) {
+    double lv[64], dv[64];
+    int nl = 0, nd = 0, len[64];
+    kv_status s = kv_tool_parse_list(lv, 64, &nl, lengths, "--length");
+    if (s == KV_OK) s = kv_tool_parse_list(dv, 64, &nd, depths, "--depths");
+    if (s != KV_OK) return kv_cli_usage_error(k_tool, "%s", kv_error_last());
+    int max_len = 0;
+    for (int i = 0; i < nl; i++) {
+        if (!(lv[i] >= 16 && lv[i] <= (1 << 22)) || lv[i] != floor(lv[i]))
+            return kv_cli_usage_error(k_tool, "--length values must be whole numbers in [16, 2^22] (got %g)", lv[i]);
+        len[i] = (int)lv[i];
+        max_len = len[i] > max_len ? len[i] : max_len;
+    }
+    for (int i = 0; i < nd; i++)
+        if (!(dv[i] >= 0.0 && dv[i] <= 1.0)) return kv_cli_usage_error(k_tool, "--depths values must be in [0, 1] (got %g)", dv[i]);
+    kv_tool_warn_context(kv_model_arch(m), max_len, "--length");
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    /* filler: enough for distinct offsets (64 prompts' worth at most) */
+    if ((s = kv_tool_tokenize_file_max(&ids, &n_ids, NULL, tok, filler, (size_t)max_len * 64)) != KV_OK) goto done;
+    kv_tool_passkey_eval e;
+    if ((s = kv_tool_eval_passkey(&e, m, tok, model, plan, ids, n_ids, len, nl, dv, nd, (int)trials, (uint64_t)seed,
+                                  (int)prefill_chunk, (int)answer_tokens, "passkey")) == KV_OK)
+        kv_tool_eval_passkey_print(&e, json);
+    kv_tool_passkey_eval_free(&e);
+done:
+    free(ids);
+    return s == KV_OK ? KV_EXIT_OK : kv_cli_fail(k_tool, s);
+}
+
 int kvrun_eval(int argc, char **argv) {
-    const char *model = NULL, *tokp = NULL, *text = NULL, *protocol = "all", *plan = NULL;
+    const char *model = NULL, *tokp = NULL, *text = NULL, *protocol = "all", *plan = NULL, *task = NULL;
+    const char *filler = NULL, *lengths = NULL, *depths = "0.1,0.5,0.9";
     long ctx = 0, max_tokens = 0, batch = 1, threads = 0, prefill = 0, step = 0;
+    long prompt_len = 0, score_len = 0, samples = 0, prefill_chunk = 512, trials = 1, seed = 0, answer_tokens = 8;
     int json = 0;
     const kv_opt opts[] = {
         {"model", 'm', KV_OPT_STRING, &model, "PATH", "model (GGUF, safetensors directory, llama2.c)", 1},
         {"tokenizer", 0, KV_OPT_STRING, &tokp, "PATH", "tokenizer (default: the model's own)", 0},
-        {"text", 'f', KV_OPT_STRING, &text, "FILE", "text to evaluate (e.g. wiki.test.raw)", 1},
-        {"ctx", 'c', KV_OPT_INT, &ctx, "N", "tokens per chunk, BOS included", 1},
+        {"text", 'f', KV_OPT_STRING, &text, "FILE", "text to evaluate (e.g. wiki.test.raw)", 0},
+        {"ctx", 'c', KV_OPT_INT, &ctx, "N", "tokens per chunk, BOS included (protocols all, llama.cpp)", 0},
         {"protocol", 0, KV_OPT_STRING, &protocol, "NAME",
-         "all (chunks of ctx-1 tokens after BOS, all scored; default) or llama.cpp (its perplexity tool)", 0},
+         "all (chunks of ctx-1 tokens after BOS, all scored; default), llama.cpp (its perplexity tool), or "
+         "continuation (a prompt prefilled and compressed, the next tokens scored)", 0},
         {"max-tokens", 'n', KV_OPT_INT, &max_tokens, "N", "evaluate at most N tokens (whole chunks; 0 = all)", 0},
         {"plan", 'p', KV_OPT_STRING, &plan, "PLAN",
          "also run through a compressed cache applying this plan and report what it costs", 0},
@@ -26,29 +63,101 @@ int kvrun_eval(int argc, char **argv) {
          "with --plan: tokens of a chunk's first forward step (default sinks + recent)", 0},
         {"step", 0, KV_OPT_INT, &step, "N", "with --plan: tokens per later step (default recent; 1 = decoding)", 0},
         {"batch", 'b', KV_OPT_INT, &batch, "B", "chunks per forward pass without --plan (default 1)", 0},
+        {"prompt-len", 0, KV_OPT_INT, &prompt_len, "N", "continuation: prompt tokens, BOS included", 0},
+        {"score-len", 0, KV_OPT_INT, &score_len, "M", "continuation: tokens scored after the prompt", 0},
+        {"samples", 0, KV_OPT_INT, &samples, "S", "continuation: at most S samples (0 = all the text holds)", 0},
+        {"prefill-chunk", 0, KV_OPT_INT, &prefill_chunk, "N",
+         "continuation, passkey: prompt tokens per forward step (default 512; 0 = the whole prompt at once)", 0},
+        {"task", 0, KV_OPT_STRING, &task, "NAME", "passkey: retrieval of a key hidden in filler (instead of a text)", 0},
+        {"filler", 0, KV_OPT_STRING, &filler, "FILE", "passkey: corpus the filler comes from (e.g. wiki.test.raw)", 0},
+        {"length", 0, KV_OPT_STRING, &lengths, "N[,N...]", "passkey: prompt lengths in tokens", 0},
+        {"depths", 0, KV_OPT_STRING, &depths, "D[,D...]", "passkey: needle depths in [0, 1] (default 0.1,0.5,0.9)", 0},
+        {"trials", 0, KV_OPT_INT, &trials, "T", "passkey: keys per length and depth (default 1)", 0},
+        {"seed", 's', KV_OPT_INT, &seed, "S", "passkey: seed of the keys and filler offsets (default 0)", 0},
+        {"answer-tokens", 0, KV_OPT_INT, &answer_tokens, "N", "passkey: answer tokens generated at most (default 8)", 0},
         {"threads", 't', KV_OPT_INT, &threads, "N", "threads, 1..4 per CPU (default: KVCAL_THREADS or all CPUs)", 0},
         {"json", 0, KV_OPT_FLAG, &json, NULL, "print the result as one JSON object", 0},
         {NULL, 0, 0, NULL, NULL, NULL, 0},
     };
     kv_cli_args args;
-    int rc = kv_cli_parse(&args, k_tool, "--model M --text FILE --ctx N [--plan PLAN] [options]",
+    int rc = kv_cli_parse(&args, k_tool,
+                          "--model M --text FILE --ctx N [--plan PLAN] [options]\n"
+                          "       kvrun eval --model M --protocol continuation --text FILE --prompt-len N --score-len M "
+                          "[--plan PLAN] [options]\n"
+                          "       kvrun eval --model M --task passkey --filler FILE --length N[,N...] [--depths D,...] "
+                          "[--trials T] [--seed S] [--plan PLAN] [--json]",
                           "Perplexity on held-out text; with --plan, the same chunks exactly and through the\n"
-                          "compressed KV cache the plan describes (sinks + recent buffer in full precision).",
+                          "compressed KV cache the plan describes (sinks + recent buffer in full precision).\n"
+                          "Long-context protocols (any plan; pruning plans select their tokens after the prompt):\n"
+                          "continuation scores the tokens after a compressed prompt (ppl and KL against the exact\n"
+                          "model on the same tokens); passkey asks for a key hidden in filler text (accuracy).",
                           opts, 0, argc, argv);
     if (rc) return rc < 0 ? KV_EXIT_OK : rc;
     kv_cli_args_free(&args);
+    int n_threads = 0;
+    if ((rc = kv_tool_threads(k_tool, threads, &n_threads)) != KV_EXIT_OK) return rc;
+    if (prefill_chunk < 0 || prefill_chunk > (1L << 24)) return kv_cli_usage_error(k_tool, "--prefill-chunk in [0, 2^24]");
+    if (task) {
+        if (strcmp(task, "passkey") != 0) return kv_cli_usage_error(k_tool, "--task must be 'passkey', not '%s'", task);
+        if (!filler || !lengths) return kv_cli_usage_error(k_tool, "--task passkey needs --filler FILE and --length N");
+        if (text || ctx) return kv_cli_usage_error(k_tool, "--task passkey takes --filler, not --text or --ctx");
+        if (trials < 1 || trials > 10000 || answer_tokens < 1 || answer_tokens > 256)
+            return kv_cli_usage_error(k_tool, "--trials in [1, 10000], --answer-tokens in [1, 256]");
+        kv_model *m = NULL;
+        kv_tokenizer *tok = NULL;
+        kv_status s;
+        if ((s = kv_input_check(filler)) != KV_OK || (s = kv_tool_open_model(&m, &tok, model, tokp, n_threads)) != KV_OK) {
+            kv_tokenizer_free(tok);
+            kv_model_free(m);
+            return kv_cli_fail(k_tool, s);
+        }
+        rc = run_passkey(m, tok, model, plan, filler, lengths, depths, trials, seed, prefill_chunk, answer_tokens, json);
+        kv_tokenizer_free(tok);
+        kv_model_free(m);
+        return rc;
+    }
+    if (!text) return kv_cli_usage_error(k_tool, "--text FILE is required (or --task passkey)");
+    const int continuation = strcmp(protocol, "continuation") == 0;
+    if (continuation) {
+        if (prompt_len < 2 || score_len < 1 || prompt_len + score_len > (1L << 24))
+            return kv_cli_usage_error(k_tool, "--protocol continuation needs --prompt-len N >= 2 and --score-len M >= 1");
+        if (ctx || prefill) return kv_cli_usage_error(k_tool, "--protocol continuation takes --prompt-len, not --ctx or --prefill");
+        if (samples < 0 || step < 0 || max_tokens < 0) return kv_cli_usage_error(k_tool, "--samples, --step, --max-tokens >= 0");
+        kv_model *m = NULL;
+        kv_tokenizer *tok = NULL;
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        kv_status s;
+        if ((s = kv_input_check(text)) != KV_OK) goto cont_done;
+        if ((s = kv_tool_open_model(&m, &tok, model, tokp, n_threads)) != KV_OK) goto cont_done;
+        kv_tool_warn_context(kv_model_arch(m), prompt_len + score_len, "--prompt-len + --score-len");
+        const size_t per = (size_t)(prompt_len + score_len);
+        size_t want = max_tokens ? (size_t)max_tokens : 0;
+        if (samples && (!want || want > per * (size_t)samples)) want = per * (size_t)samples;
+        if ((s = kv_tool_tokenize_file_max(&ids, &n_ids, NULL, tok, text, want)) != KV_OK) goto cont_done;
+        kv_tool_cont_eval e;
+        if ((s = kv_tool_eval_continuation(&e, m, model, plan, ids, n_ids, kv_tokenizer_bos(tok), (int)prompt_len,
+                                           (int)score_len, (int)step, (int)prefill_chunk, (size_t)samples,
+                                           "continuation")) == KV_OK)
+            kv_tool_eval_continuation_print(&e, json);
+    cont_done:
+        free(ids);
+        kv_tokenizer_free(tok);
+        kv_model_free(m);
+        return s == KV_OK ? KV_EXIT_OK : kv_cli_fail(k_tool, s);
+    }
+    if (!ctx) return kv_cli_usage_error(k_tool, "--ctx N is required for protocols all and llama.cpp");
+    if (prompt_len || score_len) return kv_cli_usage_error(k_tool, "--prompt-len/--score-len belong to --protocol continuation");
     kv_ppl_protocol proto;
     if (strcmp(protocol, "all") == 0)
         proto = KV_PPL_ALL;
     else if (strcmp(protocol, "llama.cpp") == 0)
         proto = KV_PPL_LLAMACPP;
     else
-        return kv_cli_usage_error(k_tool, "--protocol must be 'all' or 'llama.cpp', not '%s'", protocol);
+        return kv_cli_usage_error(k_tool, "--protocol must be 'all', 'llama.cpp' or 'continuation', not '%s'", protocol);
     if (ctx < 2 || ctx > (1L << 24)) return kv_cli_usage_error(k_tool, "--ctx must be in [2, 2^24]");
     if (max_tokens < 0 || batch < 1 || batch > 4096)
         return kv_cli_usage_error(k_tool, "--max-tokens >= 0, --batch in [1, 4096]");
-    int n_threads = 0;
-    if ((rc = kv_tool_threads(k_tool, threads, &n_threads)) != KV_EXIT_OK) return rc;
     if (plan && proto != KV_PPL_ALL) return kv_cli_usage_error(k_tool, "--plan evaluates with protocol 'all' only");
     if (prefill < 0 || step < 0 || prefill > ctx) return kv_cli_usage_error(k_tool, "--prefill in [0, ctx], --step >= 0");
 

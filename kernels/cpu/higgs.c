@@ -140,7 +140,7 @@ static kv_status ctx_init(higgs_ctx *cx, const kv_higgs *h, size_t tokens, size_
         ctx_free(cx);
         return KV_ERR(KV_ENOMEM, "HIGGS: out of memory");
     }
-    for (size_t c = 0; c < channels; c++) cx->signs[c] = kv_qm_higgs_sign(h->seed, c);
+    for (size_t c = 0; c < channels; c++) cx->signs[c] = kv_qm_higgs_sign(h->seed, h->channel0 + c);
     return KV_OK;
 }
 
@@ -219,7 +219,7 @@ kv_status kv_higgs_scores_ref(float *scores, const kv_higgs *h, size_t tokens, s
         ctx_free(&cx);
         return KV_ERR(KV_ENOMEM, "HIGGS: out of memory");
     }
-    kv_qm_higgs_rotate_query(qrot, query, h->seed, channels, cx.g);
+    kv_qm_higgs_rotate_query(qrot, query, h->seed, h->channel0, channels, cx.g);
     for (size_t t = 0; t < tokens; t++)
         scores[t] = kv_qm_higgs_score(qrot, channels, cx.g, t, indices, norms, (int)h->norm_type, h->grid,
                                       cx.d, cx.bits, cx.per);

@@ -6,8 +6,8 @@
 #define KV_HIGGS_THREADS 128
 
 __global__ void kv_higgs_encode_kernel(uint8_t *idx, void *norms, const float *x, size_t C, size_t g,
-                                       size_t groups, uint64_t seed, const float *grid, int d, int n, int nt,
-                                       int *bad) {
+                                       size_t groups, uint64_t seed, uint64_t ch0, const float *grid, int d, int n,
+                                       int nt, int *bad) {
     extern __shared__ float v[];
     __shared__ float s_norm;
     const size_t per_group = g / (size_t)d;
@@ -15,7 +15,7 @@ __global__ void kv_higgs_encode_kernel(uint8_t *idx, void *norms, const float *x
         const float *xg = x + grp * g;
         const size_t c0 = (grp * g) % C;
         if (threadIdx.x == 0) s_norm = sqrtf(kv_qm_sumsq(xg, g));
-        for (size_t k = threadIdx.x; k < g; k += blockDim.x) v[k] = xg[k] * kv_qm_higgs_sign(seed, c0 + k);
+        for (size_t k = threadIdx.x; k < g; k += blockDim.x) v[k] = xg[k] * kv_qm_higgs_sign(seed, ch0 + c0 + k);
         __syncthreads();
         const float norm = s_norm;
         if (!kv_qm_is_finite(norm)) {
@@ -38,8 +38,8 @@ __global__ void kv_higgs_encode_kernel(uint8_t *idx, void *norms, const float *x
 }
 
 __global__ void kv_higgs_decode_kernel(float *y, const uint32_t *indices, const void *norms, size_t C, size_t g,
-                                       size_t groups, uint64_t seed, const float *grid, int d, int bits, int per,
-                                       int nt) {
+                                       size_t groups, uint64_t seed, uint64_t ch0, const float *grid, int d, int bits,
+                                       int per, int nt) {
     extern __shared__ float v[];
     const size_t per_group = g / (size_t)d;
     for (size_t grp = blockIdx.x; grp < groups; grp += gridDim.x) {
@@ -54,13 +54,13 @@ __global__ void kv_higgs_decode_kernel(float *y, const uint32_t *indices, const 
             __syncthreads();
         }
         const size_t c0 = (grp * g) % C;
-        for (size_t k = threadIdx.x; k < g; k += blockDim.x) y[grp * g + k] = v[k] * kv_qm_higgs_sign(seed, c0 + k);
+        for (size_t k = threadIdx.x; k < g; k += blockDim.x) y[grp * g + k] = v[k] * kv_qm_higgs_sign(seed, ch0 + c0 + k);
         __syncthreads();
     }
 }
 
-__global__ void kv_higgs_rotate_kernel(float *qrot, const float *q, uint64_t seed, size_t C, size_t g) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) kv_qm_higgs_rotate_query(qrot, q, seed, C, g);
+__global__ void kv_higgs_rotate_kernel(float *qrot, const float *q, uint64_t seed, uint64_t ch0, size_t C, size_t g) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) kv_qm_higgs_rotate_query(qrot, q, seed, ch0, C, g);
 }
 
 __global__ void kv_higgs_scores_kernel(float *scores, const float *qrot, size_t T, size_t C, size_t g,
@@ -95,7 +95,7 @@ extern "C" kv_status kv_higgs_encode_cuda(uint32_t *indices, void *norms, const 
     KV_CU(cudaMemsetAsync(bad, 0, sizeof *bad, s));
     KV_CU(cudaMallocAsync((void **)&idx, pieces, s));
     kv_higgs_encode_kernel<<<kv_cu_blocks(groups, 1), KV_HIGGS_THREADS, (size_t)h->group * sizeof(float), s>>>(
-        idx, norms, x, channels, (size_t)h->group, groups, h->seed, h->grid, h->dim, h->size, (int)h->norm_type, bad);
+        idx, norms, x, channels, (size_t)h->group, groups, h->seed, h->channel0, h->grid, h->dim, h->size, (int)h->norm_type, bad);
     KV_CU_LAUNCH(higgs_encode);
     if ((st = kv_cu_pack(indices, idx, pieces, bits, kv_qm_per_word(bits, 0), s)) != KV_OK) goto done;
     st = kv_cu_check_flag(bad, s, "HIGGS encode (CUDA)");
@@ -116,7 +116,7 @@ extern "C" kv_status kv_higgs_decode_cuda(float *x_hat, const kv_higgs *h, size_
     kv_higgs_decode_kernel<<<kv_cu_blocks(n / (size_t)h->group, 1), KV_HIGGS_THREADS,
                              (size_t)h->group * sizeof(float), s>>>(x_hat, indices, norms, channels,
                                                                     (size_t)h->group, n / (size_t)h->group,
-                                                                    h->seed, h->grid, h->dim, bits,
+                                                                    h->seed, h->channel0, h->grid, h->dim, bits,
                                                                     kv_qm_per_word(bits, 0), (int)h->norm_type);
     KV_CU_LAUNCH(higgs_decode);
     KV_CU(cudaStreamSynchronize(s));
@@ -140,7 +140,7 @@ extern "C" kv_status kv_higgs_scores_cuda(float *scores, const kv_higgs *h, size
     }
     bits = kv_higgs_index_bits(h->size);
     KV_CU(cudaMallocAsync((void **)&qrot, channels * sizeof *qrot, s));
-    kv_higgs_rotate_kernel<<<1, 1, 0, s>>>(qrot, query, h->seed, channels, (size_t)h->group);
+    kv_higgs_rotate_kernel<<<1, 1, 0, s>>>(qrot, query, h->seed, h->channel0, channels, (size_t)h->group);
     KV_CU_LAUNCH(higgs_rotate);
     kv_higgs_scores_kernel<<<kv_cu_blocks(tokens, 128), 128, 0, s>>>(scores, qrot, tokens, channels,
                                                                        (size_t)h->group, indices, norms,

@@ -73,6 +73,28 @@ kv_status rt_codec_init(rt_codec *c, const kv_plan *p, int layer, int stream, kv
     return KV_OK;
 }
 
+kv_status rt_codec_head_init(rt_codec *dst, const rt_codec *full, int h) {
+    *dst = *full;
+    dst->kv_dim = full->head_dim;
+    dst->n_kv_heads = 1;
+    dst->pred = NULL;
+    dst->rpc_ratio = 0.0f;
+    dst->granule = 1;
+    dst->share_from = -1;
+    dst->signs = NULL;
+    if (full->kind != RT_HIGGS) return KV_OK;
+    if (full->head_dim % full->q.higgs.group)
+        return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: HIGGS groups of %d channels span KV heads (head_dim %d), so a "
+                      "head's kept tokens cannot be coded on their own (token pruning keeps tokens per head)",
+                      full->layer, stream_name(full->stream), full->q.higgs.group, full->head_dim);
+    dst->higgs_direct = 1;
+    dst->q.higgs.channel0 = (uint64_t)h * (uint64_t)full->head_dim;
+    dst->signs = malloc((size_t)full->head_dim * sizeof *dst->signs);
+    if (!dst->signs) return KV_ERR(KV_ENOMEM, "out of memory");
+    memcpy(dst->signs, full->signs + (size_t)h * (size_t)full->head_dim, (size_t)full->head_dim * sizeof *dst->signs);
+    return KV_OK;
+}
+
 void rt_codec_free(rt_codec *c) {
     if (!c) return;
     free(c->signs);

@@ -7,7 +7,15 @@
  *     quantizer lays out a (tokens x kv_dim) block (kvrt.h "Packed code layout").
  * Each (layer, stream) has one codec (rt_codec): how its blocks are encoded, how attention reads
  * them (scores of queries against keys, weighted sums of values) and how they decode (tests, tiles).
- * Streams with an AQUA-KV predictor are read through their reconstruction (rt_recon.c). */
+ * Streams with an AQUA-KV predictor are read through their reconstruction (rt_recon.c).
+ *
+ * Token pruning (rt_policy.c, the token policy of a sequence): a plan with a prune method holds a
+ * prompt in f16 until it ends, then keeps, per KV head, the tokens the policy selects, coded by the
+ * head's codec (the stream's quantizer on blocks one head wide) in per-head blocks with their
+ * positions (rt_hstore). Per KV head a stream then reads, in order: the sinks, the head's kept tokens,
+ * the whole-token blocks after the pruned region, the window. Attention and decoding address a head's
+ * tokens by their index among the tokens it holds (its "row"), not by position: the pieces below map
+ * rows to storage (rt_piece_at). */
 #ifndef KV_RT_INTERNAL_H
 #define KV_RT_INTERNAL_H
 
@@ -63,13 +71,43 @@ typedef struct rt_block {
                               same chunk of the layer it shares with (owned there) */
 } rt_block;
 
+/* A block of one KV head's kept tokens (token pruning): `b` holds m rows in the head codec's layout
+ * (t0 = the first row's position); their positions are pos[0..m) when they are not consecutive (owned,
+ * counted as index bytes), else NULL. k0: the index of its first row among the head's kept tokens. */
+typedef struct rt_hblock {
+    rt_block b;
+    int32_t *pos;
+    int k0;
+} rt_hblock;
+
+/* The kept tokens of one KV head of a stream, in position order. */
+typedef struct rt_hstore {
+    int n_blocks, cap_blocks;
+    rt_hblock *blocks;
+    int kept;           /* rows held: the sum of the blocks' m */
+} rt_hstore;
+
 typedef struct rt_stream {
-    int comp_end;       /* tokens [sinks, comp_end) are in blocks; [comp_end, n) in the window */
+    int comp_end;       /* tokens [sel_end, comp_end) are in whole-token blocks; [comp_end, n) in the window */
     int n_blocks, cap_blocks;
     rt_block *blocks;
     uint16_t *fp;       /* fp_rows x kv_dim f16: the sinks held (min(n, sinks) rows), then the window */
     int fp_rows;
+    rt_hstore *heads;   /* n_kv_heads when the plan prunes tokens (the pruned region [sinks, sel_end)), else NULL */
 } rt_stream;
+
+/* The token policy's state of one (sequence, layer) (rt_policy.c). */
+typedef struct rt_pstate {
+    int sel_end;        /* positions [sinks, sel_end) are the pruned region, held per KV head; sinks before */
+    /* accumulated attention (H2O): per KV head acc_cap floats, the scores of positions [acc_base, acc_base + acc_n) */
+    float *acc;
+    int acc_base, acc_n, acc_cap;
+    /* the last queries attended (SnapKV, PyramidKV): wq_n rows of n_heads * head_dim floats (as given, after
+     * RoPE), the queries of positions [wq_end - wq_n, wq_end), oldest first; room for rt->wq_rows */
+    float *wq;
+    int wq_n, wq_end;
+    int q_seen;         /* the queries of positions [0, q_seen) were attended, each once and in order; -1 otherwise */
+} rt_pstate;
 
 /* A stream's reconstruction, f32, covering tokens [sinks, sinks + rows) (the compressed ones), in the
  * stream's compression domain: the working set of AQUA-KV (rt_recon.c). */
@@ -82,7 +120,10 @@ typedef struct rt_seq {
     int *layer_n;        /* tokens appended per layer */
     rt_stream *st;       /* n_layers * 2 */
     rt_recon *recon;     /* n_layers * 2 */
-    uint64_t allocated;  /* cache storage bytes (blocks, block descriptors, f16 rows) */
+    rt_pstate *ps;       /* n_layers: the token policy's state */
+    int prompt_open;     /* tokens were appended and the prompt has not ended (kv_rt_end_prompt) */
+    int prompt_ended;    /* the prompt ended (selection applied): later tokens follow the decoding semantics */
+    uint64_t allocated;  /* cache storage bytes (blocks, block descriptors, f16 rows, kept positions) */
     uint64_t overhead;   /* the descriptor part of allocated */
 } rt_seq;
 
@@ -111,6 +152,14 @@ struct kv_rt {
     int any_pre_rope;
     int *recon_last_use; /* n_layers*2: last layer that reads (layer, stream)'s reconstruction; -1 none */
     kv_grid_search **search; /* per plan grid */
+    /* token policy (rt_policy.c) */
+    const struct rt_policy *policy; /* the plan's prune method (the "none" policy when it prunes nothing) */
+    rt_codec *hcodec;    /* pruning: n_layers * 2 * n_kv_heads codecs of one KV head ((layer*2 + stream)*H + h) */
+    double *budget;      /* pruning: n_layers budgets (fractions of the f16 cache) */
+    int window;          /* pruning: the observation / recent window kept whole at the prompt's end */
+    int hold_prompt;     /* a prompt stays in f16 until it ends (pruning plans, prompt_stats) */
+    int collect_acc;     /* accumulate attention while the prompt is open (H2O; prompt_stats) and after (H2O) */
+    int wq_rows;         /* last queries kept while the prompt is open (SnapKV/PyramidKV: window; prompt_stats) */
 };
 
 static inline rt_stream *rt_stream_of(kv_rt *rt, int seq, int layer, int stream) {
@@ -121,9 +170,20 @@ static inline const rt_codec *rt_codec_of(const kv_rt *rt, int layer, int stream
 }
 /* Rows of f16 sinks a stream holds when the sequence has n tokens. */
 static inline int rt_sinks_held(const kv_rt *rt, int n) { return n < rt->sinks ? n : rt->sinks; }
+/* The codec of KV head h's kept tokens of (layer, stream) (pruning plans). */
+static inline const rt_codec *rt_hcodec_of(const kv_rt *rt, int layer, int stream, int h) {
+    return &rt->hcodec[((size_t)layer * 2 + (size_t)stream) * (size_t)rt->n_kv_heads + (size_t)h];
+}
+/* Tokens KV head h of (layer) holds in sequence seq: its rows (the same for K and V). */
+int rt_head_rows(const kv_rt *rt, int seq, int layer, int h);
+/* Position of row v of KV head h. */
+int rt_row_position(const kv_rt *rt, int seq, int layer, int h, int v);
 
 /* ---- codecs (rt_codec.c, rt_uniform.c, rt_higgs.c) ---- */
 kv_status rt_codec_init(rt_codec *c, const kv_plan *p, int layer, int stream, kv_grid_search *const *search);
+/* The codec of KV head h's tokens alone: full's quantizer on blocks of head_dim channels (HIGGS signs of
+ * the head's channels: kv_higgs.channel0). Kernels read its blocks as head 0. */
+kv_status rt_codec_head_init(rt_codec *dst, const rt_codec *full, int h);
 void rt_codec_free(rt_codec *c);
 /* Encode m tokens x kv_dim (row-major f32) into blk (rt_layout.total bytes). */
 kv_status rt_codec_encode(const rt_codec *c, uint8_t *blk, int m, const float *x);
@@ -165,6 +225,8 @@ void rt_f32_accum(const float *x, size_t ld, int n, int hd, const float *p, size
 kv_status rt_rope_reserve(kv_rt *rt, int n_pos);
 /* Rotate rows (head_dim floats each, stride ld) of tokens at positions p0, p0 + 1, ... */
 void rt_rope_rows(const kv_rt *rt, float *x, size_t ld, int n, int p0);
+/* The same at positions pos[0..n). */
+void rt_rope_rows_at(const kv_rt *rt, float *x, size_t ld, int n, const int32_t *pos);
 
 /* ---- reconstruction working set (rt_recon.c) ---- */
 /* Make rt->seqs[seq].recon[layer*2+stream] cover every compressed token of the stream. */
@@ -176,19 +238,25 @@ void rt_recon_free(rt_recon *r);
 kv_status rt_recon_inputs(kv_rt *rt, int seq, int layer, int stream, int t0, const float **inputs);
 
 /* ---- reading a stream (rt_attend.c) ---- */
-/* Where tokens of a stream live: f16 rows (sinks, window), a block, or a reconstruction. */
+/* Where a KV head's rows of a stream live: f16 rows (sinks, window), a block (whole-token, or the head's
+ * own kept tokens), or a reconstruction. */
 typedef enum rt_piece_kind { RT_PIECE_FP16 = 0, RT_PIECE_BLOCK = 1, RT_PIECE_RECON = 2 } rt_piece_kind;
 typedef struct rt_piece {
     rt_piece_kind kind;
-    int a, b;            /* tokens [a, b) */
-    const uint16_t *fp;  /* FP16: the row of token a (row stride kv_dim) */
-    const float *recon;  /* RECON: the row of token a (row stride kv_dim) */
-    const rt_block *blk; /* BLOCK: rows [a - blk->t0, b - blk->t0) of it */
+    int a, b;            /* the head's rows [a, b) */
+    const uint16_t *fp;  /* FP16: the row of row a (row stride kv_dim; the head's channels at kh * head_dim) */
+    const float *recon;  /* RECON: the row of row a (row stride kv_dim) */
+    const rt_block *blk; /* BLOCK: its rows [r0, r0 + b - a) */
+    int r0;
+    const rt_codec *codec; /* BLOCK: the codec that reads it (the stream's, or the head's for kept tokens) */
+    int kh;              /* the head index the kernels take: h, or 0 for a head's own blocks */
+    int p0;              /* position of row a (rows of the piece are consecutive positions unless pos) */
+    const int32_t *pos;  /* kept tokens: the positions of rows [a, b), or NULL (consecutive from p0) */
 } rt_piece;
-/* The piece holding token t of (layer, stream), clipped to [t, end). Predicted streams are read
- * through their reconstruction (which must be ensured). */
-void rt_piece_at(const kv_rt *rt, int seq, int layer, int stream, int t, int end, rt_piece *p);
-/* Tokens [a, b) of (layer, stream) for KV head h decoded to f32 rows (stride ldo): keys after RoPE.
+/* The piece holding row v of KV head h of (layer, stream), clipped to [v, end). Predicted streams are
+ * read through their reconstruction (which must be ensured). */
+void rt_piece_at(const kv_rt *rt, int seq, int layer, int stream, int h, int v, int end, rt_piece *p);
+/* Rows [a, b) of (layer, stream) for KV head h decoded to f32 rows (stride ldo): keys after RoPE.
  * Reserves the RoPE table and ensures reconstructions: call from one thread. */
 kv_status rt_read_rows(kv_rt *rt, int seq, int layer, int stream, int h, int a, int b, float *out, size_t ldo);
 /* The same without reserving or ensuring anything (inside parallel work, after rt_read_prepare). */
@@ -197,6 +265,51 @@ kv_status rt_read_prepare(kv_rt *rt, int seq, int layer, int stream);
 
 /* ---- attention (rt_attend.c) ---- */
 kv_status rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, size_t ldq, float *out, size_t ldo);
+
+/* ---- token policy (rt_policy.c): token selection under a memory budget ---- */
+typedef enum rt_score_kind {
+    RT_SCORE_NONE = 0,   /* no selection */
+    RT_SCORE_RECENCY,    /* the most recent tokens (StreamingLLM: sinks + recent) */
+    RT_SCORE_ACCUMULATED,/* attention accumulated over every query (H2O) */
+    RT_SCORE_WINDOW      /* attention of the prompt's last `window` queries, pooled (SnapKV, PyramidKV) */
+} rt_score_kind;
+typedef struct rt_policy {
+    kv_plan_prune method;
+    const char *name;
+    rt_score_kind score;
+    int pooled;          /* scores smoothed with the plan's pooling kernel */
+    int layer_schedule;  /* per-layer budgets falling with depth when the plan gives none (PyramidKV) */
+    int decode_chunks;   /* chunks leaving the window after the prompt are selected too (H2O) */
+    int min_window;      /* least observation window */
+} rt_policy;
+const rt_policy *rt_policy_of(kv_plan_prune method); /* NULL for an unknown method */
+/* Refusals of plans this policy cannot apply (at open), naming the layer and stream. */
+kv_status rt_policy_check(const kv_plan *p);
+/* Set up the runtime's policy fields and head codecs (after the codecs). */
+kv_status rt_policy_open(kv_rt *rt);
+void rt_policy_close(kv_rt *rt);
+kv_status rt_policy_seq_init(kv_rt *rt, rt_seq *sq);
+void rt_policy_seq_clear(kv_rt *rt, rt_seq *sq);
+/* Whether attention of (seq, layer) accumulates scores now (H2O, prompt statistics). */
+int rt_policy_accumulates(const kv_rt *rt, int seq, int layer);
+/* Room for n more tokens' scores (before they are appended). */
+kv_status rt_policy_reserve(kv_rt *rt, int seq, int layer, int n_total);
+/* After an attend of n_q rows: keep the window queries and the coverage. */
+kv_status rt_policy_saw_queries(kv_rt *rt, int seq, int layer, int n_q, const float *q, size_t ldq);
+/* Apply the selection of the prompt (every layer) and end it. */
+kv_status rt_policy_end_prompt(kv_rt *rt, int seq);
+/* Before an append after the prompt: select chunks leaving the window (H2O). Returns 1 in *handled when
+ * the policy took the window's full chunks (the caller then compresses nothing). */
+kv_status rt_policy_settle(kv_rt *rt, int seq, int layer, int *handled, float *x);
+/* Storage helpers of rt_runtime.c: a stream's f16 rows resized to exactly `rows` (accounted), and its
+ * first m window rows dropped. */
+kv_status rt_fp_resize(kv_rt *rt, rt_seq *sq, rt_stream *st, int rows);
+kv_status rt_window_drop(kv_rt *rt, int seq, rt_stream *st, int m);
+/* Free the per-head blocks of a stream (stream_clear). */
+void rt_hstore_clear(rt_hstore *hs);
+/* Bytes: kept-token payload and index of a stream (stats). */
+void rt_hstore_bytes(const kv_rt *rt, int layer, int stream, const rt_stream *st, uint64_t *payload,
+                     uint64_t *index, uint64_t *values);
 kv_status rt_scratch_reserve(rt_scratch *s, size_t floats);
 /* The runtime's pool threads call the BLAS on their own: it runs single-threaded meanwhile (the
  * previous count is returned, and restored by _end). */

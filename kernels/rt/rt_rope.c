@@ -47,3 +47,7 @@ void rt_rope_rows(const kv_rt *rt, float *x, size_t ld, int n, int p0) {
         }
     }
 }
+
+void rt_rope_rows_at(const kv_rt *rt, float *x, size_t ld, int n, const int32_t *pos) {
+    for (int r = 0; r < n; r++) rt_rope_rows(rt, x + (size_t)r * ld, ld, 1, pos[r]);
+}

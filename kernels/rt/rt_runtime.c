@@ -15,8 +15,11 @@ static void stream_clear(kv_rt *rt, rt_seq *sq, rt_stream *st) {
     for (int b = 0; b < st->n_blocks; b++) free(st->blocks[b].data);
     free(st->blocks);
     free(st->fp);
+    rt_hstore *heads = st->heads;
+    for (int h = 0; heads && h < rt->n_kv_heads; h++) rt_hstore_clear(&heads[h]);
     memset(st, 0, sizeof *st);
     st->comp_end = rt->sinks;
+    st->heads = heads; /* the per-head stores stay (empty) for the next sequence */
     (void)sq;
 }
 
@@ -26,12 +29,13 @@ static void seq_clear(kv_rt *rt, rt_seq *sq) {
         rt_recon_free(&sq->recon[i]);
     }
     memset(sq->layer_n, 0, (size_t)rt->n_layers * sizeof(int));
+    rt_policy_seq_clear(rt, sq);
     sq->allocated = 0;
     sq->overhead = 0;
 }
 
 /* Resize a stream's f16 rows to exactly `rows` (the allocation is the accounted size). */
-static kv_status fp_resize(kv_rt *rt, rt_seq *sq, rt_stream *st, int rows) {
+kv_status rt_fp_resize(kv_rt *rt, rt_seq *sq, rt_stream *st, int rows) {
     const size_t row_bytes = (size_t)rt->kv_dim * 2u;
     if (rows == st->fp_rows) return KV_OK;
     if (rows == 0) {
@@ -117,13 +121,13 @@ static kv_status compress_chunk(kv_rt *rt, int seq, int layer, int stream, int r
 }
 
 /* Drop the first m window rows (compressed now) from the f16 rows. */
-static kv_status window_drop(kv_rt *rt, int seq, rt_stream *st, int m) {
+kv_status rt_window_drop(kv_rt *rt, int seq, rt_stream *st, int m) {
     if (m == 0) return KV_OK;
     const size_t kvd = (size_t)rt->kv_dim;
     const int win0 = rt->sinks, rows_after = st->fp_rows - m;
     memmove(st->fp + (size_t)win0 * kvd, st->fp + (size_t)(win0 + m) * kvd,
             (size_t)(rows_after - win0) * kvd * sizeof(uint16_t));
-    return fp_resize(rt, &rt->seqs[seq], st, rows_after);
+    return rt_fp_resize(rt, &rt->seqs[seq], st, rows_after);
 }
 
 /* Bring one stream's window to what the semantics allow before new tokens arrive. */
@@ -143,7 +147,7 @@ static kv_status settle_stream(kv_rt *rt, int seq, int layer, int stream, float 
         for (; window - done >= rt->recent; done += rt->recent)
             if ((s = compress_chunk(rt, seq, layer, stream, rt->sinks + done, rt->recent, x, pred)) != KV_OK) break;
     }
-    const kv_status s2 = window_drop(rt, seq, st, done);
+    const kv_status s2 = rt_window_drop(rt, seq, st, done);
     return s != KV_OK ? s : s2;
 }
 
@@ -172,11 +176,17 @@ kv_status kv_rt_append(kv_rt *rt, int layer, int seq, int n, const int32_t *pos,
     if (have > INT32_MAX - n) return KV_ERR(KV_EINVAL, "kv_rt_append: too many tokens");
     const int any_pre = rt_codec_of(rt, layer, KV_PLAN_K)->pre_rope;
     if (any_pre && !k_pre) return KV_ERR(KV_EINVAL, "kv_rt_append: layer %d stores keys before RoPE: k_pre needed", layer);
-    /* compress first (K before V: a V predictor may read this layer's reconstructed K) */
-    int rows = settle_rows(rt, seq, layer, 0);
-    const int rv = settle_rows(rt, seq, layer, 1);
-    rows = rows > rv ? rows : rv;
     kv_status s = KV_OK;
+    /* a single token after an open prompt is decoding: the prompt ended (RUNTIME.md §8) */
+    if (n == 1 && layer == 0 && sq->prompt_open && have > 0 && (s = kv_rt_end_prompt(rt, seq)) != KV_OK) return s;
+    if (n > 0 && !sq->prompt_ended) sq->prompt_open = 1;
+    if ((s = rt_policy_reserve(rt, seq, layer, have + n)) != KV_OK) return s;
+    /* compress first (K before V: a V predictor may read this layer's reconstructed K); nothing while a
+     * prompt that will be pruned is open */
+    const int hold = sq->prompt_open && rt->hold_prompt;
+    int rows = hold ? 0 : settle_rows(rt, seq, layer, 0);
+    const int rv = hold ? 0 : settle_rows(rt, seq, layer, 1);
+    rows = rows > rv ? rows : rv;
     float *x = NULL, *pred = NULL;
     if (rows > 0) {
         x = kv_aligned_alloc(64, (size_t)rows * (size_t)rt->kv_dim * sizeof(float));
@@ -186,13 +196,15 @@ kv_status kv_rt_append(kv_rt *rt, int layer, int seq, int n, const int32_t *pos,
             goto done;
         }
     }
-    for (int stream = 0; stream < 2; stream++)
+    int handled = 0;
+    if (!hold && rows > 0 && (s = rt_policy_settle(rt, seq, layer, &handled, x)) != KV_OK) goto done;
+    for (int stream = 0; stream < 2 && !hold && !handled; stream++)
         if ((s = settle_stream(rt, seq, layer, stream, x, pred)) != KV_OK) goto done;
     /* then the new tokens join the f16 rows (sinks first, then the window) */
     for (int stream = 0; stream < 2; stream++) {
         rt_stream *st = rt_stream_of(rt, seq, layer, stream);
         const int r0 = st->fp_rows;
-        if ((s = fp_resize(rt, sq, st, r0 + n)) != KV_OK) goto done;
+        if ((s = rt_fp_resize(rt, sq, st, r0 + n)) != KV_OK) goto done;
         const float *src = stream == KV_PLAN_V ? v : (rt_codec_of(rt, layer, 0)->pre_rope ? k_pre : k);
         for (int i = 0; i < n; i++)
             rt_f32_to_f16_row(st->fp + (size_t)(r0 + i) * (size_t)rt->kv_dim, src + (size_t)i * ld, (size_t)rt->kv_dim);
@@ -213,7 +225,12 @@ kv_status kv_rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, s
     if (n_q > rt->seqs[seq].layer_n[layer])
         return KV_ERR(KV_EINVAL, "kv_rt_attend: %d query rows but layer %d of sequence %d holds %d tokens", n_q, layer,
                       seq, rt->seqs[seq].layer_n[layer]);
+    const int whole = rt->seqs[seq].layer_n[layer] - rt->seqs[seq].ps[layer].sel_end;
+    if (rt->seqs[seq].st[layer * 2].heads && rt->seqs[seq].ps[layer].sel_end > rt->sinks && n_q > whole)
+        return KV_ERR(KV_EINVAL, "kv_rt_attend: %d query rows, but layer %d of sequence %d appended only %d tokens since "
+                      "its prompt was pruned (the rows must be the step's own tokens)", n_q, layer, seq, whole);
     kv_status s = rt_attend(rt, layer, seq, n_q, q, ldq, out, ldo);
+    if (s == KV_OK) s = rt_policy_saw_queries(rt, seq, layer, n_q, q, ldq);
     rt_recon_release(rt, seq, layer);
     return s;
 }
@@ -235,13 +252,24 @@ int kv_rt_recent(const kv_rt *rt) { return rt ? rt->recent : 0; }
 /* ---- statistics -------------------------------------------------------------------------------------- */
 static void seq_stats(const kv_rt *rt, int seq, kv_rt_stats *o) {
     const rt_seq *sq = &rt->seqs[seq];
-    const uint64_t kvd = (uint64_t)rt->kv_dim;
+    const uint64_t kvd = (uint64_t)rt->kv_dim, hd = (uint64_t)rt->head_dim;
     o->tokens += (uint64_t)sq->layer_n[rt->n_layers - 1];
-    for (int l = 0; l < rt->n_layers; l++)
+    for (int l = 0; l < rt->n_layers; l++) {
+        const rt_pstate *ps = &sq->ps[l];
+        o->working_bytes += (uint64_t)ps->acc_cap * (uint64_t)rt->n_kv_heads * sizeof(float);
+        o->working_bytes += ps->wq ? (uint64_t)rt->wq_rows * (uint64_t)rt->n_heads * hd * sizeof(float) : 0u;
         for (int stream = 0; stream < 2; stream++) {
             const rt_stream *st = &sq->st[l * 2 + stream];
             const rt_codec *c = rt_codec_of(rt, l, stream);
-            o->values_total += (uint64_t)sq->layer_n[l] * kvd;
+            o->values_appended += (uint64_t)sq->layer_n[l] * kvd;
+            for (int h = 0; h < rt->n_kv_heads; h++) o->values_total += (uint64_t)rt_head_rows(rt, seq, l, h) * hd;
+            if (st->heads) {
+                uint64_t pay, idx, vals;
+                rt_hstore_bytes(rt, l, stream, st, &pay, &idx, &vals);
+                o->payload_bytes += pay;
+                o->index_bytes += idx;
+                o->values_compressed += vals;
+            }
             for (int b = 0; b < st->n_blocks; b++) {
                 rt_layout L;
                 rt_codec_layout(c, st->blocks[b].m, &L);
@@ -252,6 +280,7 @@ static void seq_stats(const kv_rt *rt, int seq, kv_rt_stats *o) {
             const rt_recon *r = &sq->recon[l * 2 + stream];
             o->working_bytes += (uint64_t)r->cap * kvd * sizeof(float);
         }
+    }
     o->allocated_bytes += sq->allocated;
     o->overhead_bytes += sq->overhead;
 }
@@ -262,13 +291,14 @@ kv_status kv_rt_get_stats(const kv_rt *rt, int seq, kv_rt_stats *out) {
     for (int q = 0; q < rt->opt.n_seqs; q++)
         if (seq < 0 || q == seq) seq_stats(rt, q, out);
     out->predictor_bytes = kv_plan_predictor_bytes(rt->plan);
-    out->accounted_bytes = out->payload_bytes + out->fp_bytes;
+    out->accounted_bytes = out->payload_bytes + out->index_bytes + out->fp_bytes;
     out->working_bytes += (uint64_t)rt->rope_n * (uint64_t)rt->head_dim * sizeof(float);
-    out->bits_per_value =
-        out->values_compressed ? 8.0 * (double)out->payload_bytes / (double)out->values_compressed : 0.0;
+    out->bits_per_value = out->values_compressed
+                              ? 8.0 * (double)(out->payload_bytes + out->index_bytes) / (double)out->values_compressed
+                              : 0.0;
     out->bits_per_value_total =
         out->values_total
-            ? 8.0 * (double)(out->payload_bytes + out->fp_bytes + out->predictor_bytes) / (double)out->values_total
+            ? 8.0 * (double)(out->accounted_bytes + out->predictor_bytes) / (double)out->values_total
             : 0.0;
     return KV_OK;
 }
@@ -278,12 +308,30 @@ kv_status kv_rt_decode_head(kv_rt *rt, int layer, int seq, int kv_head, float *k
     if (!rt || layer < 0 || layer >= rt->n_layers || seq < 0 || seq >= rt->opt.n_seqs || kv_head < 0 ||
         kv_head >= rt->n_kv_heads || !k_out || !v_out)
         return KV_ERR(KV_EINVAL, "kv_rt_decode_head: bad arguments");
-    const int n = rt->seqs[seq].layer_n[layer];
+    const int n = rt_head_rows(rt, seq, layer, kv_head);
     kv_status s;
     for (int stream = 0; stream < 2; stream++)
         if ((s = rt_read_rows(rt, seq, layer, stream, kv_head, 0, n, stream ? v_out : k_out, (size_t)rt->head_dim)) !=
             KV_OK)
             return s;
+    return KV_OK;
+}
+
+int kv_rt_held(const kv_rt *rt, int layer, int seq, int kv_head) {
+    if (!rt || layer < 0 || layer >= rt->n_layers || seq < 0 || seq >= rt->opt.n_seqs || kv_head < 0 ||
+        kv_head >= rt->n_kv_heads)
+        return -1;
+    return rt_head_rows(rt, seq, layer, kv_head);
+}
+
+kv_status kv_rt_held_positions(const kv_rt *rt, int layer, int seq, int kv_head, int32_t *pos) {
+    const int n = kv_rt_held(rt, layer, seq, kv_head);
+    if (n < 0 || (!pos && n > 0)) return KV_ERR(KV_EINVAL, "kv_rt_held_positions: bad arguments");
+    rt_piece p;
+    for (int v = 0; v < n; v = p.b) {
+        rt_piece_at(rt, seq, layer, KV_PLAN_K, kv_head, v, n, &p);
+        for (int r = 0; r < p.b - p.a; r++) pos[v + r] = p.pos ? p.pos[r] : p.p0 + r;
+    }
     return KV_OK;
 }
 
@@ -294,11 +342,14 @@ void kv_rt_close(kv_rt *rt) {
         for (int q = 0; q < rt->opt.n_seqs; q++) {
             rt_seq *sq = &rt->seqs[q];
             if (sq->st) seq_clear(rt, sq);
+            for (int i = 0; sq->st && i < rt->n_layers * 2; i++) free(sq->st[i].heads);
+            free(sq->ps);
             free(sq->st);
             free(sq->recon);
             free(sq->layer_n);
         }
     }
+    rt_policy_close(rt);
     if (rt->codec)
         for (int i = 0; i < rt->n_layers * 2; i++) rt_codec_free(&rt->codec[i]);
     if (rt->search)
@@ -330,9 +381,6 @@ static kv_status check_plan(const kv_plan *p, const kv_rt_options *o) {
     if (o->n_heads / fp->n_kv_heads * RT_DIRECT_MAX_ROWS > RT_MAX_QV)
         return KV_ERR(KV_EUNSUPPORTED, "runtime: %d query heads per KV head (at most %d)", o->n_heads / fp->n_kv_heads,
                       RT_MAX_QV / RT_DIRECT_MAX_ROWS);
-    if (p->global.prune_method != KV_PLAN_PRUNE_NONE)
-        return KV_ERR(KV_EUNSUPPORTED, "plan: token pruning (%s) is not applied by this runtime yet",
-                      kv_plan_prune_name(p->global.prune_method));
     if (p->global.recent < 1 || p->global.sinks < 0)
         return KV_ERR(KV_EFORMAT, "plan: recent buffer %d / sinks %d", p->global.recent, p->global.sinks);
     return KV_OK;
@@ -350,7 +398,11 @@ kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt)
         return KV_ERR(KV_EINVAL, "runtime: bad capacity %d / threads %d / scale %g", opt->capacity, opt->n_threads,
                       (double)opt->scale);
     kv_status s = check_plan(plan, opt);
+    if (s == KV_OK) s = rt_policy_check(plan);
     if (s != KV_OK) return s;
+    if (opt->prompt_stats < 0 || opt->prompt_stats > 1 || opt->prompt_window < 0 || opt->prompt_window > (1 << 20))
+        return KV_ERR(KV_EINVAL, "runtime: prompt_stats %d (0 or 1) / prompt_window %d", opt->prompt_stats,
+                      opt->prompt_window);
     kv_rt *rt = calloc(1, sizeof *rt);
     if (!rt) return KV_ERR(KV_ENOMEM, "out of memory for a runtime");
     const kv_plan_fingerprint *fp = &plan->fingerprint;
@@ -423,16 +475,19 @@ kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt)
             if (rt->recon_last_use[in] < i / 2) rt->recon_last_use[in] = i / 2;
         }
     }
+    if ((s = rt_policy_open(rt)) != KV_OK) goto done;
     for (int q = 0; q < opt->n_seqs; q++) {
         rt_seq *sq = &rt->seqs[q];
         sq->layer_n = calloc((size_t)rt->n_layers, sizeof(int));
         sq->st = calloc((size_t)L2, sizeof *sq->st);
         sq->recon = calloc((size_t)L2, sizeof *sq->recon);
-        if (!sq->layer_n || !sq->st || !sq->recon) {
+        sq->ps = calloc((size_t)rt->n_layers, sizeof *sq->ps);
+        if (!sq->layer_n || !sq->st || !sq->recon || !sq->ps) {
             s = KV_ERR(KV_ENOMEM, "out of memory for %d sequences", opt->n_seqs);
             goto done;
         }
         for (int i = 0; i < L2; i++) sq->st[i].comp_end = rt->sinks;
+        if ((s = rt_policy_seq_init(rt, sq)) != KV_OK) goto done;
     }
     if (opt->pool) {
         rt->pool = opt->pool;

@@ -303,7 +303,7 @@ static void cc_destroy(kv_cache *base) {
     free(c);
 }
 
-static const kv_cache_ops k_ccache_ops = {"compressed", cc_append, cc_view, cc_length, cc_reset, cc_bytes, cc_destroy, NULL};
+static const kv_cache_ops k_ccache_ops = {"compressed", cc_append, cc_view, cc_length, cc_reset, cc_bytes, cc_destroy, NULL, NULL};
 
 /* What this runtime applies; anything else in a plan is refused by name rather than ignored. */
 static kv_status check_supported(const kv_plan *p) {

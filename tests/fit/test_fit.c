@@ -589,7 +589,7 @@ START_TEST(test_non_finite_layer) {
 END_TEST
 
 /* What the fit refuses before any work, naming the configuration key and where it was set: token
- * pruning (no runtime applies it), an override of a layer the model lacks (--set and a file),
+ * pruning with AQUA-KV predictors (the runtime does not combine them), an override of a layer the model lacks (--set and a file),
  * quantizer values the runtime refuses (uniform bits 5); an interrupt raised during the HIGGS grid
  * generation stops it. */
 START_TEST(test_config_refusals_named) {
@@ -600,9 +600,10 @@ START_TEST(test_config_refusals_named) {
     kv_plan *plan = NULL;
     kv_fit_config cfg;
     const char *prune[] = {"pruning.method=h2o", "pruning.budget=0.5", NULL};
-    make_cfg(&cfg, KV_FIT_KIVI, prune);
+    make_cfg(&cfg, KV_FIT_AQUA, prune);
     ck_assert_int_eq(kv_fit_run(&plan, NULL, g_model, NULL, &d, &cfg, &o), KV_EUNSUPPORTED);
     ck_assert_msg(strstr(kv_error_last(), "pruning.method") && strstr(kv_error_last(), "h2o") &&
+                      strstr(kv_error_last(), "AQUA-KV predictor") &&
                       strstr(kv_error_last(), "command line"), "message: %s", kv_error_last());
     kv_fit_config_free(&cfg);
     const char *layer77[] = {"layers.77.key_bits=4", NULL};

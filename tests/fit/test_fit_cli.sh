@@ -38,7 +38,7 @@ expect() {
 }
 
 # ---- usage errors (2) ----
-expect 2 "bits must be 2, 3 or 4" "--bits 5" -- "$kvcal" fit "${common[@]}" --corpus "$tmp/corpus.txt" --out "$tmp/x" --bits 5
+expect 2 "bits must be 2, 3, 4, 8 or 16" "--bits 5" -- "$kvcal" fit "${common[@]}" --corpus "$tmp/corpus.txt" --out "$tmp/x" --bits 5
 expect 2 "method must be" "--method bogus" -- "$kvcal" fit "${common[@]}" --corpus "$tmp/corpus.txt" --out "$tmp/x" --method bogus
 expect 2 "missing required option --out" "no --out" -- "$kvcal" fit "${common[@]}" --corpus "$tmp/corpus.txt"
 expect 2 "no corpus" "no corpus" -- "$kvcal" fit --model "$model" --out "$tmp/x"
@@ -77,8 +77,9 @@ expect 1 "command line: key 'layers.77': the model has 5 layers" "--set layers.7
   "$kvcal" fit "${mine[@]}" --corpus "$tmp/corpus.txt" --out "$tmp/x" --set layers.77.key_bits=4
 printf 'layers:\n  1:\n    key_bits: 3\n  999:\n    value_bits: 4\n' > "$tmp/layers.yaml"
 expect 1 "layers.yaml:5:.*layers.999" "config layers: {999: ...}" -- "$kvcal" fit "${mine[@]}" --corpus "$tmp/corpus.txt" --out "$tmp/x" --config "$tmp/layers.yaml"
-expect 1 "pruning.method.*h2o.*not applied by any runtime" "pruning.method h2o" -- \
-  "$kvcal" fit "${mine[@]}" --corpus "$tmp/corpus.txt" --out "$tmp/x" --set pruning.method=h2o --set pruning.budget=0.5
+expect 1 "pruning.pool': must be 0 or odd" "pruning with an even pooling kernel" -- \
+  "$kvcal" fit "${mine[@]}" --corpus "$tmp/corpus.txt" --out "$tmp/x" --set pruning.method=h2o --set pruning.budget=0.5 \
+  --set pruning.pool=6
 printf 'method: kivi\nvalues:\n  bits: 5\n' > "$tmp/bits5.yaml"
 expect 1 "values.bits (.*bits5.yaml:3:9)" "a quantizer refusal names the key and the file" -- \
   "$kvcal" fit "${mine[@]}" --corpus "$tmp/corpus.txt" --out "$tmp/x" --config "$tmp/bits5.yaml"

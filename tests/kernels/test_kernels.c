@@ -702,6 +702,55 @@ START_TEST(higgs_details) {
 }
 END_TEST
 
+/* kv_higgs.channel0: a block holding one KV head's channels (token pruning keeps tokens per head) is
+ * coded exactly as those channels of a whole-token block — the same indices, norms, decoded values and
+ * scores — for every group inside a head, at each CPU level. */
+START_TEST(higgs_channel_offset) {
+    kv_simd_level_limit(k_levels[_i % 3]);
+    const size_t hd = 64, heads = 3, C = hd * heads, tokens = 7, g = (size_t)16 << (_i / 3 % 3);
+    float *grid = randn(16 * 2, 21, 1.0f, 0.0f);
+    kv_higgs h = {.dim = 2, .size = 16, .group = (int)g, .norm_type = KV_PARAM_F16, .seed = 12345, .grid = grid};
+    float *x = randn(tokens * C, 600 + (uint64_t)_i, 1.5f, 0.2f), *xh = malloc(tokens * hd * sizeof *xh);
+    float *y = malloc(tokens * C * sizeof *y), *yh = malloc(tokens * hd * sizeof *yh);
+    uint32_t *idx = calloc(tokens * C, sizeof *idx), *idxh = calloc(tokens * hd, sizeof *idxh);
+    uint16_t *norms = malloc(tokens * C / g * sizeof *norms), *normsh = malloc(tokens * hd / g * sizeof *normsh);
+    float *q = randn(hd, 5, 1.0f, 0.0f), *sch = malloc(tokens * sizeof *sch);
+    ck_assert_kv_ok(kv_higgs_encode_ref(idx, norms, &h, tokens, C, x));
+    ck_assert_kv_ok(kv_higgs_decode_ref(y, &h, tokens, C, idx, norms));
+    uint8_t *code = malloc(tokens * C / 2), *codeh = malloc(tokens * hd / 2);
+    ck_assert_kv_ok(kv_unpack_ref(code, idx, tokens * C / 2, 4, 0));
+    for (size_t head = 0; head < heads; head++) {
+        kv_higgs hh = h;
+        hh.channel0 = head * hd;
+        for (size_t t = 0; t < tokens; t++) memcpy(xh + t * hd, x + t * C + head * hd, hd * sizeof *xh);
+        ck_assert_kv_ok(kv_higgs_encode_ref(idxh, normsh, &hh, tokens, hd, xh));
+        ck_assert_kv_ok(kv_higgs_decode_ref(yh, &hh, tokens, hd, idxh, normsh));
+        ck_assert_kv_ok(kv_unpack_ref(codeh, idxh, tokens * hd / 2, 4, 0));
+        for (size_t t = 0; t < tokens; t++) {
+            ck_assert_int_eq(memcmp(codeh + t * hd / 2, code + (t * C + head * hd) / 2, hd / 2), 0);
+            ck_assert_int_eq(memcmp(normsh + t * hd / g, norms + (t * C + head * hd) / g, hd / g * sizeof *norms), 0);
+            ck_assert_int_eq(memcmp(yh + t * hd, y + t * C + head * hd, hd * sizeof *y), 0);
+        }
+        /* scores: the head's block against the head's query equal the decoded dot products' */
+        ck_assert_kv_ok(kv_higgs_scores_ref(sch, &hh, tokens, hd, idxh, normsh, q));
+        for (size_t t = 0; t < tokens; t++) {
+            double d = 0, a = 0;
+            for (size_t c = 0; c < hd; c++) d += (double)q[c] * yh[t * hd + c], a += fabs((double)q[c] * yh[t * hd + c]);
+            ck_assert_double_le(fabs(sch[t] - d), 1e-5 * a + 1e-6); /* float sums of 64 terms, rotated domain */
+        }
+        if (head == 1) { /* without the offset the signs are another head's: different codes */
+            hh.channel0 = 0;
+            ck_assert_kv_ok(kv_higgs_encode_ref(idxh, normsh, &hh, tokens, hd, xh));
+            ck_assert_kv_ok(kv_unpack_ref(codeh, idxh, tokens * hd / 2, 4, 0));
+            ck_assert_int_ne(memcmp(codeh, code + hd / 2, hd / 2), 0);
+        }
+    }
+    kv_simd_level_limit(KV_SIMD_AVX2);
+    free(grid), free(x), free(xh), free(y), free(yh), free(idx), free(idxh), free(norms), free(normsh);
+    free(q), free(sch), free(code), free(codeh);
+}
+END_TEST
+
 /* ---- SQuat --------------------------------------------------------------------------------------- */
 /* A rank-r query matrix Q[n][d] = A[n][r] B[r][d] (so the subspace is exact), scaled. */
 static float *lowrank_queries(size_t n, int d, int r, uint64_t seed, float scale) {
@@ -908,6 +957,7 @@ int main(void) {
     tcase_add_test(tc, grid_search_equals_exhaustive);
     tcase_add_loop_test(tc, grid_search_many_equals_exhaustive, 0, 3 * 6);
     tcase_add_test(tc, higgs_details);
+    tcase_add_loop_test(tc, higgs_channel_offset, 0, 9);
     suite_add_tcase(s, tc);
     tc = tcase_create("squat");
     tcase_add_test(tc, squat_subspace_svd);

@@ -290,6 +290,26 @@ START_TEST(test_origins) {
     char as[64];
     snprintf(as, sizeof as, "layers.1.key_bits=%d", KV_FIT_MAX_BITS);
     ck_assert_kv_ok(kv_fit_config_set(&c, as));
+    /* 16: an f16 stream (kivi only; the uniform quantizer has no 16-bit mode), 9..15 still refused */
+    ck_assert_int_eq(kv_fit_config_set(&c, "values.bits=15"), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "got '15' (or 16: the stream kept in f16"));
+    ck_assert_kv_ok(kv_fit_config_set(&c, "layers.3.value_bits=16"));
+    ck_assert_kv_ok(kv_fit_config_set(&c, "method=kivi"));
+    ck_assert_kv_ok(kv_fit_config_validate(&c));
+    ck_assert_kv_ok(kv_fit_config_set(&c, "method=aqua"));
+    ck_assert_int_eq(kv_fit_config_validate(&c), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "only method kivi"));
+    ck_assert_kv_ok(kv_fit_config_set(&c, "method=kivi"));
+    /* a pruning budget is a fraction of the f16 cache in (0, 1] */
+    ck_assert_kv_ok(kv_fit_config_set(&c, "pruning.method=snapkv"));
+    const char *budgets[] = {"pruning.budget=0", "pruning.budget=-0.5", "pruning.budget=1.01"};
+    for (int i = 0; i < 3; i++) {
+        ck_assert_kv_ok(kv_fit_config_set(&c, budgets[i]));
+        ck_assert_int_eq(kv_fit_config_validate(&c), KV_EINVAL);
+        ck_assert_ptr_nonnull(strstr(kv_error_last(), "key 'pruning.budget': the budget is the fraction"));
+    }
+    ck_assert_kv_ok(kv_fit_config_set(&c, "pruning.budget=0.125"));
+    ck_assert_kv_ok(kv_fit_config_validate(&c));
     ck_assert_int_eq(kv_fit_config_set_from(&c, "nonsense", "preset x"), KV_EINVAL);
     ck_assert_ptr_nonnull(strstr(kv_error_last(), "preset x"));
     kv_fit_config_free(&c);

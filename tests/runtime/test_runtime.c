@@ -172,22 +172,37 @@ static void term_mag(int kind, int g, const float *row, const double *zmax, int 
     }
 }
 
-/* Compare one attend call's output with exact attention over the decoded cache; returns the largest
- * error relative to its bound. */
-static double check_attend(kv_rt *rt, const kv_plan *p, int layer, int seq, int n, int n_q, const float *q,
-                           const float *out, int H, int G, int hd, int tiled, const char *what) {
+/* Softmax weights the checked queries give each held token, summed (the scores H2O and SnapKV select
+ * by), per KV head and position: acc[h * acc_ld + position] += weight, for query rows r >= row_min (the
+ * step's rows are numbered 0..n_q-1). */
+typedef struct acc_out {
+    double *acc;
+    int acc_ld, row_min;
+} acc_out;
+
+/* Compare one attend call's output with exact attention over the decoded cache (the tokens each KV head
+ * holds: kv_rt_held); returns the largest error relative to its bound. */
+static double check_attend_acc(kv_rt *rt, const kv_plan *p, int layer, int seq, int n_q, const float *q,
+                               const float *out, int H, int G, int hd, int tiled, const char *what, const acc_out *ao) {
     const refctx rc = {stream_kind(&p->layers[layer].stream[0]), stream_kind(&p->layers[layer].stream[1]),
                        p->layers[layer].stream[0].group_size, p->layers[layer].stream[1].group_size};
-    const int qd = H * G * hd;
+    const int qd = H * G * hd, nmax = rt->seqs[seq].layer_n[layer];
     const double scale = 1.0 / sqrt((double)hd);
-    float *K = malloc(sizeof(float) * (size_t)n * hd), *V = malloc(sizeof(float) * (size_t)n * hd);
-    double *s = malloc(sizeof(double) * (size_t)n), *ref = malloc(sizeof(double) * (size_t)hd);
+    float *K = malloc(sizeof(float) * (size_t)(nmax + 1) * hd), *V = malloc(sizeof(float) * (size_t)(nmax + 1) * hd);
+    double *s = malloc(sizeof(double) * (size_t)(nmax + 1)), *ref = malloc(sizeof(double) * (size_t)hd);
     double *kz = calloc((size_t)hd, sizeof(double)), *vz = calloc((size_t)hd, sizeof(double));
-    double *km = malloc(sizeof(double) * (size_t)n * hd), *vm = malloc(sizeof(double) * (size_t)n * hd);
+    double *km = malloc(sizeof(double) * (size_t)(nmax + 1) * hd), *vm = malloc(sizeof(double) * (size_t)(nmax + 1) * hd);
+    int32_t *tpos = malloc(sizeof(int32_t) * (size_t)(nmax + 1));
     double worst = 0;
     const int lg = rc.kind_k == 2 ? (int)log2((double)(rc.gk > 0 ? rc.gk : 1)) : 0;
     for (int h = 0; h < H; h++) {
+        const int n = kv_rt_held(rt, layer, seq, h);
+        ck_assert_int_ge(n, n_q);
+        ck_assert_int_le(n, nmax);
         ck_assert_kv_ok(kv_rt_decode_head(rt, layer, seq, h, K, V));
+        ck_assert_kv_ok(kv_rt_held_positions(rt, layer, seq, h, tpos));
+        for (int t = 1; t < n; t++) ck_assert_int_lt(tpos[t - 1], tpos[t]);
+        if (n) ck_assert_int_eq(tpos[n - 1], nmax - 1); /* the step's own tokens are held */
         for (int t = 0; t < n; t++)
             for (int c = 0; c < hd; c++) {
                 kz[c] = fmax(kz[c], fabs(K[(size_t)t * hd + c]));
@@ -222,6 +237,8 @@ static double check_attend(kv_rt *rt, const kv_plan *p, int layer, int seq, int 
                     for (int t = 0; t < lim; t++) o += s[t] * V[(size_t)t * hd + c];
                     ref[c] = o / sum;
                 }
+                if (ao && r >= ao->row_min)
+                    for (int t = 0; t < lim; t++) ao->acc[(size_t)h * (size_t)ao->acc_ld + (size_t)tpos[t]] += s[t] / sum;
                 for (int c = 0; c < hd; c++) {
                     double spread = 0, mag = 0;
                     for (int t = 0; t < lim; t++) {
@@ -238,8 +255,14 @@ static double check_attend(kv_rt *rt, const kv_plan *p, int layer, int seq, int 
                 }
             }
     }
-    free(K), free(V), free(s), free(ref), free(kz), free(vz), free(km), free(vm);
+    free(K), free(V), free(s), free(ref), free(kz), free(vz), free(km), free(vm), free(tpos);
     return worst;
+}
+
+static double check_attend(kv_rt *rt, const kv_plan *p, int layer, int seq, int n, int n_q, const float *q,
+                           const float *out, int H, int G, int hd, int tiled, const char *what) {
+    ck_assert_int_eq(n, rt->seqs[seq].layer_n[layer]);
+    return check_attend_acc(rt, p, layer, seq, n_q, q, out, H, G, hd, tiled, what, NULL);
 }
 
 /* Bytes: allocated = payload + f16 rows + descriptors, and the payload is what the quantizers say
@@ -248,8 +271,9 @@ static void check_bytes(kv_rt *rt, int seq) {
     kv_rt_stats st;
     ck_assert_kv_ok(kv_rt_get_stats(rt, seq, &st));
     ck_assert_uint_eq(st.allocated_bytes, st.accounted_bytes + st.overhead_bytes);
-    ck_assert_uint_eq(st.accounted_bytes, st.payload_bytes + st.fp_bytes);
+    ck_assert_uint_eq(st.accounted_bytes, st.payload_bytes + st.index_bytes + st.fp_bytes);
     ck_assert_uint_eq(st.fp_bytes, 2u * (st.values_total - st.values_compressed));
+    ck_assert_uint_le(st.values_total, st.values_appended);
     /* descriptors: 16 per stream at first, doubling: at most 2 x blocks + 16 per stream */
     ck_assert_uint_le(st.overhead_bytes, (uint64_t)sizeof(rt_block) * (2u * st.values_total + 16u * 64u));
 }
@@ -601,6 +625,511 @@ START_TEST(test_keep_reconstructions) {
 }
 END_TEST
 
+/* ---- token pruning (RUNTIME.md §8) --------------------------------------------------------------------
+ * A prompt of `prefill` tokens, then decoding steps. Checked: every attend against exact attention over the
+ * tokens each head holds (decoded); the number of tokens each head keeps against the budget, recomputed
+ * here from kv_quant_storage; the tokens kept against scores recomputed here in double precision from the
+ * decoded cache (the attention every query paid them for H2O, the pooled attention of the window for
+ * SnapKV/PyramidKV, recency for StreamingLLM): no dropped token may outscore a kept one beyond float
+ * rounding; the decoded cache bit for bit against a replay with the public quantizers (each head's kept
+ * tokens one block, HIGGS signs at the head's channel offset); bytes held = bytes accounted. */
+typedef struct pcase {
+    const char *name;
+    int layers, kv_heads, gqa, hd, sinks, recent;
+    sspec k, v;
+    int pre_rope;
+    int method;       /* kv_plan_prune */
+    float budget;
+    int window, pool;
+    float budget_l1;  /* layer 1's own budget (0: the global one) */
+    int T, prefill, step;
+} pcase;
+
+static kv_plan *make_pplan(const pcase *c) {
+    rcase r;
+    memset(&r, 0, sizeof r);
+    r.name = c->name, r.layers = c->layers, r.kv_heads = c->kv_heads, r.gqa = c->gqa, r.hd = c->hd;
+    r.sinks = c->sinks, r.recent = c->recent, r.k = c->k, r.v = c->v, r.pre_rope = c->pre_rope;
+    kv_plan *p = make_plan(&r);
+    p->global.prune_method = (kv_plan_prune)c->method;
+    p->global.prune_budget = c->budget;
+    p->global.prune_window = c->window;
+    p->global.prune_pool = c->pool;
+    if (c->budget_l1 > 0 && c->layers > 1) p->layers[1].prune_budget = c->budget_l1;
+    ck_assert_kv_ok(kv_plan_validate(p));
+    return p;
+}
+
+/* The layer's budget: its own, PyramidKV's schedule (written out here: b_max = min(1, 2b - b/20), falling
+ * linearly to 2b - b_max), or the global one. */
+static double layer_budget(const kv_plan *p, int l) {
+    if (p->layers[l].prune_budget > 0) return p->layers[l].prune_budget;
+    int any = 0;
+    for (int i = 0; i < p->n_layers; i++) any |= p->layers[i].prune_budget > 0;
+    const double b = p->global.prune_budget;
+    if (p->global.prune_method != KV_PLAN_PRUNE_PYRAMIDKV || any || p->n_layers == 1) return b;
+    const double bmax = fmin(1.0, 2 * b - b / 20), bmin = 2 * b - bmax;
+    return bmax - (bmax - bmin) * l / (p->n_layers - 1);
+}
+
+/* Rows a head keeps: the most whose K and V blocks (one head wide) plus index fit the allowance. */
+static int expected_rows(const kv_plan *p, int l, double allow, int forced, int most, int index, int hd) {
+    kv_quant qk, qv;
+    ck_assert_kv_ok(kv_quant_from_plan(&qk, p, l, KV_PLAN_K));
+    ck_assert_kv_ok(kv_quant_from_plan(&qv, p, l, KV_PLAN_V));
+    for (int m = most; m > forced; m--) {
+        kv_block_storage a, b;
+        ck_assert_kv_ok(kv_quant_storage(&a, &qk, (size_t)m, (size_t)hd));
+        ck_assert_kv_ok(kv_quant_storage(&b, &qv, (size_t)m, (size_t)hd));
+        if ((double)(a.total_bytes + b.total_bytes) + 2.0 * (double)index * m <= allow) return m; /* K and V blocks each store positions */
+    }
+    return forced;
+}
+
+/* Candidates [lo, hi): `kept` of them held (flags), compared by score: every kept one scores at least as
+ * high as every dropped one, up to float rounding (the runtime scores in float). Returns the kept count. */
+static int check_margin(const char *what, int l, int h, const double *score, const unsigned char *kept, int lo, int hi) {
+    double kmin = INFINITY, dmax = -INFINITY, smax = 0;
+    int nk = 0;
+    for (int t = lo; t < hi; t++) {
+        smax = fmax(smax, fabs(score[t]));
+        if (kept[t]) kmin = fmin(kmin, score[t]), nk++;
+        else dmax = fmax(dmax, score[t]);
+    }
+    /* scores are sums of softmax weights computed in float (GEMM, polynomial exp, float sums of <= a few
+     * hundred terms): relative error well below 1e-5 of the largest */
+    const double tol = 1e-5 * smax + 1e-9;
+    if (nk && dmax > -INFINITY && !(kmin >= dmax - tol))
+        ck_abort_msg("%s: layer %d head %d: a dropped token scores %.9g, above a kept one (%.9g)", what, l, h, dmax, kmin);
+    return nk;
+}
+
+typedef struct pstate_t {
+    const pcase *c;
+    kv_plan *p;
+    kv_rt *rt;
+    int H, kvd, T;
+    double *acc_all;  /* per layer: H x T, the attention every checked query paid each position (H2O) */
+    double *acc_win;  /* per layer: H x T, the prompt window's queries only (SnapKV) */
+} pstate_t;
+
+static void verify_prompt(const pstate_t *ps, int l) {
+    const pcase *c = ps->c;
+    const int P = c->prefill, S = P < c->sinks ? P : c->sinks, hd = c->hd;
+    const int wstart = P - c->window > S ? P - c->window : S, forced = P - wstart;
+    const int index = c->method == KV_PLAN_PRUNE_STREAMINGLLM ? 0 : 4;
+    const double allow = layer_budget(ps->p, l) * P * hd * 4.0 - S * hd * 4.0;
+    const int m = expected_rows(ps->p, l, allow, forced, P - S, index, hd);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)ps->T);
+    unsigned char *kept = calloc((size_t)ps->T, 1);
+    double *sc = calloc((size_t)ps->T, sizeof(double));
+    for (int h = 0; h < ps->H; h++) {
+        const int n = kv_rt_held(ps->rt, l, 0, h);
+        ck_assert_kv_ok(kv_rt_held_positions(ps->rt, l, 0, h, pos));
+        memset(kept, 0, (size_t)ps->T);
+        for (int i = 0; i < n; i++) kept[pos[i]] = 1;
+        for (int t = 0; t < S; t++) ck_assert_msg(kept[t], "%s: sink %d dropped", c->name, t);
+        for (int t = wstart; t < P; t++) ck_assert_msg(kept[t], "%s: window token %d dropped", c->name, t);
+        int held = 0;
+        for (int t = S; t < P; t++) held += kept[t];
+        ck_assert_msg(held == m, "%s: layer %d head %d keeps %d prompt tokens, the budget pays for %d", c->name, l, h, held, m);
+        const double *a = ps->acc_all + (size_t)l * ps->H * ps->T + (size_t)h * ps->T;
+        const double *w = ps->acc_win + (size_t)l * ps->H * ps->T + (size_t)h * ps->T;
+        if (c->method == KV_PLAN_PRUNE_STREAMINGLLM) {
+            for (int t = S; t < wstart; t++) sc[t] = t;
+        } else if (c->method == KV_PLAN_PRUNE_H2O) {
+            for (int t = S; t < wstart; t++) sc[t] = a[t];
+        } else { /* SnapKV, PyramidKV: the window's attention to the prefix [0, wstart), averaged over `pool` */
+            const int half = c->pool / 2;
+            for (int t = S; t < wstart; t++) {
+                double v = 0;
+                for (int u = t - half; u <= t + half; u++)
+                    if (u >= 0 && u < wstart) v += w[u];
+                sc[t] = c->pool ? v / (2 * half + 1) : w[t];
+            }
+        }
+        check_margin(c->name, l, h, sc, kept, S, wstart);
+    }
+    free(pos), free(kept), free(sc);
+}
+
+/* H2O after the prompt: the chunk [c0, c0 + R) left the window; per head its best-scored tokens stay. */
+static void verify_chunk(const pstate_t *ps, int l, int c0) {
+    const pcase *c = ps->c;
+    const int R = c->recent, hd = c->hd;
+    const int k = expected_rows(ps->p, l, layer_budget(ps->p, l) * R * hd * 4.0, 0, R, 4, hd);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)ps->T);
+    unsigned char *kept = calloc((size_t)ps->T, 1);
+    for (int h = 0; h < ps->H; h++) {
+        const int n = kv_rt_held(ps->rt, l, 0, h);
+        ck_assert_kv_ok(kv_rt_held_positions(ps->rt, l, 0, h, pos));
+        memset(kept, 0, (size_t)ps->T);
+        for (int i = 0; i < n; i++) kept[pos[i]] = 1;
+        const double *a = ps->acc_all + (size_t)l * ps->H * ps->T + (size_t)h * ps->T;
+        const int nk = check_margin(c->name, l, h, a, kept, c0, c0 + R);
+        ck_assert_msg(nk == k, "%s: layer %d head %d keeps %d of chunk %d, the budget pays for %d", c->name, l, h, nk, c0, k);
+    }
+    free(pos), free(kept);
+}
+
+/* The decoded cache against a replay with the public quantizers. */
+static void replay_pruned(const pstate_t *ps, const double *freq) {
+    const pcase *c = ps->c;
+    kv_rt *rt = ps->rt;
+    const int T = ps->T, kvd = ps->kvd, hd = c->hd, P = c->prefill, R = c->recent;
+    float *xk = malloc(sizeof(float) * (size_t)T * kvd), *xv = malloc(sizeof(float) * (size_t)T * kvd);
+    float *K = malloc(sizeof(float) * (size_t)T * hd), *V = malloc(sizeof(float) * (size_t)T * hd);
+    float *blk = malloc(sizeof(float) * (size_t)T * kvd), *out = malloc(sizeof(float) * (size_t)T * kvd);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)T);
+    for (int l = 0; l < c->layers; l++) {
+        fill_kv(xk, xv, T, kvd, l, 0, 5u);
+        if (!c->pre_rope)
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < ps->H; h++) rope_row(xk + (size_t)t * kvd + (size_t)h * hd, hd, 0, freq, t);
+        f16_round(xk, (size_t)T * kvd), f16_round(xv, (size_t)T * kvd);
+        const int sel_end = rt->seqs[0].ps[l].sel_end;
+        for (int st = 0; st < 2; st++) {
+            const float *x = st ? xv : xk;
+            const int comp_end = rt->seqs[0].st[l * 2 + st].comp_end;
+            kv_quant q;
+            ck_assert_kv_ok(kv_quant_from_plan(&q, ps->p, l, st));
+            for (int h = 0; h < ps->H; h++) {
+                const int n = kv_rt_held(rt, l, 0, h);
+                ck_assert_kv_ok(kv_rt_decode_head(rt, l, 0, h, K, V));
+                ck_assert_kv_ok(kv_rt_held_positions(rt, l, 0, h, pos));
+                kv_quant qh = q;
+                if (qh.kind == KV_QUANT_HIGGS) qh.higgs.channel0 = (uint64_t)h * (uint64_t)hd;
+                for (int i = 0; i < n;) {
+                    const int t = pos[i];
+                    /* the run of rows coded together: sinks / the window (f16), the prompt's kept tokens, an H2O
+                     * chunk's kept tokens (one block each, one head wide), whole-token chunks */
+                    int j = i + 1, whole = 0;
+                    if (t < c->sinks || t >= comp_end) {
+                        for (int r = 0; r < hd; r++) out[r] = x[(size_t)t * kvd + (size_t)h * hd + r];
+                        j = i + 1;
+                    } else if (t < sel_end) {
+                        const int base = P > c->sinks ? P : c->sinks; /* H2O's chunks start after the prompt */
+                        const int grp = t < base ? -1 : (t - base) / R;
+                        while (j < n && pos[j] < sel_end && (pos[j] < base ? -1 : (pos[j] - base) / R) == grp) j++;
+                        for (int r = i; r < j; r++) memcpy(blk + (size_t)(r - i) * hd, x + (size_t)pos[r] * kvd + (size_t)h * hd, sizeof(float) * hd);
+                        ck_assert_kv_ok(kv_quant_roundtrip(out, NULL, &qh, (size_t)(j - i), (size_t)hd, blk));
+                    } else {
+                        const int c0 = sel_end + (t - sel_end) / R * R;
+                        ck_assert_int_eq(t, c0); /* whole chunks are held whole */
+                        ck_assert_kv_ok(kv_quant_roundtrip(out, NULL, &q, (size_t)R, (size_t)kvd, x + (size_t)c0 * kvd));
+                        j = i + R;
+                        whole = 1;
+                    }
+                    for (int r = i; r < j; r++) {
+                        float row[KV_RT_MAX_HEAD_DIM];
+                        memcpy(row, out + (whole ? (size_t)(r - i) * kvd + (size_t)h * hd : (size_t)(r - i) * hd), sizeof(float) * hd);
+                        if (st == 0 && c->pre_rope) rope_row(row, hd, 0, freq, pos[r]);
+                        const float *got = (st ? V : K) + (size_t)r * hd;
+                        if (memcmp(got, row, sizeof(float) * hd) != 0)
+                            ck_abort_msg("%s: layer %d %s head %d row %d (position %d) differs from the replay", c->name, l,
+                                         st ? "V" : "K", h, r, pos[r]);
+                    }
+                    i = j;
+                }
+            }
+        }
+    }
+    free(xk), free(xv), free(K), free(V), free(blk), free(out), free(pos);
+}
+
+static double run_pcase(const pcase *c, int n_threads) {
+    kv_plan *p = make_pplan(c);
+    double *freq = rope_freqs(c->hd);
+    kv_rt_options o;
+    memset(&o, 0, sizeof o);
+    o.n_seqs = 1, o.n_heads = c->kv_heads * c->gqa, o.n_threads = n_threads, o.rope_inv_freq = freq;
+    kv_rt *rt = NULL;
+    ck_assert_kv_ok(kv_rt_open(&rt, p, &o));
+    const int kvd = c->kv_heads * c->hd, qd = c->kv_heads * c->gqa * c->hd, H = c->kv_heads, G = c->gqa, T = c->T;
+    const int maxn = c->prefill > c->step ? c->prefill : c->step;
+    float *k = malloc(sizeof(float) * (size_t)maxn * kvd), *kp = malloc(sizeof(float) * (size_t)maxn * kvd);
+    float *v = malloc(sizeof(float) * (size_t)maxn * kvd), *q = malloc(sizeof(float) * (size_t)maxn * qd);
+    float *out = malloc(sizeof(float) * (size_t)maxn * qd);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)maxn);
+    pstate_t ps = {c, p, rt, H, kvd, T, calloc((size_t)c->layers * H * T, sizeof(double)),
+                   calloc((size_t)c->layers * H * T, sizeof(double))};
+    double worst = 0;
+    for (int len = 0; len < T;) {
+        int n = len == 0 ? c->prefill : c->step;
+        if (n > T - len) n = T - len;
+        for (int i = 0; i < n; i++) pos[i] = len + i;
+        for (int l = 0; l < c->layers; l++) {
+            fill_kv(k, v, n, kvd, l, len, 5u);
+            memcpy(kp, k, sizeof(float) * (size_t)n * kvd);
+            for (int h = 0; h < H; h++)
+                for (int i = 0; i < n; i++) rope_row(k + (size_t)i * kvd + (size_t)h * c->hd, c->hd, 0, freq, pos[i]);
+            const int sel0 = rt->seqs[0].ps[l].sel_end;
+            ck_assert_kv_ok(kv_rt_append(rt, l, 0, n, pos, kp, k, v, (size_t)kvd));
+            for (int c0 = sel0; len > 0 && c0 < rt->seqs[0].ps[l].sel_end; c0 += c->recent) verify_chunk(&ps, l, c0);
+            kv_rng r;
+            kv_rng_init(&r, 900u + (uint64_t)(len * 131 + l * 7));
+            for (size_t i = 0; i < (size_t)n * qd; i++) q[i] = (float)(1.5 * kv_rng_next_normal(&r));
+            ck_assert_kv_ok(kv_rt_attend(rt, l, 0, n, q, (size_t)qd, out, (size_t)qd));
+            acc_out aa = {ps.acc_all + (size_t)l * H * T, T, 0}, aw = {ps.acc_win + (size_t)l * H * T, T, n - c->window};
+            worst = fmax(worst, check_attend_acc(rt, p, l, 0, n, q, out, H, G, c->hd, n > RT_DIRECT_MAX_ROWS, c->name, &aa));
+            if (len == 0) check_attend_acc(rt, p, l, 0, n, q, out, H, G, c->hd, n > RT_DIRECT_MAX_ROWS, c->name, &aw);
+        }
+        len += n;
+        if (len == c->prefill) {
+            kv_rt_stats before;
+            ck_assert_kv_ok(kv_rt_get_stats(rt, 0, &before));
+            ck_assert_uint_eq(before.payload_bytes, 0); /* the prompt is held in f16 until it ends */
+            ck_assert_kv_ok(kv_rt_end_prompt(rt, 0));
+            ck_assert_kv_ok(kv_rt_end_prompt(rt, 0)); /* a second call is a no-op */
+            for (int l = 0; l < c->layers; l++) verify_prompt(&ps, l);
+        }
+        check_bytes(rt, 0);
+    }
+    replay_pruned(&ps, freq);
+    kv_rt_stats st;
+    ck_assert_kv_ok(kv_rt_get_stats(rt, 0, &st));
+    ck_assert_uint_eq(st.values_appended, 2u * (uint64_t)c->layers * (uint64_t)T * (uint64_t)kvd);
+    kv_rt_reset(rt, 0);
+    ck_assert_kv_ok(kv_rt_get_stats(rt, 0, &st));
+    ck_assert_uint_eq(st.allocated_bytes, 0);
+    free(ps.acc_all), free(ps.acc_win);
+    free(k), free(kp), free(v), free(q), free(out), free(pos), free(freq);
+    kv_rt_close(rt);
+    kv_plan_free(p);
+    return worst;
+}
+
+enum { SLLM = KV_PLAN_PRUNE_STREAMINGLLM, H2O = KV_PLAN_PRUNE_H2O, SNAP = KV_PLAN_PRUNE_SNAPKV, PYR = KV_PLAN_PRUNE_PYRAMIDKV };
+static const pcase k_pcases[] = {
+    /* name, layers, kv_heads, gqa, hd, sinks, recent, k, v, pre_rope, method, budget, window, pool, budget_l1, T, prefill, step */
+    {"snapkv kivi-4", 2, 3, 3, 64, 4, 32, U(4, 32, TOK), U(4, 64, CH), 0, SNAP, 0.25f, 16, 7, 0, 420, 300, 1},
+    {"snapkv kivi-2 tiled steps", 2, 2, 2, 32, 2, 32, U(2, 32, TOK), U(2, 32, CH), 0, SNAP, 0.2f, 8, 5, 0.4f, 400, 250, 50},
+    {"snapkv f16 16-bit", 1, 2, 3, 64, 4, 32, F16, F16, 0, SNAP, 0.25f, 8, 0, 0, 300, 260, 1},
+    {"snapkv higgs pre-rope", 2, 2, 2, 64, 4, 32, HG(32, 2, 16), HG(0, 2, 256), 1, SNAP, 0.15f, 8, 3, 0, 330, 280, 1},
+    {"pyramidkv kivi-4", 3, 2, 3, 32, 4, 32, U(4, 32, TOK), U(4, 32, CH), 0, PYR, 0.3f, 8, 5, 0, 320, 280, 2},
+    {"h2o kivi-2 decode chunks", 2, 2, 3, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), 0, H2O, 0.1f, 8, 0, 0, 330, 200, 1},
+    {"h2o higgs tiled", 1, 3, 2, 64, 4, 16, HG(0, 2, 16), HG(0, 2, 16), 0, H2O, 0.08f, 4, 0, 0, 300, 180, 16},
+    {"h2o kivi pre-rope", 1, 2, 2, 32, 4, 32, U(4, 32, TOK), U(4, 32, CH), 1, H2O, 0.15f, 8, 0, 0, 290, 200, 3},
+    {"streamingllm kivi-2", 2, 2, 2, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), 0, SLLM, 0.2f, 0, 0, 0, 300, 256, 1},
+    {"budget keeps all", 1, 2, 2, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), 0, SNAP, 1.0f, 8, 7, 0, 140, 100, 1},
+    {"forced over budget", 1, 2, 2, 32, 4, 32, F16, F16, 0, SNAP, 0.05f, 16, 7, 0, 110, 100, 1},
+    {"short prompt", 1, 2, 2, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), 0, H2O, 0.5f, 2, 0, 0, 40, 3, 1},
+};
+
+START_TEST(test_pruning) {
+    const int n = (int)(sizeof k_pcases / sizeof k_pcases[0]);
+    kv_simd_level_limit(_i < n ? KV_SIMD_NONE : KV_SIMD_AVX2);
+    const pcase *c = &k_pcases[_i % n];
+    printf("%-32s %s worst error / bound: %.3g\n", c->name, _i < n ? "portable" : "avx2    ", run_pcase(c, 2));
+}
+END_TEST
+
+/* One prefill, several plans: a prompt copied from a runtime that collected the prompt statistics is
+ * exactly the prompt each plan's own runtime would hold — the same kept tokens, the same decoded cache
+ * and the same attention afterwards, bit for bit — and the selection does not depend on the thread count. */
+START_TEST(test_prompt_copy) {
+    const pcase base = {"copy", 2, 2, 3, 32, 4, 32, U(4, 32, TOK), U(4, 32, CH), 0, SNAP, 0.25f, 8, 5, 0, 0, 0, 0};
+    const int methods[] = {SLLM, H2O, SNAP, PYR}, P = 200, hd = 32, kvd = 64, qd = 192;
+    double *freq = rope_freqs(hd);
+    float *k = malloc(sizeof(float) * P * kvd), *v = malloc(sizeof(float) * P * kvd), *q = malloc(sizeof(float) * P * qd);
+    float *o = malloc(sizeof(float) * P * qd), *o1 = malloc(sizeof(float) * qd), *o2 = malloc(sizeof(float) * qd);
+    float *K1 = malloc(sizeof(float) * (P + 1) * hd), *V1 = malloc(sizeof(float) * (P + 1) * hd);
+    float *K2 = malloc(sizeof(float) * (P + 1) * hd), *V2 = malloc(sizeof(float) * (P + 1) * hd);
+    int32_t pos[201];
+    for (int i = 0; i <= P; i++) pos[i] = i;
+    /* the source: an f16 plan that prunes nothing, collecting statistics for every policy */
+    pcase sc = base;
+    sc.method = KV_PLAN_PRUNE_NONE, sc.budget = 1.0f, sc.k = (sspec)F16, sc.v = (sspec)F16;
+    kv_plan *ps = make_pplan(&sc);
+    kv_rt_options so;
+    memset(&so, 0, sizeof so);
+    so.n_seqs = 1, so.n_heads = 6, so.n_threads = 2, so.rope_inv_freq = freq, so.prompt_stats = 1, so.prompt_window = 16;
+    kv_rt *src = NULL;
+    ck_assert_kv_ok(kv_rt_open(&src, ps, &so));
+    for (int l = 0; l < 2; l++) {
+        fill_kv(k, v, P, kvd, l, 0, 8);
+        for (int i = 0; i < P * qd; i++) q[i] = (float)sin(0.01 * i + l);
+        ck_assert_kv_ok(kv_rt_append(src, l, 0, P, pos, k, k, v, kvd));
+        ck_assert_kv_ok(kv_rt_attend(src, l, 0, P, q, qd, o, qd));
+    }
+    for (size_t mi = 0; mi < sizeof methods / sizeof methods[0]; mi++) {
+        pcase pc = base;
+        pc.method = methods[mi];
+        kv_plan *p = make_pplan(&pc);
+        kv_rt *own = NULL, *cp = NULL;
+        kv_rt_options oo = so;
+        oo.prompt_stats = 0, oo.prompt_window = 0, oo.n_threads = 1; /* 1 thread here, 2 in the source */
+        ck_assert_kv_ok(kv_rt_open(&own, p, &oo));
+        ck_assert_kv_ok(kv_rt_open(&cp, p, &oo));
+        for (int l = 0; l < 2; l++) {
+            fill_kv(k, v, P, kvd, l, 0, 8);
+            for (int i = 0; i < P * qd; i++) q[i] = (float)sin(0.01 * i + l);
+            ck_assert_kv_ok(kv_rt_append(own, l, 0, P, pos, k, k, v, kvd));
+            ck_assert_kv_ok(kv_rt_attend(own, l, 0, P, q, qd, o, qd));
+        }
+        ck_assert_kv_ok(kv_rt_prompt_copy(cp, 0, src, 0));
+        ck_assert_kv_ok(kv_rt_end_prompt(own, 0));
+        ck_assert_kv_ok(kv_rt_end_prompt(cp, 0));
+        int pruned = 0;
+        for (int l = 0; l < 2; l++) {
+            fill_kv(k, v, 1, kvd, l, P, 8);
+            for (int i = 0; i < qd; i++) q[i] = (float)cos(0.05 * i + l);
+            ck_assert_kv_ok(kv_rt_append(own, l, 0, 1, pos + P, k, k, v, kvd));
+            ck_assert_kv_ok(kv_rt_append(cp, l, 0, 1, pos + P, k, k, v, kvd));
+            ck_assert_kv_ok(kv_rt_attend(own, l, 0, 1, q, qd, o1, qd));
+            ck_assert_kv_ok(kv_rt_attend(cp, l, 0, 1, q, qd, o2, qd));
+            ck_assert_msg(memcmp(o1, o2, sizeof(float) * qd) == 0, "%s: layer %d attention differs after a copy",
+                          kv_plan_prune_name(methods[mi]), l);
+            for (int h = 0; h < 2; h++) {
+                const int n1 = kv_rt_held(own, l, 0, h);
+                ck_assert_int_eq(n1, kv_rt_held(cp, l, 0, h));
+                pruned |= n1 < P + 1;
+                ck_assert_kv_ok(kv_rt_decode_head(own, l, 0, h, K1, V1));
+                ck_assert_kv_ok(kv_rt_decode_head(cp, l, 0, h, K2, V2));
+                ck_assert_int_eq(memcmp(K1, K2, sizeof(float) * (size_t)n1 * hd), 0);
+                ck_assert_int_eq(memcmp(V1, V2, sizeof(float) * (size_t)n1 * hd), 0);
+            }
+        }
+        ck_assert(pruned);
+        kv_rt_stats s1, s2;
+        ck_assert_kv_ok(kv_rt_get_stats(own, 0, &s1));
+        ck_assert_kv_ok(kv_rt_get_stats(cp, 0, &s2));
+        ck_assert_uint_eq(s1.accounted_bytes, s2.accounted_bytes);
+        ck_assert_uint_eq(s1.allocated_bytes, s2.allocated_bytes);
+        /* a destination that prunes nothing would have compressed the prompt as it came: refused */
+        kv_rt *plain = NULL;
+        ck_assert_kv_ok(kv_rt_open(&plain, ps, &oo));
+        ck_assert_int_eq(kv_rt_prompt_copy(plain, 0, src, 0), KV_EINVAL);
+        ck_assert_ptr_nonnull(strstr(kv_error_last(), "prunes nothing"));
+        kv_rt_close(plain);
+        kv_rt_close(own), kv_rt_close(cp);
+        kv_plan_free(p);
+    }
+    /* a source without statistics cannot feed H2O */
+    pcase sn = base;
+    kv_plan *psn = make_pplan(&sn); /* SnapKV: keeps window queries, no accumulated attention */
+    pcase h2 = base;
+    h2.method = H2O;
+    kv_plan *ph2 = make_pplan(&h2);
+    kv_rt_options oo = so;
+    oo.prompt_stats = 0;
+    kv_rt *a = NULL, *b = NULL;
+    ck_assert_kv_ok(kv_rt_open(&a, psn, &oo));
+    ck_assert_kv_ok(kv_rt_open(&b, ph2, &oo));
+    fill_kv(k, v, 20, kvd, 0, 0, 8);
+    ck_assert_kv_ok(kv_rt_append(a, 0, 0, 20, pos, k, k, v, kvd));
+    ck_assert_int_eq(kv_rt_prompt_copy(b, 0, a, 0), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "accumulated"));
+    kv_rt_close(a), kv_rt_close(b), kv_rt_close(src);
+    kv_plan_free(psn), kv_plan_free(ph2), kv_plan_free(ps);
+    free(freq), free(k), free(v), free(q), free(o), free(o1), free(o2), free(K1), free(V1), free(K2), free(V2);
+}
+END_TEST
+
+/* Bad input and what the policies cannot score: each refused with its own message. */
+START_TEST(test_pruning_refusals) {
+    const pcase base = {"refuse", 2, 2, 2, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), 0, SNAP, 0.25f, 8, 5, 0, 0, 0, 0};
+    double *freq = rope_freqs(32);
+    kv_rt_options o;
+    memset(&o, 0, sizeof o);
+    o.n_seqs = 1, o.n_heads = 4, o.n_threads = 1, o.rope_inv_freq = freq;
+    kv_rt *rt = NULL;
+    kv_plan *p = make_pplan(&base);
+    /* budgets outside (0, 1], an even pooling kernel, no observation window for SnapKV */
+    p->global.prune_budget = 1.5f;
+    ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "outside (0, 1]"));
+    p->global.prune_budget = 0.0f;
+    ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EINVAL);
+    p->global.prune_budget = 0.25f;
+    p->layers[1].prune_budget = -0.5f;
+    ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "layer 1"));
+    p->layers[1].prune_budget = 0.0f;
+    p->global.prune_pool = 4;
+    ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "odd"));
+    p->global.prune_pool = 5;
+    p->global.prune_window = 0;
+    ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "snapkv"));
+    p->global.prune_window = 8;
+    /* what pruning cannot be combined with: predictors, shared codes, RPC, HIGGS groups across heads */
+    p->layers[1].stream[KV_PLAN_V].rpc_ratio = 0.2f;
+    ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EUNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "layer 1 V"));
+    p->layers[1].stream[KV_PLAN_V].rpc_ratio = 0.0f;
+    p->layers[1].stream[KV_PLAN_K].share_codes_with_layer = 0;
+    ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EUNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "XQuant"));
+    p->layers[1].stream[KV_PLAN_K].share_codes_with_layer = -1;
+    kv_plan_free(p);
+    pcase hx = base;
+    hx.k = (sspec)HG(64, 2, 16);
+    p = make_pplan(&hx);
+    ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EUNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "span KV heads"));
+    kv_plan_free(p);
+    rcase aq = {"aqua", 2, 2, 2, 32, 4, 32, U(2, 32, CH), U(2, 32, CH), U(4, 32, CH), U(4, 32, CH), 1, 0, 0, 1, 0, 0, 0, 0, 0};
+    p = make_plan(&aq);
+    p->global.prune_method = KV_PLAN_PRUNE_H2O, p->global.prune_budget = 0.5f;
+    ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EUNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "AQUA-KV"));
+    kv_plan_free(p);
+    /* a window larger than the prompt; a prompt appended without attending (nothing to score by) */
+    p = make_pplan(&base);
+    ck_assert_kv_ok(kv_rt_open(&rt, p, &o));
+    float kv[32 * 64] = {0}, qo[32 * 128];
+    for (int i = 0; i < 32 * 64; i++) kv[i] = (float)sin(i);
+    for (int i = 0; i < 32 * 128; i++) qo[i] = (float)cos(i);
+    int32_t pos[32];
+    for (int i = 0; i < 32; i++) pos[i] = i;
+    for (int l = 0; l < 2; l++) {
+        ck_assert_kv_ok(kv_rt_append(rt, l, 0, 6, pos, kv, kv, kv, 64));
+        ck_assert_kv_ok(kv_rt_attend(rt, l, 0, 6, qo, 128, qo + 6 * 128, 128));
+    }
+    ck_assert_int_eq(kv_rt_end_prompt(rt, 0), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "larger than the prompt"));
+    kv_rt_reset(rt, 0);
+    for (int l = 0; l < 2; l++) {
+        ck_assert_kv_ok(kv_rt_append(rt, l, 0, 20, pos, kv, kv, kv, 64));
+        if (l == 0) ck_assert_kv_ok(kv_rt_attend(rt, l, 0, 20, qo, 128, qo, 128));
+    }
+    ck_assert_int_eq(kv_rt_end_prompt(rt, 0), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "cannot score"));
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "layer 1"));
+    /* the first single-token step ends the prompt (and so fails the same way) */
+    ck_assert_int_eq(kv_rt_append(rt, 0, 0, 1, pos + 20, kv, kv, kv, 64), KV_EINVAL);
+    kv_rt_close(rt);
+    kv_plan_free(p);
+    /* H2O: rows attended twice */
+    pcase h = base;
+    h.method = H2O;
+    p = make_pplan(&h);
+    ck_assert_kv_ok(kv_rt_open(&rt, p, &o));
+    for (int l = 0; l < 2; l++) {
+        ck_assert_kv_ok(kv_rt_append(rt, l, 0, 20, pos, kv, kv, kv, 64));
+        ck_assert_kv_ok(kv_rt_attend(rt, l, 0, 20, qo, 128, qo, 128));
+        if (l == 1) ck_assert_kv_ok(kv_rt_attend(rt, l, 0, 4, qo, 128, qo, 128));
+    }
+    ck_assert_int_eq(kv_rt_end_prompt(rt, 0), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "h2o"));
+    /* after a clean prompt, query rows reaching back before it are refused */
+    kv_rt_reset(rt, 0);
+    for (int l = 0; l < 2; l++) {
+        ck_assert_kv_ok(kv_rt_append(rt, l, 0, 20, pos, kv, kv, kv, 64));
+        ck_assert_kv_ok(kv_rt_attend(rt, l, 0, 20, qo, 128, qo, 128));
+    }
+    ck_assert_kv_ok(kv_rt_end_prompt(rt, 0));
+    ck_assert_kv_ok(kv_rt_append(rt, 0, 0, 1, pos + 20, kv, kv, kv, 64));
+    ck_assert_int_eq(kv_rt_attend(rt, 0, 0, 2, qo, 128, qo, 128), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "step's own tokens"));
+    kv_rt_close(rt);
+    kv_plan_free(p);
+    free(freq);
+}
+END_TEST
+
 /* What the runtime cannot serve is refused with its own message. */
 START_TEST(test_refusals) {
     const rcase c = {"base", 2, 2, 2, 16, 4, 16, U(2, 16, TOK), U(2, 16, CH), F16, F16, 0, 1, 0, 0, 10, 5, 1, 0, 0};
@@ -631,10 +1160,6 @@ START_TEST(test_refusals) {
     ck_assert_ptr_nonnull(strstr(kv_error_last(), "layer 1 K"));
     p->layers[1].stream[KV_PLAN_K].share_codes_with_layer = -1;
     p->layers[1].stream[KV_PLAN_K].rpc_ratio = 0.0f;
-    p->global.prune_method = KV_PLAN_PRUNE_H2O;
-    ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EUNSUPPORTED);
-    ck_assert_ptr_nonnull(strstr(kv_error_last(), "h2o"));
-    p->global.prune_method = KV_PLAN_PRUNE_NONE;
     /* a key group that does not divide the recent buffer */
     p->layers[0].stream[KV_PLAN_K].group_size = 12;
     ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EFORMAT);
@@ -683,6 +1208,9 @@ int main(void) {
     tcase_add_test(tc, test_threads_agree);
     tcase_add_test(tc, test_keep_reconstructions);
     tcase_add_test(tc, test_refusals);
+    tcase_add_loop_test(tc, test_pruning, 0, 2 * (int)(sizeof k_pcases / sizeof k_pcases[0]));
+    tcase_add_test(tc, test_prompt_copy);
+    tcase_add_test(tc, test_pruning_refusals);
     suite_add_tcase(s, tc);
     return kv_test_run(s);
 }
