@@ -69,6 +69,17 @@ kv_status kv_quant_roundtrip(float *x_hat, kv_block_storage *st, const kv_quant 
     }
     if (q->shared_codes)
         return KV_ERR(KV_EUNSUPPORTED, "a stream that reuses another layer's codes cannot be compressed alone");
+    if (q->kind == KV_QUANT_FP) {
+        uint32_t *fc = malloc((local.code_words ? local.code_words : 1) * sizeof(uint32_t));
+        uint8_t *bs = malloc(local.groups ? local.groups : 1);
+        if (!fc || !bs)
+            s = KV_ERR(KV_ENOMEM, "out of memory compressing %zu x %zu values", tokens, channels);
+        else if ((s = kv_fpq_encode_ref(fc, bs, &q->fp, tokens, channels, x)) == KV_OK)
+            s = kv_fpq_decode_ref(x_hat, &q->fp, tokens, channels, fc, bs);
+        free(fc);
+        free(bs);
+        return s;
+    }
     const size_t pbytes = (q->kind == KV_QUANT_UNIFORM ? q->uniform.param_type : q->higgs.norm_type) ==
                                   KV_PARAM_F32 ? 4 : 2;
     uint32_t *codes = malloc((local.code_words ? local.code_words : 1) * sizeof(uint32_t));
