@@ -52,6 +52,20 @@ kv_status kv_quant_from_plan(kv_quant *out, const kv_plan *p, int layer, int str
         if ((st = kv_higgs_check(&out->higgs)) != KV_OK) return stream_refusal(st, layer, stream);
         return KV_OK;
     }
+    case KV_PLAN_FP8_E4M3:
+    case KV_PLAN_FP8_E5M2:
+    case KV_PLAN_NVFP4: {
+        const kv_plan_fingerprint *f = &p->fingerprint;
+        out->kind = KV_QUANT_FP;
+        out->fp.format = s->method == KV_PLAN_FP8_E4M3 ? KV_FP_E4M3 : s->method == KV_PLAN_FP8_E5M2 ? KV_FP_E5M2
+                                                                                                : KV_FP_NVFP4;
+        out->fp.n_scales = s->n_fp_scales;
+        out->fp.scale_channels = f->head_dim;
+        out->fp.scales = s->fp_scales; /* borrowed from the plan */
+        if ((st = kv_fpq_check(&out->fp, (size_t)f->n_kv_heads * (size_t)f->head_dim)) != KV_OK)
+            return stream_refusal(st, layer, stream);
+        return KV_OK;
+    }
     }
     return KV_ERR(KV_EFORMAT, "layer %d %s stream: unknown method %d", layer, stream ? "V" : "K", (int)s->method);
 }
