@@ -324,7 +324,8 @@ typedef struct kv_rt_options {
 } kv_rt_options;
 
 /* Open a runtime for plan (validated here: every stream's method must be one this runtime applies:
- * f16/f32, uniform (with XQuant eta and shared codes), HIGGS, AQUA-KV predictors, KVmix RPC; others
+ * f16/f32, uniform (with XQuant eta and shared codes), HIGGS, FP8 E4M3/E5M2 and NVFP4 (plan 1.1),
+ * AQUA-KV predictors, KVmix RPC; others
  * are refused with KV_EUNSUPPORTED naming the layer and stream). *out NULL on failure. */
 kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt);
 void kv_rt_close(kv_rt *rt); /* NULL ok */

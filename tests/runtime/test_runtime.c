@@ -26,13 +26,13 @@
 
 /* ---- plans ------------------------------------------------------------------------------------- */
 typedef struct sspec {
-    int method;      /* KV_PLAN_FP / UNIFORM / HIGGS */
+    int method;      /* KV_PLAN_FP / UNIFORM / HIGGS / FP8_E4M3 / FP8_E5M2 / NVFP4 */
     int bits;        /* FP: 16 | 32; UNIFORM: 1..8 */
     int group;       /* UNIFORM group; HIGGS group (0 = head_dim) */
     int axis;        /* KV_PLAN_GROUP_TOKENS / CHANNELS */
     int pack11;
     float eta;
-    int gd, gn;      /* HIGGS grid */
+    int gd, gn;      /* HIGGS grid; float methods: gd = 1 for one scale per KV head */
     int f32params;
     float rpc;
 } sspec;
@@ -70,6 +70,18 @@ static void set_stream(kv_plan *p, int l, int st, const sspec *s, int hd, int pr
         ps->bits = s->bits;
         ps->group_size = 0;
         ps->scale_dtype = KV_DTYPE_F32;
+        return;
+    }
+    if (kv_plan_method_is_float(s->method)) {
+        /* scales near the calibrated amax / max (keys reach ~4, values ~1): codes in the normal range,
+         * a few saturating outliers for E4M3; per head: a different scale for each */
+        const int nv = s->method == KV_PLAN_NVFP4, nh = s->gd ? p->fingerprint.n_kv_heads : 1;
+        ps->bits = nv ? 4 : 8, ps->group_size = nv ? 16 : 0;
+        ps->group_axis = nv ? KV_PLAN_GROUP_CHANNELS : KV_PLAN_GROUP_TOKENS, ps->scale_dtype = KV_DTYPE_F32;
+        const float base = s->method == KV_PLAN_FP8_E4M3 ? 3.5f / 448.0f : s->method == KV_PLAN_FP8_E5M2 ? 1.0f : 4.0f / 2688.0f;
+        float sc[64];
+        for (int h = 0; h < nh; h++) sc[h] = base * (1.0f + 0.375f * (float)h);
+        ck_assert_kv_ok(kv_plan_set_fp_scales(p, l, st, nh, sc));
         return;
     }
     if (s->method == KV_PLAN_UNIFORM) {
@@ -443,6 +455,8 @@ static double run_case(const rcase *c, int n_seqs, int n_threads) {
 #define HG(g, d, n) {KV_PLAN_HIGGS, 0, g, KV_PLAN_GROUP_CHANNELS, 0, 0.0f, d, n, 0, 0.0f}
 #define F16 {KV_PLAN_FP, 16, 0, 0, 0, 0.0f, 0, 0, 0, 0.0f}
 #define F32 {KV_PLAN_FP, 32, 0, 0, 0, 0.0f, 0, 0, 0, 0.0f}
+#define FL(m, per_head) {m, 0, 0, 0, 0, 0.0f, per_head, 0, 0, 0.0f}
+enum { E4M3 = KV_PLAN_FP8_E4M3, E5M2 = KV_PLAN_FP8_E5M2, NVFP4 = KV_PLAN_NVFP4 };
 enum { TOK = KV_PLAN_GROUP_TOKENS, CH = KV_PLAN_GROUP_CHANNELS };
 
 static const rcase k_cases[] = {
@@ -474,6 +488,14 @@ static const rcase k_cases[] = {
     {"xquant shared codes", 4, 2, 2, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 200, 36, 1, 20, 2},
     {"xquant 1-bit shared", 4, 2, 3, 64, 4, 32, U(1, 32, TOK), {KV_PLAN_UNIFORM, 1, 32, CH, 0, 0.2f, 0, 0, 0, 0.0f},
      U(2, 32, TOK), U(2, 32, CH), 1, 0, 0, 0, 150, 36, 2, 20, 2},
+    {"fp8 e4m3 tensor/head", 2, 2, 3, 64, 4, 32, FL(E4M3, 0), FL(E4M3, 1), F16, F16, 0, 0, 0, 0, 300, 40, 1, 40, 0},
+    {"fp8 e5m2 odd head_dim 9", 1, 3, 2, 9, 3, 16, FL(E5M2, 1), FL(E5M2, 0), F16, F16, 0, 0, 0, 0, 150, 21, 1, 20, 0},
+    {"nvfp4 tensor, blocks across heads", 1, 2, 2, 40, 4, 32, FL(NVFP4, 0), FL(NVFP4, 0), F16, F16, 0, 0, 0, 0, 200, 36,
+     1, 25, 0},
+    {"nvfp4 per head, fp8 layer 0", 2, 2, 4, 32, 4, 32, FL(NVFP4, 1), FL(NVFP4, 1), FL(E4M3, 1), FL(E5M2, 0), 1, 0, 0, 0,
+     200, 36, 2, 20, 0},
+    {"fp8 nvfp4 pre-rope", 1, 2, 2, 32, 4, 32, FL(E4M3, 1), FL(NVFP4, 0), F16, F16, 0, 1, 0, 0, 150, 36, 1, 20, 0},
+    {"tiled fp8 nvfp4", 2, 2, 3, 64, 4, 64, FL(E4M3, 1), FL(NVFP4, 1), F16, F16, 0, 0, 0, 0, 500, 100, 70, 1, 0},
     {"tiled steps", 2, 2, 3, 64, 4, 64, U(2, 32, TOK), HG(0, 2, 16), F16, F16, 0, 0, 0, 0, 500, 100, 70, 1, 0},
     {"tiled aqua", 3, 2, 2, 32, 4, 32, U(2, 32, CH), HG(0, 2, 16), HG(0, 2, 256), HG(0, 2, 256), 1, 1, 0, 1, 300, 80,
      50, 1, 0},
