@@ -597,7 +597,9 @@ typedef enum kv_fit_method {
     KV_FIT_AQUA = 0,         /* AQUA-KV predictors + HIGGS */
     KV_FIT_AQUA_UNIFORM = 1, /* AQUA-KV predictors + uniform quantizer */
     KV_FIT_HIGGS = 2,        /* HIGGS alone */
-    KV_FIT_KIVI = 3          /* uniform quantizer alone (KIVI + XQuant eta) */
+    KV_FIT_KIVI = 3,         /* uniform quantizer alone (KIVI + XQuant eta) */
+    KV_FIT_FP8 = 4,          /* FP8 (fp.fp8_format) with calibrated tensor scales (calib/fit_float.c) */
+    KV_FIT_NVFP4 = 5         /* NVFP4 with a calibrated second-level tensor scale */
 } kv_fit_method;
 
 typedef struct kv_fit_stream_config {
@@ -677,6 +679,12 @@ typedef struct kv_fit_config {
         double budget;
         int window, pool;
     } pruning;
+    struct {                     /* methods fp8 / nvfp4 (kernels/FLOAT_KV.md, calib/fit_float.c) */
+        int fp8_format;          /* 0 e4m3, 1 e5m2 */
+        int scale_granularity;   /* 0 one scale per tensor (layer and stream), 1 one per KV head */
+        int scale;               /* 0 calibrated (max or a percentile of |x|, whichever quantizes the
+                                    calibration tokens with the least error), 1 fixed at 1.0 */
+    } fp;
     struct {                     /* where kvcal fit keeps its working set (calib/FIT.md §5) */
         int weights;             /* model weights: 0 f32, 1 f16, 2 native (model/'s kv_weight_storage) */
         int stream_weights;      /* hold one layer's weights at a time */
