@@ -546,6 +546,18 @@ double kv_plan_stream_bits(const kv_plan *p, int layer, int stream);
 /* Bytes of f32 predictor weights and biases over the whole plan. */
 uint64_t kv_plan_predictor_bytes(const kv_plan *p);
 
+/* ---- export to serving engines' checkpoint formats (export_hf.c, kvcal export) ---- */
+typedef enum kv_export_format { KV_EXPORT_COMPRESSED_TENSORS = 0, KV_EXPORT_MODELOPT = 1 } kv_export_format;
+/* KV_OK when the format can express the plan, else KV_EUNSUPPORTED with the reason (a predictor, a
+ * stream that is not FP8 E4M3 / NVFP4, methods or scale counts that differ between streams, keys
+ * before RoPE, E5M2, NVFP4 in compressed-tensors, per-head scales in modelopt). */
+kv_status kv_export_check(const kv_plan *p, kv_export_format f);
+/* A copy of the Hugging Face checkpoint model_dir in out_dir (created; files copied) with the plan's
+ * scales as model.layers.N.self_attn.{k,v}_scale (kv_scales.safetensors, added to the index when there
+ * is one) and config.json's kv_cache_scheme (compressed-tensors) or hf_quant_config.json (modelopt).
+ * KV_EMISMATCH when config.json's layer or KV-head count differs from the plan's. */
+kv_status kv_export_hf(const kv_plan *p, const char *model_dir, kv_export_format f, const char *out_dir);
+
 /* Creation time for provenance: $SOURCE_DATE_EPOCH when set (reproducible builds; KV_EINVAL if it
  * is not a non-negative integer), else the current time. */
 kv_status kv_plan_creation_time(int64_t *out);
