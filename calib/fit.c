@@ -133,7 +133,10 @@ kv_status kv_fit_config_method_preset(kv_fit_config *c, kv_fit_method method) {
                                        "values.group_size=32", "cache.pre_rope=false", NULL};
     static const char *const aqua_uniform[] = {"keys.group_axis=channels", "keys.group_size=64",
                                                "values.group_axis=channels", "values.group_size=64", NULL};
-    const char *const *set = method == KV_FIT_KIVI ? kivi : method == KV_FIT_AQUA_UNIFORM ? aqua_uniform : NULL;
+    /* fp8 / nvfp4: keys after RoPE, as serving engines hold them */
+    static const char *const fp[] = {"cache.pre_rope=false", NULL};
+    const char *const *set = method == KV_FIT_KIVI ? kivi : method == KV_FIT_AQUA_UNIFORM ? aqua_uniform
+                             : (method == KV_FIT_FP8 || method == KV_FIT_NVFP4) ? fp : NULL;
     if (!kv_fit_method_name((int)method)) return KV_ERR(KV_EINVAL, "unknown fit method %d", (int)method);
     c->method = method;
     char where[64];
@@ -148,6 +151,7 @@ kv_status kv_fit_config_method_preset(kv_fit_config *c, kv_fit_method method) {
 /* ---- plan set-up: every stream's quantizer and the grids ------------------------------------------ */
 static int is_aqua(kv_fit_method m) { return m == KV_FIT_AQUA || m == KV_FIT_AQUA_UNIFORM; }
 static int uses_higgs(kv_fit_method m) { return m == KV_FIT_AQUA || m == KV_FIT_HIGGS; }
+static int is_float(kv_fit_method m) { return m == KV_FIT_FP8 || m == KV_FIT_NVFP4; }
 
 /* Bits of (layer, stream) before the quantizer is chosen; *explicit_bits = 1 when not the config's
  * stream default (first layer of AQUA, or a per-layer override). */
@@ -240,6 +244,11 @@ static void stream_keys(char *buf, size_t n, const kv_fit_config *cfg, int l, in
     const int higgs = cfg->method == KV_FIT_AQUA || cfg->method == KV_FIT_HIGGS;
     size_t used = 0;
     char key[64];
+    if (cfg->method == KV_FIT_FP8 || cfg->method == KV_FIT_NVFP4) { /* shaped by the method and fp.* */
+        snprintf(buf, n, "method (%s), fp.scale_granularity (%s)", kv_fit_config_origin(cfg, "method"),
+                 kv_fit_config_origin(cfg, "fp.scale_granularity"));
+        return;
+    }
     for (size_t i = 0; i < sizeof fields / sizeof *fields && used < n; i++) {
         if (higgs && i > 0) break; /* HIGGS streams take their shape from higgs.* */
         snprintf(key, sizeof key, "%s.%s", sec, fields[i]);
@@ -309,7 +318,21 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
             if (lo && st == KV_PLAN_V && (lo->set & KV_FIT_LO_VALUE_RPC_RATIO)) s->rpc_ratio = (float)lo->value_rpc_ratio;
             s->pre_rope = st == KV_PLAN_K ? cfg->cache.pre_rope : 0;
             s->pack = KV_PLAN_PACK_WORD;
-            if (uses_higgs(method)) {
+            if (is_float(method)) { /* scales 1.0 until calibrated (fit_float.c) before the layer's pass */
+                const int nv = method == KV_FIT_NVFP4;
+                s->method = nv ? KV_PLAN_NVFP4 : cfg->fp.fp8_format ? KV_PLAN_FP8_E5M2 : KV_PLAN_FP8_E4M3;
+                s->bits = nv ? 4 : 8;
+                s->group_size = nv ? KV_NVFP4_BLOCK : 0;
+                s->group_axis = nv ? KV_PLAN_GROUP_CHANNELS : KV_PLAN_GROUP_TOKENS;
+                s->scale_dtype = KV_DTYPE_F32;
+                s->eta = 0.0f;
+                s->higgs_grid = -1;
+                float ones[4096];
+                const int ns = cfg->fp.scale_granularity ? p->fingerprint.n_kv_heads : 1;
+                for (int i = 0; i < ns; i++) ones[i] = 1.0f;
+                kv_status r = kv_plan_set_fp_scales(p, l, st, ns, ones);
+                if (r != KV_OK) return r;
+            } else if (uses_higgs(method)) {
                 if (bits < 1 || bits > 8)
                     return KV_ERR(KV_EINVAL, "layer %d %s stream: %d bits for HIGGS (1..8)", l, sname, bits);
                 int n = (cfg->higgs.n && !explicit_bits) ? cfg->higgs.n : 1 << (bits * cfg->higgs.d > 20 ? 20 : bits * cfg->higgs.d);
@@ -737,6 +760,79 @@ static kv_status quant_pass(fit_run *r, int l, int stream, const kv_plan_predict
     return s;
 }
 
+/* ---- FP8 / NVFP4 scales (fit_float.c), before a stream's quantization pass ------------------------ */
+typedef struct float_job {
+    fit_run *r;
+    int role, n_groups, pass; /* pass 0: histograms; 1: squared errors */
+    kv_fp_format fmt;
+    const float *cand;
+} float_job;
+
+static kv_status float_part(void *user, int64_t k, double *out) {
+    float_job *job = user;
+    fit_run *r = job->r;
+    const int64_t rows = shard_ncal(r, k) * r->n_comp;
+    if (rows <= 0) return KV_OK;
+    float *y = NULL, amax[4096] = {0};
+    kv_status s = kv_fit_store_get(&r->st, job->role, k / r->size, 1, &y); /* k = rank + j * size */
+    if (s != KV_OK) return s;
+    if (job->pass == 0)
+        kv_fit_float_hist_add(out, amax, y, (size_t)rows, r->kv_dim, job->n_groups);
+    else
+        kv_fit_float_sse_add(out, y, (size_t)rows, r->kv_dim, job->n_groups, job->fmt, job->cand);
+    return KV_OK;
+}
+
+static kv_status float_scales(fit_run *r, int l, int stream) {
+    const kv_plan_stream *ps = &r->plan->layers[l].stream[stream];
+    if (!kv_plan_method_is_float(ps->method) || r->cfg->fp.scale == 1) return KV_OK; /* scale: one */
+    float_job job = {r, stream == KV_PLAN_K ? KV_FIT_K : KV_FIT_V, ps->n_fp_scales, 0,
+                     ps->method == KV_PLAN_NVFP4 ? KV_FP_NVFP4 : ps->method == KV_PLAN_FP8_E5M2 ? KV_FP_E5M2 : KV_FP_E4M3,
+                     NULL};
+    const int ng = job.n_groups;
+    const size_t hl = kv_fit_float_hist_len(ng), cl = (size_t)ng * KV_FIT_FLOAT_CANDS;
+    double *acc = calloc(hl, sizeof(double));
+    float amax[4096] = {0}, cand[4096 * KV_FIT_FLOAT_CANDS], scales[4096];
+    int which[4096];
+    kv_status s = kv_dist_agree(r->dist, acc ? KV_OK : KV_ERR(KV_ENOMEM, "out of memory for scale histograms"));
+    if (s != KV_OK) goto done;
+    /* the largest |x| per group: this rank's calibration shards, then the maximum over ranks */
+    for (int64_t j = 0; j < r->n_local && s == KV_OK; j++) {
+        const int64_t rows = shard_ncal(r, r->shard_ids[j]) * r->n_comp;
+        float *y = NULL;
+        if (rows <= 0 || (s = kv_fit_store_get(&r->st, job.role, j, 1, &y)) != KV_OK) continue;
+        for (int64_t t = 0; t < rows; t++)
+            for (int c = 0; c < r->kv_dim; c++) {
+                const float a = fabsf(y[(size_t)t * (size_t)r->kv_dim + (size_t)c]);
+                const int g = c / (r->kv_dim / ng);
+                amax[g] = a > amax[g] ? a : amax[g];
+            }
+    }
+    if ((s = kv_dist_agree(r->dist, s)) != KV_OK) goto done;
+    for (int g = 0; g < ng && s == KV_OK; g++) {
+        double v = amax[g];
+        s = kv_dist_max(r->dist, &v);
+        amax[g] = (float)v;
+    }
+    if (s != KV_OK) goto done;
+    if ((s = kv_dist_fold(r->dist, acc, hl, r->n_shards, float_part, &job)) != KV_OK) goto done;
+    if (r->rank == 0) kv_fit_float_candidates(cand, acc, amax, ng, job.fmt);
+    if ((s = kv_dist_bcast(r->dist, cand, cl * sizeof(float), 0)) != KV_OK) goto done;
+    job.pass = 1, job.cand = cand;
+    if ((s = kv_dist_fold(r->dist, acc, cl, r->n_shards, float_part, &job)) != KV_OK) goto done;
+    if (r->rank == 0) kv_fit_float_choose(scales, which, acc, cand, ng);
+    if ((s = kv_dist_bcast(r->dist, scales, (size_t)ng * sizeof(float), 0)) != KV_OK ||
+        (s = kv_dist_bcast(r->dist, which, (size_t)ng * sizeof(int), 0)) != KV_OK)
+        goto done;
+    kv_log(KV_LOG_INFO, "fit: layer %d %s: %s scale%s %.6g (from the %s)%s", l, stream ? "V" : "K",
+           kv_plan_method_name(ps->method), ng > 1 ? "s (head 0)" : "", (double)scales[0],
+           kv_fit_float_cand_names[which[0]], ng > 1 ? ", one per KV head" : "");
+    s = kv_plan_set_fp_scales(r->plan, l, stream, ng, scales);
+done:
+    free(acc);
+    return s;
+}
+
 /* The stream's metrics from every held-out chunk's sums, added in chunk order. */
 static void stream_metrics(fit_run *r, int l, int stream, int has_pred, const double *ho, kv_fit_layer_report *lr) {
     const int kvd = r->kv_dim;
@@ -781,6 +877,7 @@ static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
         if ((s = fit_predictor(r, l, KV_PLAN_K, 1, ids, kin, lr)) != KV_OK) goto done;
         pk = r->plan->layers[l].stream[KV_PLAN_K].predictor;
     }
+    if ((s = float_scales(r, l, KV_PLAN_K)) != KV_OK) goto done;
     if ((s = kv_dist_agree(r->dist, quant_pass(r, l, KV_PLAN_K, pk, kin, ho))) != KV_OK) goto done;
     /* V: f_v([V_hat(l-1); K_hat(l)]) — the K role now holds K_hat(l) */
     const kv_plan_predictor *pv = NULL;
@@ -791,6 +888,7 @@ static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
         if ((s = fit_predictor(r, l, KV_PLAN_V, n_in, ids, vin, lr)) != KV_OK) goto done;
         pv = r->plan->layers[l].stream[KV_PLAN_V].predictor;
     }
+    if ((s = float_scales(r, l, KV_PLAN_V)) != KV_OK) goto done;
     if ((s = kv_dist_agree(r->dist, quant_pass(r, l, KV_PLAN_V, pv, vin, ho + n_ho))) != KV_OK) goto done;
     if ((s = kv_dist_sum_disjoint(r->dist, ho, 2 * n_ho)) != KV_OK) goto done;
     stream_metrics(r, l, KV_PLAN_K, pk != NULL, ho, lr);

@@ -3,6 +3,7 @@
 #define KV_FIT_INTERNAL_H
 
 #include "kv_calib.h"
+#include "kvrt.h"
 
 /* Report metric names stored in the plan (PLAN_FORMAT.md §6.8), in this order. */
 #define KV_FIT_N_METRICS 6
@@ -17,6 +18,22 @@ typedef struct kv_fit_seqs {
 } kv_fit_seqs;
 kv_status kv_fit_make_seqs(kv_fit_seqs *out, const kv_fit_data *data, const kv_fit_config *cfg);
 void kv_fit_seqs_free(kv_fit_seqs *s);
+
+/* ---- FP8 / NVFP4 scale fitter (fit_float.c) ----
+ * Groups: n_groups equal runs of channels of a kv_dim row (1: the tensor; n_kv_heads: the heads).
+ * Pass 1: a histogram of log2|x| (KV_FIT_FLOAT_BINS per group, doubles: summed over shards) and
+ * the largest |x| per group (a maximum over ranks). Candidates (KV_FIT_FLOAT_CANDS per group, named
+ * kv_fit_float_cand_names): scales from the max and from percentiles. Pass 2: per group and
+ * candidate, the squared error of quantizing the calibration values. Then the least-error scale. */
+#define KV_FIT_FLOAT_BINS 4096
+#define KV_FIT_FLOAT_CANDS 4
+extern const char *const kv_fit_float_cand_names[KV_FIT_FLOAT_CANDS];
+size_t kv_fit_float_hist_len(int n_groups);
+void kv_fit_float_hist_add(double *hist, float *amax, const float *x, size_t rows, int kv_dim, int n_groups);
+void kv_fit_float_candidates(float *cand, const double *hist, const float *amax, int n_groups, kv_fp_format fmt);
+void kv_fit_float_sse_add(double *sse, const float *x, size_t rows, int kv_dim, int n_groups, kv_fp_format fmt,
+                          const float *cand);
+void kv_fit_float_choose(float *scales, int *which, const double *sse, const float *cand, int n_groups);
 
 /* ---- per-token state, shard by shard (fit_store.c) ---- */
 enum { KV_FIT_H = 0, KV_FIT_K, KV_FIT_V, KV_FIT_KP, KV_FIT_VP, KV_FIT_ROLES };

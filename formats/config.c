@@ -27,7 +27,10 @@ typedef struct key_desc {
     const char *const *enum_names;   /* T_ENUM: names indexed by value, NULL-terminated */
 } key_desc;
 
-static const char *const k_methods[] = {"aqua", "aqua-uniform", "higgs", "kivi", NULL};
+static const char *const k_methods[] = {"aqua", "aqua-uniform", "higgs", "kivi", "fp8", "nvfp4", NULL};
+static const char *const k_fp8_formats[] = {"e4m3", "e5m2", NULL};
+static const char *const k_granularity[] = {"tensor", "head", NULL};
+static const char *const k_fp_scales[] = {"calibrated", "one", NULL};
 static const char *const k_axes[] = {"tokens", "channels", NULL};
 static const char *const k_dtypes[] = {"f32", "f16", NULL}; /* = KV_DTYPE_F32, KV_DTYPE_F16 */
 static const char *const k_weights[] = {"f32", "f16", "native", NULL}; /* = model/'s kv_weight_storage */
@@ -82,6 +85,9 @@ static const key_desc k_keys[] = {
     {"pruning.budget", T_DOUBLE, OFF(pruning.budget), -1e9, 1e9, NULL}, /* (0, 1]: kv_fit_config_validate */
     {"pruning.window", T_INT, OFF(pruning.window), 0, 1 << 20, NULL},
     {"pruning.pool", T_INT, OFF(pruning.pool), 0, 1023, NULL},
+    {"fp.fp8_format", T_ENUM, OFF(fp.fp8_format), 0, 0, k_fp8_formats},
+    {"fp.scale_granularity", T_ENUM, OFF(fp.scale_granularity), 0, 0, k_granularity},
+    {"fp.scale", T_ENUM, OFF(fp.scale), 0, 0, k_fp_scales},
     {"memory.weights", T_ENUM, OFF(memory.weights), 0, 0, k_weights},
     {"memory.stream_weights", T_BOOL, OFF(memory.stream_weights), 0, 1, NULL},
     {"memory.hidden_dtype", T_ENUM, OFF(memory.hidden_dtype), 0, 0, k_dtypes},
@@ -116,7 +122,7 @@ typedef struct origin {
     char where[N_KEYS][128];
 } origin;
 
-const char *kv_fit_method_name(int m) { return m >= 0 && m <= KV_FIT_KIVI ? k_methods[m] : NULL; }
+const char *kv_fit_method_name(int m) { return m >= 0 && m <= KV_FIT_NVFP4 ? k_methods[m] : NULL; }
 
 /* ---- init / free --------------------------------------------------------------------------- */
 kv_status kv_fit_config_init(kv_fit_config *c) {
@@ -617,6 +623,9 @@ kv_status kv_fit_config_validate(const kv_fit_config *c) {
         return CFG_ERR("pruning.budget", "a budget below 1 needs a pruning.method");
     if (c->pruning.pool != 0 && c->pruning.pool % 2 == 0)
         return CFG_ERR("pruning.pool", "must be 0 or odd (got %d)", c->pruning.pool);
+    if ((c->method == KV_FIT_FP8 || c->method == KV_FIT_NVFP4) && c->cache.rpc_ratio > 0.0)
+        return CFG_ERR("cache.rpc_ratio", "method %s keeps no recent pivotal context (serving engines' FP8 / NVFP4 "
+                       "caches have none)", kv_fit_method_name(c->method));
     if ((c->xquant.km >= 0 || c->xquant.vm >= 0) && c->method != KV_FIT_KIVI)
         return CFG_ERR(c->xquant.km >= 0 ? "xquant.km" : "xquant.vm",
                        "cross-layer code sharing needs the uniform quantizer without predictors: method kivi");

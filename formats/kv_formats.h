@@ -340,7 +340,7 @@ void kv_vocab_free(kv_vocab_data *v);
  * Indices: layers 0..n_layers-1; streams KV_PLAN_K (0) and KV_PLAN_V (1). kv_dim below means
  * fingerprint.n_kv_heads * fingerprint.head_dim. */
 #define KV_PLAN_VERSION_MAJOR 1
-#define KV_PLAN_VERSION_MINOR 0
+#define KV_PLAN_VERSION_MINOR 1
 #define KV_PLAN_MAX_PRED_INPUTS 8  /* PLAN_FORMAT.md §6.5 */
 
 typedef enum kv_plan_stream_id { KV_PLAN_K = 0, KV_PLAN_V = 1 } kv_plan_stream_id;
@@ -349,7 +349,12 @@ typedef enum kv_plan_stream_id { KV_PLAN_K = 0, KV_PLAN_V = 1 } kv_plan_stream_i
 typedef enum kv_plan_method {
     KV_PLAN_FP = 0,      /* full precision: bits 16 (f16) or 32 (f32) */
     KV_PLAN_UNIFORM = 1, /* asymmetric min-max groups (KIVI) with XQuant eta, bits 1..8 */
-    KV_PLAN_HIGGS = 2    /* RHT + vector quantization on a Gaussian grid (AQUA-KV backbone) */
+    KV_PLAN_HIGGS = 2,   /* RHT + vector quantization on a Gaussian grid (AQUA-KV backbone) */
+    /* 1.1: float formats of serving engines (kernels/FLOAT_KV.md), with f32 scales per tensor or per
+     * KV head (kv_plan_stream.fp_scales) */
+    KV_PLAN_FP8_E4M3 = 3, /* bits 8 */
+    KV_PLAN_FP8_E5M2 = 4, /* bits 8 */
+    KV_PLAN_NVFP4 = 5     /* bits 4, group_size 16 (E4M3 block scales), group_axis channels */
 } kv_plan_method;
 
 /* Which way a uniform quantization group runs. */
@@ -435,6 +440,8 @@ typedef struct kv_plan_stream {
     float rpc_ratio;         /* KVmix recent-pivotal-context fraction of the recent buffer, [0, 1] */
     kv_plan_predictor *predictor; /* NULL: none (kv_plan_set_predictor) */
     kv_plan_squat *squat;    /* NULL: none (kv_plan_set_squat; K only) */
+    int n_fp_scales;         /* FP8 / NVFP4: 1 (per tensor) or n_kv_heads (per KV head); else 0 */
+    float *fp_scales;        /* n_fp_scales finite values > 0 (kv_plan_set_fp_scales), or NULL */
 } kv_plan_stream;
 
 typedef struct kv_plan_layer {
@@ -486,7 +493,8 @@ typedef struct kv_plan_file_info {
 #define KV_PLAN_FEAT_SQUAT 0x10ull       /* required: a key stream uses SQuat */
 #define KV_PLAN_FEAT_PRUNING 0x20ull     /* required: token pruning is on */
 #define KV_PLAN_FEAT_PACK3_11 0x40ull    /* required: a stream packs 3-bit codes 11 per word */
-#define KV_PLAN_REQUIRED_KNOWN 0x7full
+#define KV_PLAN_FEAT_FLOAT 0x80ull      /* required (1.1): a stream uses FP8 or NVFP4 */
+#define KV_PLAN_REQUIRED_KNOWN 0xffull
 #define KV_PLAN_OPT_REPORT 0x1ull        /* optional: calibration report section present */
 #define KV_PLAN_OPT_SQUAT_BASIS 0x2ull   /* optional: a static SQuat basis is stored */
 #define KV_PLAN_OPT_PROVENANCE 0x4ull    /* optional: provenance section present */
@@ -515,6 +523,11 @@ kv_status kv_plan_set_predictor(kv_plan *p, int layer, int stream, int n_inputs,
                                 const float *bias);
 /* Set (replace) the SQuat parameters of layer's key stream; basis (n_kv_heads*r*head_dim) or NULL. */
 kv_status kv_plan_set_squat(kv_plan *p, int layer, int r, float lambda, int g, const float *basis);
+/* Set (replace) the tensor scales of an FP8 / NVFP4 stream: n = 1 (per tensor) or n_kv_heads
+ * (per KV head), each finite and > 0; copied. The stream's method must already be FP8 or NVFP4. */
+kv_status kv_plan_set_fp_scales(kv_plan *p, int layer, int stream, int n, const float *scales);
+/* 1 when the method is one of the float formats (FP8 E4M3, E5M2, NVFP4). */
+int kv_plan_method_is_float(int method);
 /* Append a grid (points n*d copied); its index goes to *index (may be NULL). */
 kv_status kv_plan_add_grid(kv_plan *p, int d, int n, const float *points, int *index);
 /* Replace the provenance with a deep copy of src (its NULL strings become empty). */
@@ -532,6 +545,18 @@ kv_status kv_plan_validate(const kv_plan *p);
 double kv_plan_stream_bits(const kv_plan *p, int layer, int stream);
 /* Bytes of f32 predictor weights and biases over the whole plan. */
 uint64_t kv_plan_predictor_bytes(const kv_plan *p);
+
+/* ---- export to serving engines' checkpoint formats (export_hf.c, kvcal export) ---- */
+typedef enum kv_export_format { KV_EXPORT_COMPRESSED_TENSORS = 0, KV_EXPORT_MODELOPT = 1 } kv_export_format;
+/* KV_OK when the format can express the plan, else KV_EUNSUPPORTED with the reason (a predictor, a
+ * stream that is not FP8 E4M3 / NVFP4, methods or scale counts that differ between streams, keys
+ * before RoPE, E5M2, NVFP4 in compressed-tensors, per-head scales in modelopt). */
+kv_status kv_export_check(const kv_plan *p, kv_export_format f);
+/* A copy of the Hugging Face checkpoint model_dir in out_dir (created; files copied) with the plan's
+ * scales as model.layers.N.self_attn.{k,v}_scale (kv_scales.safetensors, added to the index when there
+ * is one) and config.json's kv_cache_scheme (compressed-tensors) or hf_quant_config.json (modelopt).
+ * KV_EMISMATCH when config.json's layer or KV-head count differs from the plan's. */
+kv_status kv_export_hf(const kv_plan *p, const char *model_dir, kv_export_format f, const char *out_dir);
 
 /* Creation time for provenance: $SOURCE_DATE_EPOCH when set (reproducible builds; KV_EINVAL if it
  * is not a non-negative integer), else the current time. */
@@ -584,7 +609,9 @@ typedef enum kv_fit_method {
     KV_FIT_AQUA = 0,         /* AQUA-KV predictors + HIGGS */
     KV_FIT_AQUA_UNIFORM = 1, /* AQUA-KV predictors + uniform quantizer */
     KV_FIT_HIGGS = 2,        /* HIGGS alone */
-    KV_FIT_KIVI = 3          /* uniform quantizer alone (KIVI + XQuant eta) */
+    KV_FIT_KIVI = 3,         /* uniform quantizer alone (KIVI + XQuant eta) */
+    KV_FIT_FP8 = 4,          /* FP8 (fp.fp8_format) with calibrated tensor scales (calib/fit_float.c) */
+    KV_FIT_NVFP4 = 5         /* NVFP4 with a calibrated second-level tensor scale */
 } kv_fit_method;
 
 typedef struct kv_fit_stream_config {
@@ -664,6 +691,12 @@ typedef struct kv_fit_config {
         double budget;
         int window, pool;
     } pruning;
+    struct {                     /* methods fp8 / nvfp4 (kernels/FLOAT_KV.md, calib/fit_float.c) */
+        int fp8_format;          /* 0 e4m3, 1 e5m2 */
+        int scale_granularity;   /* 0 one scale per tensor (layer and stream), 1 one per KV head */
+        int scale;               /* 0 calibrated (max or a percentile of |x|, whichever quantizes the
+                                    calibration tokens with the least error), 1 fixed at 1.0 */
+    } fp;
     struct {                     /* where kvcal fit keeps its working set (calib/FIT.md §5) */
         int weights;             /* model weights: 0 f32, 1 f16, 2 native (model/'s kv_weight_storage) */
         int stream_weights;      /* hold one layer's weights at a time */

@@ -68,9 +68,14 @@ const char *kv_plan_method_name(int m) {
     case KV_PLAN_FP: return "fp";
     case KV_PLAN_UNIFORM: return "uniform";
     case KV_PLAN_HIGGS: return "higgs";
+    case KV_PLAN_FP8_E4M3: return "fp8_e4m3";
+    case KV_PLAN_FP8_E5M2: return "fp8_e5m2";
+    case KV_PLAN_NVFP4: return "nvfp4";
     }
     return NULL;
 }
+
+int kv_plan_method_is_float(int m) { return m == KV_PLAN_FP8_E4M3 || m == KV_PLAN_FP8_E5M2 || m == KV_PLAN_NVFP4; }
 const char *kv_plan_axis_name(int a) {
     switch (a) {
     case KV_PLAN_GROUP_TOKENS: return "tokens";
@@ -203,6 +208,7 @@ void kv_plan_free(kv_plan *p) {
             for (int st = 0; st < 2; st++) {
                 predictor_free(p->layers[l].stream[st].predictor);
                 squat_free(p->layers[l].stream[st].squat);
+                free(p->layers[l].stream[st].fp_scales);
             }
     }
     free(p->layers);
@@ -278,6 +284,28 @@ kv_status kv_plan_set_predictor(kv_plan *p, int layer, int stream, int n_inputs,
     kv_plan_stream *st = &p->layers[layer].stream[stream];
     predictor_free(st->predictor);
     st->predictor = pr;
+    return KV_OK;
+}
+
+kv_status kv_plan_set_fp_scales(kv_plan *p, int layer, int stream, int n, const float *scales) {
+    kv_status s = check_layer_stream(p, layer, stream, "kv_plan_set_fp_scales");
+    if (s != KV_OK) return s;
+    kv_plan_stream *st = &p->layers[layer].stream[stream];
+    if (!kv_plan_method_is_float(st->method))
+        return KV_ERR(KV_EINVAL, "kv_plan_set_fp_scales: layer %d %s is not an FP8 / NVFP4 stream", layer,
+                      kv_plan_stream_name(stream));
+    if (!scales || (n != 1 && n != p->fingerprint.n_kv_heads))
+        return KV_ERR(KV_EINVAL, "kv_plan_set_fp_scales: %d scales (1 or n_kv_heads = %d)", n, p->fingerprint.n_kv_heads);
+    for (int i = 0; i < n; i++)
+        if (!isfinite(scales[i]) || !(scales[i] > 0.0f))
+            return KV_ERR(KV_EINVAL, "kv_plan_set_fp_scales: layer %d %s scale %d is %g (must be finite and > 0)", layer,
+                          kv_plan_stream_name(stream), i, (double)scales[i]);
+    float *c = malloc((size_t)n * sizeof *c);
+    if (!c) return KV_ERR(KV_ENOMEM, "out of memory");
+    memcpy(c, scales, (size_t)n * sizeof *c);
+    free(st->fp_scales);
+    st->fp_scales = c;
+    st->n_fp_scales = n;
     return KV_OK;
 }
 
@@ -421,9 +449,33 @@ static kv_status validate_stream(const kv_plan *p, int l, int stream) {
             return SERR("method higgs takes group_axis channels, eta 0, pack word");
         break;
     }
-    default:
-        return SERR("method %d is not 0 (fp), 1 (uniform) or 2 (higgs)", (int)s->method);
+    case KV_PLAN_FP8_E4M3:
+    case KV_PLAN_FP8_E5M2:
+    case KV_PLAN_NVFP4: {
+        const int nv = s->method == KV_PLAN_NVFP4;
+        if (s->bits != (nv ? 4 : 8) || s->group_size != (nv ? 16 : 0) ||
+            s->group_axis != (nv ? KV_PLAN_GROUP_CHANNELS : KV_PLAN_GROUP_TOKENS) || s->scale_dtype != KV_DTYPE_F32 ||
+            s->eta != 0.0f || s->pack != KV_PLAN_PACK_WORD)
+            return SERR("method %s takes bits %d, group_size %d, group_axis %s, scale_dtype f32, eta 0, pack word",
+                        kv_plan_method_name(s->method), nv ? 4 : 8, nv ? 16 : 0, nv ? "channels" : "tokens");
+        const int nkv = p->fingerprint.n_kv_heads;
+        if (!s->fp_scales || (s->n_fp_scales != 1 && s->n_fp_scales != nkv))
+            return SERR("method %s needs 1 or n_kv_heads (%d) scales, has %d", kv_plan_method_name(s->method), nkv,
+                        s->fp_scales ? s->n_fp_scales : 0);
+        for (int i = 0; i < s->n_fp_scales; i++)
+            if (!isfinite(s->fp_scales[i]) || !(s->fp_scales[i] > 0.0f))
+                return SERR("scale %d is %g (must be finite and > 0)", i, (double)s->fp_scales[i]);
+        if (nv && s->n_fp_scales > 1 && hd % 16 != 0)
+            return SERR("NVFP4 per-head scales need head_dim (%d) to be a multiple of 16", hd);
+        if (s->share_codes_with_layer != -1) return SERR("a %s stream cannot share codes", kv_plan_method_name(s->method));
+        break;
     }
+    default:
+        return SERR("method %d is not 0 (fp), 1 (uniform), 2 (higgs), 3 (fp8_e4m3), 4 (fp8_e5m2) or 5 (nvfp4)",
+                    (int)s->method);
+    }
+    if (!kv_plan_method_is_float(s->method) && (s->fp_scales || s->n_fp_scales))
+        return SERR("tensor scales on a %s stream (FP8 / NVFP4 only)", kv_plan_method_name(s->method));
     if (s->method != KV_PLAN_FP && s->scale_dtype != KV_DTYPE_F16 && s->scale_dtype != KV_DTYPE_F32)
         return SERR("scale_dtype %d is not 0 (f32) or 1 (f16)", s->scale_dtype);
     if (s->method != KV_PLAN_HIGGS && s->higgs_grid != -1)
@@ -559,6 +611,7 @@ uint64_t kv_plan_required_features(const kv_plan *p) {
             if (s->share_codes_with_layer >= 0) f |= KV_PLAN_FEAT_SHARED_CODES;
             if (s->squat) f |= KV_PLAN_FEAT_SQUAT;
             if (s->pack == KV_PLAN_PACK_3BIT_11) f |= KV_PLAN_FEAT_PACK3_11;
+            if (kv_plan_method_is_float(s->method)) f |= KV_PLAN_FEAT_FLOAT;
         }
     return f;
 }
@@ -597,6 +650,11 @@ double kv_plan_stream_bits(const kv_plan *p, int layer, int stream) {
         while ((1L << b) < (long)g->n) b++;
         return code_bits_packed(b, KV_PLAN_PACK_WORD) / (double)g->d + sbits / (double)s->group_size;
     }
+    case KV_PLAN_FP8_E4M3:
+    case KV_PLAN_FP8_E5M2:
+        return 8.0; /* the tensor scales are per layer, not per value */
+    case KV_PLAN_NVFP4:
+        return 4.0 + 8.0 / 16.0; /* an E4M3 block scale per 16 values */
     }
     return 0.0;
 }

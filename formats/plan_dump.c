@@ -55,7 +55,7 @@ static double l2norm(const float *v, size_t n) {
 }
 
 static json_t *feature_list(uint64_t bits, int required, int *ok) {
-    static const char *const req[] = {"ZLIB", "HIGGS", "PREDICTOR", "SHARED_CODES", "SQUAT", "PRUNING", "PACK3_11"};
+    static const char *const req[] = {"ZLIB", "HIGGS", "PREDICTOR", "SHARED_CODES", "SQUAT", "PRUNING", "PACK3_11", "FLOAT"};
     static const char *const opt[] = {"REPORT", "SQUAT_BASIS", "PROVENANCE"};
     const char *const *names = required ? req : opt;
     const int n_names = required ? 7 : 3;
@@ -180,6 +180,7 @@ static json_t *dump_stream(const kv_plan *p, int l, int st, int full, int *ok) {
     put(row, "pre_rope", json_boolean(s->pre_rope), ok);
     put(row, "rpc_ratio", jf32(s->rpc_ratio), ok);
     put(row, "bits_per_value", json_real(kv_plan_stream_bits(p, l, st)), ok);
+    if (s->fp_scales) put(row, "scales", float_array(s->fp_scales, (size_t)s->n_fp_scales, ok), ok);
     if (!s->predictor && !s->squat) return row;
     /* A stream with fitted parameters: the scalar row first, then the parameters. */
     json_t *o = json_object();

@@ -197,7 +197,7 @@ static kv_status read_stream(reader *r, cursor *c, int l, int st) {
     kv_plan_stream *s = &r->p->layers[l].stream[st];
     /* Enum fields are range-checked here so that no out-of-range value reaches an enum type;
      * kv_plan_validate checks the combinations. */
-    s->method = (kv_plan_method)rd_range(c, 0, KV_PLAN_HIGGS, "stream method");
+    s->method = (kv_plan_method)rd_range(c, 0, KV_PLAN_NVFP4, "stream method");
     s->bits = (int)rd_range(c, 0, 64, "stream bits");
     s->group_size = (int)rd_range(c, 0, 1u << 20, "stream group_size");
     s->group_axis = (kv_plan_group_axis)rd_range(c, 0, KV_PLAN_GROUP_CHANNELS, "stream group_axis");
@@ -210,7 +210,7 @@ static kv_status read_stream(reader *r, cursor *c, int l, int st) {
     s->rpc_ratio = rd_f32(c, "stream rpc_ratio");
     const uint32_t reserved = rd_u32(c, "stream reserved");
     if (c->err != KV_OK) return c->err;
-    if (flags & ~(KV_PLAN_SF_PRE_ROPE | KV_PLAN_SF_PREDICTOR | KV_PLAN_SF_SQUAT))
+    if (flags & ~(KV_PLAN_SF_PRE_ROPE | KV_PLAN_SF_PREDICTOR | KV_PLAN_SF_SQUAT | KV_PLAN_SF_FP_SCALES))
         return KV_ERR(KV_EFORMAT, "layer %d %s: unknown stream flags 0x%x", l, kv_plan_stream_name(st), flags);
     if (reserved != 0) return KV_ERR(KV_EFORMAT, "layer %d %s: reserved field is %u, not 0", l, kv_plan_stream_name(st), reserved);
     s->pre_rope = (flags & KV_PLAN_SF_PRE_ROPE) ? 1 : 0;
@@ -326,6 +326,34 @@ static kv_status read_sqat(reader *r, cursor *c) {
     return finish(r, c);
 }
 
+static kv_status read_fscl(reader *r, cursor *c) { /* §6.9 (1.1) */
+    kv_plan *p = r->p;
+    uint32_t flagged = 0;
+    for (int i = 0; i < p->n_layers * 2; i++) flagged += (r->stream_flags[i] & KV_PLAN_SF_FP_SCALES) != 0;
+    const uint32_t n = rd_u32(c, "n_entries");
+    if (c->err != KV_OK) return c->err;
+    if (n != flagged)
+        return KV_ERR(KV_EFORMAT, "section 'FSCL': %u entries but %u streams have the FP_SCALES flag", n, flagged);
+    long prev = -1;
+    for (uint32_t k = 0; k < n; k++) {
+        const uint32_t l = rd_range(c, 0, (uint32_t)p->n_layers - 1, "scales layer");
+        const uint32_t st = rd_range(c, 0, 1, "scales stream");
+        const uint32_t ns = rd_range(c, 1, (uint32_t)p->fingerprint.n_kv_heads, "scales count");
+        if (c->err != KV_OK) return c->err;
+        if ((long)(l * 2 + st) <= prev)
+            return KV_ERR(KV_EFORMAT, "section 'FSCL': entry %u (layer %u) is out of order or repeated", k, l);
+        prev = (long)(l * 2 + st);
+        if (!(r->stream_flags[l * 2 + st] & KV_PLAN_SF_FP_SCALES))
+            return KV_ERR(KV_EFORMAT, "section 'FSCL': layer %u %s has scales but no FP_SCALES flag", l,
+                          kv_plan_stream_name((int)st));
+        kv_plan_stream *s = &p->layers[l].stream[st];
+        s->fp_scales = rd_f32s(c, ns, "scales");
+        if (c->err != KV_OK) return c->err;
+        s->n_fp_scales = (int)ns;
+    }
+    return finish(r, c);
+}
+
 static kv_status read_prov(reader *r, cursor *c) {
     kv_plan_provenance *v = &r->p->provenance;
     v->tool_version = rd_str(c, "tool_version");
@@ -359,7 +387,7 @@ static kv_status read_rept(reader *r, cursor *c) {
 
 /* ---- the file ---------------------------------------------------------------------------------- */
 /* The sections of §5 in decode order (FPRT first: it sizes everything else). */
-static const char k_known[][5] = {"FPRT", "GLOB", "GRID", "LAYR", "PRED", "SQAT", "PROV", "REPT"};
+static const char k_known[][5] = {"FPRT", "GLOB", "GRID", "LAYR", "PRED", "SQAT", "FSCL", "PROV", "REPT"};
 enum { N_KNOWN = sizeof k_known / sizeof *k_known };
 
 static int known_index(const char tag[4]) {
@@ -518,6 +546,7 @@ static const char *feature_name(uint64_t bit) {
     case KV_PLAN_FEAT_SQUAT: return "SQUAT";
     case KV_PLAN_FEAT_PRUNING: return "PRUNING";
     case KV_PLAN_FEAT_PACK3_11: return "PACK3_11";
+    case KV_PLAN_FEAT_FLOAT: return "FLOAT";
     }
     return "?";
 }
@@ -566,7 +595,7 @@ static kv_status read_all(reader *r) {
     if (s != KV_OK) return s;
 
     static kv_status (*const readers[N_KNOWN])(reader *, cursor *) = {
-        NULL, read_glob, read_grid, read_layr, read_pred, read_sqat, read_prov, read_rept};
+        NULL, read_glob, read_grid, read_layr, read_pred, read_sqat, read_fscl, read_prov, read_rept};
     for (int k = 1; k < N_KNOWN && s == KV_OK; k++) {
         const kv_plan_section_info *si = by_index[k];
         if (!si) continue;
@@ -583,6 +612,9 @@ static kv_status read_all(reader *r) {
             const uint8_t f = r->stream_flags[l * 2 + st];
             if ((f & KV_PLAN_SF_PREDICTOR) && !r->p->layers[l].stream[st].predictor)
                 return KV_ERR(KV_EFORMAT, "layer %d %s: PREDICTOR flag set but no predictor in section 'PRED'", l,
+                              kv_plan_stream_name(st));
+            if ((f & KV_PLAN_SF_FP_SCALES) && !r->p->layers[l].stream[st].fp_scales)
+                return KV_ERR(KV_EFORMAT, "layer %d %s: FP_SCALES flag set but no entry in section 'FSCL'", l,
                               kv_plan_stream_name(st));
             if ((f & KV_PLAN_SF_SQUAT) && !r->p->layers[l].stream[st].squat)
                 return KV_ERR(KV_EFORMAT, "layer %d %s: SQUAT flag set but no entry in section 'SQAT'", l,

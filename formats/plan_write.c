@@ -128,6 +128,7 @@ static void put_stream(kv_buf *b, const kv_plan_stream *s) { /* §6.4 stream rec
     if (s->pre_rope) flags |= KV_PLAN_SF_PRE_ROPE;
     if (s->predictor) flags |= KV_PLAN_SF_PREDICTOR;
     if (s->squat) flags |= KV_PLAN_SF_SQUAT;
+    if (s->fp_scales) flags |= KV_PLAN_SF_FP_SCALES;
     kv_buf_u32(b, (uint32_t)s->method);
     kv_buf_u32(b, (uint32_t)s->bits);
     kv_buf_u32(b, (uint32_t)s->group_size);
@@ -194,6 +195,22 @@ static void put_sqat(kv_buf *b, const kv_plan *p) { /* §6.6 */
     }
 }
 
+static void put_fscl(kv_buf *b, const kv_plan *p) { /* §6.9 (1.1) */
+    uint32_t n = 0;
+    for (int l = 0; l < p->n_layers; l++)
+        for (int st = 0; st < 2; st++) n += p->layers[l].stream[st].fp_scales != NULL;
+    kv_buf_u32(b, n);
+    for (int l = 0; l < p->n_layers; l++)
+        for (int st = 0; st < 2; st++) {
+            const kv_plan_stream *s = &p->layers[l].stream[st];
+            if (!s->fp_scales) continue;
+            kv_buf_u32(b, (uint32_t)l);
+            kv_buf_u32(b, (uint32_t)st);
+            kv_buf_u32(b, (uint32_t)s->n_fp_scales);
+            kv_buf_f32s(b, s->fp_scales, (size_t)s->n_fp_scales);
+        }
+}
+
 static void put_prov(kv_buf *b, const kv_plan *p) { /* §6.7 */
     const kv_plan_provenance *v = &p->provenance;
     kv_buf_str(b, v->tool_version);
@@ -254,8 +271,9 @@ kv_status kv_plan_write_memory(uint8_t **out, size_t *out_size, const kv_plan *p
     const int compress = opt ? opt->compress : 1;
     const size_t compress_min = opt && opt->compress_min ? opt->compress_min : 4096;
 
-    int any_pred = 0, any_squat = 0;
+    int any_pred = 0, any_squat = 0, any_fscl = 0;
     for (int l = 0; l < p->n_layers; l++) {
+        any_fscl |= p->layers[l].stream[0].fp_scales || p->layers[l].stream[1].fp_scales;
         any_pred |= p->layers[l].stream[0].predictor || p->layers[l].stream[1].predictor;
         any_squat |= p->layers[l].stream[KV_PLAN_K].squat != NULL;
     }
@@ -272,6 +290,7 @@ kv_status kv_plan_write_memory(uint8_t **out, size_t *out_size, const kv_plan *p
         {"LAYR", KV_PLAN_SECTION_REQUIRED, 1, put_layr},
         {"PRED", KV_PLAN_SECTION_REQUIRED, any_pred, put_pred},
         {"SQAT", KV_PLAN_SECTION_REQUIRED, any_squat, put_sqat},
+        {"FSCL", KV_PLAN_SECTION_REQUIRED, any_fscl, put_fscl},
         {"PROV", 0, 1, put_prov},
         {"REPT", 0, p->report.n_metrics > 0, put_rept},
     };

@@ -261,6 +261,131 @@ KV_HD float kv_qm_higgs_score(const float *qrot, size_t C, size_t g, size_t t, c
     return total;
 }
 
+/* ---- FP8 (E4M3, E5M2) and NVFP4 (E2M1 elements) ------------------------------------------------
+ * Definitions (kernels/FLOAT_KV.md cites them): OCP 8-bit Floating Point Specification (OFP8) rev. 1.0
+ * and NVIDIA's cuda_fp8.h / cuda_fp4.h conversions with __NV_SATFINITE; NVFP4 as NVIDIA defines it
+ * (E2M1 values in blocks of 16, one E4M3 block scale each, under one f32 scale per tensor).
+ *   E4M3 ("fn"): bias 7, 3 mantissa bits, no infinities, S.1111.111 is NaN, largest 448.
+ *   E5M2: bias 15, 2 mantissa bits, IEEE-like (S.11111.00 = Inf, S.11111.xx != 0 = NaN), largest 57344.
+ *   E2M1: bias 1, 1 mantissa bit, no Inf or NaN: 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+ * Conversion from f32: round to nearest, ties to even (on the code's last mantissa bit), saturating:
+ * a magnitude above the largest finite value (infinity included) becomes the largest finite value
+ * with its sign. NaN becomes the canonical NaN 0x7F (E4M3, E5M2; cuda_fp8.h returns the same);
+ * E2M1 has no NaN encoding: NaN becomes +6 (0x7; our choice, see FLOAT_KV.md). The quantizers reject
+ * non-finite inputs before converting (KV_ENUMERIC), so these rules only matter to direct callers. */
+
+/* 2^k exactly, for -126 <= k <= 127 (from the exponent bits: no library call). */
+KV_HD float kv_qm_pow2(int k) {
+    union { uint32_t u; float f; } v;
+    v.u = (uint32_t)(k + 127) << 23;
+    return v.f;
+}
+
+/* Magnitude of the unsigned minifloat bits `mag` (exponent field above M mantissa bits, bias B). */
+KV_HD float kv_qm_mf_magnitude(uint32_t mag, int M, int B) {
+    const uint32_t E = mag >> M, m = mag & ((1u << M) - 1u);
+    if (E == 0) return (float)m * kv_qm_pow2(1 - B - M); /* subnormal: m * 2^(1-B-M) */
+    return (float)((1u << M) | m) * kv_qm_pow2((int)E - B - M);
+}
+
+/* Magnitude bits of the representable value nearest to a, 0 <= a <= the format's largest finite
+ * value (finite), ties to even. The binade e of a (at least 1 - B, the subnormal one) gives the
+ * quantum 2^(e - M); a / quantum is an exact power-of-two scaling below 2^(M+2), rounded by the
+ * magic-number trick; code = ((e - (1 - B)) << M) + r covers the subnormals (e = 1 - B: code = r),
+ * and r = 2^(M+1) carries into the next binade by itself. */
+KV_HD uint32_t kv_qm_mf_encode_mag(float a, int M, int B) {
+    union { float f; uint32_t u; } v;
+    v.f = a;
+    const int emin = 1 - B;
+    int e = (int)(v.u >> 23) - 127;
+    e = e < emin ? emin : e;
+    const float r = (a * kv_qm_pow2(M - e) + KV_QM_ROUND_MAGIC) - KV_QM_ROUND_MAGIC;
+    return ((uint32_t)(e - emin) << M) + (uint32_t)(int32_t)r;
+}
+
+#define KV_QM_E4M3_MAX 448.0f
+#define KV_QM_E5M2_MAX 57344.0f
+#define KV_QM_E2M1_MAX 6.0f
+
+KV_HD float kv_qm_f32_from_bits(uint32_t u) {
+    union { uint32_t u; float f; } v;
+    v.u = u;
+    return v.f;
+}
+KV_HD uint32_t kv_qm_bits_of(float f) {
+    union { float f; uint32_t u; } v;
+    v.f = f;
+    return v.u;
+}
+
+KV_HD float kv_qm_e4m3_to_f32(uint32_t code) {
+    const uint32_t mag = code & 0x7fu;
+    if (mag == 0x7fu) return kv_qm_f32_from_bits(0x7fc00000u);
+    const float a = kv_qm_mf_magnitude(mag, 3, 7);
+    return kv_qm_f32_from_bits(kv_qm_bits_of(a) | ((code & 0x80u) << 24));
+}
+KV_HD float kv_qm_e5m2_to_f32(uint32_t code) {
+    const uint32_t mag = code & 0x7fu, sign = (code & 0x80u) << 24;
+    if ((mag >> 2) == 31u) return kv_qm_f32_from_bits((mag & 3u) ? 0x7fc00000u : (0x7f800000u | sign));
+    return kv_qm_f32_from_bits(kv_qm_bits_of(kv_qm_mf_magnitude(mag, 2, 15)) | sign);
+}
+KV_HD float kv_qm_e2m1_to_f32(uint32_t code) {
+    return kv_qm_f32_from_bits(kv_qm_bits_of(kv_qm_mf_magnitude(code & 7u, 1, 1)) | ((code & 8u) << 28));
+}
+
+/* Saturating round-to-nearest-even conversions (rules above). */
+KV_HD uint32_t kv_qm_e4m3_from_f32(float x) {
+    const uint32_t u = kv_qm_bits_of(x), sign = (u >> 24) & 0x80u, au = u & 0x7fffffffu;
+    if (au > 0x7f800000u) return 0x7fu;
+    float a = kv_qm_f32_from_bits(au);
+    a = a < KV_QM_E4M3_MAX ? a : KV_QM_E4M3_MAX;
+    return sign | kv_qm_mf_encode_mag(a, 3, 7);
+}
+KV_HD uint32_t kv_qm_e5m2_from_f32(float x) {
+    const uint32_t u = kv_qm_bits_of(x), sign = (u >> 24) & 0x80u, au = u & 0x7fffffffu;
+    if (au > 0x7f800000u) return 0x7fu;
+    float a = kv_qm_f32_from_bits(au);
+    a = a < KV_QM_E5M2_MAX ? a : KV_QM_E5M2_MAX;
+    return sign | kv_qm_mf_encode_mag(a, 2, 15);
+}
+KV_HD uint32_t kv_qm_e2m1_from_f32(float x) {
+    const uint32_t u = kv_qm_bits_of(x), sign = (u >> 28) & 0x8u, au = u & 0x7fffffffu;
+    if (au > 0x7f800000u) return 0x7u;
+    float a = kv_qm_f32_from_bits(au);
+    a = a < KV_QM_E2M1_MAX ? a : KV_QM_E2M1_MAX;
+    return sign | kv_qm_mf_encode_mag(a, 1, 1);
+}
+
+/* Element format of a float quantizer (kv_fp_format): code width, conversions, largest value. */
+KV_HD int kv_qm_fp_bits(int format) { return format == KV_FP_NVFP4 ? 4 : 8; }
+KV_HD float kv_qm_fp_max(int format) {
+    return format == KV_FP_E4M3 ? KV_QM_E4M3_MAX : format == KV_FP_E5M2 ? KV_QM_E5M2_MAX : KV_QM_E2M1_MAX;
+}
+KV_HD uint32_t kv_qm_fp_encode(int format, float x) {
+    return format == KV_FP_E4M3 ? kv_qm_e4m3_from_f32(x)
+           : format == KV_FP_E5M2 ? kv_qm_e5m2_from_f32(x) : kv_qm_e2m1_from_f32(x);
+}
+KV_HD float kv_qm_fp_decode(int format, uint32_t code) {
+    return format == KV_FP_E4M3 ? kv_qm_e4m3_to_f32(code)
+           : format == KV_FP_E5M2 ? kv_qm_e5m2_to_f32(code) : kv_qm_e2m1_to_f32(code);
+}
+
+/* The f32 scale of channel c (per tensor: n_scales == 1; per KV head: c / scale_channels). */
+KV_HD float kv_qm_fp_scale(const float *scales, int n_scales, int scale_channels, size_t c) {
+    return n_scales == 1 ? scales[0] : scales[c / (size_t)scale_channels];
+}
+
+/* NVFP4 block of n <= 16 values with block maximum |x| amax under the f32 scale S:
+ * the stored E4M3 block scale is e4m3((amax / 6) / S) (NVIDIA's two-level scaling: the tensor scale
+ * S = amax_tensor / (6 * 448) maps the block scales into E4M3's range); elements are
+ * e2m1(x / d) with d = e4m3_value(block scale) * S, and decode to e2m1_value * d. A block whose
+ * scale rounds to 0 stores zeros. */
+KV_HD uint32_t kv_qm_nvfp4_block_scale(float amax, float S) { return kv_qm_e4m3_from_f32((amax / 6.0f) / S); }
+KV_HD float kv_qm_nvfp4_block_mul(uint32_t bscale, float S) { return kv_qm_e4m3_to_f32(bscale) * S; }
+KV_HD uint32_t kv_qm_nvfp4_code(float x, float d) { return d > 0.0f ? kv_qm_e2m1_from_f32(x / d) : 0u; }
+/* FP8: code = fp8(x / S), value = fp8_value(code) * S. */
+KV_HD uint32_t kv_qm_fp8_code(int format, float x, float S) { return kv_qm_fp_encode(format, x / S); }
+
 /* ---- SQuat ------------------------------------------------------------------------------------- */
 /* rest[i] += sum_k w[i][k] * err[k] (k in order) for one remaining coordinate i. */
 KV_HD float kv_qm_squat_update(float rest_i, const float *w_row, const float *err, int gt) {

@@ -52,6 +52,20 @@ kv_status kv_quant_from_plan(kv_quant *out, const kv_plan *p, int layer, int str
         if ((st = kv_higgs_check(&out->higgs)) != KV_OK) return stream_refusal(st, layer, stream);
         return KV_OK;
     }
+    case KV_PLAN_FP8_E4M3:
+    case KV_PLAN_FP8_E5M2:
+    case KV_PLAN_NVFP4: {
+        const kv_plan_fingerprint *f = &p->fingerprint;
+        out->kind = KV_QUANT_FP;
+        out->fp.format = s->method == KV_PLAN_FP8_E4M3 ? KV_FP_E4M3 : s->method == KV_PLAN_FP8_E5M2 ? KV_FP_E5M2
+                                                                                                : KV_FP_NVFP4;
+        out->fp.n_scales = s->n_fp_scales;
+        out->fp.scale_channels = f->head_dim;
+        out->fp.scales = s->fp_scales; /* borrowed from the plan */
+        if ((st = kv_fpq_check(&out->fp, (size_t)f->n_kv_heads * (size_t)f->head_dim)) != KV_OK)
+            return stream_refusal(st, layer, stream);
+        return KV_OK;
+    }
     }
     return KV_ERR(KV_EFORMAT, "layer %d %s stream: unknown method %d", layer, stream ? "V" : "K", (int)s->method);
 }
@@ -69,6 +83,17 @@ kv_status kv_quant_roundtrip(float *x_hat, kv_block_storage *st, const kv_quant 
     }
     if (q->shared_codes)
         return KV_ERR(KV_EUNSUPPORTED, "a stream that reuses another layer's codes cannot be compressed alone");
+    if (q->kind == KV_QUANT_FP) {
+        uint32_t *fc = malloc((local.code_words ? local.code_words : 1) * sizeof(uint32_t));
+        uint8_t *bs = malloc(local.groups ? local.groups : 1);
+        if (!fc || !bs)
+            s = KV_ERR(KV_ENOMEM, "out of memory compressing %zu x %zu values", tokens, channels);
+        else if ((s = kv_fpq_encode_ref(fc, bs, &q->fp, tokens, channels, x)) == KV_OK)
+            s = kv_fpq_decode_ref(x_hat, &q->fp, tokens, channels, fc, bs);
+        free(fc);
+        free(bs);
+        return s;
+    }
     const size_t pbytes = (q->kind == KV_QUANT_UNIFORM ? q->uniform.param_type : q->higgs.norm_type) ==
                                   KV_PARAM_F32 ? 4 : 2;
     uint32_t *codes = malloc((local.code_words ? local.code_words : 1) * sizeof(uint32_t));

@@ -95,16 +95,32 @@ typedef struct kv_higgs {
                                  whole-token block; 0 for whole tokens */
 } kv_higgs;
 
+/* Float KV formats as serving engines hold them (FLOAT_KV.md): FP8 E4M3 / E5M2 elements with one f32
+ * scale per tensor or per KV head (x ~ fp8(x / s) * s), and NVFP4: E2M1 elements in blocks of
+ * KV_NVFP4_BLOCK consecutive channels of one token, one E4M3 scale per block, under the f32 scale
+ * (x ~ e2m1 * e4m3(block) * s). Element rules (rounding, saturation, NaN): kv_quant_math.h. */
+typedef enum kv_fp_format { KV_FP_E4M3 = 0, KV_FP_E5M2 = 1, KV_FP_NVFP4 = 2 } kv_fp_format;
+#define KV_NVFP4_BLOCK 16
+
+typedef struct kv_fpq {
+    kv_fp_format format;
+    int n_scales;         /* 1 (per tensor) or channels / scale_channels (per KV head) */
+    int scale_channels;   /* channels per scale when n_scales > 1 (head_dim); NVFP4: a multiple of 16 */
+    const float *scales;  /* n_scales finite values > 0 (borrowed; device pointer for _cuda calls) */
+} kv_fpq;
+
 typedef enum kv_quant_kind {
     KV_QUANT_F16 = 0,     /* unquantized, 16 bits per value (sinks, recent window) */
     KV_QUANT_UNIFORM = 1, /* also SQuat keys (same storage) */
-    KV_QUANT_HIGGS = 2
+    KV_QUANT_HIGGS = 2,
+    KV_QUANT_FP = 3       /* FP8 / NVFP4 (kv_fpq) */
 } kv_quant_kind;
 
 typedef struct kv_quant {
     kv_quant_kind kind;
     kv_uniform uniform;   /* KV_QUANT_UNIFORM */
     kv_higgs higgs;       /* KV_QUANT_HIGGS */
+    kv_fpq fp;            /* KV_QUANT_FP */
     int shared_codes;     /* uniform only: codes are another layer's (XQuant), none stored here */
 } kv_quant;
 
@@ -116,7 +132,7 @@ typedef struct kv_block_storage {
     uint64_t code_bytes;  /* 4 * code_words */
     uint64_t scale_bytes; /* uniform scales */
     uint64_t zero_bytes;  /* uniform zero points */
-    uint64_t norm_bytes;  /* HIGGS norms */
+    uint64_t norm_bytes;  /* HIGGS norms; NVFP4: its E4M3 block scales (1 byte per block) */
     uint64_t raw_bytes;   /* KV_QUANT_F16: 2 * values */
     uint64_t total_bytes; /* sum of the above */
     uint64_t total_bits;  /* 8 * total_bytes */
@@ -172,6 +188,19 @@ kv_status kv_higgs_decode_ref(float *x_hat, const kv_higgs *h, size_t tokens, si
 kv_status kv_higgs_scores_ref(float *scores, const kv_higgs *h, size_t tokens, size_t channels,
                               const uint32_t *indices, const void *norms, const float *query);
 
+/* ---- FP8 / NVFP4 ---------------------------------------------------------------------------------
+ * Codes: one per value at stream position t * channels + c, 8 bits (FP8, 4 per word) or 4 bits
+ * (NVFP4, 8 per word), packed as above. NVFP4 block scales: one E4M3 byte per block of 16 channels
+ * of a token (the last block of a token may be shorter), block = t * ceil(channels / 16) + c / 16. */
+/* Validate q for rows of `channels` values (KV_EINVAL naming the field). */
+kv_status kv_fpq_check(const kv_fpq *q, size_t channels);
+/* Encode x[tokens][channels]: codes (code_words words), bscales (NVFP4: groups bytes; FP8: unused,
+ * may be NULL). Non-finite input: KV_ENUMERIC. */
+kv_status kv_fpq_encode_ref(uint32_t *codes, uint8_t *bscales, const kv_fpq *q, size_t tokens, size_t channels,
+                            const float *x);
+kv_status kv_fpq_decode_ref(float *x_hat, const kv_fpq *q, size_t tokens, size_t channels, const uint32_t *codes,
+                            const uint8_t *bscales);
+
 /* ---- SQuat key quantization -------------------------------------------------------------------- */
 /* Query subspace of one KV head: qhat[r][d] = diag(sigma[:r]) V[:r] from the SVD of the stacked
  * queries[n][d] (all query heads of the group, all prompt tokens). Requires 1 <= r <= min(n, d).
@@ -220,6 +249,11 @@ kv_status kv_higgs_decode_cuda(float *x_hat, const kv_higgs *h, size_t tokens, s
 kv_status kv_higgs_scores_cuda(float *scores, const kv_higgs *h, size_t tokens, size_t channels,
                                const uint32_t *indices, const void *norms, const float *query,
                                kv_stream stream);
+/* q->scales is a device pointer here. */
+kv_status kv_fpq_encode_cuda(uint32_t *codes, uint8_t *bscales, const kv_fpq *q, size_t tokens, size_t channels,
+                             const float *x, kv_stream stream);
+kv_status kv_fpq_decode_cuda(float *x_hat, const kv_fpq *q, size_t tokens, size_t channels, const uint32_t *codes,
+                             const uint8_t *bscales, kv_stream stream);
 /* cuSOLVER gesvd on device queries[n][d] -> device qhat[r][d] (float precision). */
 kv_status kv_squat_subspace_cuda(float *qhat, const float *queries, size_t n, int d, int r,
                                  kv_stream stream);
@@ -312,9 +346,10 @@ typedef struct kv_rt_options {
 } kv_rt_options;
 
 /* Open a runtime for plan (validated here: every stream's method must be one this runtime applies:
- * f16/f32, uniform (with XQuant eta and shared codes), HIGGS, AQUA-KV predictors, KVmix RPC, token
- * pruning (StreamingLLM, H2O, SnapKV, PyramidKV) with f16/f32, uniform or HIGGS groups inside a head;
- * others are refused with KV_EUNSUPPORTED naming the layer and stream). *out NULL on failure. */
+ * f16/f32, uniform (with XQuant eta and shared codes), HIGGS, FP8 E4M3/E5M2 and NVFP4 (plan 1.1),
+ * AQUA-KV predictors, KVmix RPC, token pruning (StreamingLLM, H2O, SnapKV, PyramidKV) with f16/f32,
+ * uniform, float or HIGGS groups inside a head; others are refused with KV_EUNSUPPORTED naming the
+ * layer and stream). *out NULL on failure. */
 kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt);
 void kv_rt_close(kv_rt *rt); /* NULL ok */
 

@@ -54,10 +54,18 @@ for cfg in $configs; do
   plan="$out/$cfg.kvplan"
   budget=$fit_tokens
   case "$method" in kivi|higgs) budget=$fit_tokens_nopred ;; esac
+  # FP8 / NVFP4 (issue 20): fp8-one (scales 1.0), fp8-tensor, fp8-head, nvfp4-tensor, nvfp4-head:
+  # the suffix is the scale granularity, no bits; they fit only scales (the no-predictor budget)
+  mflags=(--bits "$bits")
+  case "$method" in
+    fp8|nvfp4)
+      budget=$fit_tokens_nopred
+      if [ "$bits" = one ]; then mflags=(--set fp.scale=one); else mflags=(--scale-granularity "$bits"); fi ;;
+  esac
   echo "== $cfg: fit on $(basename "$calib") ($budget tokens)" >&2
   start=$(date +%s.%N)
   "$kvcal" fit --model "$model" "${tokargs[@]}" --corpus "$calib" --out "$plan" --method "$method" \
-      --bits "$bits" --seq-len "$seq_len" --max-tokens "$budget" "${extra_fit[@]}" > "$out/$cfg.fit.txt"
+      "${mflags[@]}" --seq-len "$seq_len" --max-tokens "$budget" "${extra_fit[@]}" > "$out/$cfg.fit.txt"
   end=$(date +%s.%N)
   echo "== $cfg: evaluate on $(basename "$heldout") ($eval_tokens tokens, ctx $ctx)" >&2
   "$kvrun" eval --model "$model" "${tokargs[@]}" --text "$heldout" --ctx "$ctx" --max-tokens "$eval_tokens" \

@@ -4,7 +4,8 @@ import json
 import os
 import sys
 
-NAMES = {"kivi": "KIVI", "higgs": "HIGGS", "aqua": "AQUA-KV", "aqua-uniform": "AQUA-KV (uniform)"}
+NAMES = {"kivi": "KIVI", "higgs": "HIGGS", "aqua": "AQUA-KV", "aqua-uniform": "AQUA-KV (uniform)", "fp8": "FP8 E4M3",
+         "nvfp4": "NVFP4"}
 
 
 def main():

@@ -3,6 +3,8 @@
 
 static const kv_subcommand k_commands[] = {
     {"fit", "calibrate a compression plan on a corpus (AQUA-KV, HIGGS, KIVI), with held-out metrics", kvcal_fit},
+    {"export", "write a plan's FP8 / NVFP4 KV scales into a Hugging Face checkpoint (compressed-tensors, modelopt)",
+     kvcal_export},
     {"grids", "generate a Gaussian-optimal HIGGS grid file (LBG + Lloyd)", kvcal_grids},
     {NULL, NULL, NULL},
 };

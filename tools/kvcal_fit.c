@@ -77,7 +77,7 @@ static char *grid_cache_dir(void) {
 }
 
 static int method_from_name(const char *n) {
-    for (int m = 0; m <= KV_FIT_KIVI; m++)
+    for (int m = 0; m <= KV_FIT_NVFP4; m++)
         if (strcmp(n, kv_fit_method_name(m)) == 0) return m;
     return -1;
 }
@@ -94,7 +94,7 @@ static kv_status set_string(char **dst, const char *v) {
 int kvcal_fit(int argc, char **argv) {
     const char *tool = "kvcal fit";
     const char *model = NULL, *tokenizer = NULL, *corpus = NULL, *heldout = NULL, *config = NULL, *out = NULL;
-    const char *method = NULL, *set_last = NULL;
+    const char *method = NULL, *set_last = NULL, *granularity = NULL;
     long bits = 0, seq_len = 0, max_tokens = -1, seed = -1, threads = 0;
     int json = 0, no_ckpt = 0, bench = 0;
     const kv_opt opts[] = {
@@ -106,7 +106,9 @@ int kvcal_fit(int argc, char **argv) {
                                                         "else a seeded data.heldout_fraction of the calibration sequences)", 0},
         {"config", 0, KV_OPT_STRING, &config, "CFG.yaml", "fit configuration (configs/kvcal-example.yaml)", 0},
         {"out", 'o', KV_OPT_STRING, &out, "PLAN", "plan to write (atomically); PLAN.ckpt/ holds checkpoints", 1},
-        {"method", 0, KV_OPT_STRING, &method, "NAME", "aqua (default), aqua-uniform, higgs or kivi", 0},
+        {"method", 0, KV_OPT_STRING, &method, "NAME", "aqua (default), aqua-uniform, higgs, kivi, fp8 or nvfp4", 0},
+        {"scale-granularity", 0, KV_OPT_STRING, &granularity, "G", "fp8 / nvfp4: one calibrated scale per tensor "
+                                                                "(default) or per KV head (fp.scale_granularity)", 0},
         {"bits", 'b', KV_OPT_INT, &bits, "B", "bits of keys and values: 2, 3, 4, 8, or 16 (kivi: kept in f16, for pruning plans; default: the config's, 2)", 0},
         {"seq-len", 0, KV_OPT_INT, &seq_len, "N", "tokens per calibration sequence (data.seq_len, default 1024)", 0},
         {"max-tokens", 0, KV_OPT_INT, &max_tokens, "N", "calibration tokens at most, 0 = all (data.max_tokens)", 0},
@@ -131,7 +133,8 @@ int kvcal_fit(int argc, char **argv) {
     }
     kv_cli_args a;
     int rc = kv_cli_parse(&a, tool,
-                          "--model M --corpus FILE --out PLAN [--config CFG.yaml] [--method aqua|aqua-uniform|higgs|kivi] "
+                          "--model M --corpus FILE --out PLAN [--config CFG.yaml] [--method aqua|aqua-uniform|higgs|kivi|fp8|nvfp4] "
+                          "[--scale-granularity tensor|head] "
                           "[--bits 2|3|4|8|16] [--seq-len N] [--max-tokens N] [--seed S] [--json] [--set key=value ...]",
                           "Fit a KV-cache compression plan for a model on a calibration corpus, layer by layer "
                           "(AQUA-KV, aquakv.txt Algorithm 1): capture each layer's keys and values, fit linear "
@@ -165,7 +168,12 @@ int kvcal_fit(int argc, char **argv) {
     /* ---- flags that are usage errors ---- */
     int method_id = -1;
     if (method && (method_id = method_from_name(method)) < 0) {
-        rc = kv_cli_usage_error(tool, "--method must be aqua, aqua-uniform, higgs or kivi (got '%s')", method);
+        rc = kv_cli_usage_error(tool, "--method must be aqua, aqua-uniform, higgs, kivi, fp8 or nvfp4 (got '%s')",
+                                method);
+        goto end;
+    }
+    if (granularity && strcmp(granularity, "tensor") != 0 && strcmp(granularity, "head") != 0) {
+        rc = kv_cli_usage_error(tool, "--scale-granularity must be tensor or head (got '%s')", granularity);
         goto end;
     }
     if (kv_cli_given(&a, opts, "bits") && !((bits >= 2 && bits <= 4) || bits == 8 || bits == KV_FIT_F16_BITS)) {
@@ -224,6 +232,10 @@ int kvcal_fit(int argc, char **argv) {
         }
         if (kv_cli_given(&a, opts, "seed")) {
             snprintf(as, sizeof as, "seed=%ld", seed);
+            if ((s = kv_fit_config_set(&cfg, as)) != KV_OK) goto fail;
+        }
+        if (granularity) {
+            snprintf(as, sizeof as, "fp.scale_granularity=%s", granularity);
             if ((s = kv_fit_config_set(&cfg, as)) != KV_OK) goto fail;
         }
     }

@@ -82,6 +82,16 @@ kv_status kv_quant_storage(kv_block_storage *out, const kv_quant *q, size_t toke
         out->norm_bytes = (q->higgs.norm_type == KV_PARAM_F16 ? 2u : 4u) * out->groups;
         break;
     }
+    case KV_QUANT_FP: {
+        if ((s = kv_fpq_check(&q->fp, channels)) != KV_OK) return s;
+        const int bits = kv_qm_fp_bits((int)q->fp.format);
+        out->code_words = kv_pack_words(n, bits, 0);
+        if (q->fp.format == KV_FP_NVFP4) { /* one E4M3 byte per block of 16 channels of a token */
+            out->groups = (uint64_t)tokens * ((channels + KV_NVFP4_BLOCK - 1) / KV_NVFP4_BLOCK);
+            out->norm_bytes = out->groups;
+        }
+        break;
+    }
     default:
         return KV_ERR(KV_EINVAL, "bits accounting: unknown quantizer kind %d", (int)q->kind);
     }

@@ -222,6 +222,10 @@ static void item_scores(const attn_job *jb, int h, int a, int b, const float *qv
                 rt_uniform_scores(c, codes, params, p.blk->m, r0, r1, p.kh, qv, nqv, o, ld);
                 continue;
             }
+            if (c->kind == RT_FLOAT) {
+                rt_float_scores(c, codes, params, p.blk->m, r0, r1, p.kh, qv, nqv, o, ld);
+                continue;
+            }
             if (c->kind == RT_HIGGS && c->higgs_direct) {
                 rt_higgs_scores(c, codes, params, p.blk->m, r0, r1, p.kh, hprep, nqv, o, ld);
                 continue;
@@ -272,6 +276,8 @@ static void item_values(const attn_job *jb, int h, int a, int b, const float *pr
             rt_f32_accum((const float *)p.blk->data + (size_t)r0 * cd + off, cd, len, hd, pp, ld, nqv, acc);
         } else if (c->kind == RT_UNIFORM) {
             rt_uniform_accum(c, codes, params, p.blk->m, r0, r1, p.kh, pp, ld, nqv, acc);
+        } else if (c->kind == RT_FLOAT) {
+            rt_float_accum(c, codes, params, p.blk->m, r0, r1, p.kh, pp, ld, nqv, acc);
         } else if (c->higgs_direct) {
             if (!any_higgs) memset(racc, 0, (size_t)nqv * (size_t)hd * sizeof(float));
             any_higgs = 1;

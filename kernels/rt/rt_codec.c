@@ -46,6 +46,13 @@ kv_status rt_codec_init(rt_codec *c, const kv_plan *p, int layer, int stream, kv
         if (s != KV_OK) return kv_error_wrap(s, "plan: "); /* the message names the layer and stream */
         break;
     }
+    case KV_PLAN_FP8_E4M3: /* rt_float.c */
+    case KV_PLAN_FP8_E5M2:
+    case KV_PLAN_NVFP4: {
+        kv_status s = kv_quant_from_plan(&c->q, p, layer, stream);
+        if (s != KV_OK) return kv_error_wrap(s, "plan: ");
+        return rt_float_init(c);
+    }
     default:
         return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: unknown method %d", layer, stream_name(stream),
                       (int)ps->method);
@@ -73,6 +80,21 @@ kv_status rt_codec_init(rt_codec *c, const kv_plan *p, int layer, int stream, kv
     return KV_OK;
 }
 
+/* A float stream's codec for one head's own blocks: the head's scale (per-head scales) and its own
+ * element table; NVFP4 blocks of 16 channels must not span heads (a head's block holds only its
+ * channels). */
+static kv_status float_head_init(rt_codec *dst, const rt_codec *full, int h) {
+    if (full->q.fp.format == KV_FP_NVFP4 && full->head_dim % KV_NVFP4_BLOCK)
+        return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: NVFP4 blocks of %d channels span KV heads (head_dim %d), so "
+                      "a head's kept tokens cannot be coded on their own (token pruning keeps tokens per head)",
+                      full->layer, stream_name(full->stream), KV_NVFP4_BLOCK, full->head_dim);
+    if (full->q.fp.n_scales > 1) {
+        dst->q.fp.scales = full->q.fp.scales + h;
+        dst->q.fp.n_scales = 1;
+    }
+    return rt_float_init(dst);
+}
+
 kv_status rt_codec_head_init(rt_codec *dst, const rt_codec *full, int h) {
     *dst = *full;
     dst->kv_dim = full->head_dim;
@@ -82,6 +104,8 @@ kv_status rt_codec_head_init(rt_codec *dst, const rt_codec *full, int h) {
     dst->granule = 1;
     dst->share_from = -1;
     dst->signs = NULL;
+    dst->lut = NULL; /* a table is the codec's own (rt_codec_free frees it) */
+    if (full->kind == RT_FLOAT) return float_head_init(dst, full, h);
     if (full->kind != RT_HIGGS) return KV_OK;
     if (full->head_dim % full->q.higgs.group)
         return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: HIGGS groups of %d channels span KV heads (head_dim %d), so a "
@@ -99,6 +123,8 @@ void rt_codec_free(rt_codec *c) {
     if (!c) return;
     free(c->signs);
     c->signs = NULL;
+    free(c->lut);
+    c->lut = NULL;
 }
 
 void rt_codec_layout(const rt_codec *c, int m, rt_layout *out) {
@@ -114,7 +140,7 @@ void rt_codec_layout(const rt_codec *c, int m, rt_layout *out) {
     if (kv_quant_storage(&st, &c->q, (size_t)m, (size_t)c->kv_dim) != KV_OK) return;
     out->code_bytes = (size_t)st.code_bytes;
     out->groups = (size_t)st.groups;
-    out->param_bytes = (size_t)(c->kind == RT_HIGGS ? st.norm_bytes : st.scale_bytes);
+    out->param_bytes = (size_t)(c->kind == RT_HIGGS || c->kind == RT_FLOAT ? st.norm_bytes : st.scale_bytes);
     out->total = (size_t)st.total_bytes;
 }
 
@@ -132,6 +158,7 @@ kv_status rt_codec_encode(const rt_codec *c, uint8_t *blk, int m, const float *x
     rt_codec_layout(c, m, &L);
     uint32_t *codes = (uint32_t *)blk;
     uint8_t *params = blk + L.code_bytes;
+    if (c->kind == RT_FLOAT) return kv_fpq_encode_ref(codes, params, &c->q.fp, (size_t)m, (size_t)c->kv_dim, x);
     if (c->kind == RT_UNIFORM) /* shared codes: this layer stores its scales and zero points only */
         return kv_uniform_encode_ref(c->share_from >= 0 ? NULL : codes, params, params + L.param_bytes, &c->q.uniform,
                                      (size_t)m, (size_t)c->kv_dim, x);
@@ -222,6 +249,9 @@ void rt_codec_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, 
     case RT_HIGGS:
         decode_higgs(c, b, r0, r1, h, out, ldo);
         return;
+    case RT_FLOAT:
+        rt_float_decode_head(c, b, r0, r1, h, out, ldo);
+        return;
     }
 }
 
@@ -242,6 +272,7 @@ kv_status rt_codec_decode(const rt_codec *c, const rt_block *b, float *out) {
     const uint32_t *codes;
     const uint8_t *params;
     rt_block_parts(c, b, &codes, &params);
+    if (c->kind == RT_FLOAT) return kv_fpq_decode_ref(out, &c->q.fp, (size_t)m, (size_t)c->kv_dim, codes, params);
     if (c->kind == RT_UNIFORM)
         return kv_uniform_decode_ref(out, &c->q.uniform, (size_t)m, (size_t)c->kv_dim, codes, params,
                                      params + L.param_bytes);

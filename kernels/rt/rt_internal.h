@@ -37,7 +37,7 @@ extern "C" {
 /* Keys/values decoded per tile on the tiled path and in the generic decode kernels. */
 #define RT_TILE 128
 
-typedef enum rt_kind { RT_F16 = 0, RT_F32 = 1, RT_UNIFORM = 2, RT_HIGGS = 3 } rt_kind;
+typedef enum rt_kind { RT_F16 = 0, RT_F32 = 1, RT_UNIFORM = 2, RT_HIGGS = 3, RT_FLOAT = 4 /* FP8 / NVFP4 */ } rt_kind;
 
 /* How one (layer, stream) is stored and read. Shared by every sequence; immutable after open. */
 typedef struct rt_codec {
@@ -54,6 +54,7 @@ typedef struct rt_codec {
     int higgs_direct;              /* HIGGS: groups lie inside one head (g divides head_dim) */
     int share_from;                /* XQuant: the layer whose codes this stream decodes, or -1 */
     kv_grid_search *search;        /* HIGGS encoder accelerator (d <= 2) or NULL */
+    float *lut;                    /* FP8 / NVFP4: the value of every element code (rt_float.c) */
 } rt_codec;
 
 /* Byte layout of a block of m tokens: [codes][scales or norms][zeros]. */
@@ -214,6 +215,15 @@ void rt_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *pa
 void rt_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
                     int h, const float *p, size_t ld, int nq, float *racc);
 void rt_higgs_finish(const rt_codec *c, int h, int nq, float *racc, float *acc);
+
+/* FP8 / NVFP4 (rt_float.c): the codec's kind, packing and element table from c->q.fp; kernels as the
+ * uniform ones (params: the NVFP4 block scales); decode of one head's rows. */
+kv_status rt_float_init(rt_codec *c);
+void rt_float_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1, int h,
+                     const float *q, int nq, float *out, size_t ld);
+void rt_float_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1, int h,
+                    const float *p, size_t ld, int nq, float *acc);
+void rt_float_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo);
 
 /* f16 rows (row stride ld halves): scores and weighted sums, nq queries, rows [0, n). */
 void rt_f16_scores(const uint16_t *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo);

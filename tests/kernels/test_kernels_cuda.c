@@ -339,6 +339,106 @@ START_TEST(gpu_squat_matches_cpu) {
 }
 END_TEST
 
+/* ---- FP8 / NVFP4 ------------------------------------------------------------------------------------ */
+typedef struct f_case {
+    int format;
+    size_t tokens, channels;
+    int scale_channels; /* 0: one scale per tensor */
+    float spread;       /* input standard deviation (large: saturation at small scales) */
+} f_case;
+static const f_case k_f[] = {
+    {KV_FP_E4M3, 77, 13, 0, 1.0f},    {KV_FP_E4M3, 130, 64, 32, 3.0f}, {KV_FP_E4M3, 1, 1, 0, 1e4f},
+    {KV_FP_E5M2, 9, 53, 0, 100.0f},   {KV_FP_E5M2, 40, 48, 16, 1.0f},  {KV_FP_NVFP4, 5, 7, 0, 1.0f},
+    {KV_FP_NVFP4, 300, 64, 32, 2.0f}, {KV_FP_NVFP4, 33, 40, 0, 50.0f}, {KV_FP_NVFP4, 0, 16, 0, 1.0f},
+    {KV_FP_E4M3, 3, 0, 0, 1.0f},
+};
+
+/* Codes and block scales exactly equal; decoded values bit-identical (the same KV_HD expressions);
+ * also every FP8 code's value through the conversion (the GPU encodes the full table). */
+START_TEST(gpu_fpq_matches_cpu) {
+    const f_case *k = &k_f[_i];
+    const int ns = k->scale_channels ? (int)(k->channels / (size_t)k->scale_channels) : 1;
+    float scales[8];
+    for (int i = 0; i < ns; i++) scales[i] = 0.05f * (float)(i + 1) * (k->spread > 10.0f ? 0.01f : 1.0f);
+    float *dsc = to_dev(scales, (size_t)ns * 4);
+    const kv_fpq qh = {.format = (kv_fp_format)k->format, .n_scales = ns, .scale_channels = k->scale_channels, .scales = scales};
+    kv_fpq qd = qh;
+    qd.scales = dsc;
+    const kv_quant kq = {.kind = KV_QUANT_FP, .fp = qh};
+    kv_block_storage bs;
+    ck_assert_kv_ok(kv_quant_storage(&bs, &kq, k->tokens, k->channels));
+    const size_t n = bs.values;
+    float *x = randn(n, 900 + (uint64_t)_i, k->spread, 0.1f);
+    uint32_t *w = calloc(bs.code_words + 1, 4);
+    uint8_t *b = calloc(bs.groups + 1, 1);
+    float *y = malloc((n + 1) * 4);
+    ck_assert_kv_ok(kv_fpq_encode_ref(w, b, &qh, k->tokens, k->channels, x));
+    ck_assert_kv_ok(kv_fpq_decode_ref(y, &qh, k->tokens, k->channels, w, b));
+    float *dx = to_dev(x, n * 4), *dy = dev_alloc(n * 4);
+    uint32_t *dw = dev_alloc(bs.code_bytes);
+    uint8_t *db = dev_alloc(bs.groups);
+    ck_assert_kv_ok(kv_fpq_encode_cuda(dw, db, &qd, k->tokens, k->channels, dx, NULL));
+    uint32_t *hw = to_host(dw, bs.code_bytes);
+    uint8_t *hb = to_host(db, bs.groups);
+    ck_assert_msg(memcmp(w, hw, bs.code_bytes) == 0, "codes differ");
+    ck_assert_msg(memcmp(b, hb, bs.groups) == 0, "block scales differ");
+    ck_assert_kv_ok(kv_fpq_decode_cuda(dy, &qd, k->tokens, k->channels, dw, db, NULL));
+    float *hy = to_host(dy, n * 4);
+    ck_assert_msg(memcmp(y, hy, n * 4) == 0, "decoded values differ");
+    dev_check_guard(dw, bs.code_bytes);
+    dev_check_guard(db, bs.groups);
+    dev_check_guard(dy, n * 4);
+    if (n) {
+        x[n / 2] = INFINITY;
+        ck_assert_int_eq(kv_fpq_encode_ref(w, b, &qh, k->tokens, k->channels, x), KV_ENUMERIC);
+        ck_assert_int_eq(cudaMemcpy(dx, x, n * 4, cudaMemcpyHostToDevice), cudaSuccess);
+        ck_assert_int_eq(kv_fpq_encode_cuda(dw, db, &qd, k->tokens, k->channels, dx, NULL), KV_ENUMERIC);
+    }
+    dev_free(dsc);
+    dev_free(dx);
+    dev_free(dy);
+    dev_free(dw);
+    dev_free(db);
+    free(x);
+    free(w);
+    free(b);
+    free(y);
+    free(hw);
+    free(hb);
+    free(hy);
+}
+END_TEST
+
+/* Every finite FP8 value (times a scale of 1) through the GPU's conversion: its own code. */
+START_TEST(gpu_fp8_every_code) {
+    for (int f = 0; f < 2; f++) {
+        const int fmt = f ? KV_FP_E5M2 : KV_FP_E4M3;
+        float x[256], one = 1.0f;
+        uint32_t want[256];
+        size_t n = 0;
+        for (uint32_t c = 0; c < 256; c++) {
+            const float v = kv_qm_fp_decode(fmt, c);
+            if (isfinite(v)) {
+                x[n] = v;
+                want[n++] = c;
+            }
+        }
+        float *d1 = to_dev(&one, 4), *dx = to_dev(x, n * 4);
+        const size_t nbytes = (n + 3) / 4 * 4;
+        uint32_t *dw = dev_alloc(nbytes);
+        const kv_fpq q = {.format = (kv_fp_format)fmt, .n_scales = 1, .scales = d1};
+        ck_assert_kv_ok(kv_fpq_encode_cuda(dw, NULL, &q, 1, n, dx, NULL));
+        uint32_t *hw = to_host(dw, nbytes);
+        for (size_t i = 0; i < n; i++) ck_assert_uint_eq(kv_qm_unpack(hw, i, 8, 4), want[i]);
+        dev_check_guard(dw, nbytes);
+        dev_free(d1);
+        dev_free(dx);
+        dev_free(dw);
+        free(hw);
+    }
+}
+END_TEST
+
 int main(void) {
     if (!kv_cuda_available()) {
         printf("test_kernels_cuda: no usable CUDA device, skipping\n");
@@ -351,6 +451,8 @@ int main(void) {
     tcase_add_loop_test(tc, gpu_uniform_matches_cpu, 0, (int)(sizeof k_u / sizeof k_u[0]));
     tcase_add_loop_test(tc, gpu_higgs_matches_cpu, 0, (int)(sizeof k_h / sizeof k_h[0]));
     tcase_add_loop_test(tc, gpu_squat_matches_cpu, 0, (int)(sizeof k_s / sizeof k_s[0]));
+    tcase_add_loop_test(tc, gpu_fpq_matches_cpu, 0, (int)(sizeof k_f / sizeof k_f[0]));
+    tcase_add_test(tc, gpu_fp8_every_code);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);

@@ -100,6 +100,21 @@ fail:
     return s;
 }
 
+kv_status plan_sample_make_v1_1(kv_plan **out) {
+    kv_plan *p = NULL;
+    kv_status s = plan_sample_make(&p);
+    if (s != KV_OK) return s;
+    kv_plan_stream *v2 = &p->layers[2].stream[KV_PLAN_V];
+    v2->method = KV_PLAN_FP8_E4M3, v2->bits = 8;
+    const float sc[2] = {0.5f, 0.0625f};
+    if ((s = kv_plan_set_fp_scales(p, 2, KV_PLAN_V, 2, sc)) != KV_OK) {
+        kv_plan_free(p);
+        return s;
+    }
+    *out = p;
+    return KV_OK;
+}
+
 /* ---- comparison ---------------------------------------------------------------------------- */
 static int feq(float a, float b) { return (isnan(a) && isnan(b)) || memcmp(&a, &b, sizeof a) == 0; }
 static int farr_eq(const float *a, const float *b, size_t n) {
@@ -156,6 +171,8 @@ int plan_equal(const kv_plan *a, const kv_plan *b, char *why, size_t why_n) {
                     !farr_eq(pa->bias, pb->bias, (size_t)pa->out_dim))
                     DIFF("layer %d stream %d predictor values", l, st);
             }
+            if (x->n_fp_scales != y->n_fp_scales || !farr_eq(x->fp_scales, y->fp_scales, (size_t)x->n_fp_scales))
+                DIFF("layer %d stream %d tensor scales differ", l, st);
             if (!x->squat != !y->squat) DIFF("layer %d stream %d squat presence", l, st);
             if (x->squat) {
                 const kv_plan_squat *qa = x->squat, *qb = y->squat;

@@ -12,6 +12,8 @@
  * shared codes / FP streams, two predictors (K <- L0.K; V <- [L0.V; L1.K]), SQuat with a basis,
  * SnapKV pruning, provenance with a multi-line config, a report with a NaN. */
 kv_status plan_sample_make(kv_plan **out);
+/* Format 1.1's golden content: the sample with layer 2 V in FP8 E4M3 with per-KV-head scales. */
+kv_status plan_sample_make_v1_1(kv_plan **out);
 /* The sample's fingerprint alone. */
 void plan_sample_fingerprint(kv_plan_fingerprint *fp);
 

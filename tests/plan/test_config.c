@@ -85,7 +85,7 @@ static const bad_case k_bad[] = {
     {"keys:\n  bits: two\n", "cfg.yaml:2:9: key 'keys.bits': expected an integer"},
     {"keys:\n  eta: 0.5\n", "cfg.yaml:2:8: key 'keys.eta': expected a number in [0, 0.4999]"},
     {"keys:\n  eta: .nan\n", "key 'keys.eta': expected a number"},
-    {"method: fast\n", "cfg.yaml:1:9: key 'method': expected one of aqua, aqua-uniform, higgs, kivi; got 'fast'"},
+    {"method: fast\n", "cfg.yaml:1:9: key 'method': expected one of aqua, aqua-uniform, higgs, kivi, fp8, nvfp4; got 'fast'"},
     {"cache:\n  pre_rope: maybe\n", "cfg.yaml:2:13: key 'cache.pre_rope': expected true or false"},
     {"data: 5\n", "cfg.yaml:1:1: key 'data' must be a mapping"},
     {"seed: [1, 2]\n", "cfg.yaml:1:1: key 'seed' takes a single value, not a list"},

@@ -4,7 +4,9 @@
  * bits per value, dumps.
  *
  * Modes besides the test run (used once, results committed):
- *   test_plan --write-golden PATH    write the golden v1.0 plan
+ *   test_plan --write-golden PATH    write the golden v1.0 plan (done once with the 1.0 writer; the
+ *                                    current writer writes minor 1, so do not regenerate it)
+ *   test_plan --write-golden-1.1 PATH  write the golden v1.1 plan (FP8 stream, tensor scales)
  *   test_plan --write-corpus DIR     write the fuzz seed corpus (valid plans + every corrupt variant) */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
@@ -43,7 +45,7 @@ static void roundtrip_with(const kv_plan_write_options *o) {
     ck_assert_msg(plan_equal(p, q, why, sizeof why), "round trip: %s", why);
     /* file info */
     ck_assert_int_eq(q->file.version_major, 1);
-    ck_assert_int_eq(q->file.version_minor, 0);
+    ck_assert_int_eq(q->file.version_minor, KV_PLAN_VERSION_MINOR); /* writers write the current minor */
     ck_assert_uint_eq(q->file.file_size, n1);
     const uint64_t req = KV_PLAN_FEAT_HIGGS | KV_PLAN_FEAT_PREDICTOR | KV_PLAN_FEAT_SHARED_CODES |
                          KV_PLAN_FEAT_SQUAT | KV_PLAN_FEAT_PRUNING | KV_PLAN_FEAT_PACK3_11 |
@@ -281,6 +283,7 @@ static void set_u64_fix(uint8_t *b, size_t n, size_t at, uint64_t v) {
 static void m_bad_magic(uint8_t **b, size_t *n) { (*b)[1] = 'X'; }
 static void m_future_major(uint8_t **b, size_t *n) {
     kv_store_u16le(*b + 8, 2);
+    kv_store_u16le(*b + 10, 0);
     plan_bytes_repair_crcs(*b, *n);
 }
 static void m_unknown_required(uint8_t **b, size_t *n) {
@@ -752,7 +755,7 @@ START_TEST(test_dump_json) {
     json_t *root = json_loads(text, 0, &err);
     ck_assert_msg(root != NULL, "JSON: %s at line %d", err.text, err.line);
     ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(root, "fingerprint"), "n_layers")), 3);
-    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(root, "format"), "version")), "1.0");
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(root, "format"), "version")), "1.1");
     json_t *layers = json_object_get(root, "layers");
     ck_assert_uint_eq(json_array_size(layers), 3);
     json_t *k1 = json_object_get(json_array_get(layers, 1), "K");
@@ -820,6 +823,115 @@ START_TEST(test_dump_yaml) {
 }
 END_TEST
 
+/* ---- format 1.1: FP8 / NVFP4 streams and their tensor scales (FSCL) ------------------------------ */
+static void golden_path_1_1(char *out, size_t n) {
+    const char *src = getenv("KVCAL_TEST_SRC");
+    snprintf(out, n, "%s/plan/golden/v1.1.kvplan", src && *src ? src : "tests");
+}
+
+/* The frozen 1.1 file (written once by `test_plan --write-golden-1.1`, never regenerated). */
+START_TEST(test_golden_v1_1) {
+    char path[1024];
+    golden_path_1_1(path, sizeof path);
+    kv_plan *p = NULL;
+    ck_assert_kv_ok(kv_plan_read(&p, path));
+    ck_assert_int_eq(p->file.version_major, 1);
+    ck_assert_int_eq(p->file.version_minor, 1);
+    ck_assert(p->file.required_features & KV_PLAN_FEAT_FLOAT);
+    const kv_plan_stream *v2 = &p->layers[2].stream[KV_PLAN_V];
+    ck_assert_int_eq(v2->method, KV_PLAN_FP8_E4M3);
+    ck_assert_int_eq(v2->bits, 8);
+    ck_assert_int_eq(v2->n_fp_scales, 2);
+    ck_assert(v2->fp_scales[0] == 0.5f && v2->fp_scales[1] == 0.0625f);
+    ck_assert_double_eq_tol(kv_plan_stream_bits(p, 2, KV_PLAN_V), 8.0, 1e-12);
+    kv_plan *s = NULL;
+    ck_assert_kv_ok(plan_sample_make_v1_1(&s));
+    char why[256];
+    ck_assert_msg(plan_equal(p, s, why, sizeof why), "golden 1.1 vs sample: %s", why);
+    kv_plan_free(s);
+    kv_plan_free(p);
+}
+END_TEST
+
+/* Every float method, per tensor and per KV head: round trip, bits, feature bit, FSCL section; the
+ * rules of §6.4 / §6.9 refused; an undeclared FLOAT feature refused. */
+START_TEST(test_float_methods) {
+    static const struct {
+        kv_plan_method m;
+        int bits, group, axis;
+        double bpv;
+    } k_m[3] = {{KV_PLAN_FP8_E4M3, 8, 0, KV_PLAN_GROUP_TOKENS, 8.0},
+                {KV_PLAN_FP8_E5M2, 8, 0, KV_PLAN_GROUP_TOKENS, 8.0},
+                {KV_PLAN_NVFP4, 4, 16, KV_PLAN_GROUP_CHANNELS, 4.5}};
+    kv_plan_fingerprint fp;
+    plan_sample_fingerprint(&fp);
+    fp.head_dim = 16; /* NVFP4 per-head scales need whole blocks per head */
+    for (int mi = 0; mi < 3; mi++)
+        for (int per_head = 0; per_head < 2; per_head++) {
+            kv_plan *p = NULL, *q = NULL;
+            ck_assert_kv_ok(kv_plan_create(&p, &fp));
+            kv_plan_stream *s = &p->layers[1].stream[KV_PLAN_K];
+            s->method = k_m[mi].m, s->bits = k_m[mi].bits, s->group_size = k_m[mi].group;
+            s->group_axis = (kv_plan_group_axis)k_m[mi].axis;
+            /* without scales: invalid */
+            ck_assert_int_eq(kv_plan_validate(p), KV_EFORMAT);
+            ck_assert_ptr_nonnull(strstr(kv_error_last(), "layer 1 K"));
+            const float sc[2] = {0.25f, 3.0f};
+            ck_assert_kv_ok(kv_plan_set_fp_scales(p, 1, KV_PLAN_K, per_head ? 2 : 1, sc));
+            ck_assert_kv_ok(kv_plan_validate(p));
+            ck_assert_double_eq_tol(kv_plan_stream_bits(p, 1, KV_PLAN_K), k_m[mi].bpv, 1e-12);
+            uint8_t *b = NULL;
+            size_t n = 0;
+            serialize(&b, &n, p, &k_plain);
+            ck_assert_kv_ok(kv_plan_read_memory(&q, b, n));
+            char why[256];
+            ck_assert_msg(plan_equal(p, q, why, sizeof why), "%s", why);
+            ck_assert_uint_eq(q->file.required_features, KV_PLAN_FEAT_FLOAT);
+            ck_assert_int_eq(q->file.n_sections, 5); /* FPRT GLOB LAYR FSCL PROV */
+            ck_assert_str_eq(q->file.sections[3].tag, "FSCL");
+            kv_plan_free(q);
+            /* the FLOAT bit cleared: the content uses an undeclared feature */
+            kv_store_u64le(b + 32, kv_load_u64le(b + 32) & ~KV_PLAN_FEAT_FLOAT);
+            plan_bytes_repair_crcs(b, n);
+            ck_assert_int_eq(kv_plan_read_memory(&q, b, n), KV_EFORMAT);
+            ck_assert_ptr_nonnull(strstr(kv_error_last(), "FLOAT"));
+            free(b);
+            /* wrong bits, a share, a scale of zero */
+            s->bits = 7;
+            ck_assert_int_eq(kv_plan_validate(p), KV_EFORMAT);
+            s->bits = k_m[mi].bits;
+            s->fp_scales[0] = 0.0f;
+            ck_assert_int_eq(kv_plan_validate(p), KV_EFORMAT);
+            s->fp_scales[0] = 1.0f;
+            const float zero = 0.0f, three[3] = {1, 1, 1};
+            ck_assert_int_eq(kv_plan_set_fp_scales(p, 1, KV_PLAN_K, 1, &zero), KV_EINVAL);
+            ck_assert_int_eq(kv_plan_set_fp_scales(p, 1, KV_PLAN_K, 3, three), KV_EINVAL);
+            ck_assert_int_eq(kv_plan_set_fp_scales(p, 0, KV_PLAN_K, 1, three), KV_EINVAL); /* an f16 stream */
+            kv_plan_free(p);
+        }
+    /* NVFP4 per-head scales with head_dim 4: blocks would straddle heads */
+    plan_sample_fingerprint(&fp);
+    kv_plan *p = NULL;
+    ck_assert_kv_ok(kv_plan_create(&p, &fp));
+    kv_plan_stream *s = &p->layers[0].stream[KV_PLAN_V];
+    s->method = KV_PLAN_NVFP4, s->bits = 4, s->group_size = 16, s->group_axis = KV_PLAN_GROUP_CHANNELS;
+    const float sc[2] = {1.0f, 2.0f};
+    ck_assert_kv_ok(kv_plan_set_fp_scales(p, 0, KV_PLAN_V, 2, sc));
+    ck_assert_int_eq(kv_plan_validate(p), KV_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "multiple of 16"));
+    ck_assert_kv_ok(kv_plan_set_fp_scales(p, 0, KV_PLAN_V, 1, sc));
+    ck_assert_kv_ok(kv_plan_validate(p));
+    /* scales on a uniform stream */
+    kv_plan_stream *u = &p->layers[1].stream[KV_PLAN_V];
+    u->method = KV_PLAN_UNIFORM, u->bits = 2, u->group_size = 8, u->group_axis = KV_PLAN_GROUP_CHANNELS;
+    u->fp_scales = malloc(sizeof(float));
+    u->fp_scales[0] = 1.0f;
+    u->n_fp_scales = 1;
+    ck_assert_int_eq(kv_plan_validate(p), KV_EFORMAT);
+    kv_plan_free(p);
+}
+END_TEST
+
 /* ---- modes ---------------------------------------------------------------------------------------- */
 static int write_golden(const char *path) {
     kv_plan *p = NULL;
@@ -827,6 +939,15 @@ static int write_golden(const char *path) {
     if (s == KV_OK) s = kv_plan_write(p, path, &k_zlib);
     kv_plan_free(p);
     if (s != KV_OK) fprintf(stderr, "write-golden: %s\n", kv_error_last());
+    return s == KV_OK ? 0 : 1;
+}
+
+static int write_golden_1_1(const char *path) {
+    kv_plan *p = NULL;
+    kv_status s = plan_sample_make_v1_1(&p);
+    if (s == KV_OK) s = kv_plan_write(p, path, &k_zlib);
+    kv_plan_free(p);
+    if (s != KV_OK) fprintf(stderr, "write-golden-1.1: %s\n", kv_error_last());
     return s == KV_OK ? 0 : 1;
 }
 
@@ -875,6 +996,7 @@ static int write_corpus(const char *dir) {
 
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--write-golden") == 0) return write_golden(argv[2]);
+    if (argc == 3 && strcmp(argv[1], "--write-golden-1.1") == 0) return write_golden_1_1(argv[2]);
     if (argc == 3 && strcmp(argv[1], "--write-corpus") == 0) return write_corpus(argv[2]);
     Suite *s = suite_create("plan");
     TCase *tc = tcase_create("format");
@@ -885,6 +1007,8 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_deterministic_padding);
     tcase_add_test(tc, test_write_file_atomic);
     tcase_add_test(tc, test_golden_v1_0);
+    tcase_add_test(tc, test_golden_v1_1);
+    tcase_add_test(tc, test_float_methods);
     tcase_add_loop_test(tc, test_corrupt_list, 0, N_CORRUPT);
     tcase_add_test(tc, test_corrupt_zlib);
     tcase_add_test(tc, test_corrupt_file_message);

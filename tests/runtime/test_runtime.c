@@ -26,13 +26,13 @@
 
 /* ---- plans ------------------------------------------------------------------------------------- */
 typedef struct sspec {
-    int method;      /* KV_PLAN_FP / UNIFORM / HIGGS */
+    int method;      /* KV_PLAN_FP / UNIFORM / HIGGS / FP8_E4M3 / FP8_E5M2 / NVFP4 */
     int bits;        /* FP: 16 | 32; UNIFORM: 1..8 */
     int group;       /* UNIFORM group; HIGGS group (0 = head_dim) */
     int axis;        /* KV_PLAN_GROUP_TOKENS / CHANNELS */
     int pack11;
     float eta;
-    int gd, gn;      /* HIGGS grid */
+    int gd, gn;      /* HIGGS grid; float methods: gd = 1 for one scale per KV head */
     int f32params;
     float rpc;
 } sspec;
@@ -70,6 +70,18 @@ static void set_stream(kv_plan *p, int l, int st, const sspec *s, int hd, int pr
         ps->bits = s->bits;
         ps->group_size = 0;
         ps->scale_dtype = KV_DTYPE_F32;
+        return;
+    }
+    if (kv_plan_method_is_float(s->method)) {
+        /* scales near the calibrated amax / max (keys reach ~4, values ~1): codes in the normal range,
+         * a few saturating outliers for E4M3; per head: a different scale for each */
+        const int nv = s->method == KV_PLAN_NVFP4, nh = s->gd ? p->fingerprint.n_kv_heads : 1;
+        ps->bits = nv ? 4 : 8, ps->group_size = nv ? 16 : 0;
+        ps->group_axis = nv ? KV_PLAN_GROUP_CHANNELS : KV_PLAN_GROUP_TOKENS, ps->scale_dtype = KV_DTYPE_F32;
+        const float base = s->method == KV_PLAN_FP8_E4M3 ? 3.5f / 448.0f : s->method == KV_PLAN_FP8_E5M2 ? 1.0f : 4.0f / 2688.0f;
+        float sc[64];
+        for (int h = 0; h < nh; h++) sc[h] = base * (1.0f + 0.375f * (float)h);
+        ck_assert_kv_ok(kv_plan_set_fp_scales(p, l, st, nh, sc));
         return;
     }
     if (s->method == KV_PLAN_UNIFORM) {
@@ -467,6 +479,8 @@ static double run_case(const rcase *c, int n_seqs, int n_threads) {
 #define HG(g, d, n) {KV_PLAN_HIGGS, 0, g, KV_PLAN_GROUP_CHANNELS, 0, 0.0f, d, n, 0, 0.0f}
 #define F16 {KV_PLAN_FP, 16, 0, 0, 0, 0.0f, 0, 0, 0, 0.0f}
 #define F32 {KV_PLAN_FP, 32, 0, 0, 0, 0.0f, 0, 0, 0, 0.0f}
+#define FL(m, per_head) {m, 0, 0, 0, 0, 0.0f, per_head, 0, 0, 0.0f}
+enum { E4M3 = KV_PLAN_FP8_E4M3, E5M2 = KV_PLAN_FP8_E5M2, NVFP4 = KV_PLAN_NVFP4 };
 enum { TOK = KV_PLAN_GROUP_TOKENS, CH = KV_PLAN_GROUP_CHANNELS };
 
 static const rcase k_cases[] = {
@@ -498,6 +512,14 @@ static const rcase k_cases[] = {
     {"xquant shared codes", 4, 2, 2, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 200, 36, 1, 20, 2},
     {"xquant 1-bit shared", 4, 2, 3, 64, 4, 32, U(1, 32, TOK), {KV_PLAN_UNIFORM, 1, 32, CH, 0, 0.2f, 0, 0, 0, 0.0f},
      U(2, 32, TOK), U(2, 32, CH), 1, 0, 0, 0, 150, 36, 2, 20, 2},
+    {"fp8 e4m3 tensor/head", 2, 2, 3, 64, 4, 32, FL(E4M3, 0), FL(E4M3, 1), F16, F16, 0, 0, 0, 0, 300, 40, 1, 40, 0},
+    {"fp8 e5m2 odd head_dim 9", 1, 3, 2, 9, 3, 16, FL(E5M2, 1), FL(E5M2, 0), F16, F16, 0, 0, 0, 0, 150, 21, 1, 20, 0},
+    {"nvfp4 tensor, blocks across heads", 1, 2, 2, 40, 4, 32, FL(NVFP4, 0), FL(NVFP4, 0), F16, F16, 0, 0, 0, 0, 200, 36,
+     1, 25, 0},
+    {"nvfp4 per head, fp8 layer 0", 2, 2, 4, 32, 4, 32, FL(NVFP4, 1), FL(NVFP4, 1), FL(E4M3, 1), FL(E5M2, 0), 1, 0, 0, 0,
+     200, 36, 2, 20, 0},
+    {"fp8 nvfp4 pre-rope", 1, 2, 2, 32, 4, 32, FL(E4M3, 1), FL(NVFP4, 0), F16, F16, 0, 1, 0, 0, 150, 36, 1, 20, 0},
+    {"tiled fp8 nvfp4", 2, 2, 3, 64, 4, 64, FL(E4M3, 1), FL(NVFP4, 1), F16, F16, 0, 0, 0, 0, 500, 100, 70, 1, 0},
     {"tiled steps", 2, 2, 3, 64, 4, 64, U(2, 32, TOK), HG(0, 2, 16), F16, F16, 0, 0, 0, 0, 500, 100, 70, 1, 0},
     {"tiled aqua", 3, 2, 2, 32, 4, 32, U(2, 32, CH), HG(0, 2, 16), HG(0, 2, 256), HG(0, 2, 256), 1, 1, 0, 1, 300, 80,
      50, 1, 0},
@@ -672,6 +694,14 @@ static double layer_budget(const kv_plan *p, int l) {
     return bmax - (bmax - bmin) * l / (p->n_layers - 1);
 }
 
+/* The quantizer of head h's own blocks (one head wide), written out independently of rt_codec_head_init:
+ * HIGGS signs at the head's channel offset, a float stream's per-head scale. */
+static kv_quant head_quant(kv_quant q, int h, int hd) {
+    if (q.kind == KV_QUANT_HIGGS) q.higgs.channel0 = (uint64_t)h * (uint64_t)hd;
+    if (q.kind == KV_QUANT_FP && q.fp.n_scales > 1) q.fp.scales += h, q.fp.n_scales = 1;
+    return q;
+}
+
 /* Rows a head keeps: the most whose K and V blocks (one head wide) plus index fit the allowance. */
 static int expected_rows(const kv_plan *p, int l, double allow, int forced, int most, int index, int hd) {
     kv_quant qk, qv;
@@ -679,8 +709,9 @@ static int expected_rows(const kv_plan *p, int l, double allow, int forced, int 
     ck_assert_kv_ok(kv_quant_from_plan(&qv, p, l, KV_PLAN_V));
     for (int m = most; m > forced; m--) {
         kv_block_storage a, b;
-        ck_assert_kv_ok(kv_quant_storage(&a, &qk, (size_t)m, (size_t)hd));
-        ck_assert_kv_ok(kv_quant_storage(&b, &qv, (size_t)m, (size_t)hd));
+        const kv_quant hk = head_quant(qk, 0, hd), hv = head_quant(qv, 0, hd);
+        ck_assert_kv_ok(kv_quant_storage(&a, &hk, (size_t)m, (size_t)hd));
+        ck_assert_kv_ok(kv_quant_storage(&b, &hv, (size_t)m, (size_t)hd));
         if ((double)(a.total_bytes + b.total_bytes) + 2.0 * (double)index * m <= allow) return m; /* K and V blocks each store positions */
     }
     return forced;
@@ -797,8 +828,7 @@ static void replay_pruned(const pstate_t *ps, const double *freq) {
                 const int n = kv_rt_held(rt, l, 0, h);
                 ck_assert_kv_ok(kv_rt_decode_head(rt, l, 0, h, K, V));
                 ck_assert_kv_ok(kv_rt_held_positions(rt, l, 0, h, pos));
-                kv_quant qh = q;
-                if (qh.kind == KV_QUANT_HIGGS) qh.higgs.channel0 = (uint64_t)h * (uint64_t)hd;
+                const kv_quant qh = head_quant(q, h, hd);
                 for (int i = 0; i < n;) {
                     const int t = pos[i];
                     /* the run of rows coded together: sinks / the window (f16), the prompt's kept tokens, an H2O
@@ -911,6 +941,8 @@ static const pcase k_pcases[] = {
     {"h2o higgs tiled", 1, 3, 2, 64, 4, 16, HG(0, 2, 16), HG(0, 2, 16), 0, H2O, 0.08f, 4, 0, 0, 300, 180, 16},
     {"h2o kivi pre-rope", 1, 2, 2, 32, 4, 32, U(4, 32, TOK), U(4, 32, CH), 1, H2O, 0.15f, 8, 0, 0, 290, 200, 3},
     {"streamingllm kivi-2", 2, 2, 2, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), 0, SLLM, 0.2f, 0, 0, 0, 300, 256, 1},
+    {"snapkv fp8 per head", 2, 3, 2, 64, 4, 32, FL(E4M3, 1), FL(E5M2, 1), 0, SNAP, 0.3f, 8, 5, 0, 330, 260, 1},
+    {"h2o nvfp4 per head tiled", 1, 2, 3, 32, 4, 16, FL(NVFP4, 1), FL(NVFP4, 0), 0, H2O, 0.2f, 4, 0, 0, 300, 180, 8},
     {"budget keeps all", 1, 2, 2, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), 0, SNAP, 1.0f, 8, 7, 0, 140, 100, 1},
     {"forced over budget", 1, 2, 2, 32, 4, 32, F16, F16, 0, SNAP, 0.05f, 16, 7, 0, 110, 100, 1},
     {"short prompt", 1, 2, 2, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), 0, H2O, 0.5f, 2, 0, 0, 40, 3, 1},
