@@ -152,7 +152,7 @@ kv_status kv_fit_config_method_preset(kv_fit_config *c, kv_fit_method method) {
                                        "values.group_size=32", "cache.pre_rope=false", NULL};
     static const char *const aqua_uniform[] = {"keys.group_axis=channels", "keys.group_size=64",
                                                "values.group_axis=channels", "values.group_size=64", NULL};
-    const char *const *set = method == KV_FIT_KIVI ? kivi : method == KV_FIT_AQUA_UNIFORM ? aqua_uniform : NULL;
+    const char *const *set = method == KV_FIT_KIVI || method == KV_FIT_XQUANT ? kivi : method == KV_FIT_AQUA_UNIFORM ? aqua_uniform : NULL;
     if (!kv_fit_method_name((int)method)) return KV_ERR(KV_EINVAL, "unknown fit method %d", (int)method);
     c->method = method;
     char where[64];
@@ -343,6 +343,8 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
                 if (lo && st == KV_PLAN_V && (lo->set & KV_FIT_LO_VALUE_ETA)) s->eta = (float)lo->value_eta;
                 s->pack = bits == 3 && sc->pack3 == 11 ? KV_PLAN_PACK_3BIT_11 : KV_PLAN_PACK_WORD;
                 s->higgs_grid = -1;
+                kv_status xs = kv_fit_xq_stream(p, cfg, l, st); /* 1-bit layers, eta, shared codes */
+                if (xs != KV_OK) return xs;
                 if (s->group_axis == KV_PLAN_GROUP_TOKENS && cfg->cache.recent % s->group_size != 0)
                     return KV_ERR(KV_EINVAL, "%s.group_size %d: groups along tokens must divide cache.recent (%d), "
                                   "the chunk of tokens the cache compresses at once", st ? "values" : "keys",
@@ -391,6 +393,7 @@ typedef struct fit_run {
     double *layer_report;       /* n_layers * KV_FIT_CKPT_DOUBLES */
     size_t weight_bytes_max;
     kv_grid_search *search[64]; /* per plan grid (at most 64, PLAN_FORMAT.md §6.3) */
+    kv_fit_xq_codes xq;         /* XQuant: codes of the lower layer of a sharing pair */
 } fit_run;
 
 static int64_t shard_nseq(const fit_run *r, int64_t k) {
@@ -432,6 +435,7 @@ static void fit_run_free(fit_run *r) {
     free(r->pos);
     free(r->layer_report);
     for (int i = 0; i < 64; i++) kv_grid_search_free(r->search[i]);
+    kv_fit_xq_codes_free(&r->xq);
 }
 
 /* ---- layer forward ------------------------------------------------------------------------------ */
@@ -653,6 +657,17 @@ static kv_status quant_pass(fit_run *r, int l, int stream, const kv_plan_predict
     const size_t chunk_vals = (size_t)recent * (size_t)kvd;
     float *P = pred ? malloc(BLOCK * chunk_vals * sizeof(float)) : NULL;
     if (pred && !P) return KV_ERR(KV_ENOMEM, "out of memory for predictions");
+    /* XQuant: keep this layer's codes when the next layer shares them; read the previous layer's */
+    int64_t local_chunks = 0, chunk_base = 0;
+    for (int64_t j = 0; j < r->n_local; j++) local_chunks += r->shard_nseq[j] * r->n_chunks;
+    if ((s = kv_fit_xq_codes_begin(&r->xq, r->plan, l, stream, recent, kvd, local_chunks)) != KV_OK) {
+        free(P);
+        return s;
+    }
+    uint32_t *keep = r->xq.cur[stream];
+    const uint32_t *partner = q.shared_codes ? r->xq.prev[stream] : NULL;
+    const size_t wpc = r->xq.words[stream];
+    const int xq_f16 = kv_fit_xq_active(r->cfg) && !pred;
     for (int64_t j = 0; j < r->n_local && s == KV_OK; j++) {
         const float *inputs[KV_PLAN_MAX_PRED_INPUTS] = {NULL};
         float *Y = NULL;
@@ -694,8 +709,14 @@ static kv_status quant_pass(fit_run *r, int l, int stream, const kv_plan_predict
                     continue;
                 }
                 float *rh = res + chunk_vals;
-                for (size_t k = 0; k < chunk_vals; k++) res[k] = p ? y[k] - p[k] : y[k];
-                kv_status qs = kv_quant_roundtrip(rh, NULL, &q, (size_t)recent, (size_t)kvd, res);
+                /* XQuant compresses what the runtime compresses: the window's f16 rows (rt_runtime.c) */
+                if (xq_f16)
+                    for (size_t k = 0; k < chunk_vals; k++) res[k] = kv_f16_to_f32(kv_f32_to_f16(y[k]));
+                else
+                    for (size_t k = 0; k < chunk_vals; k++) res[k] = p ? y[k] - p[k] : y[k];
+                const size_t lc = (size_t)(chunk_base + c0 + i); /* this rank's chunk index */
+                kv_status qs = kv_fit_xq_roundtrip(rh, keep ? keep + lc * wpc : NULL, &q, (size_t)recent, (size_t)kvd,
+                                                   res, partner ? partner + lc * wpc : NULL);
                 if (qs != KV_OK) {
 #pragma omp critical
                     {
@@ -711,7 +732,8 @@ static kv_status quant_pass(fit_run *r, int l, int stream, const kv_plan_predict
                     double ss = 0, sse = 0, rr = 0, rerr = 0;
                     double *col = h + HO_SUMS;
                     for (size_t k = 0; k < chunk_vals; k++) {
-                        const double yv = y[k], rv = res[k], e = (double)res[k] - (double)rh[k];
+                        const double yv = y[k], rv = res[k];
+                        const double e = xq_f16 ? (double)y[k] - (double)rh[k] : (double)res[k] - (double)rh[k];
                         ss += yv * yv;
                         sse += rv * rv; /* ||Y - f(X)||^2 (= ||Y||^2 without a predictor) */
                         rr += rv * rv;
@@ -728,6 +750,7 @@ static kv_status quant_pass(fit_run *r, int l, int stream, const kv_plan_predict
                                      : KV_ERR(bad, "layer %d %s stream: %s", l, stream ? "V" : "K", bad_msg);
         }
         if (s == KV_OK) s = kv_fit_store_put(&r->st, y_role, j);
+        chunk_base += n_chunks;
     }
     free(P);
     return s;
@@ -788,6 +811,7 @@ static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
         pv = r->plan->layers[l].stream[KV_PLAN_V].predictor;
     }
     if ((s = kv_dist_agree(r->dist, quant_pass(r, l, KV_PLAN_V, pv, vin, ho + n_ho))) != KV_OK) goto done;
+    kv_fit_xq_codes_end_layer(&r->xq);
     if ((s = kv_dist_sum_disjoint(r->dist, ho, 2 * n_ho)) != KV_OK) goto done;
     stream_metrics(r, l, KV_PLAN_K, pk != NULL, ho, lr);
     stream_metrics(r, l, KV_PLAN_V, pv != NULL, ho + n_ho, lr);
@@ -862,9 +886,12 @@ kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a) {
     if (cfg->squat.enabled)
         return KV_ERR(KV_EUNSUPPORTED, "squat.enabled: SQuat key quantization is not fitted by this version of "
                       "kvcal fit");
-    if (cfg->xquant.km >= 0 || cfg->xquant.vm >= 0 || cfg->xquant.kq >= 0 || cfg->xquant.vq >= 0)
-        return KV_ERR(KV_EUNSUPPORTED, "xquant.km/vm/kq/vq: XQuant cross-layer sharing and 1-bit layers are not "
-                      "fitted by this version of kvcal fit (set them to -1)");
+    if (cfg->xquant.calibrate_eta)
+        return KV_ERR(KV_EUNSUPPORTED, "xquant.calibrate_eta: eta calibration on data is not in this version of kvcal "
+                      "fit (the data-free eta1/eta2 are used)");
+    if (cfg->xquant.target_bits > 0)
+        return KV_ERR(KV_EUNSUPPORTED, "xquant.target_bits: choosing kq/vq/km/vm for a bit target is not in this "
+                      "version of kvcal fit (set them)");
     if (cfg->pruning.method != KV_PLAN_PRUNE_NONE)
         return KV_ERR(KV_EUNSUPPORTED, "%s: key 'pruning.method': token pruning (%s) is not applied by any runtime in "
                       "this version (kvrun eval would refuse the plan); use pruning.method: none",
@@ -1216,7 +1243,10 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
         }
         /* this layer's reconstructions are the next layer's inputs */
         kv_fit_store_swap(&r.st);
-        if (opt->checkpoint_dir && (l + 1 < r.L)) {
+        /* XQuant: no checkpoint inside a sharing pair (the lower layer's codes are not in it); the
+         * last one, before the pair, is where a resumed run starts */
+        const int inside_pair = r.xq.prev[0] != NULL || r.xq.prev[1] != NULL;
+        if (opt->checkpoint_dir && (l + 1 < r.L) && !inside_pair) {
             const double tc = kv_now_seconds();
             if ((s = ckpt_save(&r, inputs_hash, l)) != KV_OK) {
                 kv_progress_end(&prog);

@@ -80,4 +80,26 @@ void kv_fit_ckpt_clear(const char *dir);
 /* Remove the checkpoint files and the directory (missing ones are fine). */
 kv_status kv_fit_ckpt_remove(const char *dir);
 
+/* ---- XQuant (fit_xquant.c) ---- */
+struct kv_quant;
+int kv_fit_xq_active(const kv_fit_config *cfg);
+/* After the uniform stream (l, st) is set up from the configuration: 1-bit layers, data-free eta,
+ * shared codes with layer l-1 (layers are set up in order). KV_EINVAL naming the keys when a pair
+ * would mix quantizers. No-op for other methods. */
+kv_status kv_fit_xq_stream(kv_plan *p, const kv_fit_config *cfg, int l, int st);
+/* Codes of each stream's local chunks: cur = the layer being quantized (kept only when layer l+1
+ * shares them), prev = the previous layer's (read by a sharing stream). */
+typedef struct kv_fit_xq_codes {
+    uint32_t *prev[2], *cur[2];
+    size_t words[2]; /* u32 words per chunk */
+} kv_fit_xq_codes;
+kv_status kv_fit_xq_codes_begin(kv_fit_xq_codes *c, const kv_plan *p, int l, int st, int recent, int kv_dim,
+                                int64_t n_chunks_local);
+void kv_fit_xq_codes_end_layer(kv_fit_xq_codes *c);
+void kv_fit_xq_codes_free(kv_fit_xq_codes *c);
+/* kv_quant_roundtrip, plus: codes_out (may be NULL) receives the codes; a stream with shared codes
+ * encodes only its scales/zeros and decodes partner_codes (the runtime's compression). */
+kv_status kv_fit_xq_roundtrip(float *x_hat, uint32_t *codes_out, const struct kv_quant *q, size_t tokens,
+                              size_t channels, const float *x, const uint32_t *partner_codes);
+
 #endif

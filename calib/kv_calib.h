@@ -234,14 +234,14 @@ void kv_fit_report_free(kv_fit_report *r);
  * (validated here) says. *out receives the plan (caller frees with kv_plan_free); rep (may be NULL)
  * the metrics and timings (kv_fit_report_free). Errors: KV_EINVAL (configuration or data that cannot
  * work, e.g. a corpus shorter than two sequences, a key group size that does not divide
- * cache.recent), KV_EUNSUPPORTED (SQuat / XQuant sharing, not fitted by this version),
+ * cache.recent), KV_EUNSUPPORTED (SQuat, not fitted by this version),
  * KV_EINTERRUPTED (stopped; the checkpoint is kept), KV_EIO, KV_ENOMEM, KV_ENUMERIC. */
 kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_model_file *mf,
                      const kv_fit_data *data, const kv_fit_config *cfg, const kv_fit_options *opt);
 
 /* What kv_fit_run refuses before any work, checkable as soon as the model's architecture is known
  * (the tool calls it before loading weights or reading the corpus): kv_fit_config_validate, methods
- * this version does not fit (SQuat, XQuant sharing: KV_EUNSUPPORTED), token pruning that no runtime
+ * this version does not fit (SQuat: KV_EUNSUPPORTED), token pruning that no runtime
  * applies (pruning.method other than none: KV_EUNSUPPORTED), and per-layer overrides of layers the
  * model does not have (KV_EINVAL). Messages name the key and where it was set. */
 kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a);

@@ -26,7 +26,7 @@ typedef struct key_desc {
     const char *const *enum_names;   /* T_ENUM: names indexed by value, NULL-terminated */
 } key_desc;
 
-static const char *const k_methods[] = {"aqua", "aqua-uniform", "higgs", "kivi", NULL};
+static const char *const k_methods[] = {"aqua", "aqua-uniform", "higgs", "kivi", "xquant", NULL};
 static const char *const k_axes[] = {"tokens", "channels", NULL};
 static const char *const k_dtypes[] = {"f32", "f16", NULL}; /* = KV_DTYPE_F32, KV_DTYPE_F16 */
 static const char *const k_weights[] = {"f32", "f16", "native", NULL}; /* = model/'s kv_weight_storage */
@@ -77,6 +77,9 @@ static const key_desc k_keys[] = {
     {"xquant.kq", T_INT, OFF(xquant.kq), -1, 4096, NULL},
     {"xquant.vq", T_INT, OFF(xquant.vq), -1, 4096, NULL},
     {"xquant.eta1", T_DOUBLE, OFF(xquant.eta1), 0, 0.4999, NULL},
+    {"xquant.eta2", T_DOUBLE, OFF(xquant.eta2), 0, 0.4999, NULL},
+    {"xquant.calibrate_eta", T_BOOL, OFF(xquant.calibrate_eta), 0, 1, NULL},
+    {"xquant.target_bits", T_DOUBLE, OFF(xquant.target_bits), 0, 64, NULL},
     {"pruning.method", T_ENUM, OFF(pruning.method), 0, 0, k_prunes},
     {"pruning.budget", T_DOUBLE, OFF(pruning.budget), 1e-6, 1, NULL},
     {"pruning.window", T_INT, OFF(pruning.window), 0, 1 << 20, NULL},
@@ -115,7 +118,7 @@ typedef struct origin {
     char where[N_KEYS][128];
 } origin;
 
-const char *kv_fit_method_name(int m) { return m >= 0 && m <= KV_FIT_KIVI ? k_methods[m] : NULL; }
+const char *kv_fit_method_name(int m) { return m >= 0 && m <= KV_FIT_XQUANT ? k_methods[m] : NULL; }
 
 /* ---- init / free --------------------------------------------------------------------------- */
 kv_status kv_fit_config_init(kv_fit_config *c) {
@@ -153,6 +156,7 @@ kv_status kv_fit_config_init(kv_fit_config *c) {
     c->squat.static_basis = 1;
     c->xquant.km = c->xquant.vm = c->xquant.kq = c->xquant.vq = -1;
     c->xquant.eta1 = 0.2;
+    c->xquant.eta2 = 0.05;
     c->pruning.method = KV_PLAN_PRUNE_NONE;
     c->pruning.budget = 1.0;
     c->pruning.window = 32;
@@ -595,9 +599,14 @@ kv_status kv_fit_config_validate(const kv_fit_config *c) {
         return CFG_ERR("pruning.budget", "a budget below 1 needs a pruning.method");
     if (c->pruning.pool != 0 && c->pruning.pool % 2 == 0)
         return CFG_ERR("pruning.pool", "must be 0 or odd (got %d)", c->pruning.pool);
-    if ((c->xquant.km >= 0 || c->xquant.vm >= 0) && c->method != KV_FIT_KIVI)
-        return CFG_ERR(c->xquant.km >= 0 ? "xquant.km" : "xquant.vm",
-                       "cross-layer code sharing needs the uniform quantizer without predictors: method kivi");
+    if ((c->xquant.km >= 0 || c->xquant.vm >= 0 || c->xquant.kq >= 0 || c->xquant.vq >= 0) &&
+        c->method != KV_FIT_XQUANT)
+        return CFG_ERR(c->xquant.km >= 0 ? "xquant.km" : c->xquant.vm >= 0 ? "xquant.vm"
+                       : c->xquant.kq >= 0 ? "xquant.kq" : "xquant.vq",
+                       "cross-layer code sharing and 1-bit layers are XQuant's: method xquant");
+    if ((c->xquant.calibrate_eta || c->xquant.target_bits > 0) && c->method != KV_FIT_XQUANT)
+        return CFG_ERR(c->xquant.calibrate_eta ? "xquant.calibrate_eta" : "xquant.target_bits",
+                       "eta calibration and a bit target are XQuant's: method xquant");
     return KV_OK;
 }
 

@@ -77,7 +77,7 @@ static char *grid_cache_dir(void) {
 }
 
 static int method_from_name(const char *n) {
-    for (int m = 0; m <= KV_FIT_KIVI; m++)
+    for (int m = 0; m <= KV_FIT_XQUANT; m++)
         if (strcmp(n, kv_fit_method_name(m)) == 0) return m;
     return -1;
 }

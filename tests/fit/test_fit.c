@@ -336,6 +336,135 @@ START_TEST(test_same_quantizer_as_runtime) {
 }
 END_TEST
 
+/* ---- XQuant: the plan's layout, and the runtime compresses exactly as the fit measured ---- */
+typedef struct xq_capture {
+    float *k, *v; /* [layer][row][kv_dim] */
+    int rows;
+} xq_capture;
+
+static kv_status xq_hook(void *user, const kv_capture *c) {
+    xq_capture *x = user;
+    const size_t n = (size_t)c->n_seqs * (size_t)c->n_tokens * SYN_KVD;
+    memcpy(x->k + (size_t)c->layer * n, c->k, n * sizeof(float));
+    memcpy(x->v + (size_t)c->layer * n, c->v, n * sizeof(float));
+    return KV_OK;
+}
+
+/* Layers 1 shares layer 0's codes (km = vm = 0: pairs (0, 1)), layer 2 has 1-bit codes (kq = vq =
+ * 2); the data-free eta is eta2 on the 2-bit streams and eta1 on the 1-bit ones. Then every
+ * held-out sequence goes through the engine-facing runtime with the fitted plan (one more token
+ * makes it compress both chunks), and the runtime's decoded cache gives the held-out relative
+ * error the fit reported. Both sum the same decoded floats in double in different orders, so they
+ * agree to ~1e-12 relative; 1e-6 allows for that while a different rounding of one code in a
+ * 2-bit group (or a wrong partner layer) moves the error by far more than 1e-6 relative. */
+START_TEST(test_xquant_runtime_applies_fit) {
+    const char *sets[] = {"xquant.km=0", "xquant.vm=0", "xquant.kq=2", "xquant.vq=2", NULL};
+    kv_fit_config cfg;
+    make_cfg(&cfg, KV_FIT_XQUANT, sets);
+    ck_assert_int_eq(cfg.keys.group_axis, KV_PLAN_GROUP_TOKENS); /* the KIVI layout */
+    kv_plan *plan = NULL;
+    kv_fit_report rep;
+    ck_assert_kv_ok(run_fit(&plan, &rep, &cfg, NULL));
+    for (int st = 0; st < 2; st++) {
+        const kv_plan_stream *s0 = &plan->layers[0].stream[st], *s1 = &plan->layers[1].stream[st],
+                             *s2 = &plan->layers[2].stream[st];
+        ck_assert_int_eq(s0->share_codes_with_layer, -1);
+        ck_assert_int_eq(s1->share_codes_with_layer, 0);
+        ck_assert_int_eq(s2->share_codes_with_layer, -1);
+        ck_assert_int_eq(s0->bits, 2);
+        ck_assert_int_eq(s1->bits, 2);
+        ck_assert_int_eq(s2->bits, 1);
+        ck_assert_float_eq(s0->eta, 0.05f);
+        ck_assert_float_eq(s1->eta, 0.05f);
+        ck_assert_float_eq(s2->eta, 0.2f);
+        /* shared codes are counted once: layer 1 pays for its scales and zero points only */
+        ck_assert_double_eq_tol(kv_plan_stream_bits(plan, 1, st), 2.0 * 16.0 / 16.0, 1e-12);
+        ck_assert_double_eq_tol(kv_plan_stream_bits(plan, 0, st), 2.0 + 2.0 * 16.0 / 16.0, 1e-12);
+        ck_assert_double_eq_tol(rep.layers[1].bits[st], 2.0, 1e-12);
+    }
+    kv_fit_seqs seqs;
+    kv_fit_data d = make_data();
+    ck_assert_kv_ok(kv_fit_make_seqs(&seqs, &d, &cfg));
+    ck_assert_int_eq(seqs.n_ho, rep.n_heldout_seqs);
+    const int T = seqs.seq_len, sinks = 4, recent = 32, n_comp = 2 * recent;
+    xq_capture x = {malloc((size_t)SYN_LAYERS * (size_t)T * SYN_KVD * sizeof(float)),
+                    malloc((size_t)SYN_LAYERS * (size_t)T * SYN_KVD * sizeof(float)), T};
+    float *kd = malloc((size_t)(T + 1) * SYN_HEAD_DIM * sizeof(float)), *vd = malloc((size_t)(T + 1) * SYN_HEAD_DIM * sizeof(float));
+    int32_t *pos = malloc((size_t)(T + 1) * sizeof(int32_t));
+    for (int t = 0; t <= T; t++) pos[t] = t;
+    double ss[SYN_LAYERS][2] = {{0}}, se[SYN_LAYERS][2] = {{0}};
+    kv_rt_options ro;
+    memset(&ro, 0, sizeof ro);
+    ro.n_seqs = 1, ro.n_heads = SYN_HEADS, ro.n_threads = 1;
+    kv_rt *rt = NULL;
+    ck_assert_kv_ok(kv_rt_open(&rt, plan, &ro));
+    for (int64_t q = 0; q < seqs.n_ho; q++) {
+        kv_hooks hooks;
+        memset(&hooks, 0, sizeof hooks);
+        hooks.on_layer = xq_hook, hooks.user = &x;
+        kv_forward f;
+        memset(&f, 0, sizeof f);
+        f.tokens = seqs.tokens + (size_t)(seqs.n_cal + q) * (size_t)T;
+        f.n_seqs = 1, f.n_tokens = T, f.hooks = &hooks;
+        ck_assert_kv_ok(kv_model_forward(g_model, &f));
+        kv_rt_reset(rt, 0);
+        for (int l = 0; l < SYN_LAYERS; l++) {
+            const float *kl = x.k + (size_t)l * (size_t)T * SYN_KVD, *vl = x.v + (size_t)l * (size_t)T * SYN_KVD;
+            ck_assert_kv_ok(kv_rt_append(rt, l, 0, T, pos, NULL, kl, vl, SYN_KVD));
+        }
+        for (int l = 0; l < SYN_LAYERS; l++) { /* one more token: the window's two chunks get compressed */
+            const float *kl = x.k + ((size_t)l * (size_t)T + (size_t)(T - 1)) * SYN_KVD;
+            const float *vl = x.v + ((size_t)l * (size_t)T + (size_t)(T - 1)) * SYN_KVD;
+            ck_assert_kv_ok(kv_rt_append(rt, l, 0, 1, pos + T, NULL, kl, vl, SYN_KVD));
+        }
+        for (int l = 0; l < SYN_LAYERS; l++)
+            for (int h = 0; h < SYN_KV_HEADS; h++) {
+                ck_assert_kv_ok(kv_rt_decode_head(rt, l, 0, h, kd, vd));
+                for (int t = sinks; t < sinks + n_comp; t++)
+                    for (int c = 0; c < SYN_HEAD_DIM; c++) {
+                        const size_t at = ((size_t)l * (size_t)T + (size_t)t) * SYN_KVD + (size_t)h * SYN_HEAD_DIM + (size_t)c;
+                        const double yk = x.k[at], yv = x.v[at];
+                        const double ek = yk - kd[(size_t)t * SYN_HEAD_DIM + (size_t)c];
+                        const double ev = yv - vd[(size_t)t * SYN_HEAD_DIM + (size_t)c];
+                        ss[l][0] += yk * yk, ss[l][1] += yv * yv, se[l][0] += ek * ek, se[l][1] += ev * ev;
+                    }
+            }
+    }
+    for (int l = 0; l < SYN_LAYERS; l++)
+        for (int st = 0; st < 2; st++) {
+            const double mine = se[l][st] / ss[l][st], fit = rep.layers[l].quant_rel_err[st];
+            ck_assert_msg(fabs(mine - fit) <= 1e-6 * fit, "layer %d stream %d: runtime %.12g, fit %.12g", l, st, mine,
+                          fit);
+            ck_assert(fit > 1e-4); /* a real quantization error, not a vacuous match */
+        }
+    kv_rt_close(rt);
+    free(x.k), free(x.v), free(kd), free(vd), free(pos);
+    kv_fit_seqs_free(&seqs);
+    kv_fit_report_free(&rep);
+    kv_plan_free(plan);
+    kv_fit_config_free(&cfg);
+}
+END_TEST
+
+/* Pairs must not mix bit widths: kq = 1 would make layer 1 1-bit and share 2-bit layer 0's codes. */
+START_TEST(test_xquant_odd_split_refused) {
+    const char *sets[] = {"xquant.km=0", "xquant.kq=1", NULL};
+    kv_fit_config cfg;
+    make_cfg(&cfg, KV_FIT_XQUANT, sets);
+    kv_plan *plan = NULL;
+    ck_assert_int_eq(run_fit(&plan, NULL, &cfg, NULL), KV_EINVAL);
+    ck_assert_msg(strstr(kv_error_last(), "layer 1 K would share the codes of layer 0"), "message: %s", kv_error_last());
+    ck_assert_ptr_null(plan);
+    kv_fit_config_free(&cfg);
+    /* sharing keys belong to method xquant */
+    ck_assert_kv_ok(kv_fit_config_init(&cfg));
+    ck_assert_int_eq(kv_fit_config_set(&cfg, "xquant.km=2"), KV_OK);
+    ck_assert_int_eq(kv_fit_config_validate(&cfg), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "method xquant"));
+    kv_fit_config_free(&cfg);
+}
+END_TEST
+
 /* ---- bad inputs ---- */
 START_TEST(test_bad_inputs) {
     kv_fit_config cfg;
@@ -718,6 +847,8 @@ static Suite *fit_suite(void) {
     tcase_add_test(tc, test_plan_round_trip);
     tcase_add_test(tc, test_kivi_preset);
     tcase_add_test(tc, test_same_quantizer_as_runtime);
+    tcase_add_test(tc, test_xquant_runtime_applies_fit);
+    tcase_add_test(tc, test_xquant_odd_split_refused);
     tcase_add_test(tc, test_bad_inputs);
     tcase_add_test(tc, test_separate_heldout);
     tcase_add_loop_test(tc, test_resume_equals_uninterrupted, 0, 2);
