@@ -18,7 +18,8 @@
 #include <unistd.h>
 
 const char *const kv_fit_metric_names[KV_FIT_N_METRICS] = {"rel_mse",       "explained_var", "quant_rel_err",
-                                                           "resid_rel_err", "ridge_rcond",   "ridge_fallback"};
+                                                           "resid_rel_err", "ridge_rcond",   "ridge_fallback",
+                                                           "eta_gain_vs_0", "eta_gain_vs_datafree"};
 
 void kv_fit_options_init(kv_fit_options *o) {
     memset(o, 0, sizeof *o);
@@ -394,6 +395,7 @@ typedef struct fit_run {
     size_t weight_bytes_max;
     kv_grid_search *search[64]; /* per plan grid (at most 64, PLAN_FORMAT.md §6.3) */
     kv_fit_xq_codes xq;         /* XQuant: codes of the lower layer of a sharing pair */
+    kv_fit_xq_eta xqe;          /* XQuant: eta statistics of the current layer */
 } fit_run;
 
 static int64_t shard_nseq(const fit_run *r, int64_t k) {
@@ -411,6 +413,7 @@ static int64_t shard_ncal(const fit_run *r, int64_t k) {
 typedef struct capture_ctx {
     fit_run *r;
     float *k, *v; /* the shard's K and V */
+    int64_t j;    /* the local shard */
 } capture_ctx;
 
 static kv_status capture(void *user, const kv_capture *c) {
@@ -424,7 +427,7 @@ static kv_status capture(void *user, const kv_capture *c) {
         memcpy(cc->k + dst0 * kvd, ksrc + row0 * kvd, (size_t)r->n_comp * kvd * sizeof(float));
         memcpy(cc->v + dst0 * kvd, c->v + row0 * kvd, (size_t)r->n_comp * kvd * sizeof(float));
     }
-    return KV_OK;
+    return kv_fit_xq_eta_capture(&r->xqe, cc->j, shard_ncal(r, r->shard_ids[cc->j]), c);
 }
 
 static void fit_run_free(fit_run *r) {
@@ -436,6 +439,7 @@ static void fit_run_free(fit_run *r) {
     free(r->layer_report);
     for (int i = 0; i < 64; i++) kv_grid_search_free(r->search[i]);
     kv_fit_xq_codes_free(&r->xq);
+    kv_fit_xq_eta_free(&r->xqe);
 }
 
 /* ---- layer forward ------------------------------------------------------------------------------ */
@@ -463,7 +467,7 @@ static kv_status forward_shard(fit_run *r, int l, int64_t j) {
         (s = kv_fit_store_get(&r->st, KV_FIT_K, j, 0, &k)) != KV_OK ||
         (s = kv_fit_store_get(&r->st, KV_FIT_V, j, 0, &v)) != KV_OK)
         return s;
-    capture_ctx cc = {r, k, v};
+    capture_ctx cc = {r, k, v, j};
     kv_hooks hooks;
     memset(&hooks, 0, sizeof hooks);
     hooks.on_layer = capture;
@@ -756,6 +760,50 @@ static kv_status quant_pass(fit_run *r, int l, int stream, const kv_plan_predict
     return s;
 }
 
+/* ---- XQuant: eta of a stream from the calibration data (fit_xquant.c), before its quantization ---- */
+typedef struct eta_job {
+    fit_run *r;
+    int st;
+    kv_quant q;
+    const uint32_t *partner;
+    size_t wpc;
+} eta_job;
+
+static kv_status eta_part(void *user, int64_t k, double *out) {
+    eta_job *job = user;
+    fit_run *r = job->r;
+    const int64_t j = k / r->size; /* k = rank + j * size */
+    int64_t base = 0;                /* this rank's chunks before shard j */
+    for (int64_t i = 0; i < j; i++) base += r->shard_nseq[i] * r->n_chunks;
+    float *Y = NULL;
+    kv_status s = kv_fit_store_get(&r->st, job->st == KV_PLAN_K ? KV_FIT_K : KV_FIT_V, j, 1, &Y);
+    if (s != KV_OK) return s;
+    return kv_fit_xq_eta_sums(&r->xqe, out, &job->q, job->st, j, shard_ncal(r, k), Y, r->n_chunks, r->recent, r->kv_dim,
+                              job->partner ? job->partner + (size_t)base * job->wpc : NULL, job->wpc);
+}
+
+static kv_status eta_search(fit_run *r, int l, int st, kv_fit_layer_report *lr) {
+    lr->eta_gain_vs_0[st] = lr->eta_gain_vs_datafree[st] = NAN;
+    kv_plan_stream *ps = &r->plan->layers[l].stream[st];
+    if (!r->xqe.on || ps->method != KV_PLAN_UNIFORM || ps->predictor) return KV_OK;
+    eta_job job;
+    memset(&job, 0, sizeof job);
+    job.r = r;
+    job.st = st;
+    kv_status s = kv_quant_from_plan(&job.q, r->plan, l, st);
+    if (s != KV_OK) return s;
+    job.partner = job.q.shared_codes ? r->xq.prev[st] : NULL;
+    job.wpc = r->xq.words[st];
+    double acc[6] = {0}, res[3] = {0, NAN, NAN};
+    if ((s = kv_dist_fold(r->dist, acc, 6, r->n_shards, eta_part, &job)) != KV_OK) return s;
+    if (r->rank == 0) kv_fit_xq_eta_choose(acc, ps->eta, &res[0], &res[1], &res[2]);
+    if ((s = kv_dist_bcast(r->dist, res, sizeof res, 0)) != KV_OK) return s;
+    ps->eta = (float)res[0];
+    lr->eta_gain_vs_0[st] = res[1];
+    lr->eta_gain_vs_datafree[st] = res[2];
+    return KV_OK;
+}
+
 /* The stream's metrics from every held-out chunk's sums, added in chunk order. */
 static void stream_metrics(fit_run *r, int l, int stream, int has_pred, const double *ho, kv_fit_layer_report *lr) {
     const int kvd = r->kv_dim;
@@ -781,6 +829,7 @@ static void stream_metrics(fit_run *r, int l, int stream, int has_pred, const do
     lr->resid_rel_err[stream] = rr > 0 ? rerr / rr : NAN;
     lr->quant_rel_err[stream] = ss > 0 ? rerr / ss : NAN;
     lr->bits[stream] = kv_plan_stream_bits(r->plan, l, stream);
+    lr->eta[stream] = r->plan->layers[l].stream[stream].eta;
 }
 
 static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
@@ -800,6 +849,7 @@ static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
         if ((s = fit_predictor(r, l, KV_PLAN_K, 1, ids, kin, lr)) != KV_OK) goto done;
         pk = r->plan->layers[l].stream[KV_PLAN_K].predictor;
     }
+    if ((s = kv_dist_agree(r->dist, eta_search(r, l, KV_PLAN_K, lr))) != KV_OK) goto done;
     if ((s = kv_dist_agree(r->dist, quant_pass(r, l, KV_PLAN_K, pk, kin, ho))) != KV_OK) goto done;
     /* V: f_v([V_hat(l-1); K_hat(l)]) — the K role now holds K_hat(l) */
     const kv_plan_predictor *pv = NULL;
@@ -810,6 +860,7 @@ static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
         if ((s = fit_predictor(r, l, KV_PLAN_V, n_in, ids, vin, lr)) != KV_OK) goto done;
         pv = r->plan->layers[l].stream[KV_PLAN_V].predictor;
     }
+    if ((s = kv_dist_agree(r->dist, eta_search(r, l, KV_PLAN_V, lr))) != KV_OK) goto done;
     if ((s = kv_dist_agree(r->dist, quant_pass(r, l, KV_PLAN_V, pv, vin, ho + n_ho))) != KV_OK) goto done;
     kv_fit_xq_codes_end_layer(&r->xq);
     if ((s = kv_dist_sum_disjoint(r->dist, ho, 2 * n_ho)) != KV_OK) goto done;
@@ -836,6 +887,10 @@ static void pack_layer_report(double *dst, const kv_fit_layer_report *lr) {
         dst[14 + st] = lr->ridge_fallback[st];
     }
     dst[16] = lr->peak_rss_mib;
+    for (int st = 0; st < 2; st++) {
+        dst[17 + st] = lr->eta_gain_vs_0[st];
+        dst[19 + st] = lr->eta_gain_vs_datafree[st];
+    }
 }
 
 static void unpack_layer_report(kv_fit_layer_report *lr, const double *src) {
@@ -853,10 +908,16 @@ static void unpack_layer_report(kv_fit_layer_report *lr, const double *src) {
         lr->ridge_fallback[st] = src[14 + st];
     }
     lr->peak_rss_mib = src[16];
+    for (int st = 0; st < 2; st++) {
+        lr->eta_gain_vs_0[st] = src[17 + st];
+        lr->eta_gain_vs_datafree[st] = src[19 + st];
+    }
 }
 
 /* Where metric m of stream st sits in a packed layer record. */
-static size_t metric_slot(int st, int m) { return m < 4 ? (size_t)st * 4 + (size_t)m : (size_t)(12 + 2 * (m - 4) + st); }
+static size_t metric_slot(int st, int m) {
+    return m < 4 ? (size_t)st * 4 + (size_t)m : m < 6 ? (size_t)(12 + 2 * (m - 4) + st) : (size_t)(17 + 2 * (m - 6) + st);
+}
 
 static kv_status update_plan_report(fit_run *r) {
     const int L = r->L;
@@ -886,12 +947,10 @@ kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a) {
     if (cfg->squat.enabled)
         return KV_ERR(KV_EUNSUPPORTED, "squat.enabled: SQuat key quantization is not fitted by this version of "
                       "kvcal fit");
-    if (cfg->xquant.calibrate_eta)
-        return KV_ERR(KV_EUNSUPPORTED, "xquant.calibrate_eta: eta calibration on data is not in this version of kvcal "
-                      "fit (the data-free eta1/eta2 are used)");
-    if (cfg->xquant.target_bits > 0)
-        return KV_ERR(KV_EUNSUPPORTED, "xquant.target_bits: choosing kq/vq/km/vm for a bit target is not in this "
-                      "version of kvcal fit (set them)");
+    if (cfg->xquant.target_bits > 0 &&
+        (cfg->xquant.km >= 0 || cfg->xquant.vm >= 0 || cfg->xquant.kq >= 0 || cfg->xquant.vq >= 0))
+        return KV_ERR(KV_EINVAL, "xquant.target_bits %g chooses xquant.kq/vq/km/vm: leave them at -1",
+                      cfg->xquant.target_bits);
     if (cfg->pruning.method != KV_PLAN_PRUNE_NONE)
         return KV_ERR(KV_EUNSUPPORTED, "%s: key 'pruning.method': token pruning (%s) is not applied by any runtime in "
                       "this version (kvrun eval would refuse the plan); use pruning.method: none",
@@ -960,6 +1019,10 @@ static kv_status setup_shards(fit_run *r) {
     if (kv_size_mul(&h_per_seq, (size_t)r->seq_len, (size_t)r->d_model) != 0 ||
         kv_size_mul(&kv_per_seq, (size_t)r->n_comp, (size_t)r->kv_dim) != 0)
         return KV_ERR(KV_EINVAL, "calibration set too large");
+    const kv_arch *a = kv_model_arch(r->m);
+    kv_status s = kv_fit_xq_eta_init(&r->xqe, r->cfg, a->n_heads, a->n_kv_heads, a->head_dim, r->sinks, r->n_comp,
+                                     r->n_local, r->shard_nseq);
+    if (s != KV_OK) return s;
     return kv_fit_store_init(&r->st, r->cfg->memory.spill_dir, r->cfg->memory.hidden_dtype == KV_DTYPE_F16, r->n_local,
                              r->shard_ids, r->shard_nseq, r->shard_seqs, h_per_seq, kv_per_seq);
 }
@@ -1132,6 +1195,10 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
     kv_fit_options defopt;
     kv_fit_options_init(&defopt);
     const kv_fit_options *opt = opt_in ? opt_in : &defopt;
+    if (cfg && kv_fit_xq_active(cfg) && cfg->xquant.target_bits > 0) {
+        kv_status ts = m ? kv_fit_check(cfg, kv_model_arch(m)) : KV_ERR(KV_EINVAL, "kv_fit_run: no model");
+        return ts != KV_OK ? ts : kv_fit_xq_run_target(out, rep, m, mf, data, cfg, opt);
+    }
     kv_dist *dist = opt->dist;
     fit_run r;
     memset(&r, 0, sizeof r);

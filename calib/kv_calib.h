@@ -199,6 +199,11 @@ typedef struct kv_fit_layer_report {
     double ridge_rcond[2];    /* predictor solve: kv_ridge_fit.rcond (NaN without a predictor) */
     double ridge_fallback[2]; /* 1: the normal equations were rank deficient and the minimum-norm
                                  solution was used (kv_ridge_solve), 0: Cholesky; NaN: no predictor */
+    double eta[2];            /* the stream's eta in the plan (uniform; 0 otherwise) */
+    double eta_gain_vs_0[2];  /* XQuant calibrated eta: held-out attention error reduction 1 - E(eta)/E(0)
+                                 (keys: query-weighted score error, values: attention-weighted output
+                                 error; calib/FIT.md §XQuant); NaN: eta not calibrated */
+    double eta_gain_vs_datafree[2]; /* likewise against the data-free eta: 1 - E(eta)/E(eta_df) */
     double seconds_forward;   /* layer forward + capture */
     double seconds_fit;       /* statistics, solves, predictions, quantization, metrics */
     double seconds_checkpoint;
@@ -212,6 +217,8 @@ typedef struct kv_fit_report {
     int seq_len, sinks, recent;
     int64_t n_calib_seqs, n_heldout_seqs;
     int64_t calib_tokens;          /* tokens run through the model (calibration sequences) */
+    double xq_target_bits;         /* XQuant --target-bits: the target (0: none) */
+    int xq_chosen[4];              /* ... and the kq, vq, km, vm chosen for it (-1 = off) */
     int64_t heldout_tokens;        /* likewise, held-out sequences */
     int64_t fit_rows, heldout_rows;/* compressed tokens the fit / the metrics use */
     int resumed_from_layer;        /* first layer computed in this run (0: fresh start) */

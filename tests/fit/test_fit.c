@@ -236,16 +236,19 @@ START_TEST(test_plan_round_trip) {
     ck_assert_kv_ok(kv_fit_config_dump(&yaml, &cfg));
     ck_assert_str_eq(back->provenance.config_yaml, yaml);
     free(yaml);
-    ck_assert_int_eq(back->report.n_metrics, 6);
+    ck_assert_int_eq(back->report.n_metrics, 8);
     ck_assert_str_eq(back->report.names[0], "rel_mse");
     ck_assert_str_eq(back->report.names[1], "explained_var");
     ck_assert_str_eq(back->report.names[2], "quant_rel_err");
     ck_assert_str_eq(back->report.names[3], "resid_rel_err");
     ck_assert_str_eq(back->report.names[4], "ridge_rcond");
     ck_assert_str_eq(back->report.names[5], "ridge_fallback");
+    ck_assert_str_eq(back->report.names[6], "eta_gain_vs_0");
+    ck_assert_str_eq(back->report.names[7], "eta_gain_vs_datafree");
     for (int l = 0; l < SYN_LAYERS; l++)
         for (int st = 0; st < 2; st++) {
-            const float *v = back->report.values + (size_t)(l * 2 + st) * 6;
+            const float *v = back->report.values + (size_t)(l * 2 + st) * KV_FIT_N_METRICS;
+            ck_assert(isnan(v[6]) && isnan(v[7])); /* no eta calibrated in an AQUA-KV fit */
             ck_assert_float_eq((float)rep.layers[l].quant_rel_err[st], v[2]);
             ck_assert(l == 0 ? isnan(v[1]) : isfinite(v[1]));
             /* well-posed predictors: Cholesky, rcond far above the rank threshold */
@@ -358,7 +361,9 @@ static kv_status xq_hook(void *user, const kv_capture *c) {
  * agree to ~1e-12 relative; 1e-6 allows for that while a different rounding of one code in a
  * 2-bit group (or a wrong partner layer) moves the error by far more than 1e-6 relative. */
 START_TEST(test_xquant_runtime_applies_fit) {
-    const char *sets[] = {"xquant.km=0", "xquant.vm=0", "xquant.kq=2", "xquant.vq=2", NULL};
+    /* _i = 0: the data-free eta; 1: eta calibrated on the data */
+    const char *sets[] = {"xquant.km=0", "xquant.vm=0", "xquant.kq=2", "xquant.vq=2",
+                          _i ? "xquant.calibrate_eta=true" : NULL, NULL};
     kv_fit_config cfg;
     make_cfg(&cfg, KV_FIT_XQUANT, sets);
     ck_assert_int_eq(cfg.keys.group_axis, KV_PLAN_GROUP_TOKENS); /* the KIVI layout */
@@ -374,9 +379,29 @@ START_TEST(test_xquant_runtime_applies_fit) {
         ck_assert_int_eq(s0->bits, 2);
         ck_assert_int_eq(s1->bits, 2);
         ck_assert_int_eq(s2->bits, 1);
-        ck_assert_float_eq(s0->eta, 0.05f);
-        ck_assert_float_eq(s1->eta, 0.05f);
-        ck_assert_float_eq(s2->eta, 0.2f);
+        if (_i == 0) {
+            ck_assert_float_eq(s0->eta, 0.05f);
+            ck_assert_float_eq(s1->eta, 0.05f);
+            ck_assert_float_eq(s2->eta, 0.2f);
+            ck_assert(isnan(rep.layers[2].eta_gain_vs_0[st]));
+        } else {
+            for (int l = 0; l < SYN_LAYERS; l++) {
+                const float eta = plan->layers[l].stream[st].eta;
+                const double g0 = rep.layers[l].eta_gain_vs_0[st], gd = rep.layers[l].eta_gain_vs_datafree[st];
+                ck_assert(eta >= 0.0f && eta <= 0.49f);
+                ck_assert_double_eq(rep.layers[l].eta[st], eta);
+                /* the eta is chosen on 30 calibration sequences and scored on 10 held-out ones: on the
+                 * held-out error it may lose a little against eta = 0 or the data-free value, never much */
+                ck_assert_msg(g0 > -0.05 && gd > -0.05, "layer %d stream %d: eta %g gains %g %g", l, st, eta, g0, gd);
+                const float *v = plan->report.values + ((size_t)l * 2 + (size_t)st) * KV_FIT_N_METRICS;
+                ck_assert_float_eq(v[6], (float)g0); /* recorded in the plan's report */
+                ck_assert_float_eq(v[7], (float)gd);
+            }
+            /* 1-bit codes at the ends of the range are far from the values (xquant.txt §3.2): a
+             * calibrated eta wins clearly over eta = 0 there */
+            ck_assert_msg(rep.layers[2].eta_gain_vs_0[st] > 0.05, "layer 2 stream %d: gain %g", st,
+                          rep.layers[2].eta_gain_vs_0[st]);
+        }
         /* shared codes are counted once: layer 1 pays for its scales and zero points only */
         ck_assert_double_eq_tol(kv_plan_stream_bits(plan, 1, st), 2.0 * 16.0 / 16.0, 1e-12);
         ck_assert_double_eq_tol(kv_plan_stream_bits(plan, 0, st), 2.0 + 2.0 * 16.0 / 16.0, 1e-12);
@@ -442,6 +467,71 @@ START_TEST(test_xquant_runtime_applies_fit) {
     kv_fit_seqs_free(&seqs);
     kv_fit_report_free(&rep);
     kv_plan_free(plan);
+    kv_fit_config_free(&cfg);
+}
+END_TEST
+
+/* E(eta) = A + 2 eta B + eta^2 D: the minimum -B/D, clamped to [0, 0.49]; gains on the held-out sums. */
+START_TEST(test_xquant_eta_choose) {
+    double eta, g0, gd;
+    /* calibration (1 - 5 eta)^2 * 4 = 4 - 40 eta + 100 eta^2: minimum at 0.2; held-out the same */
+    const double a[6] = {4, -20, 100, 4, -20, 100};
+    kv_fit_xq_eta_choose(a, 0.1, &eta, &g0, &gd);
+    ck_assert_double_eq_tol(eta, 0.2, 1e-7); /* stored as a float */
+    ck_assert_double_eq_tol(g0, 1.0, 1e-6);  /* E(0.2) = 0 */
+    ck_assert_double_eq_tol(gd, 1.0, 1e-6);
+    const double b[6] = {1, 5, 1, 1, 5, 1}; /* increasing: eta 0 */
+    kv_fit_xq_eta_choose(b, 0.2, &eta, &g0, &gd);
+    ck_assert_double_eq(eta, 0.0);
+    ck_assert_double_eq(g0, 0.0);
+    ck_assert_double_eq_tol(gd, 1.0 - 1.0 / (1 + 2 * 0.2 * 5 + 0.04), 1e-12);
+    const double c[6] = {1, -10, 1, 1, -10, 1}; /* minimum at 10: clamped */
+    kv_fit_xq_eta_choose(c, 0.0, &eta, &g0, &gd);
+    ck_assert_double_eq_tol(eta, 0.49, 1e-7);
+    const double z[6] = {0, 0, 0, 0, 0, 0}; /* no error at all */
+    kv_fit_xq_eta_choose(z, 0.0, &eta, &g0, &gd);
+    ck_assert_double_eq(eta, 0.0);
+    ck_assert(isnan(g0));
+}
+END_TEST
+
+/* --target-bits: with groups of 16 and f16 scale + zero point, a stream costs 4 bits per value with
+ * 2-bit codes, 3 with 1-bit codes, 2 when it shares its codes. Everything allowed (4): the least
+ * error is 2-bit everywhere; 3.2: at most that on average, and the fitted plan says so; 2.5: below
+ * the 8/3 that every layer 1-bit and pair (0, 1) sharing cost, refused with that number. */
+START_TEST(test_xquant_target_bits) {
+    static const char *const targets[] = {"xquant.target_bits=4", "xquant.target_bits=3.2", "xquant.target_bits=2.5"};
+    const char *sets[] = {targets[_i], "keys.scale_dtype=f16", "values.scale_dtype=f16", NULL};
+    kv_fit_config cfg;
+    make_cfg(&cfg, KV_FIT_XQUANT, sets);
+    kv_plan *plan = NULL;
+    kv_fit_report rep;
+    memset(&rep, 0, sizeof rep);
+    kv_status s = run_fit(&plan, &rep, &cfg, NULL);
+    if (_i == 2) {
+        ck_assert_int_eq(s, KV_EINVAL);
+        ck_assert_msg(strstr(kv_error_last(), "no setting of kq, vq, km, vm reaches it") &&
+                          strstr(kv_error_last(), "are 2.6667"), "message: %s", kv_error_last());
+        ck_assert_ptr_null(plan);
+    } else {
+        ck_assert_kv_ok(s);
+        double bits = 0;
+        for (int l = 0; l < SYN_LAYERS; l++)
+            for (int st = 0; st < 2; st++) bits += kv_plan_stream_bits(plan, l, st);
+        bits /= 2 * SYN_LAYERS;
+        ck_assert_double_eq(rep.xq_target_bits, _i ? 3.2 : 4.0);
+        if (_i == 0) {
+            ck_assert_double_eq_tol(bits, 4.0, 1e-12);
+            for (int k = 0; k < 4; k++) ck_assert_int_eq(rep.xq_chosen[k], -1);
+        } else {
+            ck_assert_msg(bits <= 3.2 && bits > 2.0, "bits %g", bits);
+            int any = 0;
+            for (int k = 0; k < 4; k++) any |= rep.xq_chosen[k] >= 0;
+            ck_assert(any);
+        }
+        kv_fit_report_free(&rep);
+        kv_plan_free(plan);
+    }
     kv_fit_config_free(&cfg);
 }
 END_TEST
@@ -847,7 +937,9 @@ static Suite *fit_suite(void) {
     tcase_add_test(tc, test_plan_round_trip);
     tcase_add_test(tc, test_kivi_preset);
     tcase_add_test(tc, test_same_quantizer_as_runtime);
-    tcase_add_test(tc, test_xquant_runtime_applies_fit);
+    tcase_add_loop_test(tc, test_xquant_runtime_applies_fit, 0, 2);
+    tcase_add_test(tc, test_xquant_eta_choose);
+    tcase_add_loop_test(tc, test_xquant_target_bits, 0, 3);
     tcase_add_test(tc, test_xquant_odd_split_refused);
     tcase_add_test(tc, test_bad_inputs);
     tcase_add_test(tc, test_separate_heldout);
