@@ -1263,6 +1263,7 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
         for (int l = 0; l < first; l++) {
             unpack_layer_report(&lrep.layers[l], r.layer_report + (size_t)l * KV_FIT_CKPT_DOUBLES);
             lrep.layers[l].resumed = 1;
+            for (int st = 0; r.plan && st < 2; st++) lrep.layers[l].eta[st] = r.plan->layers[l].stream[st].eta;
         }
         kv_log(KV_LOG_INFO, "fit: resuming after layer %d from the checkpoint in %s", resumed, opt->checkpoint_dir);
     } else {

@@ -665,11 +665,14 @@ static void ckpt_env_init(ckpt_env *e, int stop_after) {
     e->o.stop_after_layer = stop_after;
 }
 
-/* Stop after layer k (k = 0, 1), resume, compare with an uninterrupted run byte for byte. */
+/* Stop after layer k (k = 0, 1), resume, compare with an uninterrupted run byte for byte. _i = 2:
+ * XQuant with calibrated eta and the pair (0, 1) sharing codes, stopped after layer 1 (the first
+ * checkpoint: none is written inside a pair); the resumed layers' eta is reported from the plan. */
 START_TEST(test_resume_equals_uninterrupted) {
-    const int k = _i;
+    const int k = _i == 2 ? 1 : _i;
+    const char *xq[] = {"xquant.km=0", "xquant.vm=0", "xquant.kq=2", "xquant.calibrate_eta=true", NULL};
     kv_fit_config cfg;
-    make_cfg(&cfg, KV_FIT_AQUA, NULL);
+    make_cfg(&cfg, _i == 2 ? KV_FIT_XQUANT : KV_FIT_AQUA, _i == 2 ? xq : NULL);
     kv_plan *ref = NULL, *plan = NULL;
     kv_fit_report rep;
     ck_assert_kv_ok(run_fit(&ref, NULL, &cfg, NULL));
@@ -687,6 +690,10 @@ START_TEST(test_resume_equals_uninterrupted) {
     ck_assert_int_eq(rep.layers[SYN_LAYERS - 1].resumed, 0);
     ck_assert(!dir_exists(ck)); /* removed on success */
     assert_same_plan(ref, plan);
+    for (int st = 0; _i == 2 && st < 2; st++) {
+        ck_assert_double_eq(rep.layers[0].eta[st], plan->layers[0].stream[st].eta);
+        ck_assert(isfinite(rep.layers[0].eta_gain_vs_0[st])); /* from the checkpoint's report */
+    }
     kv_fit_report_free(&rep);
     kv_plan_free(plan);
     kv_plan_free(ref);
@@ -943,7 +950,7 @@ static Suite *fit_suite(void) {
     tcase_add_test(tc, test_xquant_odd_split_refused);
     tcase_add_test(tc, test_bad_inputs);
     tcase_add_test(tc, test_separate_heldout);
-    tcase_add_loop_test(tc, test_resume_equals_uninterrupted, 0, 2);
+    tcase_add_loop_test(tc, test_resume_equals_uninterrupted, 0, 3);
     tcase_add_test(tc, test_resume_mismatch_starts_over);
     tcase_add_test(tc, test_resume_corrupt_state);
     tcase_add_test(tc, test_forward_baseline);
