@@ -18,7 +18,8 @@
 #include <unistd.h>
 
 const char *const kv_fit_metric_names[KV_FIT_N_METRICS] = {"rel_mse",       "explained_var", "quant_rel_err",
-                                                           "resid_rel_err", "ridge_rcond",   "ridge_fallback"};
+                                                           "resid_rel_err", "ridge_rcond",   "ridge_fallback",
+                                                           "eta_gain_vs_0", "eta_gain_vs_datafree"};
 
 void kv_fit_options_init(kv_fit_options *o) {
     memset(o, 0, sizeof *o);
@@ -135,7 +136,7 @@ kv_status kv_fit_config_method_preset(kv_fit_config *c, kv_fit_method method) {
                                                "values.group_axis=channels", "values.group_size=64", NULL};
     /* fp8 / nvfp4: keys after RoPE, as serving engines hold them */
     static const char *const fp[] = {"cache.pre_rope=false", NULL};
-    const char *const *set = method == KV_FIT_KIVI ? kivi : method == KV_FIT_AQUA_UNIFORM ? aqua_uniform
+    const char *const *set = method == KV_FIT_KIVI || method == KV_FIT_XQUANT ? kivi : method == KV_FIT_AQUA_UNIFORM ? aqua_uniform
                              : (method == KV_FIT_FP8 || method == KV_FIT_NVFP4) ? fp : NULL;
     if (!kv_fit_method_name((int)method)) return KV_ERR(KV_EINVAL, "unknown fit method %d", (int)method);
     c->method = method;
@@ -370,6 +371,8 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
                 if (lo && st == KV_PLAN_V && (lo->set & KV_FIT_LO_VALUE_ETA)) s->eta = (float)lo->value_eta;
                 s->pack = bits == 3 && sc->pack3 == 11 ? KV_PLAN_PACK_3BIT_11 : KV_PLAN_PACK_WORD;
                 s->higgs_grid = -1;
+                kv_status xs = kv_fit_xq_stream(p, cfg, l, st); /* 1-bit layers, eta, shared codes */
+                if (xs != KV_OK) return xs;
                 if (s->group_axis == KV_PLAN_GROUP_TOKENS && cfg->cache.recent % s->group_size != 0)
                     return KV_ERR(KV_EINVAL, "%s.group_size %d: groups along tokens must divide cache.recent (%d), "
                                   "the chunk of tokens the cache compresses at once", st ? "values" : "keys",
@@ -418,6 +421,8 @@ typedef struct fit_run {
     double *layer_report;       /* n_layers * KV_FIT_CKPT_DOUBLES */
     size_t weight_bytes_max;
     kv_grid_search *search[64]; /* per plan grid (at most 64, PLAN_FORMAT.md §6.3) */
+    kv_fit_xq_codes xq;         /* XQuant: codes of the lower layer of a sharing pair */
+    kv_fit_xq_eta xqe;          /* XQuant: eta statistics of the current layer */
 } fit_run;
 
 static int64_t shard_nseq(const fit_run *r, int64_t k) {
@@ -435,6 +440,7 @@ static int64_t shard_ncal(const fit_run *r, int64_t k) {
 typedef struct capture_ctx {
     fit_run *r;
     float *k, *v; /* the shard's K and V */
+    int64_t j;    /* the local shard */
 } capture_ctx;
 
 static kv_status capture(void *user, const kv_capture *c) {
@@ -448,7 +454,7 @@ static kv_status capture(void *user, const kv_capture *c) {
         memcpy(cc->k + dst0 * kvd, ksrc + row0 * kvd, (size_t)r->n_comp * kvd * sizeof(float));
         memcpy(cc->v + dst0 * kvd, c->v + row0 * kvd, (size_t)r->n_comp * kvd * sizeof(float));
     }
-    return KV_OK;
+    return kv_fit_xq_eta_capture(&r->xqe, cc->j, shard_ncal(r, r->shard_ids[cc->j]), c);
 }
 
 static void fit_run_free(fit_run *r) {
@@ -459,6 +465,8 @@ static void fit_run_free(fit_run *r) {
     free(r->pos);
     free(r->layer_report);
     for (int i = 0; i < 64; i++) kv_grid_search_free(r->search[i]);
+    kv_fit_xq_codes_free(&r->xq);
+    kv_fit_xq_eta_free(&r->xqe);
 }
 
 /* ---- layer forward ------------------------------------------------------------------------------ */
@@ -486,7 +494,7 @@ static kv_status forward_shard(fit_run *r, int l, int64_t j) {
         (s = kv_fit_store_get(&r->st, KV_FIT_K, j, 0, &k)) != KV_OK ||
         (s = kv_fit_store_get(&r->st, KV_FIT_V, j, 0, &v)) != KV_OK)
         return s;
-    capture_ctx cc = {r, k, v};
+    capture_ctx cc = {r, k, v, j};
     kv_hooks hooks;
     memset(&hooks, 0, sizeof hooks);
     hooks.on_layer = capture;
@@ -680,6 +688,17 @@ static kv_status quant_pass(fit_run *r, int l, int stream, const kv_plan_predict
     const size_t chunk_vals = (size_t)recent * (size_t)kvd;
     float *P = pred ? malloc(BLOCK * chunk_vals * sizeof(float)) : NULL;
     if (pred && !P) return KV_ERR(KV_ENOMEM, "out of memory for predictions");
+    /* XQuant: keep this layer's codes when the next layer shares them; read the previous layer's */
+    int64_t local_chunks = 0, chunk_base = 0;
+    for (int64_t j = 0; j < r->n_local; j++) local_chunks += r->shard_nseq[j] * r->n_chunks;
+    if ((s = kv_fit_xq_codes_begin(&r->xq, r->plan, l, stream, recent, kvd, local_chunks)) != KV_OK) {
+        free(P);
+        return s;
+    }
+    uint32_t *keep = r->xq.cur[stream];
+    const uint32_t *partner = q.shared_codes ? r->xq.prev[stream] : NULL;
+    const size_t wpc = r->xq.words[stream];
+    const int xq_f16 = kv_fit_xq_active(r->cfg) && !pred;
     for (int64_t j = 0; j < r->n_local && s == KV_OK; j++) {
         const float *inputs[KV_PLAN_MAX_PRED_INPUTS] = {NULL};
         float *Y = NULL;
@@ -721,8 +740,14 @@ static kv_status quant_pass(fit_run *r, int l, int stream, const kv_plan_predict
                     continue;
                 }
                 float *rh = res + chunk_vals;
-                for (size_t k = 0; k < chunk_vals; k++) res[k] = p ? y[k] - p[k] : y[k];
-                kv_status qs = kv_quant_roundtrip(rh, NULL, &q, (size_t)recent, (size_t)kvd, res);
+                /* XQuant compresses what the runtime compresses: the window's f16 rows (rt_runtime.c) */
+                if (xq_f16)
+                    for (size_t k = 0; k < chunk_vals; k++) res[k] = kv_f16_to_f32(kv_f32_to_f16(y[k]));
+                else
+                    for (size_t k = 0; k < chunk_vals; k++) res[k] = p ? y[k] - p[k] : y[k];
+                const size_t lc = (size_t)(chunk_base + c0 + i); /* this rank's chunk index */
+                kv_status qs = kv_fit_xq_roundtrip(rh, keep ? keep + lc * wpc : NULL, &q, (size_t)recent, (size_t)kvd,
+                                                   res, partner ? partner + lc * wpc : NULL);
                 if (qs != KV_OK) {
 #pragma omp critical
                     {
@@ -738,7 +763,8 @@ static kv_status quant_pass(fit_run *r, int l, int stream, const kv_plan_predict
                     double ss = 0, sse = 0, rr = 0, rerr = 0;
                     double *col = h + HO_SUMS;
                     for (size_t k = 0; k < chunk_vals; k++) {
-                        const double yv = y[k], rv = res[k], e = (double)res[k] - (double)rh[k];
+                        const double yv = y[k], rv = res[k];
+                        const double e = xq_f16 ? (double)y[k] - (double)rh[k] : (double)res[k] - (double)rh[k];
                         ss += yv * yv;
                         sse += rv * rv; /* ||Y - f(X)||^2 (= ||Y||^2 without a predictor) */
                         rr += rv * rv;
@@ -755,6 +781,7 @@ static kv_status quant_pass(fit_run *r, int l, int stream, const kv_plan_predict
                                      : KV_ERR(bad, "layer %d %s stream: %s", l, stream ? "V" : "K", bad_msg);
         }
         if (s == KV_OK) s = kv_fit_store_put(&r->st, y_role, j);
+        chunk_base += n_chunks;
     }
     free(P);
     return s;
@@ -833,6 +860,50 @@ done:
     return s;
 }
 
+/* ---- XQuant: eta of a stream from the calibration data (fit_xquant.c), before its quantization ---- */
+typedef struct eta_job {
+    fit_run *r;
+    int st;
+    kv_quant q;
+    const uint32_t *partner;
+    size_t wpc;
+} eta_job;
+
+static kv_status eta_part(void *user, int64_t k, double *out) {
+    eta_job *job = user;
+    fit_run *r = job->r;
+    const int64_t j = k / r->size; /* k = rank + j * size */
+    int64_t base = 0;                /* this rank's chunks before shard j */
+    for (int64_t i = 0; i < j; i++) base += r->shard_nseq[i] * r->n_chunks;
+    float *Y = NULL;
+    kv_status s = kv_fit_store_get(&r->st, job->st == KV_PLAN_K ? KV_FIT_K : KV_FIT_V, j, 1, &Y);
+    if (s != KV_OK) return s;
+    return kv_fit_xq_eta_sums(&r->xqe, out, &job->q, job->st, j, shard_ncal(r, k), Y, r->n_chunks, r->recent, r->kv_dim,
+                              job->partner ? job->partner + (size_t)base * job->wpc : NULL, job->wpc);
+}
+
+static kv_status eta_search(fit_run *r, int l, int st, kv_fit_layer_report *lr) {
+    lr->eta_gain_vs_0[st] = lr->eta_gain_vs_datafree[st] = NAN;
+    kv_plan_stream *ps = &r->plan->layers[l].stream[st];
+    if (!r->xqe.on || ps->method != KV_PLAN_UNIFORM || ps->predictor) return KV_OK;
+    eta_job job;
+    memset(&job, 0, sizeof job);
+    job.r = r;
+    job.st = st;
+    kv_status s = kv_quant_from_plan(&job.q, r->plan, l, st);
+    if (s != KV_OK) return s;
+    job.partner = job.q.shared_codes ? r->xq.prev[st] : NULL;
+    job.wpc = r->xq.words[st];
+    double acc[6] = {0}, res[3] = {0, NAN, NAN};
+    if ((s = kv_dist_fold(r->dist, acc, 6, r->n_shards, eta_part, &job)) != KV_OK) return s;
+    if (r->rank == 0) kv_fit_xq_eta_choose(acc, ps->eta, &res[0], &res[1], &res[2]);
+    if ((s = kv_dist_bcast(r->dist, res, sizeof res, 0)) != KV_OK) return s;
+    ps->eta = (float)res[0];
+    lr->eta_gain_vs_0[st] = res[1];
+    lr->eta_gain_vs_datafree[st] = res[2];
+    return KV_OK;
+}
+
 /* The stream's metrics from every held-out chunk's sums, added in chunk order. */
 static void stream_metrics(fit_run *r, int l, int stream, int has_pred, const double *ho, kv_fit_layer_report *lr) {
     const int kvd = r->kv_dim;
@@ -858,6 +929,7 @@ static void stream_metrics(fit_run *r, int l, int stream, int has_pred, const do
     lr->resid_rel_err[stream] = rr > 0 ? rerr / rr : NAN;
     lr->quant_rel_err[stream] = ss > 0 ? rerr / ss : NAN;
     lr->bits[stream] = kv_plan_stream_bits(r->plan, l, stream);
+    lr->eta[stream] = r->plan->layers[l].stream[stream].eta;
 }
 
 static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
@@ -878,6 +950,7 @@ static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
         pk = r->plan->layers[l].stream[KV_PLAN_K].predictor;
     }
     if ((s = float_scales(r, l, KV_PLAN_K)) != KV_OK) goto done;
+    if ((s = kv_dist_agree(r->dist, eta_search(r, l, KV_PLAN_K, lr))) != KV_OK) goto done;
     if ((s = kv_dist_agree(r->dist, quant_pass(r, l, KV_PLAN_K, pk, kin, ho))) != KV_OK) goto done;
     /* V: f_v([V_hat(l-1); K_hat(l)]) — the K role now holds K_hat(l) */
     const kv_plan_predictor *pv = NULL;
@@ -889,7 +962,9 @@ static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
         pv = r->plan->layers[l].stream[KV_PLAN_V].predictor;
     }
     if ((s = float_scales(r, l, KV_PLAN_V)) != KV_OK) goto done;
+    if ((s = kv_dist_agree(r->dist, eta_search(r, l, KV_PLAN_V, lr))) != KV_OK) goto done;
     if ((s = kv_dist_agree(r->dist, quant_pass(r, l, KV_PLAN_V, pv, vin, ho + n_ho))) != KV_OK) goto done;
+    kv_fit_xq_codes_end_layer(&r->xq);
     if ((s = kv_dist_sum_disjoint(r->dist, ho, 2 * n_ho)) != KV_OK) goto done;
     stream_metrics(r, l, KV_PLAN_K, pk != NULL, ho, lr);
     stream_metrics(r, l, KV_PLAN_V, pv != NULL, ho + n_ho, lr);
@@ -914,6 +989,10 @@ static void pack_layer_report(double *dst, const kv_fit_layer_report *lr) {
         dst[14 + st] = lr->ridge_fallback[st];
     }
     dst[16] = lr->peak_rss_mib;
+    for (int st = 0; st < 2; st++) {
+        dst[17 + st] = lr->eta_gain_vs_0[st];
+        dst[19 + st] = lr->eta_gain_vs_datafree[st];
+    }
 }
 
 static void unpack_layer_report(kv_fit_layer_report *lr, const double *src) {
@@ -931,10 +1010,16 @@ static void unpack_layer_report(kv_fit_layer_report *lr, const double *src) {
         lr->ridge_fallback[st] = src[14 + st];
     }
     lr->peak_rss_mib = src[16];
+    for (int st = 0; st < 2; st++) {
+        lr->eta_gain_vs_0[st] = src[17 + st];
+        lr->eta_gain_vs_datafree[st] = src[19 + st];
+    }
 }
 
 /* Where metric m of stream st sits in a packed layer record. */
-static size_t metric_slot(int st, int m) { return m < 4 ? (size_t)st * 4 + (size_t)m : (size_t)(12 + 2 * (m - 4) + st); }
+static size_t metric_slot(int st, int m) {
+    return m < 4 ? (size_t)st * 4 + (size_t)m : m < 6 ? (size_t)(12 + 2 * (m - 4) + st) : (size_t)(17 + 2 * (m - 6) + st);
+}
 
 static kv_status update_plan_report(fit_run *r) {
     const int L = r->L;
@@ -964,9 +1049,10 @@ kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a) {
     if (cfg->squat.enabled)
         return KV_ERR(KV_EUNSUPPORTED, "squat.enabled: SQuat key quantization is not fitted by this version of "
                       "kvcal fit");
-    if (cfg->xquant.km >= 0 || cfg->xquant.vm >= 0 || cfg->xquant.kq >= 0 || cfg->xquant.vq >= 0)
-        return KV_ERR(KV_EUNSUPPORTED, "xquant.km/vm/kq/vq: XQuant cross-layer sharing and 1-bit layers are not "
-                      "fitted by this version of kvcal fit (set them to -1)");
+    if (cfg->xquant.target_bits > 0 &&
+        (cfg->xquant.km >= 0 || cfg->xquant.vm >= 0 || cfg->xquant.kq >= 0 || cfg->xquant.vq >= 0))
+        return KV_ERR(KV_EINVAL, "xquant.target_bits %g chooses xquant.kq/vq/km/vm: leave them at -1",
+                      cfg->xquant.target_bits);
     if (cfg->pruning.method != KV_PLAN_PRUNE_NONE) { /* what the runtime's token policy cannot combine with */
         const char *pw = kv_fit_config_origin(cfg, "pruning.method"), *pm = kv_plan_prune_name(cfg->pruning.method);
         if ((cfg->method == KV_FIT_AQUA || cfg->method == KV_FIT_AQUA_UNIFORM) &&
@@ -975,6 +1061,11 @@ kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a) {
                           "head and layer, but an AQUA-KV predictor reads every head of the previous layer's same "
                           "tokens: use method kivi or higgs with pruning (method %s, set at %s)", pw, pm,
                           kv_fit_method_name(cfg->method), kv_fit_config_origin(cfg, "method"));
+        if (cfg->method == KV_FIT_XQUANT &&
+            (cfg->xquant.km >= 0 || cfg->xquant.vm >= 0 || cfg->xquant.target_bits > 0))
+            return KV_ERR(KV_EUNSUPPORTED, "%s: key 'pruning.method': token pruning (%s) keeps different tokens per "
+                          "layer, so a layer cannot reuse the codes of the layer below (xquant.km/vm%s)", pw, pm,
+                          cfg->xquant.target_bits > 0 ? ", which xquant.target_bits may choose" : "");
         if (cfg->cache.rpc_ratio > 0.0)
             return KV_ERR(KV_EUNSUPPORTED, "%s: key 'pruning.method': token pruning (%s) together with a KVmix recent "
                           "pivotal context (cache.rpc_ratio %g) is not applied by the runtime", pw, pm,
@@ -1072,6 +1163,10 @@ static kv_status setup_shards(fit_run *r) {
     if (kv_size_mul(&h_per_seq, (size_t)r->seq_len, (size_t)r->d_model) != 0 ||
         kv_size_mul(&kv_per_seq, (size_t)r->n_comp, (size_t)r->kv_dim) != 0)
         return KV_ERR(KV_EINVAL, "calibration set too large");
+    const kv_arch *a = kv_model_arch(r->m);
+    kv_status s = kv_fit_xq_eta_init(&r->xqe, r->cfg, a->n_heads, a->n_kv_heads, a->head_dim, r->sinks, r->n_comp,
+                                     r->n_local, r->shard_nseq);
+    if (s != KV_OK) return s;
     return kv_fit_store_init(&r->st, r->cfg->memory.spill_dir, r->cfg->memory.hidden_dtype == KV_DTYPE_F16, r->n_local,
                              r->shard_ids, r->shard_nseq, r->shard_seqs, h_per_seq, kv_per_seq);
 }
@@ -1244,6 +1339,10 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
     kv_fit_options defopt;
     kv_fit_options_init(&defopt);
     const kv_fit_options *opt = opt_in ? opt_in : &defopt;
+    if (cfg && kv_fit_xq_active(cfg) && cfg->xquant.target_bits > 0) {
+        kv_status ts = m ? kv_fit_check(cfg, kv_model_arch(m)) : KV_ERR(KV_EINVAL, "kv_fit_run: no model");
+        return ts != KV_OK ? ts : kv_fit_xq_run_target(out, rep, m, mf, data, cfg, opt);
+    }
     kv_dist *dist = opt->dist;
     fit_run r;
     memset(&r, 0, sizeof r);
@@ -1308,6 +1407,7 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
         for (int l = 0; l < first; l++) {
             unpack_layer_report(&lrep.layers[l], r.layer_report + (size_t)l * KV_FIT_CKPT_DOUBLES);
             lrep.layers[l].resumed = 1;
+            for (int st = 0; r.plan && st < 2; st++) lrep.layers[l].eta[st] = r.plan->layers[l].stream[st].eta;
         }
         kv_log(KV_LOG_INFO, "fit: resuming after layer %d from the checkpoint in %s", resumed, opt->checkpoint_dir);
     } else {
@@ -1355,7 +1455,10 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
         }
         /* this layer's reconstructions are the next layer's inputs */
         kv_fit_store_swap(&r.st);
-        if (opt->checkpoint_dir && (l + 1 < r.L)) {
+        /* XQuant: no checkpoint inside a sharing pair (the lower layer's codes are not in it); the
+         * last one, before the pair, is where a resumed run starts */
+        const int inside_pair = r.xq.prev[0] != NULL || r.xq.prev[1] != NULL;
+        if (opt->checkpoint_dir && (l + 1 < r.L) && !inside_pair) {
             const double tc = kv_now_seconds();
             if ((s = ckpt_save(&r, inputs_hash, l)) != KV_OK) {
                 kv_progress_end(&prog);

@@ -6,7 +6,7 @@
 #include "kvrt.h"
 
 /* Report metric names stored in the plan (PLAN_FORMAT.md §6.8), in this order. */
-#define KV_FIT_N_METRICS 6
+#define KV_FIT_N_METRICS 8
 extern const char *const kv_fit_metric_names[KV_FIT_N_METRICS];
 
 /* The sequences a fit runs over: n_cal calibration sequences, then n_ho held-out ones, each
@@ -69,8 +69,9 @@ void kv_fit_store_swap(kv_fit_store *st);
  * The directory (shared by every rank) holds, for the last finished layer L: one state file per
  * shard (written by the rank that owns it), the plan so far and the per-layer report (rank 0), and
  * the manifest naming them (rank 0, written last, after every rank's files are in place). */
-#define KV_FIT_CKPT_DOUBLES 17 /* per layer: 4 metrics x 2 streams, bits x 2, forward/fit seconds,
-                                  ridge rcond x 2, ridge fallback x 2, peak RSS */
+#define KV_FIT_CKPT_DOUBLES 21 /* per layer: 4 metrics x 2 streams, bits x 2, forward/fit seconds,
+                                  ridge rcond x 2, ridge fallback x 2, peak RSS, eta gains x 2 x 2
+                                  (17 before them: older checkpoints do not match and start over) */
 
 /* SHA-256 (hex) identifying a run's inputs: model identity, tokens, resolved configuration and
  * provenance strings (the model file is read in pieces, not mapped whole). */
@@ -96,5 +97,60 @@ kv_status kv_fit_ckpt_commit(const char *dir, const char *inputs_hash, int layer
 void kv_fit_ckpt_clear(const char *dir);
 /* Remove the checkpoint files and the directory (missing ones are fine). */
 kv_status kv_fit_ckpt_remove(const char *dir);
+
+/* ---- XQuant (fit_xquant.c) ---- */
+struct kv_quant;
+int kv_fit_xq_active(const kv_fit_config *cfg);
+/* After the uniform stream (l, st) is set up from the configuration: 1-bit layers, data-free eta,
+ * shared codes with layer l-1 (layers are set up in order). KV_EINVAL naming the keys when a pair
+ * would mix quantizers. No-op for other methods. */
+kv_status kv_fit_xq_stream(kv_plan *p, const kv_fit_config *cfg, int l, int st);
+/* Codes of each stream's local chunks: cur = the layer being quantized (kept only when layer l+1
+ * shares them), prev = the previous layer's (read by a sharing stream). */
+typedef struct kv_fit_xq_codes {
+    uint32_t *prev[2], *cur[2];
+    size_t words[2]; /* u32 words per chunk */
+} kv_fit_xq_codes;
+kv_status kv_fit_xq_codes_begin(kv_fit_xq_codes *c, const kv_plan *p, int l, int st, int recent, int kv_dim,
+                                int64_t n_chunks_local);
+void kv_fit_xq_codes_end_layer(kv_fit_xq_codes *c);
+void kv_fit_xq_codes_free(kv_fit_xq_codes *c);
+/* kv_quant_roundtrip, plus: codes_out (may be NULL) receives the codes; a stream with shared codes
+ * encodes only its scales/zeros and decodes partner_codes (the runtime's compression). */
+kv_status kv_fit_xq_roundtrip(float *x_hat, uint32_t *codes_out, const struct kv_quant *q, size_t tokens,
+                              size_t channels, const float *x, const uint32_t *partner_codes);
+
+/* Eta calibrated on data (method xquant, xquant.calibrate_eta; fit_xquant.c explains the error).
+ * Per local shard, refreshed by each layer's forward: C = query second moments per KV head
+ * (calibration and held-out sequences apart), P = attention weights of every 16th query. */
+#define KV_FIT_XQ_QSTRIDE 16
+#define KV_FIT_XQ_ETA_MAX 0.49
+struct kv_capture;
+typedef struct kv_fit_xq_eta {
+    int on;
+    int n_heads, n_kv_heads, head_dim, sinks, n_comp, n_q;
+    int64_t n_local;
+    const int64_t *shard_nseq;
+    double **C; /* [shard][2][n_kv_heads][hd][hd] */
+    float **P;  /* [shard][seq][n_q][n_heads][n_comp] */
+} kv_fit_xq_eta;
+kv_status kv_fit_xq_eta_init(kv_fit_xq_eta *e, const kv_fit_config *cfg, int n_heads, int n_kv_heads, int head_dim,
+                             int sinks, int n_comp, int64_t n_local, const int64_t *shard_nseq);
+void kv_fit_xq_eta_free(kv_fit_xq_eta *e);
+/* From a layer's capture of local shard j (its first n_cal sequences are calibration ones). */
+kv_status kv_fit_xq_eta_capture(kv_fit_xq_eta *e, int64_t j, int64_t n_cal, const struct kv_capture *c);
+/* out[0..2] += calibration A, B, D; out[3..5] += held-out (E(eta) = A + 2 eta B + eta^2 D) for stream
+ * st of local shard j from its original values Y (sequences of n_chunks chunks of recent rows);
+ * partner: the shard's first chunk's partner codes (shared streams), wpc words per chunk. */
+kv_status kv_fit_xq_eta_sums(const kv_fit_xq_eta *e, double out[6], const struct kv_quant *q, int st, int64_t j,
+                             int64_t n_cal, const float *Y, int n_chunks, int recent, int kvd, const uint32_t *partner,
+                             size_t wpc);
+/* The eta minimizing the calibration E, and the held-out gains 1 - E(eta)/E(0), 1 - E(eta)/E(eta_df). */
+void kv_fit_xq_eta_choose(const double sums[6], double eta_df, double *eta, double *gain0, double *gain_df);
+
+/* kvcal fit --method xquant --target-bits B (xquant.target_bits): four probe fits, the setting of kq,
+ * vq, km, vm with the least measured error at bits per value <= B, then the fit of that setting. */
+kv_status kv_fit_xq_run_target(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_model_file *mf,
+                               const kv_fit_data *data, const kv_fit_config *cfg, const kv_fit_options *opt);
 
 #endif

@@ -83,6 +83,10 @@ kv_status kv_fit_report_format(char **out, const kv_fit_report *r, int json) {
                   r->shard_seqs);
         sb_printf(&b, "  \"seconds_total\": %.3f, \"seconds_setup\": %.3f, \"seconds_grids\": %.3f,\n", r->seconds_total,
                   r->seconds_setup, r->seconds_grids);
+        if (r->xq_target_bits > 0)
+            sb_printf(&b, "  \"xquant_target\": {\"target_bits\": %.17g, \"kq\": %d, \"vq\": %d, \"km\": %d, "
+                          "\"vm\": %d},\n", r->xq_target_bits, r->xq_chosen[0], r->xq_chosen[1], r->xq_chosen[2],
+                      r->xq_chosen[3]);
         sb_printf(&b, "  \"layers\": [");
         for (int l = 0; l < r->n_layers; l++) {
             const kv_fit_layer_report *lr = &r->layers[l];
@@ -103,6 +107,12 @@ kv_status kv_fit_report_format(char **out, const kv_fit_report *r, int json) {
                 sb_printf(&b, ", \"ridge_fallback\": ");
                 if (isfinite(lr->ridge_fallback[st])) sb_printf(&b, "%d", lr->ridge_fallback[st] != 0.0);
                 else sb_printf(&b, "null");
+                sb_printf(&b, ", \"eta\": ");
+                sb_num(&b, lr->eta[st]);
+                sb_printf(&b, ", \"eta_gain_vs_0\": ");
+                sb_num(&b, lr->eta_gain_vs_0[st]);
+                sb_printf(&b, ", \"eta_gain_vs_datafree\": ");
+                sb_num(&b, lr->eta_gain_vs_datafree[st]);
                 sb_printf(&b, "}");
             }
             sb_printf(&b, ", \"seconds_forward\": %.3f, \"seconds_fit\": %.3f, \"seconds_checkpoint\": %.3f, "
@@ -144,6 +154,17 @@ kv_status kv_fit_report_format(char **out, const kv_fit_report *r, int json) {
                     sb_printf(&b, "warning: layer %d %s predictor: rank-deficient normal equations (reciprocal "
                                   "condition number %.3g), minimum-norm solution used\n",
                               l, st ? "V" : "K", r->layers[l].ridge_rcond[st]);
+        /* XQuant's calibrated eta: held-out attention error reductions (fit_xquant.c) */
+        for (int l = 0; l < r->n_layers; l++)
+            if (isfinite(r->layers[l].eta_gain_vs_0[0]) || isfinite(r->layers[l].eta_gain_vs_0[1])) {
+                const kv_fit_layer_report *lr = &r->layers[l];
+                sb_printf(&b, "eta layer %d: K %.4f (gain vs 0 %+.4f, vs data-free %+.4f) | V %.4f (gain vs 0 %+.4f, vs "
+                              "data-free %+.4f)\n", l, lr->eta[0], lr->eta_gain_vs_0[0], lr->eta_gain_vs_datafree[0],
+                          lr->eta[1], lr->eta_gain_vs_0[1], lr->eta_gain_vs_datafree[1]);
+            }
+        if (r->xq_target_bits > 0)
+            sb_printf(&b, "xquant --target-bits %g: kq %d vq %d km %d vm %d (-1 = off)\n", r->xq_target_bits,
+                      r->xq_chosen[0], r->xq_chosen[1], r->xq_chosen[2], r->xq_chosen[3]);
         sb_printf(&b, "mean nominal bits per value %.3f, predictor weights %.1f KiB\n", r->mean_bits,
                   (double)r->predictor_bytes / 1024.0);
         sb_printf(&b, "memory: hidden states %.1f MiB (%s%s), working set %.1f MiB, weights held at most %.1f MiB (%s), "

@@ -199,6 +199,11 @@ typedef struct kv_fit_layer_report {
     double ridge_rcond[2];    /* predictor solve: kv_ridge_fit.rcond (NaN without a predictor) */
     double ridge_fallback[2]; /* 1: the normal equations were rank deficient and the minimum-norm
                                  solution was used (kv_ridge_solve), 0: Cholesky; NaN: no predictor */
+    double eta[2];            /* the stream's eta in the plan (uniform; 0 otherwise) */
+    double eta_gain_vs_0[2];  /* XQuant calibrated eta: held-out attention error reduction 1 - E(eta)/E(0)
+                                 (keys: query-weighted score error, values: attention-weighted output
+                                 error; calib/FIT.md §XQuant); NaN: eta not calibrated */
+    double eta_gain_vs_datafree[2]; /* likewise against the data-free eta: 1 - E(eta)/E(eta_df) */
     double seconds_forward;   /* layer forward + capture */
     double seconds_fit;       /* statistics, solves, predictions, quantization, metrics */
     double seconds_checkpoint;
@@ -212,6 +217,8 @@ typedef struct kv_fit_report {
     int seq_len, sinks, recent;
     int64_t n_calib_seqs, n_heldout_seqs;
     int64_t calib_tokens;          /* tokens run through the model (calibration sequences) */
+    double xq_target_bits;         /* XQuant --target-bits: the target (0: none) */
+    int xq_chosen[4];              /* ... and the kq, vq, km, vm chosen for it (-1 = off) */
     int64_t heldout_tokens;        /* likewise, held-out sequences */
     int64_t fit_rows, heldout_rows;/* compressed tokens the fit / the metrics use */
     int resumed_from_layer;        /* first layer computed in this run (0: fresh start) */
@@ -234,16 +241,16 @@ void kv_fit_report_free(kv_fit_report *r);
  * (validated here) says. *out receives the plan (caller frees with kv_plan_free); rep (may be NULL)
  * the metrics and timings (kv_fit_report_free). Errors: KV_EINVAL (configuration or data that cannot
  * work, e.g. a corpus shorter than two sequences, a key group size that does not divide
- * cache.recent), KV_EUNSUPPORTED (SQuat / XQuant sharing, not fitted by this version),
+ * cache.recent), KV_EUNSUPPORTED (SQuat, not fitted by this version),
  * KV_EINTERRUPTED (stopped; the checkpoint is kept), KV_EIO, KV_ENOMEM, KV_ENUMERIC. */
 kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_model_file *mf,
                      const kv_fit_data *data, const kv_fit_config *cfg, const kv_fit_options *opt);
 
 /* What kv_fit_run refuses before any work, checkable as soon as the model's architecture is known
  * (the tool calls it before loading weights or reading the corpus): kv_fit_config_validate, methods
- * this version does not fit (SQuat, XQuant sharing: KV_EUNSUPPORTED), token pruning combined with what the
- * runtime's token policy cannot apply (AQUA-KV predictors, KVmix RPC, HIGGS groups across heads:
- * KV_EUNSUPPORTED), and per-layer overrides of layers the
+ * this version does not fit (SQuat: KV_EUNSUPPORTED), token pruning combined with what the runtime's
+ * token policy cannot apply (AQUA-KV predictors, KVmix RPC, HIGGS groups across heads, XQuant's shared
+ * codes: KV_EUNSUPPORTED), and per-layer overrides of layers the
  * model does not have (KV_EINVAL). Messages name the key and where it was set. */
 kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a);
 

@@ -27,7 +27,7 @@ typedef struct key_desc {
     const char *const *enum_names;   /* T_ENUM: names indexed by value, NULL-terminated */
 } key_desc;
 
-static const char *const k_methods[] = {"aqua", "aqua-uniform", "higgs", "kivi", "fp8", "nvfp4", NULL};
+static const char *const k_methods[] = {"aqua", "aqua-uniform", "higgs", "kivi", "fp8", "nvfp4", "xquant", NULL};
 static const char *const k_fp8_formats[] = {"e4m3", "e5m2", NULL};
 static const char *const k_granularity[] = {"tensor", "head", NULL};
 static const char *const k_fp_scales[] = {"calibrated", "one", NULL};
@@ -81,6 +81,9 @@ static const key_desc k_keys[] = {
     {"xquant.kq", T_INT, OFF(xquant.kq), -1, 4096, NULL},
     {"xquant.vq", T_INT, OFF(xquant.vq), -1, 4096, NULL},
     {"xquant.eta1", T_DOUBLE, OFF(xquant.eta1), 0, 0.4999, NULL},
+    {"xquant.eta2", T_DOUBLE, OFF(xquant.eta2), 0, 0.4999, NULL},
+    {"xquant.calibrate_eta", T_BOOL, OFF(xquant.calibrate_eta), 0, 1, NULL},
+    {"xquant.target_bits", T_DOUBLE, OFF(xquant.target_bits), 0, 64, NULL},
     {"pruning.method", T_ENUM, OFF(pruning.method), 0, 0, k_prunes},
     {"pruning.budget", T_DOUBLE, OFF(pruning.budget), -1e9, 1e9, NULL}, /* (0, 1]: kv_fit_config_validate */
     {"pruning.window", T_INT, OFF(pruning.window), 0, 1 << 20, NULL},
@@ -122,7 +125,7 @@ typedef struct origin {
     char where[N_KEYS][128];
 } origin;
 
-const char *kv_fit_method_name(int m) { return m >= 0 && m <= KV_FIT_NVFP4 ? k_methods[m] : NULL; }
+const char *kv_fit_method_name(int m) { return m >= 0 && m <= KV_FIT_XQUANT ? k_methods[m] : NULL; }
 
 /* ---- init / free --------------------------------------------------------------------------- */
 kv_status kv_fit_config_init(kv_fit_config *c) {
@@ -160,6 +163,7 @@ kv_status kv_fit_config_init(kv_fit_config *c) {
     c->squat.static_basis = 1;
     c->xquant.km = c->xquant.vm = c->xquant.kq = c->xquant.vq = -1;
     c->xquant.eta1 = 0.2;
+    c->xquant.eta2 = 0.05;
     c->pruning.method = KV_PLAN_PRUNE_NONE;
     c->pruning.budget = 1.0;
     c->pruning.window = 32;
@@ -626,9 +630,14 @@ kv_status kv_fit_config_validate(const kv_fit_config *c) {
     if ((c->method == KV_FIT_FP8 || c->method == KV_FIT_NVFP4) && c->cache.rpc_ratio > 0.0)
         return CFG_ERR("cache.rpc_ratio", "method %s keeps no recent pivotal context (serving engines' FP8 / NVFP4 "
                        "caches have none)", kv_fit_method_name(c->method));
-    if ((c->xquant.km >= 0 || c->xquant.vm >= 0) && c->method != KV_FIT_KIVI)
-        return CFG_ERR(c->xquant.km >= 0 ? "xquant.km" : "xquant.vm",
-                       "cross-layer code sharing needs the uniform quantizer without predictors: method kivi");
+    if ((c->xquant.km >= 0 || c->xquant.vm >= 0 || c->xquant.kq >= 0 || c->xquant.vq >= 0) &&
+        c->method != KV_FIT_XQUANT)
+        return CFG_ERR(c->xquant.km >= 0 ? "xquant.km" : c->xquant.vm >= 0 ? "xquant.vm"
+                       : c->xquant.kq >= 0 ? "xquant.kq" : "xquant.vq",
+                       "cross-layer code sharing and 1-bit layers are XQuant's: method xquant");
+    if ((c->xquant.calibrate_eta || c->xquant.target_bits > 0) && c->method != KV_FIT_XQUANT)
+        return CFG_ERR(c->xquant.calibrate_eta ? "xquant.calibrate_eta" : "xquant.target_bits",
+                       "eta calibration and a bit target are XQuant's: method xquant");
     return KV_OK;
 }
 

@@ -611,7 +611,8 @@ typedef enum kv_fit_method {
     KV_FIT_HIGGS = 2,        /* HIGGS alone */
     KV_FIT_KIVI = 3,         /* uniform quantizer alone (KIVI + XQuant eta) */
     KV_FIT_FP8 = 4,          /* FP8 (fp.fp8_format) with calibrated tensor scales (calib/fit_float.c) */
-    KV_FIT_NVFP4 = 5         /* NVFP4 with a calibrated second-level tensor scale */
+    KV_FIT_NVFP4 = 5,        /* NVFP4 with a calibrated second-level tensor scale */
+    KV_FIT_XQUANT = 6        /* XQuant: KIVI layout, data-free or calibrated eta, shared codes, 1-bit layers */
 } kv_fit_method;
 
 typedef struct kv_fit_stream_config {
@@ -684,7 +685,10 @@ typedef struct kv_fit_config {
     struct {
         int km, vm;              /* layers >= km (keys) / vm (values) share codes in pairs; -1 off */
         int kq, vq;              /* layers >= kq / vq use 1-bit codes; -1 off */
-        double eta1;             /* eta of the 1-bit layers */
+        double eta1;             /* data-free eta of the 1-bit layers (xquant.txt Table 4: 0.2) */
+        double eta2;             /* data-free eta of the 2-bit layers (method xquant; Table 4: 0.05) */
+        int calibrate_eta;       /* method xquant: search eta per layer and stream on the calibration data */
+        double target_bits;      /* method xquant: > 0 = choose kq, vq, km, vm for bits per value <= this */
     } xquant;
     struct {
         kv_plan_prune method;

@@ -434,6 +434,8 @@ static kv_status validate_stream(const kv_plan *p, int l, int stream) {
         if (s->group_axis != KV_PLAN_GROUP_TOKENS && s->group_axis != KV_PLAN_GROUP_CHANNELS)
             return SERR("group_axis %d is not 0 (tokens) or 1 (channels)", (int)s->group_axis);
         if (!(s->eta >= 0.0f && s->eta < 0.5f)) return SERR("eta %g out of range [0, 0.5)", (double)s->eta);
+        if (s->bits == 1 && s->pack != KV_PLAN_PACK_WORD)
+            return SERR("1-bit codes are packed 32 per word (pack 0); pack %d is not supported for them", (int)s->pack);
         if (s->pack != KV_PLAN_PACK_WORD && !(s->pack == KV_PLAN_PACK_3BIT_11 && s->bits == 3))
             return SERR("pack %d is not valid with %d bits", (int)s->pack, s->bits);
         break;
@@ -485,13 +487,31 @@ static kv_status validate_stream(const kv_plan *p, int l, int stream) {
     if (!(s->rpc_ratio >= 0.0f && s->rpc_ratio <= 1.0f))
         return SERR("rpc_ratio %g out of range [0, 1]", (double)s->rpc_ratio);
     if (s->share_codes_with_layer != -1) {
+        /* XQuant pairs adjacent layers (xquant.txt Algorithm 1: layer l reuses KeyCache[l-1]'s codes), so the
+         * partner is exactly the previous layer; which layer of a pair is the lower one (the paper: the even
+         * one) is the writer's choice and not checked here. Each mismatch has its own message. */
         const int t = s->share_codes_with_layer;
         if (t < 0 || t >= l) return SERR("share_codes_with_layer %d is not an earlier layer", t);
+        if (t != l - 1)
+            return SERR("share_codes_with_layer %d is not the previous layer %d (codes are shared by adjacent layers)",
+                        t, l - 1);
         const kv_plan_stream *o = &p->layers[t].stream[stream];
-        if (s->method != KV_PLAN_UNIFORM || o->method != s->method || o->bits != s->bits ||
-            o->group_size != s->group_size || o->group_axis != s->group_axis || o->pack != s->pack)
-            return SERR("shares codes with layer %d, whose %s stream is not uniform with the same bits, group "
-                        "size, axis and packing", t, sn);
+        if (s->method != KV_PLAN_UNIFORM)
+            return SERR("shares codes with layer %d but is %s (only uniform streams share codes)", t,
+                        kv_plan_method_name(s->method));
+        if (o->method != KV_PLAN_UNIFORM)
+            return SERR("shares codes with layer %d, whose %s stream is %s, not uniform", t, sn,
+                        kv_plan_method_name(o->method));
+        if (o->bits != s->bits)
+            return SERR("shares codes with layer %d, whose %s stream has %d-bit codes, not %d (a different bit width)",
+                        t, sn, o->bits, s->bits);
+        if (o->group_size != s->group_size || o->group_axis != s->group_axis)
+            return SERR("shares codes with layer %d, whose %s stream has another group layout (group_size %d axis %d, "
+                        "here %d axis %d)", t, sn, o->group_size, (int)o->group_axis, s->group_size,
+                        (int)s->group_axis);
+        if (o->pack != s->pack)
+            return SERR("shares codes with layer %d, whose %s stream packs its codes with pack %d, not %d", t, sn,
+                        (int)o->pack, (int)s->pack);
         if (o->share_codes_with_layer != -1)
             return SERR("shares codes with layer %d, which itself shares codes (no chains)", t);
     }

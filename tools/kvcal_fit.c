@@ -77,7 +77,7 @@ static char *grid_cache_dir(void) {
 }
 
 static int method_from_name(const char *n) {
-    for (int m = 0; m <= KV_FIT_NVFP4; m++)
+    for (int m = 0; m <= KV_FIT_XQUANT; m++)
         if (strcmp(n, kv_fit_method_name(m)) == 0) return m;
     return -1;
 }
@@ -94,7 +94,7 @@ static kv_status set_string(char **dst, const char *v) {
 int kvcal_fit(int argc, char **argv) {
     const char *tool = "kvcal fit";
     const char *model = NULL, *tokenizer = NULL, *corpus = NULL, *heldout = NULL, *config = NULL, *out = NULL;
-    const char *method = NULL, *set_last = NULL, *granularity = NULL;
+    const char *method = NULL, *set_last = NULL, *granularity = NULL, *target_bits = NULL;
     long bits = 0, seq_len = 0, max_tokens = -1, seed = -1, threads = 0;
     int json = 0, no_ckpt = 0, bench = 0;
     const kv_opt opts[] = {
@@ -106,10 +106,12 @@ int kvcal_fit(int argc, char **argv) {
                                                         "else a seeded data.heldout_fraction of the calibration sequences)", 0},
         {"config", 0, KV_OPT_STRING, &config, "CFG.yaml", "fit configuration (configs/kvcal-example.yaml)", 0},
         {"out", 'o', KV_OPT_STRING, &out, "PLAN", "plan to write (atomically); PLAN.ckpt/ holds checkpoints", 1},
-        {"method", 0, KV_OPT_STRING, &method, "NAME", "aqua (default), aqua-uniform, higgs, kivi, fp8 or nvfp4", 0},
+        {"method", 0, KV_OPT_STRING, &method, "NAME", "aqua (default), aqua-uniform, higgs, kivi, fp8, nvfp4 or xquant", 0},
         {"scale-granularity", 0, KV_OPT_STRING, &granularity, "G", "fp8 / nvfp4: one calibrated scale per tensor "
                                                                 "(default) or per KV head (fp.scale_granularity)", 0},
         {"bits", 'b', KV_OPT_INT, &bits, "B", "bits of keys and values: 2, 3, 4, 8, or 16 (kivi: kept in f16, for pruning plans; default: the config's, 2)", 0},
+        {"target-bits", 0, KV_OPT_STRING, &target_bits, "B", "method xquant: choose kq, vq, km, vm for at most B bits "
+                                                          "per value (codes + scales + zero points; xquant.target_bits)", 0},
         {"seq-len", 0, KV_OPT_INT, &seq_len, "N", "tokens per calibration sequence (data.seq_len, default 1024)", 0},
         {"max-tokens", 0, KV_OPT_INT, &max_tokens, "N", "calibration tokens at most, 0 = all (data.max_tokens)", 0},
         {"seed", 0, KV_OPT_INT, &seed, "S", "seed: held-out split, grids, HIGGS signs (default 0)", 0},
@@ -133,9 +135,9 @@ int kvcal_fit(int argc, char **argv) {
     }
     kv_cli_args a;
     int rc = kv_cli_parse(&a, tool,
-                          "--model M --corpus FILE --out PLAN [--config CFG.yaml] [--method aqua|aqua-uniform|higgs|kivi|fp8|nvfp4] "
+                          "--model M --corpus FILE --out PLAN [--config CFG.yaml] [--method aqua|aqua-uniform|higgs|kivi|fp8|nvfp4|xquant] "
                           "[--scale-granularity tensor|head] "
-                          "[--bits 2|3|4|8|16] [--seq-len N] [--max-tokens N] [--seed S] [--json] [--set key=value ...]",
+                          "[--bits 2|3|4|8|16] [--target-bits B] [--seq-len N] [--max-tokens N] [--seed S] [--json] [--set key=value ...]",
                           "Fit a KV-cache compression plan for a model on a calibration corpus, layer by layer "
                           "(AQUA-KV, aquakv.txt Algorithm 1): capture each layer's keys and values, fit linear "
                           "predictors from the previous layer's reconstructions (aqua, aqua-uniform), quantize the "
@@ -168,7 +170,7 @@ int kvcal_fit(int argc, char **argv) {
     /* ---- flags that are usage errors ---- */
     int method_id = -1;
     if (method && (method_id = method_from_name(method)) < 0) {
-        rc = kv_cli_usage_error(tool, "--method must be aqua, aqua-uniform, higgs, kivi, fp8 or nvfp4 (got '%s')",
+        rc = kv_cli_usage_error(tool, "--method must be aqua, aqua-uniform, higgs, kivi, fp8, nvfp4 or xquant (got '%s')",
                                 method);
         goto end;
     }
@@ -220,6 +222,10 @@ int kvcal_fit(int argc, char **argv) {
             snprintf(as, sizeof as, "keys.bits=%ld", bits);
             if ((s = kv_fit_config_set(&cfg, as)) != KV_OK) goto fail;
             snprintf(as, sizeof as, "values.bits=%ld", bits);
+            if ((s = kv_fit_config_set(&cfg, as)) != KV_OK) goto fail;
+        }
+        if (target_bits) {
+            snprintf(as, sizeof as, "xquant.target_bits=%s", target_bits);
             if ((s = kv_fit_config_set(&cfg, as)) != KV_OK) goto fail;
         }
         if (kv_cli_given(&a, opts, "seq-len")) {

@@ -179,16 +179,19 @@ START_TEST(test_plan_round_trip) {
     ck_assert_kv_ok(kv_fit_config_dump(&yaml, &cfg));
     ck_assert_str_eq(back->provenance.config_yaml, yaml);
     free(yaml);
-    ck_assert_int_eq(back->report.n_metrics, 6);
+    ck_assert_int_eq(back->report.n_metrics, 8);
     ck_assert_str_eq(back->report.names[0], "rel_mse");
     ck_assert_str_eq(back->report.names[1], "explained_var");
     ck_assert_str_eq(back->report.names[2], "quant_rel_err");
     ck_assert_str_eq(back->report.names[3], "resid_rel_err");
     ck_assert_str_eq(back->report.names[4], "ridge_rcond");
     ck_assert_str_eq(back->report.names[5], "ridge_fallback");
+    ck_assert_str_eq(back->report.names[6], "eta_gain_vs_0");
+    ck_assert_str_eq(back->report.names[7], "eta_gain_vs_datafree");
     for (int l = 0; l < SYN_LAYERS; l++)
         for (int st = 0; st < 2; st++) {
-            const float *v = back->report.values + (size_t)(l * 2 + st) * 6;
+            const float *v = back->report.values + (size_t)(l * 2 + st) * KV_FIT_N_METRICS;
+            ck_assert(isnan(v[6]) && isnan(v[7])); /* no eta calibrated in an AQUA-KV fit */
             ck_assert_float_eq((float)rep.layers[l].quant_rel_err[st], v[2]);
             ck_assert(l == 0 ? isnan(v[1]) : isfinite(v[1]));
             /* well-posed predictors: Cholesky, rcond far above the rank threshold */
@@ -275,6 +278,222 @@ START_TEST(test_same_quantizer_as_runtime) {
     ck_assert_double_eq_tol(st.bits_per_value, kv_plan_stream_bits(plan, 0, KV_PLAN_K), 1e-9);
     kv_fit_report_free(&rep);
     kv_plan_free(plan);
+    kv_fit_config_free(&cfg);
+}
+END_TEST
+
+/* ---- XQuant: the plan's layout, and the runtime compresses exactly as the fit measured ---- */
+typedef struct xq_capture {
+    float *k, *v; /* [layer][row][kv_dim] */
+    int rows;
+} xq_capture;
+
+static kv_status xq_hook(void *user, const kv_capture *c) {
+    xq_capture *x = user;
+    const size_t n = (size_t)c->n_seqs * (size_t)c->n_tokens * SYN_KVD;
+    memcpy(x->k + (size_t)c->layer * n, c->k, n * sizeof(float));
+    memcpy(x->v + (size_t)c->layer * n, c->v, n * sizeof(float));
+    return KV_OK;
+}
+
+/* Layers 1 shares layer 0's codes (km = vm = 0: pairs (0, 1)), layer 2 has 1-bit codes (kq = vq =
+ * 2); the data-free eta is eta2 on the 2-bit streams and eta1 on the 1-bit ones. Then every
+ * held-out sequence goes through the engine-facing runtime with the fitted plan (one more token
+ * makes it compress both chunks), and the runtime's decoded cache gives the held-out relative
+ * error the fit reported. Both sum the same decoded floats in double in different orders, so they
+ * agree to ~1e-12 relative; 1e-6 allows for that while a different rounding of one code in a
+ * 2-bit group (or a wrong partner layer) moves the error by far more than 1e-6 relative. */
+START_TEST(test_xquant_runtime_applies_fit) {
+    /* _i = 0: the data-free eta; 1: eta calibrated on the data */
+    const char *sets[] = {"xquant.km=0", "xquant.vm=0", "xquant.kq=2", "xquant.vq=2",
+                          _i ? "xquant.calibrate_eta=true" : NULL, NULL};
+    kv_fit_config cfg;
+    make_cfg(&cfg, KV_FIT_XQUANT, sets);
+    ck_assert_int_eq(cfg.keys.group_axis, KV_PLAN_GROUP_TOKENS); /* the KIVI layout */
+    kv_plan *plan = NULL;
+    kv_fit_report rep;
+    ck_assert_kv_ok(run_fit(&plan, &rep, &cfg, NULL));
+    for (int st = 0; st < 2; st++) {
+        const kv_plan_stream *s0 = &plan->layers[0].stream[st], *s1 = &plan->layers[1].stream[st],
+                             *s2 = &plan->layers[2].stream[st];
+        ck_assert_int_eq(s0->share_codes_with_layer, -1);
+        ck_assert_int_eq(s1->share_codes_with_layer, 0);
+        ck_assert_int_eq(s2->share_codes_with_layer, -1);
+        ck_assert_int_eq(s0->bits, 2);
+        ck_assert_int_eq(s1->bits, 2);
+        ck_assert_int_eq(s2->bits, 1);
+        if (_i == 0) {
+            ck_assert_float_eq(s0->eta, 0.05f);
+            ck_assert_float_eq(s1->eta, 0.05f);
+            ck_assert_float_eq(s2->eta, 0.2f);
+            ck_assert(isnan(rep.layers[2].eta_gain_vs_0[st]));
+        } else {
+            for (int l = 0; l < SYN_LAYERS; l++) {
+                const float eta = plan->layers[l].stream[st].eta;
+                const double g0 = rep.layers[l].eta_gain_vs_0[st], gd = rep.layers[l].eta_gain_vs_datafree[st];
+                ck_assert(eta >= 0.0f && eta <= 0.49f);
+                ck_assert_double_eq(rep.layers[l].eta[st], eta);
+                /* the eta is chosen on 30 calibration sequences and scored on 10 held-out ones: on the
+                 * held-out error it may lose a little against eta = 0 or the data-free value, never much */
+                ck_assert_msg(g0 > -0.05 && gd > -0.05, "layer %d stream %d: eta %g gains %g %g", l, st, eta, g0, gd);
+                const float *v = plan->report.values + ((size_t)l * 2 + (size_t)st) * KV_FIT_N_METRICS;
+                ck_assert_float_eq(v[6], (float)g0); /* recorded in the plan's report */
+                ck_assert_float_eq(v[7], (float)gd);
+            }
+            /* 1-bit codes at the ends of the range are far from the values (xquant.txt §3.2): a
+             * calibrated eta wins clearly over eta = 0 there */
+            ck_assert_msg(rep.layers[2].eta_gain_vs_0[st] > 0.05, "layer 2 stream %d: gain %g", st,
+                          rep.layers[2].eta_gain_vs_0[st]);
+        }
+        /* shared codes are counted once: layer 1 pays for its scales and zero points only */
+        ck_assert_double_eq_tol(kv_plan_stream_bits(plan, 1, st), 2.0 * 16.0 / 16.0, 1e-12);
+        ck_assert_double_eq_tol(kv_plan_stream_bits(plan, 0, st), 2.0 + 2.0 * 16.0 / 16.0, 1e-12);
+        ck_assert_double_eq_tol(rep.layers[1].bits[st], 2.0, 1e-12);
+    }
+    kv_fit_seqs seqs;
+    kv_fit_data d = make_data();
+    ck_assert_kv_ok(kv_fit_make_seqs(&seqs, &d, &cfg));
+    ck_assert_int_eq(seqs.n_ho, rep.n_heldout_seqs);
+    const int T = seqs.seq_len, sinks = 4, recent = 32, n_comp = 2 * recent;
+    xq_capture x = {malloc((size_t)SYN_LAYERS * (size_t)T * SYN_KVD * sizeof(float)),
+                    malloc((size_t)SYN_LAYERS * (size_t)T * SYN_KVD * sizeof(float)), T};
+    float *kd = malloc((size_t)(T + 1) * SYN_HEAD_DIM * sizeof(float)), *vd = malloc((size_t)(T + 1) * SYN_HEAD_DIM * sizeof(float));
+    int32_t *pos = malloc((size_t)(T + 1) * sizeof(int32_t));
+    for (int t = 0; t <= T; t++) pos[t] = t;
+    double ss[SYN_LAYERS][2] = {{0}}, se[SYN_LAYERS][2] = {{0}};
+    kv_rt_options ro;
+    memset(&ro, 0, sizeof ro);
+    ro.n_seqs = 1, ro.n_heads = SYN_HEADS, ro.n_threads = 1;
+    kv_rt *rt = NULL;
+    ck_assert_kv_ok(kv_rt_open(&rt, plan, &ro));
+    for (int64_t q = 0; q < seqs.n_ho; q++) {
+        kv_hooks hooks;
+        memset(&hooks, 0, sizeof hooks);
+        hooks.on_layer = xq_hook, hooks.user = &x;
+        kv_forward f;
+        memset(&f, 0, sizeof f);
+        f.tokens = seqs.tokens + (size_t)(seqs.n_cal + q) * (size_t)T;
+        f.n_seqs = 1, f.n_tokens = T, f.hooks = &hooks;
+        ck_assert_kv_ok(kv_model_forward(g_model, &f));
+        kv_rt_reset(rt, 0);
+        for (int l = 0; l < SYN_LAYERS; l++) {
+            const float *kl = x.k + (size_t)l * (size_t)T * SYN_KVD, *vl = x.v + (size_t)l * (size_t)T * SYN_KVD;
+            ck_assert_kv_ok(kv_rt_append(rt, l, 0, T, pos, NULL, kl, vl, SYN_KVD));
+        }
+        for (int l = 0; l < SYN_LAYERS; l++) { /* one more token: the window's two chunks get compressed */
+            const float *kl = x.k + ((size_t)l * (size_t)T + (size_t)(T - 1)) * SYN_KVD;
+            const float *vl = x.v + ((size_t)l * (size_t)T + (size_t)(T - 1)) * SYN_KVD;
+            ck_assert_kv_ok(kv_rt_append(rt, l, 0, 1, pos + T, NULL, kl, vl, SYN_KVD));
+        }
+        for (int l = 0; l < SYN_LAYERS; l++)
+            for (int h = 0; h < SYN_KV_HEADS; h++) {
+                ck_assert_kv_ok(kv_rt_decode_head(rt, l, 0, h, kd, vd));
+                for (int t = sinks; t < sinks + n_comp; t++)
+                    for (int c = 0; c < SYN_HEAD_DIM; c++) {
+                        const size_t at = ((size_t)l * (size_t)T + (size_t)t) * SYN_KVD + (size_t)h * SYN_HEAD_DIM + (size_t)c;
+                        const double yk = x.k[at], yv = x.v[at];
+                        const double ek = yk - kd[(size_t)t * SYN_HEAD_DIM + (size_t)c];
+                        const double ev = yv - vd[(size_t)t * SYN_HEAD_DIM + (size_t)c];
+                        ss[l][0] += yk * yk, ss[l][1] += yv * yv, se[l][0] += ek * ek, se[l][1] += ev * ev;
+                    }
+            }
+    }
+    for (int l = 0; l < SYN_LAYERS; l++)
+        for (int st = 0; st < 2; st++) {
+            const double mine = se[l][st] / ss[l][st], fit = rep.layers[l].quant_rel_err[st];
+            ck_assert_msg(fabs(mine - fit) <= 1e-6 * fit, "layer %d stream %d: runtime %.12g, fit %.12g", l, st, mine,
+                          fit);
+            ck_assert(fit > 1e-4); /* a real quantization error, not a vacuous match */
+        }
+    kv_rt_close(rt);
+    free(x.k), free(x.v), free(kd), free(vd), free(pos);
+    kv_fit_seqs_free(&seqs);
+    kv_fit_report_free(&rep);
+    kv_plan_free(plan);
+    kv_fit_config_free(&cfg);
+}
+END_TEST
+
+/* E(eta) = A + 2 eta B + eta^2 D: the minimum -B/D, clamped to [0, 0.49]; gains on the held-out sums. */
+START_TEST(test_xquant_eta_choose) {
+    double eta, g0, gd;
+    /* calibration (1 - 5 eta)^2 * 4 = 4 - 40 eta + 100 eta^2: minimum at 0.2; held-out the same */
+    const double a[6] = {4, -20, 100, 4, -20, 100};
+    kv_fit_xq_eta_choose(a, 0.1, &eta, &g0, &gd);
+    ck_assert_double_eq_tol(eta, 0.2, 1e-7); /* stored as a float */
+    ck_assert_double_eq_tol(g0, 1.0, 1e-6);  /* E(0.2) = 0 */
+    ck_assert_double_eq_tol(gd, 1.0, 1e-6);
+    const double b[6] = {1, 5, 1, 1, 5, 1}; /* increasing: eta 0 */
+    kv_fit_xq_eta_choose(b, 0.2, &eta, &g0, &gd);
+    ck_assert_double_eq(eta, 0.0);
+    ck_assert_double_eq(g0, 0.0);
+    ck_assert_double_eq_tol(gd, 1.0 - 1.0 / (1 + 2 * 0.2 * 5 + 0.04), 1e-12);
+    const double c[6] = {1, -10, 1, 1, -10, 1}; /* minimum at 10: clamped */
+    kv_fit_xq_eta_choose(c, 0.0, &eta, &g0, &gd);
+    ck_assert_double_eq_tol(eta, 0.49, 1e-7);
+    const double z[6] = {0, 0, 0, 0, 0, 0}; /* no error at all */
+    kv_fit_xq_eta_choose(z, 0.0, &eta, &g0, &gd);
+    ck_assert_double_eq(eta, 0.0);
+    ck_assert(isnan(g0));
+}
+END_TEST
+
+/* --target-bits: with groups of 16 and f16 scale + zero point, a stream costs 4 bits per value with
+ * 2-bit codes, 3 with 1-bit codes, 2 when it shares its codes. Everything allowed (4): the least
+ * error is 2-bit everywhere; 3.2: at most that on average, and the fitted plan says so; 2.5: below
+ * the 8/3 that every layer 1-bit and pair (0, 1) sharing cost, refused with that number. */
+START_TEST(test_xquant_target_bits) {
+    static const char *const targets[] = {"xquant.target_bits=4", "xquant.target_bits=3.2", "xquant.target_bits=2.5"};
+    const char *sets[] = {targets[_i], "keys.scale_dtype=f16", "values.scale_dtype=f16", NULL};
+    kv_fit_config cfg;
+    make_cfg(&cfg, KV_FIT_XQUANT, sets);
+    kv_plan *plan = NULL;
+    kv_fit_report rep;
+    memset(&rep, 0, sizeof rep);
+    kv_status s = run_fit(&plan, &rep, &cfg, NULL);
+    if (_i == 2) {
+        ck_assert_int_eq(s, KV_EINVAL);
+        ck_assert_msg(strstr(kv_error_last(), "no setting of kq, vq, km, vm reaches it") &&
+                          strstr(kv_error_last(), "are 2.6667"), "message: %s", kv_error_last());
+        ck_assert_ptr_null(plan);
+    } else {
+        ck_assert_kv_ok(s);
+        double bits = 0;
+        for (int l = 0; l < SYN_LAYERS; l++)
+            for (int st = 0; st < 2; st++) bits += kv_plan_stream_bits(plan, l, st);
+        bits /= 2 * SYN_LAYERS;
+        ck_assert_double_eq(rep.xq_target_bits, _i ? 3.2 : 4.0);
+        if (_i == 0) {
+            ck_assert_double_eq_tol(bits, 4.0, 1e-12);
+            for (int k = 0; k < 4; k++) ck_assert_int_eq(rep.xq_chosen[k], -1);
+        } else {
+            ck_assert_msg(bits <= 3.2 && bits > 2.0, "bits %g", bits);
+            int any = 0;
+            for (int k = 0; k < 4; k++) any |= rep.xq_chosen[k] >= 0;
+            ck_assert(any);
+        }
+        kv_fit_report_free(&rep);
+        kv_plan_free(plan);
+    }
+    kv_fit_config_free(&cfg);
+}
+END_TEST
+
+/* Pairs must not mix bit widths: kq = 1 would make layer 1 1-bit and share 2-bit layer 0's codes. */
+START_TEST(test_xquant_odd_split_refused) {
+    const char *sets[] = {"xquant.km=0", "xquant.kq=1", NULL};
+    kv_fit_config cfg;
+    make_cfg(&cfg, KV_FIT_XQUANT, sets);
+    kv_plan *plan = NULL;
+    ck_assert_int_eq(run_fit(&plan, NULL, &cfg, NULL), KV_EINVAL);
+    ck_assert_msg(strstr(kv_error_last(), "layer 1 K would share the codes of layer 0"), "message: %s", kv_error_last());
+    ck_assert_ptr_null(plan);
+    kv_fit_config_free(&cfg);
+    /* sharing keys belong to method xquant */
+    ck_assert_kv_ok(kv_fit_config_init(&cfg));
+    ck_assert_int_eq(kv_fit_config_set(&cfg, "xquant.km=2"), KV_OK);
+    ck_assert_int_eq(kv_fit_config_validate(&cfg), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "method xquant"));
     kv_fit_config_free(&cfg);
 }
 END_TEST
@@ -389,11 +608,14 @@ static void ckpt_env_init(ckpt_env *e, int stop_after) {
     e->o.stop_after_layer = stop_after;
 }
 
-/* Stop after layer k (k = 0, 1), resume, compare with an uninterrupted run byte for byte. */
+/* Stop after layer k (k = 0, 1), resume, compare with an uninterrupted run byte for byte. _i = 2:
+ * XQuant with calibrated eta and the pair (0, 1) sharing codes, stopped after layer 1 (the first
+ * checkpoint: none is written inside a pair); the resumed layers' eta is reported from the plan. */
 START_TEST(test_resume_equals_uninterrupted) {
-    const int k = _i;
+    const int k = _i == 2 ? 1 : _i;
+    const char *xq[] = {"xquant.km=0", "xquant.vm=0", "xquant.kq=2", "xquant.calibrate_eta=true", NULL};
     kv_fit_config cfg;
-    make_cfg(&cfg, KV_FIT_AQUA, NULL);
+    make_cfg(&cfg, _i == 2 ? KV_FIT_XQUANT : KV_FIT_AQUA, _i == 2 ? xq : NULL);
     kv_plan *ref = NULL, *plan = NULL;
     kv_fit_report rep;
     ck_assert_kv_ok(run_fit(&ref, NULL, &cfg, NULL));
@@ -411,6 +633,10 @@ START_TEST(test_resume_equals_uninterrupted) {
     ck_assert_int_eq(rep.layers[SYN_LAYERS - 1].resumed, 0);
     ck_assert(!dir_exists(ck)); /* removed on success */
     assert_same_plan(ref, plan);
+    for (int st = 0; _i == 2 && st < 2; st++) {
+        ck_assert_double_eq(rep.layers[0].eta[st], plan->layers[0].stream[st].eta);
+        ck_assert(isfinite(rep.layers[0].eta_gain_vs_0[st])); /* from the checkpoint's report */
+    }
     kv_fit_report_free(&rep);
     kv_plan_free(plan);
     kv_plan_free(ref);
@@ -662,9 +888,13 @@ static Suite *fit_suite(void) {
     tcase_add_test(tc, test_plan_round_trip);
     tcase_add_test(tc, test_kivi_preset);
     tcase_add_test(tc, test_same_quantizer_as_runtime);
+    tcase_add_loop_test(tc, test_xquant_runtime_applies_fit, 0, 2);
+    tcase_add_test(tc, test_xquant_eta_choose);
+    tcase_add_loop_test(tc, test_xquant_target_bits, 0, 3);
+    tcase_add_test(tc, test_xquant_odd_split_refused);
     tcase_add_test(tc, test_bad_inputs);
     tcase_add_test(tc, test_separate_heldout);
-    tcase_add_loop_test(tc, test_resume_equals_uninterrupted, 0, 2);
+    tcase_add_loop_test(tc, test_resume_equals_uninterrupted, 0, 3);
     tcase_add_test(tc, test_resume_mismatch_starts_over);
     tcase_add_test(tc, test_resume_corrupt_state);
     tcase_add_test(tc, test_forward_baseline);

@@ -85,7 +85,7 @@ static const bad_case k_bad[] = {
     {"keys:\n  bits: two\n", "cfg.yaml:2:9: key 'keys.bits': expected an integer"},
     {"keys:\n  eta: 0.5\n", "cfg.yaml:2:8: key 'keys.eta': expected a number in [0, 0.4999]"},
     {"keys:\n  eta: .nan\n", "key 'keys.eta': expected a number"},
-    {"method: fast\n", "cfg.yaml:1:9: key 'method': expected one of aqua, aqua-uniform, higgs, kivi, fp8, nvfp4; got 'fast'"},
+    {"method: fast\n", "cfg.yaml:1:9: key 'method': expected one of aqua, aqua-uniform, higgs, kivi, fp8, nvfp4, xquant; got 'fast'"},
     {"cache:\n  pre_rope: maybe\n", "cfg.yaml:2:13: key 'cache.pre_rope': expected true or false"},
     {"data: 5\n", "cfg.yaml:1:1: key 'data' must be a mapping"},
     {"seed: [1, 2]\n", "cfg.yaml:1:1: key 'seed' takes a single value, not a list"},
@@ -190,7 +190,7 @@ static const cross_case k_cross[] = {
     {"higgs:\n  group_size: 24\n", "key 'higgs.group_size': must be 0 (head_dim) or a power of two"},
     {"pruning:\n  budget: 0.5\n", "key 'pruning.budget': a budget below 1 needs a pruning.method"},
     {"pruning:\n  method: h2o\n  pool: 4\n", "key 'pruning.pool': must be 0 or odd"},
-    {"xquant:\n  km: 8\n", "key 'xquant.km': cross-layer code sharing needs"},
+    {"xquant:\n  km: 8\n", "key 'xquant.km': cross-layer code sharing and 1-bit layers are XQuant's"},
     {"method: kivi\naqua:\n  first_layer_bits: 12\n", "key 'aqua.first_layer_bits': uniform quantization takes 1..8"},
 };
 enum { N_CROSS = sizeof k_cross / sizeof *k_cross };

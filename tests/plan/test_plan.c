@@ -362,6 +362,38 @@ static void m_bad_crossref(uint8_t **b, size_t *n) {
     kv_store_u32le(*b + kv_load_u64le(*b + e + 8) + 8 + 104 + 8 + 28, 2);
     plan_bytes_repair_crcs(*b, *n);
 }
+/* Stream fields of layer l (records at LAYR + 8 + 104 l; K at +8, V at +56): XQuant's rules (§6.4). */
+static size_t stream_at(const uint8_t *b, int l, int st) {
+    return kv_load_u64le(b + plan_bytes_entry(b, "LAYR") + 8) + 8 + 104 * (size_t)l + (st ? 56 : 8);
+}
+static void m_share_not_previous(uint8_t **b, size_t *n) {
+    kv_store_u32le(*b + stream_at(*b, 2, 0) + 28, 0); /* layer 2 K shares with layer 0 */
+    plan_bytes_repair_crcs(*b, *n);
+}
+static void m_share_bits(uint8_t **b, size_t *n) {
+    /* layer 2 K: 2-bit codes packed per word, sharing layer 1's 3-bit codes */
+    kv_store_u32le(*b + stream_at(*b, 2, 0) + 4, 2);
+    kv_store_u32le(*b + stream_at(*b, 2, 0) + 24, 0);
+    plan_bytes_repair_crcs(*b, *n);
+}
+static void m_share_group(uint8_t **b, size_t *n) {
+    kv_store_u32le(*b + stream_at(*b, 2, 0) + 8, 16); /* layer 2 K group_size 16, layer 1's is 32 */
+    plan_bytes_repair_crcs(*b, *n);
+}
+static void m_share_axis(uint8_t **b, size_t *n) {
+    kv_store_u32le(*b + stream_at(*b, 2, 0) + 12, 1); /* layer 2 K groups channels, layer 1's tokens */
+    plan_bytes_repair_crcs(*b, *n);
+}
+static void m_one_bit_pack(uint8_t **b, size_t *n) {
+    /* layer 1 V: 1-bit codes with the 11-per-word 3-bit packing */
+    kv_store_u32le(*b + stream_at(*b, 1, 1) + 4, 1);
+    kv_store_u32le(*b + stream_at(*b, 1, 1) + 24, 1);
+    plan_bytes_repair_crcs(*b, *n);
+}
+static void m_eta_negative(uint8_t **b, size_t *n) {
+    kv_store_f32le(*b + stream_at(*b, 1, 1) + 20, -0.01f); /* layer 1 V eta */
+    plan_bytes_repair_crcs(*b, *n);
+}
 static void m_undeclared_feature(uint8_t **b, size_t *n) {
     set_u64_fix(*b, *n, 32, kv_load_u64le(*b + 32) & ~KV_PLAN_FEAT_HIGGS);
 }
@@ -435,6 +467,17 @@ static const corrupt_case k_corrupt[] = {
     {"bad enum", m_bad_enum, KV_EFORMAT, "stream method = 7 out of range"},
     {"bad eta", m_bad_rule, KV_EFORMAT, "layer 1 K: eta 0.75 out of range"},
     {"bad cross reference", m_bad_crossref, KV_EFORMAT, "share_codes_with_layer 2 is not an earlier layer"},
+    {"shared codes not from the previous layer", m_share_not_previous, KV_EFORMAT,
+     "layer 2 K: share_codes_with_layer 0 is not the previous layer 1"},
+    {"shared codes of another bit width", m_share_bits, KV_EFORMAT,
+     "layer 2 K: shares codes with layer 1, whose K stream has 3-bit codes, not 2"},
+    {"shared codes of another group size", m_share_group, KV_EFORMAT,
+     "layer 2 K: shares codes with layer 1, whose K stream has another group layout (group_size 32 axis 0, here 16"},
+    {"shared codes of another group axis", m_share_axis, KV_EFORMAT,
+     "whose K stream has another group layout (group_size 32 axis 0, here 32 axis 1)"},
+    {"1-bit codes packed 11 per word", m_one_bit_pack, KV_EFORMAT,
+     "layer 1 V: 1-bit codes are packed 32 per word (pack 0); pack 1 is not supported"},
+    {"negative eta", m_eta_negative, KV_EFORMAT, "layer 1 V: eta -0.01 out of range [0, 0.5)"},
     {"undeclared feature", m_undeclared_feature, KV_EFORMAT, "uses feature HIGGS but the header does not declare it"},
     {"unknown required section", m_unknown_required_section, KV_EVERSION, "required section 'XTRA' is unknown"},
     {"missing required section", m_missing_section, KV_EFORMAT, "missing required section 'GLOB'"},
@@ -612,6 +655,13 @@ static void i_bits(kv_plan *p) { p->layers[1].stream[KV_PLAN_V].bits = 9; }
 static void i_fp_bits(kv_plan *p) { p->layers[2].stream[KV_PLAN_V].bits = 8; }
 static void i_share_later(kv_plan *p) { p->layers[1].stream[KV_PLAN_K].share_codes_with_layer = 1; }
 static void i_share_mismatch(kv_plan *p) { p->layers[2].stream[KV_PLAN_K].group_size = 16; }
+static void i_share_pack(kv_plan *p) {
+    p->layers[2].stream[KV_PLAN_K].pack = KV_PLAN_PACK_WORD; /* 3-bit codes 10 per word; layer 1 packs 11 */
+}
+static void i_share_fp(kv_plan *p) { p->layers[2].stream[KV_PLAN_V].share_codes_with_layer = 1; }
+static void i_share_higgs(kv_plan *p) {
+    p->layers[1].stream[KV_PLAN_K].share_codes_with_layer = 0;
+}
 static void i_grid(kv_plan *p) { p->layers[0].stream[KV_PLAN_K].higgs_grid = 2; }
 static void i_higgs_group(kv_plan *p) { p->layers[0].stream[KV_PLAN_K].group_size = 12; }
 static void i_pack(kv_plan *p) { p->layers[1].stream[KV_PLAN_V].pack = KV_PLAN_PACK_3BIT_11; }
@@ -642,7 +692,10 @@ static const invalid_case k_invalid[] = {
     {"bits 9", i_bits, "layer 1 V: method uniform needs bits in [1, 8], not 9"},
     {"fp bits 8", i_fp_bits, "layer 2 V: method fp needs bits 16 or 32"},
     {"share with itself", i_share_later, "layer 1 K: share_codes_with_layer 1 is not an earlier layer"},
-    {"share mismatch", i_share_mismatch, "shares codes with layer 1"},
+    {"share mismatch", i_share_mismatch, "layer 2 K: shares codes with layer 1, whose K stream has another group layout"},
+    {"share packing", i_share_pack, "layer 2 K: shares codes with layer 1, whose K stream packs its codes with pack 1, not 0"},
+    {"share on fp", i_share_fp, "layer 2 V: shares codes with layer 1 but is fp"},
+    {"share with higgs", i_share_higgs, "layer 1 K: shares codes with layer 0, whose K stream is higgs, not uniform"},
     {"grid index", i_grid, "higgs_grid 2 is not one of the 2 grids"},
     {"higgs group", i_higgs_group, "higgs group_size 12 must be a power of two"},
     {"pack 11 with 2 bits", i_pack, "pack 1 is not valid with 2 bits"},

@@ -1,0 +1,418 @@
+/* XQuant in kvcal fit (xquant.txt): the layer layout (1-bit layers, cross-layer shared codes), the
+ * data-free eta, and the round trip of a chunk exactly as the runtime compresses it.
+ *
+ * Layout (xquant.txt Algorithm 1): a stream of layer l uses 1-bit codes when l >= kq (keys) / vq
+ * (values), else the configured bits; it reuses the codes of layer l-1 when l >= km / vm and l is
+ * odd (pairs (0,1), (2,3), ...: the lower, even layer keeps its codes, gamma = 1, eq. 16). The
+ * upper layer stores only its own scale and zero point, computed from its own values (eq. 14-15).
+ * Both layers of a pair must then have the same bits and groups (PLAN_FORMAT.md §6.4.1): kq / vq
+ * that would split a sharing pair between 2 and 1 bits are refused.
+ *
+ * Data-free eta (xquant.txt §3.2, eq. 9-13): eta1 for the 1-bit streams, eta2 for the 2-bit ones
+ * (the paper's Table 4 values 0.2 and 0.05 by default); other widths keep keys.eta / values.eta.
+ * Per-layer key_eta / value_eta overrides win over both. */
+#define _POSIX_C_SOURCE 200809L
+#include "fit_internal.h"
+#include "kv_model.h"
+#include "kvrt.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int kv_fit_xq_active(const kv_fit_config *cfg) { return cfg->method == KV_FIT_XQUANT; }
+
+kv_status kv_fit_xq_stream(kv_plan *p, const kv_fit_config *cfg, int l, int st) {
+    if (!kv_fit_xq_active(cfg)) return KV_OK;
+    kv_plan_stream *s = &p->layers[l].stream[st];
+    if (s->method != KV_PLAN_UNIFORM) return KV_OK;
+    const char *sn = st == KV_PLAN_K ? "K" : "V";
+    const int q1 = st == KV_PLAN_K ? cfg->xquant.kq : cfg->xquant.vq;
+    const int sm = st == KV_PLAN_K ? cfg->xquant.km : cfg->xquant.vm;
+    if (q1 >= 0 && l >= q1) {
+        s->bits = 1;
+        s->pack = KV_PLAN_PACK_WORD; /* the only 1-bit packing (PLAN_FORMAT.md §6.4) */
+    }
+    const kv_fit_layer_override *lo = kv_fit_config_layer(cfg, l);
+    const int eta_set = lo && (lo->set & (st == KV_PLAN_K ? KV_FIT_LO_KEY_ETA : KV_FIT_LO_VALUE_ETA));
+    if (!eta_set && s->bits == 1) s->eta = (float)cfg->xquant.eta1;
+    if (!eta_set && s->bits == 2) s->eta = (float)cfg->xquant.eta2;
+    s->share_codes_with_layer = -1;
+    if (sm >= 0 && l >= sm && l % 2 == 1) {
+        const kv_plan_stream *o = &p->layers[l - 1].stream[st];
+        if (o->method != KV_PLAN_UNIFORM || o->bits != s->bits || o->group_size != s->group_size ||
+            o->group_axis != s->group_axis || o->pack != s->pack)
+            return KV_ERR(KV_EINVAL, "xquant.%s %d, xquant.%s %d: layer %d %s would share the codes of layer %d, "
+                          "which has %d-bit codes (this layer %d) or another group layout; pairs (l even, l+1) must "
+                          "have the same quantizer (use an even xquant.%s)", st ? "vm" : "km", sm, st ? "vq" : "kq",
+                          q1, l, sn, l - 1, o->bits, s->bits, st ? "vq" : "kq");
+        s->share_codes_with_layer = l - 1;
+    }
+    return KV_OK;
+}
+
+/* ---- codes of the lower layer of a pair, kept for the upper layer ------------------------------- */
+void kv_fit_xq_codes_free(kv_fit_xq_codes *c) {
+    if (!c) return;
+    for (int st = 0; st < 2; st++) free(c->prev[st]), free(c->cur[st]);
+    memset(c, 0, sizeof *c);
+}
+
+kv_status kv_fit_xq_codes_begin(kv_fit_xq_codes *c, const kv_plan *p, int l, int st, int recent, int kv_dim,
+                                int64_t n_chunks_local) {
+    free(c->cur[st]);
+    c->cur[st] = NULL;
+    if (l + 1 >= p->n_layers || p->layers[l + 1].stream[st].share_codes_with_layer != l) return KV_OK;
+    kv_quant q;
+    kv_block_storage bs;
+    kv_status s = kv_quant_from_plan(&q, p, l, st);
+    if (s == KV_OK) s = kv_quant_storage(&bs, &q, (size_t)recent, (size_t)kv_dim);
+    if (s != KV_OK) return s;
+    c->words[st] = (size_t)bs.code_words;
+    const size_t n = c->words[st] * (size_t)(n_chunks_local > 0 ? n_chunks_local : 1);
+    if (!(c->cur[st] = malloc(n * sizeof(uint32_t))))
+        return KV_ERR(KV_ENOMEM, "out of memory keeping layer %d %s's codes for layer %d (%zu words)", l,
+                      st ? "V" : "K", l + 1, n);
+    return KV_OK;
+}
+
+void kv_fit_xq_codes_end_layer(kv_fit_xq_codes *c) {
+    for (int st = 0; st < 2; st++) {
+        free(c->prev[st]);
+        c->prev[st] = c->cur[st];
+        c->cur[st] = NULL;
+    }
+}
+
+/* ---- the round trip --------------------------------------------------------------------------- */
+kv_status kv_fit_xq_roundtrip(float *x_hat, uint32_t *codes_out, const kv_quant *q, size_t tokens, size_t channels,
+                              const float *x, const uint32_t *partner_codes) {
+    if (q->kind != KV_QUANT_UNIFORM || (!q->shared_codes && !codes_out))
+        return kv_quant_roundtrip(x_hat, NULL, q, tokens, channels, x);
+    if (q->shared_codes && !partner_codes)
+        return KV_ERR(KV_EINVAL, "shared codes without the partner layer's codes of this chunk");
+    kv_block_storage st;
+    kv_status s = kv_quant_storage(&st, q, tokens, channels);
+    if (s != KV_OK) return s;
+    const size_t pbytes = q->uniform.param_type == KV_PARAM_F32 ? 4 : 2;
+    void *scales = malloc((st.groups ? st.groups : 1) * pbytes), *zeros = malloc((st.groups ? st.groups : 1) * pbytes);
+    if (!scales || !zeros) {
+        s = KV_ERR(KV_ENOMEM, "out of memory compressing %zu x %zu values", tokens, channels);
+        goto done;
+    }
+    /* what the runtime does (rt_runtime.c compress_chunk): a sharing block encodes only its own scale
+     * and zero point and decodes the partner's codes of the same chunk with them */
+    if ((s = kv_uniform_encode_ref(q->shared_codes ? NULL : codes_out, scales, zeros, &q->uniform, tokens, channels,
+                                   x)) != KV_OK)
+        goto done;
+    s = kv_uniform_decode_ref(x_hat, &q->uniform, tokens, channels, q->shared_codes ? partner_codes : codes_out, scales,
+                              zeros);
+done:
+    free(scales);
+    free(zeros);
+    return s;
+}
+
+/* ---- eta calibrated on data ---------------------------------------------------------------------
+ * With a stream's codes fixed (eta does not change them, eq. 11-12), the reconstruction is affine in
+ * eta: x_hat(eta) = x_hat(0) + eta * s * (2^B - 1 - 2 code). Both parts come from the runtime's own
+ * round trip (eta 0 and eta 1/4: e0 = x_hat(0) - x, d = 4 (x_hat(1/4) - x_hat(0)); the f16 scale
+ * and zero point make this exact to their rounding), so any error that is quadratic in the
+ * reconstruction error is E(eta) = A + 2 eta B + eta^2 D, minimized at eta = -B / D (clamped to
+ * [0, 0.49]). What attention reads:
+ *   keys:   score errors q.(k_hat - k) over the calibration queries of the KV head's query heads:
+ *           sum over compressed keys j of e_j^T C e_j, C = sum_t q_t q_t^T (queries after RoPE, every
+ *           query position >= sinks; causality is not applied to C);
+ *   values: output errors sum_j p_tj (v_hat_j - v_j) for the queries t = sinks + 15, + 31, ... (every
+ *           16th position), p their exact attention weights over the sequence (softmax of q.k /
+ *           sqrt(head_dim), keys 0..t), restricted to the compressed keys.
+ * Sums are per shard (calibration and held-out sequences apart), added in shard order. The eta is
+ * chosen on the calibration sums; the gains against eta = 0 and the data-free eta are the held-out
+ * sums' E at those values. */
+void kv_fit_xq_eta_free(kv_fit_xq_eta *e) {
+    if (!e) return;
+    for (int64_t j = 0; j < e->n_local; j++) {
+        if (e->C) free(e->C[j]);
+        if (e->P) free(e->P[j]);
+    }
+    free(e->C);
+    free(e->P);
+    memset(e, 0, sizeof *e);
+}
+
+kv_status kv_fit_xq_eta_init(kv_fit_xq_eta *e, const kv_fit_config *cfg, int n_heads, int n_kv_heads, int head_dim,
+                             int sinks, int n_comp, int64_t n_local, const int64_t *shard_nseq) {
+    memset(e, 0, sizeof *e);
+    if (!kv_fit_xq_active(cfg) || !cfg->xquant.calibrate_eta) return KV_OK;
+    e->on = 1;
+    e->n_heads = n_heads, e->n_kv_heads = n_kv_heads, e->head_dim = head_dim;
+    e->sinks = sinks, e->n_comp = n_comp;
+    e->n_q = n_comp / KV_FIT_XQ_QSTRIDE;
+    e->n_local = n_local;
+    e->shard_nseq = shard_nseq;
+    e->C = calloc((size_t)(n_local > 0 ? n_local : 1), sizeof *e->C);
+    e->P = calloc((size_t)(n_local > 0 ? n_local : 1), sizeof *e->P);
+    if (!e->C || !e->P) goto oom;
+    const size_t nc = 2 * (size_t)n_kv_heads * (size_t)head_dim * (size_t)head_dim;
+    for (int64_t j = 0; j < n_local; j++) {
+        const size_t np = (size_t)shard_nseq[j] * (size_t)e->n_q * (size_t)n_heads * (size_t)n_comp;
+        if (!(e->C[j] = malloc(nc * sizeof(double))) || !(e->P[j] = malloc((np ? np : 1) * sizeof(float)))) goto oom;
+    }
+    return KV_OK;
+oom:
+    kv_fit_xq_eta_free(e);
+    return KV_ERR(KV_ENOMEM, "out of memory for XQuant's eta statistics");
+}
+
+kv_status kv_fit_xq_eta_capture(kv_fit_xq_eta *e, int64_t j, int64_t n_cal, const kv_capture *c) {
+    if (!e->on) return KV_OK;
+    const int H = e->n_heads, G = e->n_kv_heads, hd = e->head_dim, T = c->n_tokens, qd = c->q_dim, kvd = c->kv_dim;
+    const int per = H / G;
+    double *C = e->C[j];
+    memset(C, 0, 2 * (size_t)G * (size_t)hd * (size_t)hd * sizeof(double));
+    float *P = e->P[j];
+    double *sc = malloc((size_t)T * sizeof(double));
+    if (!sc) return KV_ERR(KV_ENOMEM, "out of memory for attention weights");
+    const double scale = 1.0 / sqrt((double)hd);
+    for (int b = 0; b < c->n_seqs; b++) {
+        double *Cs = C + (size_t)(b < n_cal ? 0 : 1) * (size_t)G * (size_t)hd * (size_t)hd;
+        const float *Q = c->q + (size_t)b * (size_t)T * (size_t)qd, *K = c->k + (size_t)b * (size_t)T * (size_t)kvd;
+        for (int t = e->sinks; t < T; t++)
+            for (int h = 0; h < H; h++) {
+                const float *q = Q + (size_t)t * (size_t)qd + (size_t)h * (size_t)hd;
+                double *Cg = Cs + (size_t)(h / per) * (size_t)hd * (size_t)hd;
+                for (int x = 0; x < hd; x++)
+                    for (int y = 0; y < hd; y++) Cg[x * hd + y] += (double)q[x] * (double)q[y];
+            }
+        for (int qi = 0; qi < e->n_q; qi++) {
+            const int t = e->sinks + (qi + 1) * KV_FIT_XQ_QSTRIDE - 1;
+            for (int h = 0; h < H; h++) {
+                const float *q = Q + (size_t)t * (size_t)qd + (size_t)h * (size_t)hd;
+                const int g = h / per;
+                double mx = -INFINITY, sum = 0;
+                for (int k = 0; k <= t; k++) {
+                    const float *kk = K + (size_t)k * (size_t)kvd + (size_t)g * (size_t)hd;
+                    double dot = 0;
+                    for (int x = 0; x < hd; x++) dot += (double)q[x] * (double)kk[x];
+                    sc[k] = dot * scale;
+                    if (sc[k] > mx) mx = sc[k];
+                }
+                for (int k = 0; k <= t; k++) sum += (sc[k] = exp(sc[k] - mx));
+                float *p = P + (((size_t)b * (size_t)e->n_q + (size_t)qi) * (size_t)H + (size_t)h) * (size_t)e->n_comp;
+                for (int k = 0; k < e->n_comp; k++) {
+                    const int key = e->sinks + k;
+                    p[k] = key <= t ? (float)(sc[key] / sum) : 0.0f;
+                }
+            }
+        }
+    }
+    free(sc);
+    return KV_OK;
+}
+
+/* One sequence's error parts e0, d (n_comp x kv_dim) of stream (l, st) from its original values y. */
+static kv_status eta_parts(float *e0, float *d, const kv_quant *q0, const float *y, int n_chunks, int recent, int kvd,
+                           const uint32_t *partner, size_t wpc) {
+    const size_t cv = (size_t)recent * (size_t)kvd;
+    float *in = malloc(3 * cv * sizeof(float));
+    if (!in) return KV_ERR(KV_ENOMEM, "out of memory");
+    float *h0 = in + cv, *h1 = h0 + cv;
+    kv_quant q1 = *q0;
+    kv_quant qz = *q0;
+    qz.uniform.eta = 0.0f;
+    q1.uniform.eta = 0.25f;
+    kv_status s = KV_OK;
+    for (int ci = 0; ci < n_chunks && s == KV_OK; ci++) {
+        const float *yc = y + (size_t)ci * cv;
+        for (size_t k = 0; k < cv; k++) in[k] = kv_f16_to_f32(kv_f32_to_f16(yc[k]));
+        const uint32_t *pc = partner ? partner + (size_t)ci * wpc : NULL;
+        if ((s = kv_fit_xq_roundtrip(h0, NULL, &qz, (size_t)recent, (size_t)kvd, in, pc)) != KV_OK) break;
+        if ((s = kv_fit_xq_roundtrip(h1, NULL, &q1, (size_t)recent, (size_t)kvd, in, pc)) != KV_OK) break;
+        for (size_t k = 0; k < cv; k++) {
+            e0[(size_t)ci * cv + k] = h0[k] - yc[k];
+            d[(size_t)ci * cv + k] = 4.0f * (h1[k] - h0[k]);
+        }
+    }
+    free(in);
+    return s;
+}
+
+kv_status kv_fit_xq_eta_sums(const kv_fit_xq_eta *e, double out[6], const kv_quant *q, int st, int64_t j, int64_t n_cal,
+                             const float *Y, int n_chunks, int recent, int kvd, const uint32_t *partner, size_t wpc) {
+    const int H = e->n_heads, G = e->n_kv_heads, hd = e->head_dim, per = H / G, n_comp = e->n_comp;
+    const int64_t nseq = e->shard_nseq[j];
+    const size_t sv = (size_t)n_comp * (size_t)kvd;
+    float *e0 = malloc(2 * sv * sizeof(float));
+    double *o = malloc(2 * (size_t)hd * sizeof(double));
+    kv_status s = e0 && o ? KV_OK : KV_ERR(KV_ENOMEM, "out of memory");
+    float *d = e0 ? e0 + sv : NULL;
+    for (int64_t b = 0; b < nseq && s == KV_OK; b++) {
+        const uint32_t *pc = partner ? partner + (size_t)b * (size_t)n_chunks * wpc : NULL;
+        if ((s = eta_parts(e0, d, q, Y + (size_t)b * sv, n_chunks, recent, kvd, pc, wpc)) != KV_OK) break;
+        double *acc = out + (b < n_cal ? 0 : 3);
+        if (st == KV_PLAN_K) {
+            const double *Cs = e->C[j] + (size_t)(b < n_cal ? 0 : 1) * (size_t)G * (size_t)hd * (size_t)hd;
+            for (int t = 0; t < n_comp; t++)
+                for (int g = 0; g < G; g++) {
+                    const float *u = e0 + (size_t)t * (size_t)kvd + (size_t)g * (size_t)hd;
+                    const float *w = d + (size_t)t * (size_t)kvd + (size_t)g * (size_t)hd;
+                    const double *Cg = Cs + (size_t)g * (size_t)hd * (size_t)hd;
+                    for (int x = 0; x < hd; x++) {
+                        double cu = 0, cw = 0;
+                        for (int y = 0; y < hd; y++) cu += Cg[x * hd + y] * u[y], cw += Cg[x * hd + y] * w[y];
+                        acc[0] += u[x] * cu, acc[1] += u[x] * cw, acc[2] += w[x] * cw;
+                    }
+                }
+        } else {
+            for (int qi = 0; qi < e->n_q; qi++)
+                for (int h = 0; h < H; h++) {
+                    const float *p = e->P[j] + (((size_t)b * (size_t)e->n_q + (size_t)qi) * (size_t)H + (size_t)h) * (size_t)n_comp;
+                    const int g = h / per;
+                    memset(o, 0, 2 * (size_t)hd * sizeof(double));
+                    for (int t = 0; t < n_comp; t++) {
+                        if (p[t] == 0.0f) continue;
+                        const float *u = e0 + (size_t)t * (size_t)kvd + (size_t)g * (size_t)hd;
+                        const float *w = d + (size_t)t * (size_t)kvd + (size_t)g * (size_t)hd;
+                        for (int x = 0; x < hd; x++) o[x] += (double)p[t] * u[x], o[hd + x] += (double)p[t] * w[x];
+                    }
+                    for (int x = 0; x < hd; x++)
+                        acc[0] += o[x] * o[x], acc[1] += o[x] * o[hd + x], acc[2] += o[hd + x] * o[hd + x];
+                }
+        }
+    }
+    free(e0);
+    free(o);
+    return s;
+}
+
+void kv_fit_xq_eta_choose(const double sums[6], double eta_df, double *eta, double *gain0, double *gain_df) {
+    const double *c = sums, *h = sums + 3;
+    double best = 0.0;
+    if (c[2] > 0) best = -c[1] / c[2];
+    if (!(best >= 0.0)) best = 0.0; /* also NaN */
+    if (best > KV_FIT_XQ_ETA_MAX) best = KV_FIT_XQ_ETA_MAX;
+    best = (double)(float)best;
+    const double e_best = h[0] + 2 * best * h[1] + best * best * h[2];
+    const double e_0 = h[0], e_df = h[0] + 2 * eta_df * h[1] + eta_df * eta_df * h[2];
+    *eta = best;
+    *gain0 = e_0 > 0 ? 1.0 - e_best / e_0 : NAN;
+    *gain_df = e_df > 0 ? 1.0 - e_best / e_df : NAN;
+}
+
+/* ---- --target-bits: choose kq, vq, km, vm ---------------------------------------------------------
+ * Without predictors every layer's quantization is independent of the others' (the calibration
+ * forward pass is exact), except that the upper layer of a sharing pair reads the lower layer's
+ * codes. So four probe fits measure every (layer, stream) under each of its four possible
+ * quantizers: A all 2-bit own codes, B all 1-bit own codes (kq = vq = 0), C 2-bit with every pair
+ * sharing (km = vm = 0), D 1-bit with every pair sharing. A setting (kq, vq, km, vm) then gives layer
+ * l's stream the error and the bits of the probe that matches it at l: 1-bit when l >= kq, sharing
+ * when l is odd and l >= km (even thresholds only: an odd threshold splits a pair, and odd km is the
+ * same layout as km - 1). The error summed is the held-out relative reconstruction error of each
+ * stream (quant_rel_err) over all streams; the bits are the plan's honest bits per value (codes,
+ * scales and zero points, shared codes once: kv_plan_stream_bits), averaged over the streams as
+ * kvrun reports bits_per_value. The setting with the least error at bits <= B is fitted (with the
+ * configured eta: data-free, or calibrated per layer and stream). */
+typedef struct xq_probe {
+    double err[2];  /* per stream */
+    double bits[2];
+} xq_probe;
+
+kv_status kv_fit_xq_run_target(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_model_file *mf,
+                               const kv_fit_data *data, const kv_fit_config *cfg, const kv_fit_options *opt) {
+    const kv_arch *a = kv_model_arch(m);
+    const int L = a->n_layers;
+    const double B = cfg->xquant.target_bits;
+    xq_probe *pr = calloc((size_t)L * 4, sizeof *pr);
+    if (!pr) return KV_ERR(KV_ENOMEM, "out of memory");
+    kv_fit_options po = *opt;
+    po.out_path = NULL;
+    po.checkpoint_dir = NULL;
+    po.stop_after_layer = -1;
+    kv_status s = KV_OK;
+    static const char *const names[4] = {"2-bit", "1-bit", "2-bit shared", "1-bit shared"};
+    for (int p = 0; p < 4 && s == KV_OK; p++) {
+        kv_fit_config pc = *cfg; /* shallow: only scalars change, the original frees what it owns */
+        pc.xquant.target_bits = 0;
+        pc.xquant.kq = pc.xquant.vq = (p & 1) ? 0 : -1;
+        pc.xquant.km = pc.xquant.vm = (p & 2) ? 0 : -1;
+        kv_plan *plan = NULL;
+        kv_fit_report r;
+        kv_log(KV_LOG_INFO, "fit: --target-bits %g: probe %d/4 (%s everywhere)", B, p + 1, names[p]);
+        s = kv_fit_run(&plan, &r, m, mf, data, &pc, &po);
+        if (s != KV_OK) {
+            s = kv_error_wrap(s, "--target-bits probe '%s': ", names[p]);
+            break;
+        }
+        for (int l = 0; l < L; l++)
+            for (int st = 0; st < 2; st++) {
+                pr[(size_t)l * 4 + (size_t)p].err[st] = r.layers[l].quant_rel_err[st];
+                pr[(size_t)l * 4 + (size_t)p].bits[st] = kv_plan_stream_bits(plan, l, st);
+            }
+        kv_fit_report_free(&r);
+        kv_plan_free(plan);
+    }
+    int best[2][2] = {{-1, -1}, {-1, -1}}; /* [stream][q threshold, m threshold] */
+    double best_err[2] = {INFINITY, INFINITY}, best_bits[2] = {0, 0}, min_bits = INFINITY;
+    if (s == KV_OK) {
+        /* the two streams are independent given the total bits: enumerate each stream's settings, then
+         * combine the pairs whose mean bits fit the budget */
+        const int nt = L / 2 + 1 + (L % 2); /* thresholds 0, 2, ..., and "off" (>= L) */
+        double *e[2], *b[2];
+        e[0] = malloc((size_t)nt * (size_t)nt * 4 * sizeof(double));
+        if (!e[0]) {
+            s = KV_ERR(KV_ENOMEM, "out of memory");
+        } else {
+            e[1] = e[0] + (size_t)nt * (size_t)nt, b[0] = e[1] + (size_t)nt * (size_t)nt, b[1] = b[0] + (size_t)nt * (size_t)nt;
+            for (int st = 0; st < 2; st++)
+                for (int iq = 0; iq < nt; iq++)
+                    for (int im = 0; im < nt; im++) {
+                        const int q = 2 * iq, mm = 2 * im;
+                        double err = 0, bits = 0;
+                        for (int l = 0; l < L; l++) {
+                            const int p = (l >= q ? 1 : 0) | (l >= mm && l % 2 == 1 ? 2 : 0);
+                            err += pr[(size_t)l * 4 + (size_t)p].err[st];
+                            bits += pr[(size_t)l * 4 + (size_t)p].bits[st];
+                        }
+                        e[st][iq * nt + im] = err, b[st][iq * nt + im] = bits;
+                    }
+            for (int i = 0; i < nt * nt; i++)
+                for (int k = 0; k < nt * nt; k++) {
+                    const double bits = (b[0][i] + b[1][k]) / (2.0 * L), err = e[0][i] + e[1][k];
+                    if (bits < min_bits) min_bits = bits;
+                    if (bits <= B + 1e-12 && err < best_err[0] + best_err[1]) {
+                        best_err[0] = e[0][i], best_err[1] = e[1][k];
+                        best_bits[0] = b[0][i] / L, best_bits[1] = b[1][k] / L;
+                        best[0][0] = 2 * (i / nt), best[0][1] = 2 * (i % nt);
+                        best[1][0] = 2 * (k / nt), best[1][1] = 2 * (k % nt);
+                    }
+                }
+            free(e[0]);
+        }
+    }
+    if (s == KV_OK && best[0][0] < 0)
+        s = KV_ERR(KV_EINVAL, "xquant.target_bits %g: no setting of kq, vq, km, vm reaches it; the fewest bits per value "
+                   "with these quantizers (keys.group_size %d, values.group_size %d, scale_dtype) are %.4f (every "
+                   "layer 1-bit, every pair sharing: the scales and zero points remain); raise the target or the "
+                   "group sizes", B, cfg->keys.group_size, cfg->values.group_size, min_bits);
+    if (s == KV_OK) {
+        kv_fit_config fc = *cfg;
+        fc.xquant.target_bits = 0;
+        /* -1 where the threshold changes nothing: no layer at or above it (kq, vq), no odd one (km, vm) */
+        fc.xquant.kq = best[0][0] >= L ? -1 : best[0][0];
+        fc.xquant.km = best[0][1] + 1 >= L ? -1 : best[0][1];
+        fc.xquant.vq = best[1][0] >= L ? -1 : best[1][0];
+        fc.xquant.vm = best[1][1] + 1 >= L ? -1 : best[1][1];
+        kv_log(KV_LOG_INFO, "fit: --target-bits %g: kq %d vq %d km %d vm %d: %.4f bits per value (keys %.4f, values "
+               "%.4f), summed held-out error %.4f (keys %.4f, values %.4f) from the probes", B, fc.xquant.kq,
+               fc.xquant.vq, fc.xquant.km, fc.xquant.vm, (best_bits[0] + best_bits[1]) / 2, best_bits[0], best_bits[1],
+               best_err[0] + best_err[1], best_err[0], best_err[1]);
+        s = kv_fit_run(out, rep, m, mf, data, &fc, opt);
+        if (s == KV_OK && rep) {
+            rep->xq_target_bits = B;
+            rep->xq_chosen[0] = fc.xquant.kq, rep->xq_chosen[1] = fc.xquant.vq;
+            rep->xq_chosen[2] = fc.xquant.km, rep->xq_chosen[3] = fc.xquant.vm;
+        }
+    }
+    free(pr);
+    return s;
+}
