@@ -216,6 +216,14 @@ int kvcal_fit(int argc, char **argv) {
     if (method_id >= 0 && (s = kv_fit_config_method_preset(&cfg, (kv_fit_method)method_id)) != KV_OK) goto fail;
     if (config && (s = kv_fit_config_load_file(&cfg, config)) != KV_OK) goto fail;
     if (method) cfg.method = (kv_fit_method)method_id;
+    if (kv_cli_given(&a, opts, "bits") && (cfg.method == KV_FIT_FP8 || cfg.method == KV_FIT_NVFP4)) {
+        /* a float format's bits are its own: refused rather than ignored */
+        rc = rank ? KV_EXIT_USAGE
+                  : kv_cli_usage_error(tool, "--bits does not apply to method %s (FP8 codes have 8 bits, NVFP4 4); "
+                                       "choose the format with --method or --set fp.fp8_format=e4m3|e5m2",
+                                       kv_fit_method_name(cfg.method));
+        goto end;
+    }
     {
         char as[96];
         if (kv_cli_given(&a, opts, "bits")) {

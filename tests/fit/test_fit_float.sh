@@ -40,6 +40,11 @@ rc=$?
 { [ $rc -eq 2 ] && grep -q "scale-granularity must be tensor or head" "$tmp/u.err"; } ||
   { echo "FAIL: --scale-granularity channel: exit $rc"; cat "$tmp/u.err"; fail=1; }
 
+"$kvcal" fit "${common[@]}" --out "$tmp/b.kvplan" --method nvfp4 --bits 2 > /dev/null 2> "$tmp/b.err"
+rc=$?
+{ [ $rc -eq 2 ] && grep -q "bits does not apply to method nvfp4" "$tmp/b.err" && [ ! -e "$tmp/b.kvplan" ]; } ||
+  { echo "FAIL: --bits 2 with nvfp4: exit $rc"; cat "$tmp/b.err"; fail=1; }
+
 # Bounds: E4M3 has 3 mantissa bits, so a value's relative error is at most 2^-4 (normal range) and the
 # relative MSE of a stream well below 2^-8 = 0.0039 unless many values saturate or fall below the
 # normal range (a badly chosen scale); E5M2 (2 bits) below 2^-6; NVFP4 (E2M1 in blocks of 16: steps
