@@ -1,11 +1,14 @@
 /* The fixture the kvcal fit C-API tests share: the synthetic model of fit_test_util.h (K and V exactly
  * linear from one layer to the next), a token stream of N_SEQS sequences of SEQ_LEN, a small fast
- * configuration, and kv_fit_run with the model's fingerprint. Each test binary includes it once. */
+ * configuration, kv_fit_run with the model's fingerprint, and the checkpoint helpers (a temporary
+ * checkpoint folder, plans compared byte for byte). Each test binary includes it once. */
 #ifndef KV_FIT_FIXTURE_H
 #define KV_FIT_FIXTURE_H
 
 #include "fit_test_util.h"
 #include "kv_test.h"
+
+#include <sys/stat.h>
 
 enum { SEQ_LEN = 68, N_SEQS = 40 }; /* 4 sinks + 2 chunks of 32 tokens */
 
@@ -62,6 +65,38 @@ static kv_status run_fit(kv_plan **plan, kv_fit_report *rep, const kv_fit_config
     opt->fingerprint = &g_fp;
     kv_fit_data d = make_data();
     return kv_fit_run(plan, rep, g_model, NULL, &d, cfg, opt);
+}
+
+static int dir_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* Two plans serialize to the same bytes. */
+static void assert_same_plan(const kv_plan *x, const kv_plan *y) {
+    uint8_t *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    ck_assert_kv_ok(kv_plan_write_memory(&a, &na, x, NULL));
+    ck_assert_kv_ok(kv_plan_write_memory(&b, &nb, y, NULL));
+    ck_assert_uint_eq(na, nb);
+    ck_assert_int_eq(memcmp(a, b, na), 0);
+    free(a);
+    free(b);
+}
+
+/* A fresh temporary directory, a checkpoint folder path inside it, and fit options that write the
+ * checkpoint there and stop after layer `stop_after`. */
+typedef struct ckpt_env {
+    char dir[256], ck[300];
+    kv_fit_options o;
+} ckpt_env;
+static void ckpt_env_init(ckpt_env *e, int stop_after) {
+    kv_test_tmpdir(e->dir, sizeof e->dir);
+    ck_assert_ptr_nonnull(mkdtemp(e->dir));
+    snprintf(e->ck, sizeof e->ck, "%s/plan.ckpt", e->dir);
+    kv_fit_options_init(&e->o);
+    e->o.checkpoint_dir = e->ck;
+    e->o.stop_after_layer = stop_after;
 }
 
 #endif

@@ -576,38 +576,6 @@ START_TEST(test_separate_heldout) {
 END_TEST
 
 /* ---- checkpoints ---- */
-static int dir_exists(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-/* Two plans serialize to the same bytes. */
-static void assert_same_plan(const kv_plan *x, const kv_plan *y) {
-    uint8_t *a = NULL, *b = NULL;
-    size_t na = 0, nb = 0;
-    ck_assert_kv_ok(kv_plan_write_memory(&a, &na, x, NULL));
-    ck_assert_kv_ok(kv_plan_write_memory(&b, &nb, y, NULL));
-    ck_assert_uint_eq(na, nb);
-    ck_assert_int_eq(memcmp(a, b, na), 0);
-    free(a);
-    free(b);
-}
-
-/* A fresh temporary directory, a checkpoint folder path inside it, and fit options that write the
- * checkpoint there and stop after layer `stop_after`. */
-typedef struct ckpt_env {
-    char dir[256], ck[300];
-    kv_fit_options o;
-} ckpt_env;
-static void ckpt_env_init(ckpt_env *e, int stop_after) {
-    kv_test_tmpdir(e->dir, sizeof e->dir);
-    ck_assert_ptr_nonnull(mkdtemp(e->dir));
-    snprintf(e->ck, sizeof e->ck, "%s/plan.ckpt", e->dir);
-    kv_fit_options_init(&e->o);
-    e->o.checkpoint_dir = e->ck;
-    e->o.stop_after_layer = stop_after;
-}
-
 /* Stop after layer k (k = 0, 1), resume, compare with an uninterrupted run byte for byte. _i = 2:
  * XQuant with calibrated eta and the pair (0, 1) sharing codes, stopped after layer 1 (the first
  * checkpoint: none is written inside a pair); the resumed layers' eta is reported from the plan. */
