@@ -38,9 +38,9 @@ run() {
   local rss wall user sys
   read -r rss wall user sys < "$out/$name.time"
   local mem
-  mem="$(grep '^memory:' "$out/$name.txt" | sed 's/^memory: //')"
+  mem="$(grep '^memory:' "$out/$name.txt" | sed 's/^memory: //' || true)" # none with --json
   local t
-  t="$(grep '^time:' "$out/$name.txt" | sed 's/^time: //')"
+  t="$(grep '^time:' "$out/$name.txt" | sed 's/^time: //' || true)"
   printf '%-34s wall %7.1f s cpu %7.1f s | maxrss %7.1f MiB | %s | %s\n' "$name" "$wall" "$(echo "$user+$sys" | bc -l)" \
     "$(echo "$rss/1024" | bc -l)" "$mem" "$t"
 }
