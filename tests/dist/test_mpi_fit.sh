@@ -96,9 +96,19 @@ for _ in $(seq 1 1200); do
   kill -0 $launcher 2>/dev/null || break
   sleep 0.05
 done
-victim="$(ps -o pid= --ppid $launcher 2>/dev/null | tail -n 1 | tr -d ' ')"
+# The background job is a subshell whose child is mpirun; the ranks are mpirun's children. Kill a
+# rank, not mpirun: mpirun killed leaves its ranks running on, orphaned, to finish the fit and remove
+# the checkpoint while the rerun starts (which then, rightly, does not resume).
+launcher_mpirun="$(ps -o pid= --ppid $launcher 2>/dev/null | head -n 1 | tr -d ' ')"
+ranks="$( [ -n "$launcher_mpirun" ] && ps -o pid= --ppid "$launcher_mpirun" 2>/dev/null | tr -d ' ')"
+victim="$(printf '%s\n' $ranks | tail -n 1)"
 if [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null; then
   wait $launcher 2>/dev/null
+  # mpirun takes the other ranks down when one dies; the rerun must not race a survivor
+  for pid in $ranks; do
+    for _ in $(seq 1 600); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+    kill -0 "$pid" 2>/dev/null && { echo "FAIL: rank process $pid outlived the killed run"; fail=1; kill -9 "$pid"; }
+  done
   echo "ok: killed rank process $victim (checkpoint after layer $(sed -n 's/^layer //p' "$tmp/big.kvplan.ckpt/manifest" 2>/dev/null))"
   [ -e "$tmp/big.kvplan" ] && { echo "FAIL: a run with a killed rank left a plan"; fail=1; }
   ls "$tmp" | grep -q '\.tmp\.' && { echo "FAIL: a temporary file was left behind"; fail=1; }
