@@ -648,6 +648,9 @@ static kv_status fit_predictor(fit_run *r, int l, int stream, int n_inputs, cons
     lr->ridge_rcond[stream] = solve_info[0];
     lr->ridge_fallback[stream] = solve_info[1];
     s = kv_plan_set_predictor(r->plan, l, stream, n_inputs, in_ids, wt, b);
+    /* rounded to the stored dtype now: the residuals below are quantized against the predictor the
+     * runtime will read, not the f32 solution */
+    if (s == KV_OK) s = kv_plan_set_predictor_dtype(r->plan, l, stream, r->cfg->aqua.predictor_dtype);
 done:
     free(acc);
     free(wt);

@@ -66,6 +66,7 @@ static const key_desc k_keys[] = {
     {"aqua.predict_values", T_BOOL, OFF(aqua.predict_values), 0, 1, NULL},
     {"aqua.value_uses_keys", T_BOOL, OFF(aqua.value_uses_keys), 0, 1, NULL},
     {"aqua.first_layer_bits", T_INT, OFF(aqua.first_layer_bits), 1, 16, NULL},
+    {"aqua.predictor_dtype", T_ENUM, OFF(aqua.predictor_dtype), 0, 0, k_dtypes},
     {"higgs.d", T_INT, OFF(higgs.d), 1, 8, NULL},
     {"higgs.n", T_INT, OFF(higgs.n), 0, 65536, NULL},
     {"higgs.group_size", T_INT, OFF(higgs.group_size), 0, 1 << 20, NULL},
@@ -151,6 +152,7 @@ kv_status kv_fit_config_init(kv_fit_config *c) {
     c->aqua.predict_values = 1;
     c->aqua.value_uses_keys = 1;
     c->aqua.first_layer_bits = 4;
+    c->aqua.predictor_dtype = KV_DTYPE_F16;
     c->higgs.d = 2;
     c->higgs.n = 0;
     c->higgs.group_size = 0;

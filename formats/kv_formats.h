@@ -416,6 +416,9 @@ typedef struct kv_plan_predictor {
     int in_dim;              /* n_inputs * kv_dim */
     float *weight;           /* out_dim x in_dim, row-major */
     float *bias;             /* out_dim */
+    int dtype;               /* (1.2) how the file stores weight and bias: KV_DTYPE_F32, or KV_DTYPE_F16
+                                (then every value in memory is an f16 value: kv_plan_set_predictor_dtype
+                                rounds them, so what the fit and the runtime use is what the file holds) */
 } kv_plan_predictor;
 
 /* SQuat key quantization parameters (key streams only). */
@@ -498,9 +501,10 @@ typedef struct kv_plan_file_info {
 #define KV_PLAN_FEAT_PRUNING 0x20ull     /* required: token pruning is on */
 #define KV_PLAN_FEAT_PACK3_11 0x40ull    /* required: a stream packs 3-bit codes 11 per word */
 #define KV_PLAN_FEAT_FLOAT 0x80ull      /* required (1.1): a stream uses FP8 or NVFP4 */
+#define KV_PLAN_FEAT_PRED_F16 0x200ull  /* required (1.2): a predictor is stored in f16 */
 #define KV_PLAN_FEAT_SQUAT_STATIC 0x100ull /* required (1.2): a SQuat stream uses its stored basis for
                                               every sequence (older readers would compute the prompt's) */
-#define KV_PLAN_REQUIRED_KNOWN 0x1ffull
+#define KV_PLAN_REQUIRED_KNOWN 0x3ffull
 #define KV_PLAN_OPT_REPORT 0x1ull        /* optional: calibration report section present */
 #define KV_PLAN_OPT_SQUAT_BASIS 0x2ull   /* optional: a static SQuat basis is stored */
 #define KV_PLAN_OPT_PROVENANCE 0x4ull    /* optional: provenance section present */
@@ -532,6 +536,9 @@ kv_status kv_plan_set_predictor(kv_plan *p, int layer, int stream, int n_inputs,
 kv_status kv_plan_set_squat(kv_plan *p, int layer, int r, float lambda, int g, const float *basis);
 /* Set (replace) the tensor scales of an FP8 / NVFP4 stream: n = 1 (per tensor) or n_kv_heads
  * (per KV head), each finite and > 0; copied. The stream's method must already be FP8 or NVFP4. */
+/* How the predictor of (layer, stream) is stored: KV_DTYPE_F32 or KV_DTYPE_F16. F16 rounds its weight
+ * and bias to the nearest f16 in place; a value beyond the f16 range (|x| > 65504) is KV_EINVAL. */
+kv_status kv_plan_set_predictor_dtype(kv_plan *p, int layer, int stream, int dtype);
 kv_status kv_plan_set_fp_scales(kv_plan *p, int layer, int stream, int n, const float *scales);
 /* 1 when the method is one of the float formats (FP8 E4M3, E5M2, NVFP4). */
 int kv_plan_method_is_float(int method);
@@ -675,6 +682,7 @@ typedef struct kv_fit_config {
         int predict_keys, predict_values;
         int value_uses_keys;     /* V predictor input [V_prev; K_hat] (1) or V_prev (0) */
         int first_layer_bits;    /* bits of layer 0 (quantized directly) */
+        int predictor_dtype;     /* KV_DTYPE_F16 (default) or KV_DTYPE_F32: how the plan stores predictors */
     } aqua;
     struct {
         int d;                   /* grid dimension: 1, 2, 4 or 8 */

@@ -287,6 +287,32 @@ kv_status kv_plan_set_predictor(kv_plan *p, int layer, int stream, int n_inputs,
     return KV_OK;
 }
 
+kv_status kv_plan_set_predictor_dtype(kv_plan *p, int layer, int stream, int dtype) {
+    kv_status s = check_layer_stream(p, layer, stream, "kv_plan_set_predictor_dtype");
+    if (s != KV_OK) return s;
+    kv_plan_predictor *pr = p->layers[layer].stream[stream].predictor;
+    if (!pr)
+        return KV_ERR(KV_EINVAL, "kv_plan_set_predictor_dtype: layer %d %s has no predictor", layer,
+                      kv_plan_stream_name(stream));
+    if (dtype != KV_DTYPE_F32 && dtype != KV_DTYPE_F16)
+        return KV_ERR(KV_EINVAL, "kv_plan_set_predictor_dtype: dtype %d is neither f32 nor f16", dtype);
+    if (dtype == KV_DTYPE_F16) {
+        const size_t nw = (size_t)pr->out_dim * (size_t)pr->in_dim;
+        for (size_t i = 0; i < nw + (size_t)pr->out_dim; i++) {
+            float *v = i < nw ? &pr->weight[i] : &pr->bias[i - nw];
+            if (!(fabsf(*v) <= 65504.0f))
+                return KV_ERR(KV_EINVAL, "kv_plan_set_predictor_dtype: layer %d %s predictor value %g does not fit f16",
+                              layer, kv_plan_stream_name(stream), (double)*v);
+        }
+        for (size_t i = 0; i < nw + (size_t)pr->out_dim; i++) {
+            float *v = i < nw ? &pr->weight[i] : &pr->bias[i - nw];
+            *v = kv_f16_to_f32(kv_f32_to_f16(*v));
+        }
+    }
+    pr->dtype = dtype;
+    return KV_OK;
+}
+
 kv_status kv_plan_set_fp_scales(kv_plan *p, int layer, int stream, int n, const float *scales) {
     kv_status s = check_layer_stream(p, layer, stream, "kv_plan_set_fp_scales");
     if (s != KV_OK) return s;
@@ -528,6 +554,16 @@ static kv_status validate_stream(const kv_plan *p, int l, int stream) {
         if (!all_finite(pr->weight, (size_t)pr->out_dim * (size_t)pr->in_dim) ||
             !all_finite(pr->bias, (size_t)pr->out_dim))
             return SERR("predictor has a NaN or infinite weight");
+        if (pr->dtype != KV_DTYPE_F32 && pr->dtype != KV_DTYPE_F16)
+            return SERR("predictor dtype %d is neither f32 nor f16", pr->dtype);
+        if (pr->dtype == KV_DTYPE_F16) { /* the file would hold other values than memory */
+            const size_t nw = (size_t)pr->out_dim * (size_t)pr->in_dim;
+            for (size_t i = 0; i < nw + (size_t)pr->out_dim; i++) {
+                const float v = i < nw ? pr->weight[i] : pr->bias[i - nw];
+                if (kv_f16_to_f32(kv_f32_to_f16(v)) != v)
+                    return SERR("predictor is stored in f16 but value %zu (%g) is not an f16 value", i, (double)v);
+            }
+        }
     }
     if (s->squat) {
         const kv_plan_squat *q = s->squat;
@@ -634,6 +670,7 @@ uint64_t kv_plan_required_features(const kv_plan *p) {
             if (s->share_codes_with_layer >= 0) f |= KV_PLAN_FEAT_SHARED_CODES;
             if (s->squat) f |= KV_PLAN_FEAT_SQUAT;
             if (s->squat && s->squat->static_subspace) f |= KV_PLAN_FEAT_SQUAT_STATIC;
+            if (s->predictor && s->predictor->dtype == KV_DTYPE_F16) f |= KV_PLAN_FEAT_PRED_F16;
             if (s->pack == KV_PLAN_PACK_3BIT_11) f |= KV_PLAN_FEAT_PACK3_11;
             if (kv_plan_method_is_float(s->method)) f |= KV_PLAN_FEAT_FLOAT;
         }
@@ -688,7 +725,9 @@ uint64_t kv_plan_predictor_bytes(const kv_plan *p) {
     for (int l = 0; p && l < p->n_layers; l++)
         for (int st = 0; st < 2; st++) {
             const kv_plan_predictor *pr = p->layers[l].stream[st].predictor;
-            if (pr) n += 4u * ((uint64_t)pr->out_dim * (uint64_t)pr->in_dim + (uint64_t)pr->out_dim);
+            if (pr)
+                n += (pr->dtype == KV_DTYPE_F16 ? 2u : 4u) *
+                     ((uint64_t)pr->out_dim * (uint64_t)pr->in_dim + (uint64_t)pr->out_dim);
         }
     return n;
 }

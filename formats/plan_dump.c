@@ -56,7 +56,7 @@ static double l2norm(const float *v, size_t n) {
 
 static json_t *feature_list(uint64_t bits, int required, int *ok) {
     static const char *const req[] = {"ZLIB",    "HIGGS",    "PREDICTOR", "SHARED_CODES", "SQUAT",
-                                      "PRUNING", "PACK3_11", "FLOAT",     "SQUAT_STATIC"};
+                                      "PRUNING", "PACK3_11", "FLOAT",     "SQUAT_STATIC", "PRED_F16"};
     static const char *const opt[] = {"REPORT", "SQUAT_BASIS", "PROVENANCE"};
     const char *const *names = required ? req : opt;
     const int n_names = required ? (int)(sizeof req / sizeof *req) : (int)(sizeof opt / sizeof *opt);
@@ -196,6 +196,7 @@ static json_t *dump_stream(const kv_plan *p, int l, int st, int full, int *ok) {
             push(in, json_string(buf), ok);
         }
         put(po, "inputs", in, ok);
+        put(po, "dtype", json_string(pr->dtype == KV_DTYPE_F16 ? "f16" : "f32"), ok);
         json_t *shape = json_array();
         push(shape, jint(pr->out_dim), ok);
         push(shape, jint(pr->in_dim), ok);

@@ -24,6 +24,7 @@
 #define KV_PLAN_SF_PREDICTOR 0x2u
 #define KV_PLAN_SF_SQUAT 0x4u
 #define KV_PLAN_SF_SQUAT_STATIC 0x10u /* 1.2: with SQUAT, the stored basis for every sequence */
+#define KV_PLAN_SF_PRED_F16 0x20u     /* 1.2: with PREDICTOR, its weight and bias are f16 in PRED */
 #define KV_PLAN_SF_FP_SCALES 0x8u /* 1.1: an FSCL entry exists */
 
 /* Limits of §6. */
@@ -44,6 +45,7 @@ void kv_buf_i32(kv_buf *b, int32_t v);
 void kv_buf_u64(kv_buf *b, uint64_t v);
 void kv_buf_f32(kv_buf *b, float v);
 void kv_buf_f32s(kv_buf *b, const float *v, size_t n);
+void kv_buf_f16s(kv_buf *b, const float *v, size_t n); /* each value's nearest f16, little-endian */
 void kv_buf_bytes(kv_buf *b, const void *p, size_t n);
 void kv_buf_str(kv_buf *b, const char *s); /* §1 str: u32 length + bytes (NULL = "") */
 

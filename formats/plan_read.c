@@ -67,6 +67,18 @@ static float *rd_f32s(cursor *c, uint64_t count, const char *what) {
     c->pos += (size_t)count * 4;
     return v;
 }
+/* count f16 values into a new f32 array (exact). */
+static float *rd_f16s(cursor *c, uint64_t count, const char *what) {
+    if (!need_n(c, count, 2, what)) return NULL;
+    float *v = malloc(count ? (size_t)count * 4 : 1);
+    if (!v) {
+        c->err = KV_ERR(KV_ENOMEM, "out of memory reading %s", what);
+        return NULL;
+    }
+    for (size_t i = 0; i < (size_t)count; i++) v[i] = kv_f16_to_f32(kv_load_u16le(c->p + c->pos + 2 * i));
+    c->pos += (size_t)count * 2;
+    return v;
+}
 /* §1 str into a new NUL-terminated string. */
 static char *rd_str(cursor *c, const char *what) {
     uint32_t n = rd_u32(c, what);
@@ -211,9 +223,11 @@ static kv_status read_stream(reader *r, cursor *c, int l, int st) {
     const uint32_t reserved = rd_u32(c, "stream reserved");
     if (c->err != KV_OK) return c->err;
     if (flags & ~(KV_PLAN_SF_PRE_ROPE | KV_PLAN_SF_PREDICTOR | KV_PLAN_SF_SQUAT | KV_PLAN_SF_FP_SCALES |
-                  KV_PLAN_SF_SQUAT_STATIC))
+                  KV_PLAN_SF_SQUAT_STATIC | KV_PLAN_SF_PRED_F16))
         return KV_ERR(KV_EFORMAT, "layer %d %s: unknown stream flags 0x%x", l, kv_plan_stream_name(st), flags);
     if (reserved != 0) return KV_ERR(KV_EFORMAT, "layer %d %s: reserved field is %u, not 0", l, kv_plan_stream_name(st), reserved);
+    if ((flags & KV_PLAN_SF_PRED_F16) && !(flags & KV_PLAN_SF_PREDICTOR))
+        return KV_ERR(KV_EFORMAT, "layer %d %s: PRED_F16 flag without the PREDICTOR flag", l, kv_plan_stream_name(st));
     if ((flags & KV_PLAN_SF_SQUAT_STATIC) && !(flags & KV_PLAN_SF_SQUAT))
         return KV_ERR(KV_EFORMAT, "layer %d %s: SQUAT_STATIC flag without the SQUAT flag", l, kv_plan_stream_name(st));
     s->pre_rope = (flags & KV_PLAN_SF_PRE_ROPE) ? 1 : 0;
@@ -287,8 +301,15 @@ static kv_status read_pred(reader *r, cursor *c) {
         if (pr->out_dim != kv_dim || pr->in_dim != (int)n_in * kv_dim)
             return KV_ERR(KV_EFORMAT, "layer %u %s: predictor is %ux%u, expected %dx%d", l, kv_plan_stream_name((int)st),
                           (unsigned)pr->out_dim, (unsigned)pr->in_dim, kv_dim, (int)n_in * kv_dim);
-        pr->weight = rd_f32s(c, (uint64_t)pr->out_dim * (uint64_t)pr->in_dim, "predictor weight");
-        pr->bias = rd_f32s(c, (uint64_t)pr->out_dim, "predictor bias");
+        if (r->stream_flags[key] & KV_PLAN_SF_PRED_F16) {
+            pr->dtype = KV_DTYPE_F16;
+            pr->weight = rd_f16s(c, (uint64_t)pr->out_dim * (uint64_t)pr->in_dim, "predictor weight");
+            pr->bias = rd_f16s(c, (uint64_t)pr->out_dim, "predictor bias");
+        } else {
+            pr->dtype = KV_DTYPE_F32;
+            pr->weight = rd_f32s(c, (uint64_t)pr->out_dim * (uint64_t)pr->in_dim, "predictor weight");
+            pr->bias = rd_f32s(c, (uint64_t)pr->out_dim, "predictor bias");
+        }
         if (c->err != KV_OK) return c->err;
     }
     return finish(r, c);
@@ -573,6 +594,7 @@ static const char *feature_name(uint64_t bit) {
     case KV_PLAN_FEAT_PACK3_11: return "PACK3_11";
     case KV_PLAN_FEAT_FLOAT: return "FLOAT";
     case KV_PLAN_FEAT_SQUAT_STATIC: return "SQUAT_STATIC";
+    case KV_PLAN_FEAT_PRED_F16: return "PRED_F16";
     }
     return "?";
 }

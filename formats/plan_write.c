@@ -66,6 +66,17 @@ void kv_buf_f32(kv_buf *b, float v) {
     uint8_t *p = kv_buf_grow(b, 4);
     if (p) kv_store_f32le(p, v);
 }
+void kv_buf_f16s(kv_buf *b, const float *v, size_t n) {
+    size_t bytes;
+    if (kv_size_mul(&bytes, n, 2)) {
+        b->failed = 1;
+        return;
+    }
+    uint8_t *p = kv_buf_grow(b, bytes);
+    if (!p) return;
+    for (size_t i = 0; i < n; i++) kv_store_u16le(p + 2 * i, kv_f32_to_f16(v[i]));
+}
+
 void kv_buf_f32s(kv_buf *b, const float *v, size_t n) {
     size_t bytes;
     if (kv_size_mul(&bytes, n, 4)) {
@@ -129,6 +140,7 @@ static void put_stream(kv_buf *b, const kv_plan_stream *s) { /* §6.4 stream rec
     if (s->predictor) flags |= KV_PLAN_SF_PREDICTOR;
     if (s->squat) flags |= KV_PLAN_SF_SQUAT;
     if (s->squat && s->squat->static_subspace) flags |= KV_PLAN_SF_SQUAT_STATIC;
+    if (s->predictor && s->predictor->dtype == KV_DTYPE_F16) flags |= KV_PLAN_SF_PRED_F16;
     if (s->fp_scales) flags |= KV_PLAN_SF_FP_SCALES;
     kv_buf_u32(b, (uint32_t)s->method);
     kv_buf_u32(b, (uint32_t)s->bits);
@@ -173,8 +185,13 @@ static void put_pred(kv_buf *b, const kv_plan *p) { /* §6.5 */
             }
             kv_buf_u32(b, (uint32_t)pr->out_dim);
             kv_buf_u32(b, (uint32_t)pr->in_dim);
-            kv_buf_f32s(b, pr->weight, (size_t)pr->out_dim * (size_t)pr->in_dim);
-            kv_buf_f32s(b, pr->bias, (size_t)pr->out_dim);
+            if (pr->dtype == KV_DTYPE_F16) { /* 1.2, stream flag PRED_F16; exact: validation checked */
+                kv_buf_f16s(b, pr->weight, (size_t)pr->out_dim * (size_t)pr->in_dim);
+                kv_buf_f16s(b, pr->bias, (size_t)pr->out_dim);
+            } else {
+                kv_buf_f32s(b, pr->weight, (size_t)pr->out_dim * (size_t)pr->in_dim);
+                kv_buf_f32s(b, pr->bias, (size_t)pr->out_dim);
+            }
         }
 }
 

@@ -77,6 +77,50 @@ START_TEST(test_recovers_linear_map) {
 }
 END_TEST
 
+/* Predictors are stored in f16 by default (aqua.predictor_dtype), f32 on request. Layer 1's key
+ * predictor reads layer 0's key reconstructions, which do not depend on the predictor dtype, so its
+ * f16 weights must be exactly the f16 rounding of the f32 run's weights (its value predictor also
+ * reads layer 1's reconstructed keys, which do) (kv_f32_to_f16, an independent conversion);
+ * the stored bytes halve; and the residuals of later layers are those of the rounded predictor, so
+ * the held-out error grows by no more than the f16 rounding of the prediction (2^-11 relative to
+ * the predicted values, far below the 2-bit residual error: a 5% allowance). */
+START_TEST(test_predictor_dtype) {
+    kv_plan *plan[2] = {NULL, NULL};
+    kv_fit_report rep[2];
+    for (int f16 = 0; f16 < 2; f16++) {
+        kv_fit_config cfg;
+        const char *sets_f32[] = {"keys.bits=2", "values.bits=2", "aqua.predictor_dtype=f32", NULL};
+        const char *sets_f16[] = {"keys.bits=2", "values.bits=2", NULL}; /* the default */
+        make_cfg(&cfg, KV_FIT_AQUA_UNIFORM, f16 ? sets_f16 : sets_f32);
+        ck_assert_kv_ok(run_fit(&plan[f16], &rep[f16], &cfg, NULL));
+        kv_fit_config_free(&cfg);
+    }
+    for (int l = 1; l < SYN_LAYERS; l++)
+        for (int st = 0; st < 2; st++) {
+            ck_assert_int_eq(plan[0]->layers[l].stream[st].predictor->dtype, KV_DTYPE_F32);
+            ck_assert_int_eq(plan[1]->layers[l].stream[st].predictor->dtype, KV_DTYPE_F16);
+        }
+    ck_assert_uint_eq(kv_plan_predictor_bytes(plan[0]), 2 * kv_plan_predictor_bytes(plan[1]));
+    {
+        const kv_plan_predictor *a = plan[0]->layers[1].stream[KV_PLAN_K].predictor;
+        const kv_plan_predictor *b = plan[1]->layers[1].stream[KV_PLAN_K].predictor;
+        const size_t nw = (size_t)a->out_dim * (size_t)a->in_dim;
+        for (size_t i = 0; i < nw; i++)
+            ck_assert_msg(b->weight[i] == kv_f16_to_f32(kv_f32_to_f16(a->weight[i])), "weight %zu", i);
+        for (int o = 0; o < a->out_dim; o++) ck_assert(b->bias[o] == kv_f16_to_f32(kv_f32_to_f16(a->bias[o])));
+    }
+    for (int l = 1; l < SYN_LAYERS; l++)
+        for (int st = 0; st < 2; st++)
+            ck_assert_msg(rep[1].layers[l].quant_rel_err[st] < 1.05 * rep[0].layers[l].quant_rel_err[st] + 1e-6,
+                          "layer %d stream %d: f16 %g vs f32 %g", l, st, rep[1].layers[l].quant_rel_err[st],
+                          rep[0].layers[l].quant_rel_err[st]);
+    for (int f16 = 0; f16 < 2; f16++) {
+        kv_fit_report_free(&rep[f16]);
+        kv_plan_free(plan[f16]);
+    }
+}
+END_TEST
+
 /* Post-RoPE keys are not a linear function of the previous layer's post-RoPE keys (the rotation
  * depends on the position; aquakv.txt §3.3): the same model fitted post-RoPE explains less. */
 START_TEST(test_post_rope_is_worse) {
@@ -851,6 +895,7 @@ static Suite *fit_suite(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_recovers_linear_map);
+    tcase_add_test(tc, test_predictor_dtype);
     tcase_add_test(tc, test_post_rope_is_worse);
     tcase_add_test(tc, test_higgs_error_near_grid_mse);
     tcase_add_test(tc, test_plan_round_trip);

@@ -115,12 +115,17 @@ kv_status plan_sample_make_v1_1(kv_plan **out) {
     return KV_OK;
 }
 
-/* 1.1 plus a SQuat stream with the static subspace (format 1.2). */
+/* 1.1 plus a SQuat stream with the static subspace and an f16 predictor (format 1.2). */
 kv_status plan_sample_make_v1_2(kv_plan **out) {
     kv_plan *p = NULL;
     kv_status s = plan_sample_make_v1_1(&p);
     if (s != KV_OK) return s;
     p->layers[1].stream[KV_PLAN_K].squat->static_subspace = 1;
+    /* the sample's values are on a 1/16 grid: f16 values already, so the rounding changes nothing */
+    if ((s = kv_plan_set_predictor_dtype(p, 1, KV_PLAN_V, KV_DTYPE_F16)) != KV_OK) {
+        kv_plan_free(p);
+        return s;
+    }
     *out = p;
     return KV_OK;
 }
@@ -180,6 +185,7 @@ int plan_equal(const kv_plan *a, const kv_plan *b, char *why, size_t why_n) {
                 if (!farr_eq(pa->weight, pb->weight, (size_t)pa->out_dim * (size_t)pa->in_dim) ||
                     !farr_eq(pa->bias, pb->bias, (size_t)pa->out_dim))
                     DIFF("layer %d stream %d predictor values", l, st);
+                if (pa->dtype != pb->dtype) DIFF("layer %d stream %d predictor dtype", l, st);
             }
             if (x->n_fp_scales != y->n_fp_scales || !farr_eq(x->fp_scales, y->fp_scales, (size_t)x->n_fp_scales))
                 DIFF("layer %d stream %d tensor scales differ", l, st);

@@ -490,6 +490,12 @@ static void m_squat_static_without_squat(uint8_t **b, size_t *n) {
     plan_bytes_repair_crcs(*b, *n);
 }
 
+static void m_pred_f16_without_predictor(uint8_t **b, size_t *n) {
+    const size_t at = kv_load_u64le(*b + plan_bytes_entry(*b, "LAYR") + 8) + 8 + 8 + 36; /* layer 0 K */
+    kv_store_u32le(*b + at, kv_load_u32le(*b + at) | 0x20u);
+    plan_bytes_repair_crcs(*b, *n);
+}
+
 static const corrupt_case k_corrupt[] = {
     {"bad magic", m_bad_magic, KV_EFORMAT, "bad magic"},
     {"future major", m_future_major, KV_EVERSION, "version 2.0 is newer than this reader"},
@@ -541,6 +547,8 @@ static const corrupt_case k_corrupt[] = {
      "layer 1 K: SQuat with a static subspace but no stored basis"},
     {"SQUAT_STATIC without SQuat", m_squat_static_without_squat, KV_EFORMAT,
      "layer 0 K: SQUAT_STATIC flag without the SQUAT flag"},
+    {"PRED_F16 without a predictor", m_pred_f16_without_predictor, KV_EFORMAT,
+     "layer 0 K: PRED_F16 flag without the PREDICTOR flag"},
 };
 enum { N_CORRUPT = sizeof k_corrupt / sizeof *k_corrupt };
 /* The compressed-only case (its mutation needs a ZLIB section). */
@@ -985,6 +993,11 @@ START_TEST(test_golden_v1_2) {
     ck_assert_int_eq(p->file.version_minor, 2);
     ck_assert(p->file.required_features & KV_PLAN_FEAT_SQUAT_STATIC);
     ck_assert_int_eq(p->layers[1].stream[KV_PLAN_K].squat->static_subspace, 1);
+    ck_assert(p->file.required_features & KV_PLAN_FEAT_PRED_F16);
+    ck_assert_int_eq(p->layers[1].stream[KV_PLAN_V].predictor->dtype, KV_DTYPE_F16);
+    ck_assert_int_eq(p->layers[1].stream[KV_PLAN_K].predictor->dtype, KV_DTYPE_F32);
+    /* K <- L0.K (8x8 + 8 in f32) and V <- [L0.V; L1.K] (8x16 + 8 in f16) */
+    ck_assert_uint_eq(kv_plan_predictor_bytes(p), 4u * 72u + 2u * 136u);
     kv_plan *s = NULL;
     ck_assert_kv_ok(plan_sample_make_v1_2(&s));
     char why[256];
@@ -1009,6 +1022,53 @@ START_TEST(test_golden_v1_2) {
     ck_assert_int_eq(kv_plan_read_memory(&q, b, n), KV_EFORMAT);
     ck_assert_ptr_nonnull(strstr(kv_error_last(), "SQUAT_STATIC"));
     free(b);
+    kv_plan_free(p);
+}
+END_TEST
+
+/* f16 predictors: the setter rounds to the nearest f16 (checked against an independent rounding of
+ * the f16 grid: 1 + 2^-11 lies halfway between 1 and 1 + 2^-10 and rounds to even, 1), refuses a
+ * value beyond the f16 range; validation refuses an f16 predictor holding a non-f16 value; the file
+ * holds 2 bytes per value and reads back exactly. */
+START_TEST(test_predictor_f16) {
+    kv_plan *p = sample(), *q = NULL;
+    kv_plan_predictor *pr = p->layers[1].stream[KV_PLAN_K].predictor;
+    pr->weight[0] = 1.0f + 0x1p-11f;         /* tie: to even */
+    pr->weight[1] = 1.0f + 0x1p-11f + 0x1p-20f; /* above the tie: up */
+    pr->weight[2] = 0x1p-25f;                /* below half the smallest subnormal (2^-24): 0 */
+    pr->bias[0] = -3.0e-5f;                  /* subnormal range: nearest multiple of 2^-24 */
+    const uint64_t before = kv_plan_predictor_bytes(p);
+    ck_assert_kv_ok(kv_plan_set_predictor_dtype(p, 1, KV_PLAN_K, KV_DTYPE_F16));
+    ck_assert(pr->weight[0] == 1.0f);
+    ck_assert(pr->weight[1] == 1.0f + 0x1p-10f);
+    ck_assert(pr->weight[2] == 0.0f);
+    ck_assert(pr->bias[0] == -roundf(3.0e-5f * 0x1p24f) * 0x1p-24f);
+    ck_assert_uint_eq(before - kv_plan_predictor_bytes(p), 2u * 72u);
+    uint8_t *b = NULL;
+    size_t n = 0;
+    serialize(&b, &n, p, &k_plain);
+    ck_assert_kv_ok(kv_plan_read_memory(&q, b, n));
+    char why[256];
+    ck_assert_msg(plan_equal(p, q, why, sizeof why), "%s", why);
+    ck_assert(q->file.required_features & KV_PLAN_FEAT_PRED_F16);
+    kv_plan_free(q);
+    q = NULL;
+    /* the feature bit cleared: refused, naming it */
+    kv_store_u64le(b + 32, kv_load_u64le(b + 32) & ~KV_PLAN_FEAT_PRED_F16);
+    plan_bytes_repair_crcs(b, n);
+    ck_assert_int_eq(kv_plan_read_memory(&q, b, n), KV_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "PRED_F16"));
+    free(b);
+    /* a non-f16 value in an f16 predictor: invalid, the plan is not written */
+    pr->weight[5] = 0.1f;
+    ck_assert_int_eq(kv_plan_validate(p), KV_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "layer 1 K: predictor is stored in f16 but value 5"));
+    /* beyond the f16 range: refused by the setter, the values unchanged */
+    pr->weight[5] = 1e6f;
+    ck_assert_int_eq(kv_plan_set_predictor_dtype(p, 1, KV_PLAN_K, KV_DTYPE_F16), KV_EINVAL);
+    ck_assert(pr->weight[5] == 1e6f);
+    ck_assert_int_eq(kv_plan_set_predictor_dtype(p, 0, KV_PLAN_K, KV_DTYPE_F16), KV_EINVAL); /* no predictor */
+    ck_assert_int_eq(kv_plan_set_predictor_dtype(p, 1, KV_PLAN_K, 7), KV_EINVAL);
     kv_plan_free(p);
 }
 END_TEST
@@ -1179,6 +1239,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_golden_v1_0);
     tcase_add_test(tc, test_golden_v1_1);
     tcase_add_test(tc, test_golden_v1_2);
+    tcase_add_test(tc, test_predictor_f16);
     tcase_add_test(tc, test_float_methods);
     tcase_add_loop_test(tc, test_corrupt_list, 0, N_CORRUPT);
     tcase_add_test(tc, test_corrupt_zlib);
