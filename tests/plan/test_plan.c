@@ -171,16 +171,17 @@ START_TEST(test_write_file_atomic) {
 END_TEST
 
 /* ---- golden v1.0 ------------------------------------------------------------------------------ */
-static void golden_path(char *out, size_t n) {
+/* tests/plan/golden/v<version>.kvplan, under KVCAL_TEST_SRC when set */
+static void golden_path(char *out, size_t n, const char *version) {
     const char *src = getenv("KVCAL_TEST_SRC");
-    snprintf(out, n, "%s/plan/golden/v1.0.kvplan", src && *src ? src : "tests");
+    snprintf(out, n, "%s/plan/golden/v%s.kvplan", src && *src ? src : "tests", version);
 }
 
 /* Every later reader must accept this file and find these values (written once by
  * `test_plan --write-golden`, never regenerated). */
 START_TEST(test_golden_v1_0) {
     char path[1024];
-    golden_path(path, sizeof path);
+    golden_path(path, sizeof path, "1.0");
     kv_plan *p = NULL;
     ck_assert_kv_ok(kv_plan_read(&p, path));
     ck_assert_int_eq(p->file.version_major, 1);
@@ -948,15 +949,10 @@ START_TEST(test_dump_yaml) {
 END_TEST
 
 /* ---- format 1.1: FP8 / NVFP4 streams and their tensor scales (FSCL) ------------------------------ */
-static void golden_path_1_1(char *out, size_t n) {
-    const char *src = getenv("KVCAL_TEST_SRC");
-    snprintf(out, n, "%s/plan/golden/v1.1.kvplan", src && *src ? src : "tests");
-}
-
 /* The frozen 1.1 file (written once by `test_plan --write-golden-1.1`, never regenerated). */
 START_TEST(test_golden_v1_1) {
     char path[1024];
-    golden_path_1_1(path, sizeof path);
+    golden_path(path, sizeof path, "1.1");
     kv_plan *p = NULL;
     ck_assert_kv_ok(kv_plan_read(&p, path));
     ck_assert_int_eq(p->file.version_major, 1);
@@ -978,16 +974,11 @@ START_TEST(test_golden_v1_1) {
 END_TEST
 
 /* ---- format 1.2: the SQuat static subspace (stream flag SQUAT_STATIC, feature bit 8) ---------------- */
-static void golden_path_1_2(char *out, size_t n) {
-    const char *src = getenv("KVCAL_TEST_SRC");
-    snprintf(out, n, "%s/plan/golden/v1.2.kvplan", src && *src ? src : "tests");
-}
-
 /* The frozen 1.2 file (written once by `test_plan --write-golden-1.2`, never regenerated); a plan
  * with the static subspace round-trips, declares SQUAT_STATIC, and without the bit is refused. */
 START_TEST(test_golden_v1_2) {
     char path[1024];
-    golden_path_1_2(path, sizeof path);
+    golden_path(path, sizeof path, "1.2");
     kv_plan *p = NULL;
     ck_assert_kv_ok(kv_plan_read(&p, path));
     ck_assert_int_eq(p->file.version_minor, 2);
@@ -1153,30 +1144,13 @@ START_TEST(test_float_methods) {
 END_TEST
 
 /* ---- modes ---------------------------------------------------------------------------------------- */
-static int write_golden(const char *path) {
+/* Write a golden file from a sample maker (once per format version; the files are never regenerated). */
+static int write_golden(const char *path, kv_status (*make)(kv_plan **), const char *what) {
     kv_plan *p = NULL;
-    kv_status s = plan_sample_make(&p);
+    kv_status s = make(&p);
     if (s == KV_OK) s = kv_plan_write(p, path, &k_zlib);
     kv_plan_free(p);
-    if (s != KV_OK) fprintf(stderr, "write-golden: %s\n", kv_error_last());
-    return s == KV_OK ? 0 : 1;
-}
-
-static int write_golden_1_2(const char *path) {
-    kv_plan *p = NULL;
-    kv_status s = plan_sample_make_v1_2(&p);
-    if (s == KV_OK) s = kv_plan_write(p, path, &k_zlib);
-    kv_plan_free(p);
-    if (s != KV_OK) fprintf(stderr, "write-golden-1.2: %s\n", kv_error_last());
-    return s == KV_OK ? 0 : 1;
-}
-
-static int write_golden_1_1(const char *path) {
-    kv_plan *p = NULL;
-    kv_status s = plan_sample_make_v1_1(&p);
-    if (s == KV_OK) s = kv_plan_write(p, path, &k_zlib);
-    kv_plan_free(p);
-    if (s != KV_OK) fprintf(stderr, "write-golden-1.1: %s\n", kv_error_last());
+    if (s != KV_OK) fprintf(stderr, "%s: %s\n", what, kv_error_last());
     return s == KV_OK ? 0 : 1;
 }
 
@@ -1224,9 +1198,12 @@ static int write_corpus(const char *dir) {
 }
 
 int main(int argc, char **argv) {
-    if (argc == 3 && strcmp(argv[1], "--write-golden") == 0) return write_golden(argv[2]);
-    if (argc == 3 && strcmp(argv[1], "--write-golden-1.1") == 0) return write_golden_1_1(argv[2]);
-    if (argc == 3 && strcmp(argv[1], "--write-golden-1.2") == 0) return write_golden_1_2(argv[2]);
+    if (argc == 3 && strcmp(argv[1], "--write-golden") == 0)
+        return write_golden(argv[2], plan_sample_make, "write-golden");
+    if (argc == 3 && strcmp(argv[1], "--write-golden-1.1") == 0)
+        return write_golden(argv[2], plan_sample_make_v1_1, "write-golden-1.1");
+    if (argc == 3 && strcmp(argv[1], "--write-golden-1.2") == 0)
+        return write_golden(argv[2], plan_sample_make_v1_2, "write-golden-1.2");
     if (argc == 3 && strcmp(argv[1], "--write-corpus") == 0) return write_corpus(argv[2]);
     Suite *s = suite_create("plan");
     TCase *tc = tcase_create("format");
