@@ -59,6 +59,21 @@ static void score_range(void *ctx, size_t i0, size_t i1, int thread) {
         score_row(jb->p + i * (size_t)jb->V, jb->q + i * (size_t)jb->V, jb->V, jb->targets[i], jb->rows + 4 * i);
 }
 
+/* The exact pass over one sample: in = [bos, the n_text tokens of text], the first n_tokens of it
+ * through the model in one forward (no cache), final hidden states into hidden. */
+static kv_status forward_exact(kv_model *m, int32_t *in, int32_t bos, const int32_t *text, size_t n_text, int n_tokens,
+                               float *hidden) {
+    in[0] = bos;
+    memcpy(in + 1, text, n_text * sizeof(int32_t));
+    kv_forward f;
+    memset(&f, 0, sizeof f);
+    f.tokens = in;
+    f.n_seqs = 1;
+    f.n_tokens = n_tokens;
+    f.hidden = hidden;
+    return kv_model_forward(m, &f);
+}
+
 kv_status kv_eval_compare(kv_model *m, kv_cache *cache, const int32_t *tokens, size_t n_tokens,
                           const kv_compare_options *opt, kv_compare_result *out) {
     if (!m || !cache || !opt || !out || (!tokens && n_tokens)) return KV_ERR(KV_EINVAL, "kv_eval_compare: NULL argument");
@@ -87,17 +102,10 @@ kv_status kv_eval_compare(kv_model *m, kv_cache *cache, const int32_t *tokens, s
     double sum_nll_ref = 0, sum_nll = 0, sum_kl = 0, agree = 0;
     size_t scored = 0;
     for (size_t c = 0; c < n_chunks; c++) {
-        in[0] = opt->bos_id;
-        memcpy(in + 1, tokens + c * stride, stride * sizeof(int32_t));
         /* exact: one prefill */
         double t0 = kv_now_seconds();
+        if ((s = forward_exact(m, in, opt->bos_id, tokens + c * stride, stride, ctx, h_ref)) != KV_OK) goto done;
         kv_forward f;
-        memset(&f, 0, sizeof f);
-        f.tokens = in;
-        f.n_seqs = 1;
-        f.n_tokens = ctx;
-        f.hidden = h_ref;
-        if ((s = kv_model_forward(m, &f)) != KV_OK) goto done;
         out->seconds_ref += kv_now_seconds() - t0;
         /* through the cache, in steps */
         t0 = kv_now_seconds();
@@ -215,17 +223,9 @@ kv_status kv_eval_continuation(kv_model *m, kv_cache *const *caches, int n_cache
     if (opt->progress_label) kv_progress_begin(&prog, opt->progress_label, "sample", (double)n_samples);
     double sum_ref = 0;
     for (size_t c = 0; c < n_samples; c++) {
-        in[0] = opt->bos_id;
-        memcpy(in + 1, tokens + c * stride, stride * sizeof(int32_t));
         /* exact: the whole sample in one pass; logits of the fed positions N .. N+M-1 */
         double t0 = kv_now_seconds();
-        kv_forward f;
-        memset(&f, 0, sizeof f);
-        f.tokens = in;
-        f.n_seqs = 1;
-        f.n_tokens = (int)L;
-        f.hidden = h_ref;
-        if ((s = kv_model_forward(m, &f)) != KV_OK) goto done;
+        if ((s = forward_exact(m, in, opt->bos_id, tokens + c * stride, stride, (int)L, h_ref)) != KV_OK) goto done;
         for (int r0 = 0; r0 < M; r0 += CMP_ROWS) {
             const int nr = M - r0 < CMP_ROWS ? M - r0 : CMP_ROWS;
             if ((s = kv_model_logits(m, h_ref + ((size_t)N + (size_t)r0) * (size_t)d, (size_t)nr,
