@@ -44,30 +44,49 @@ static float block_mul(const rt_codec *c, const uint8_t *bscales, int t, size_t 
     return kv_qm_nvfp4_block_mul(bscales[(size_t)t * nb + cc / KV_NVFP4_BLOCK], S);
 }
 
+/* The NVFP4 blocks that cover head h's channels for token t: blocks of absolute channels
+ * [16 b, 16 b + 16) clipped to the head, as head-relative bounds bound[i]..bound[i+1] with the
+ * block's multiplier mul[i]; returns their count. */
+static int nvfp4_head_blocks(const rt_codec *c, const uint8_t *bscales, int t, int h, float S, int *bound, float *mul) {
+    const int hd = c->head_dim;
+    const size_t c0 = (size_t)h * (size_t)hd;
+    int n = 0;
+    bound[0] = 0;
+    for (int a = 0; a < hd; n++) {
+        const size_t cc = c0 + (size_t)a;
+        int e = (int)((cc / KV_NVFP4_BLOCK + 1) * KV_NVFP4_BLOCK - c0);
+        e = e < hd ? e : hd;
+        mul[n] = block_mul(c, bscales, t, cc, S);
+        bound[n + 1] = e;
+        a = e;
+    }
+    return n;
+}
+
+/* at most one block per 16 channels, plus one straddling each end of the head */
+#define MAX_HEAD_BLOCKS (KV_RT_MAX_HEAD_DIM / KV_NVFP4_BLOCK + 2)
+
 void rt_float_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1, int h,
                      const float *q, int nq, float *out, size_t ld) {
     (void)m;
-    const int hd = c->head_dim;
-    const size_t c0 = (size_t)h * (size_t)hd;
+    const int hd = c->head_dim, nvfp4 = c->q.fp.format == KV_FP_NVFP4;
     const float S = head_scale(c, h);
-    float row[KV_RT_MAX_HEAD_DIM];
+    float row[KV_RT_MAX_HEAD_DIM], mul[MAX_HEAD_BLOCKS];
+    int bound[MAX_HEAD_BLOCKS + 1], nb = 0;
     for (int t = r0; t < r1; t++) {
         row_values(c, codes, t, h, row);
+        if (nvfp4) nb = nvfp4_head_blocks(c, params, t, h, S, bound, mul);
         for (int j = 0; j < nq; j++) {
             const float *qj = q + (size_t)j * (size_t)hd;
             float s = 0.0f;
-            if (c->q.fp.format != KV_FP_NVFP4) {
+            if (!nvfp4) {
                 for (int k = 0; k < hd; k++) s += qj[k] * row[k];
                 s *= S;
-            } else { /* blocks of absolute channels [16 b, 16 b + 16) clipped to the head */
-                for (int a = 0; a < hd;) {
-                    const size_t cc = c0 + (size_t)a;
-                    int e = (int)((cc / KV_NVFP4_BLOCK + 1) * KV_NVFP4_BLOCK - c0);
-                    e = e < hd ? e : hd;
+            } else {
+                for (int b = 0; b < nb; b++) {
                     float part = 0.0f;
-                    for (int k = a; k < e; k++) part += qj[k] * row[k];
-                    s += part * block_mul(c, params, t, cc, S);
-                    a = e;
+                    for (int k = bound[b]; k < bound[b + 1]; k++) part += qj[k] * row[k];
+                    s += part * mul[b];
                 }
             }
             out[(size_t)j * ld + (size_t)(t - r0)] = s;
@@ -78,27 +97,24 @@ void rt_float_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *pa
 void rt_float_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1, int h,
                     const float *p, size_t ld, int nq, float *acc) {
     (void)m;
-    const int hd = c->head_dim;
-    const size_t c0 = (size_t)h * (size_t)hd;
+    const int hd = c->head_dim, nvfp4 = c->q.fp.format == KV_FP_NVFP4;
     const float S = head_scale(c, h);
-    float row[KV_RT_MAX_HEAD_DIM];
+    float row[KV_RT_MAX_HEAD_DIM], mul[MAX_HEAD_BLOCKS];
+    int bound[MAX_HEAD_BLOCKS + 1], nb = 0;
     for (int t = r0; t < r1; t++) {
         row_values(c, codes, t, h, row);
+        if (nvfp4) nb = nvfp4_head_blocks(c, params, t, h, S, bound, mul);
         for (int j = 0; j < nq; j++) {
             const float w = p[(size_t)j * ld + (size_t)(t - r0)];
             float *a = acc + (size_t)j * (size_t)hd;
-            if (c->q.fp.format != KV_FP_NVFP4) {
+            if (!nvfp4) {
                 const float ws = w * S;
                 for (int k = 0; k < hd; k++) a[k] += ws * row[k];
                 continue;
             }
-            for (int b = 0; b < hd;) {
-                const size_t cc = c0 + (size_t)b;
-                int e = (int)((cc / KV_NVFP4_BLOCK + 1) * KV_NVFP4_BLOCK - c0);
-                e = e < hd ? e : hd;
-                const float wd = w * block_mul(c, params, t, cc, S);
-                for (int k = b; k < e; k++) a[k] += wd * row[k];
-                b = e;
+            for (int b = 0; b < nb; b++) {
+                const float wd = w * mul[b];
+                for (int k = bound[b]; k < bound[b + 1]; k++) a[k] += wd * row[k];
             }
         }
     }
