@@ -7,13 +7,7 @@
 #   test_io_cli.sh TOOLS_DIR       (data from $KVCAL_DATA_DIR; exit 77 = skipped)
 set -u
 bin="$1"
-data="${KVCAL_DATA_DIR:-}"
-if [ -z "$data" ] || [ ! -f "$data/stories260K/stories260K.bin" ]; then
-  echo "skipped: no stories260K in KVCAL_DATA_DIR"
-  exit 77
-fi
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/cli_test_lib.sh"
 cp "$data/stories260K/stories260K.bin" "$data/stories260K/tok512.bin" "$data/stories260K/tok512.model" "$tmp/"
 head -c 60000 "$data/wikitext-2-raw/wiki.valid.raw" > "$tmp/corpus.txt"
 cp "$tmp/corpus.txt" "$tmp/corpus.orig"
@@ -21,20 +15,6 @@ ln "$tmp/corpus.txt" "$tmp/corpus-link.yaml"
 mkdir "$tmp/adir"
 m="$tmp/stories260K.bin"
 prof=(--model "$m" --corpus "$tmp/corpus.txt" --prompts 4 --max-len 64 -q)
-fail=0
-expect() { # CODE PATTERN DESCRIPTION -- command...
-  local want="$1" pat="$2" what="$3"
-  shift 4
-  "$@" > "$tmp/out" 2> "$tmp/err"
-  local got=$?
-  if [ "$got" -ne "$want" ]; then
-    echo "FAIL: $what: exit $got, expected $want"; cat "$tmp/err"; fail=1
-  elif [ -n "$pat" ] && ! grep -q -- "$pat" "$tmp/err" "$tmp/out"; then
-    echo "FAIL: $what: output does not match '$pat':"; cat "$tmp/err"; fail=1
-  else
-    echo "ok: $what"
-  fi
-}
 
 # ---- kvprof importance ----
 expect 2 "same file as --corpus" "kvprof --out = the corpus (hard link)" -- "$bin/kvprof" importance "${prof[@]}" --out "$tmp/corpus-link.yaml"

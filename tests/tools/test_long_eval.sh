@@ -11,30 +11,7 @@
 #   test_long_eval.sh TOOLS_DIR   (data from $KVCAL_DATA_DIR; exit 77 = skipped)
 set -u
 bin="$1"
-data="${KVCAL_DATA_DIR:-}"
-[ -n "$data" ] && [ -f "$data/stories260K/stories260K.bin" ] || { echo "no data: skipped"; exit 77; }
-model="$data/stories260K/stories260K.bin"
-tok="$data/stories260K/tok512.bin"
-calib="$data/wikitext-2-raw/wiki.valid.raw"
-heldout="$data/wikitext-2-raw/wiki.test.raw"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fail=1; }
-expect() { # CODE PATTERN DESCRIPTION -- command...
-  local want="$1" pat="$2" what="$3"
-  shift 4
-  "$@" > "$tmp/out" 2> "$tmp/err"
-  local got=$?
-  if [ "$got" -ne "$want" ]; then
-    echo "FAIL: $what: exit $got, expected $want"; cat "$tmp/err"; fail=1
-  elif [ -n "$pat" ] && ! grep -q -- "$pat" "$tmp/err" "$tmp/out"; then
-    echo "FAIL: $what: output does not match '$pat':"; cat "$tmp/err"; fail=1
-  else
-    echo "ok: $what"
-  fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/cli_test_lib.sh"
 
 fit=(-q --model "$model" --tokenizer "$tok" --corpus "$calib" --seq-len 128 --max-tokens 2048 --no-checkpoint
      --set keys.group_size=32 --set values.group_size=32 --set cache.recent=32)

@@ -6,17 +6,7 @@
 #   a truncated plan is refused. Exit 77 without the data.
 set -u
 bin="$1"
-data="${KVCAL_DATA_DIR:-}"
-[ -n "$data" ] && [ -f "$data/stories260K/stories260K.bin" ] || { echo "no data: skipped"; exit 77; }
-model="$data/stories260K/stories260K.bin"
-tok="$data/stories260K/tok512.bin"
-calib="$data/wikitext-2-raw/wiki.valid.raw"
-heldout="$data/wikitext-2-raw/wiki.test.raw"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok: $*"; }
-bad() { echo "FAIL: $*"; fail=1; }
+source "$(dirname "${BASH_SOURCE[0]}")/cli_test_lib.sh"
 
 # 1. importance
 if "$bin/kvprof" importance -q --model "$model" --tokenizer "$tok" --corpus "$calib" --prompts 4 --max-len 64 \
