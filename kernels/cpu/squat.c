@@ -18,6 +18,8 @@ struct kv_squat {
     int d, g, nblocks;   /* nblocks = T = ceil(d / g) */
     double *pinv;        /* d x d */
     float *w;            /* concatenated W_t, t = 1..T-1 */
+    float *wt;           /* the same W_t transposed (gt x (d - e_t) each, at the same offsets): the
+                            operand of the chunk-wide update, read along the remaining coordinates */
     size_t nw;
     size_t *woff;        /* T + 1 offsets into w (woff[t] for t = 1..T-1) */
 };
@@ -65,6 +67,7 @@ void kv_squat_free(kv_squat *s) {
     if (!s) return;
     free(s->pinv);
     free(s->w);
+    free(s->wt);
     free(s->woff);
     free(s);
 }
@@ -134,7 +137,8 @@ kv_status kv_squat_create(kv_squat **out, const float *qhat, int r, int d, float
     s->woff[s->nblocks] = total;
     s->nw = total;
     s->w = malloc((total ? total : 1) * sizeof *s->w);
-    if (!s->w) {
+    s->wt = malloc((total ? total : 1) * sizeof *s->wt);
+    if (!s->w || !s->wt) {
         st = KV_ERR(KV_ENOMEM, "SQuat: out of memory");
         goto done;
     }
@@ -173,6 +177,9 @@ kv_status kv_squat_create(kv_squat **out, const float *qhat, int r, int d, float
                     acc += s->pinv[(size_t)(e + i) * D + (size_t)k] * ainv[(size_t)k * D + (size_t)(e - gt + j)];
                 w[(size_t)i * (size_t)gt + (size_t)j] = (float)acc;
             }
+        float *wtr = s->wt + s->woff[t];
+        for (int i = 0; i < d - e; i++)
+            for (int j = 0; j < gt; j++) wtr[(size_t)j * (size_t)(d - e) + (size_t)i] = w[(size_t)i * (size_t)gt + (size_t)j];
     }
 done:
     free(p);
@@ -195,8 +202,9 @@ kv_status kv_squat_update_ref(float *rest, const kv_squat *s, int t, const float
     return KV_OK;
 }
 
-kv_status kv_squat_encode_ref(uint32_t *codes, void *scales, void *zeros, const kv_squat *s,
-                              const kv_uniform *q, size_t tokens, const float *x) {
+/* The per-token reference (the oracle of the chunk-wide encoder below, which gives the same bits). */
+kv_status kv_squat_encode_loop(uint32_t *codes, void *scales, void *zeros, const kv_squat *s,
+                               const kv_uniform *q, size_t tokens, const float *x) {
     kv_status st = kv_uniform_check(q);
     if (st != KV_OK) return st;
     if (q->axis != KV_AXIS_TOKENS) return KV_ERR(KV_EINVAL, "SQuat: keys must be grouped along tokens");
@@ -253,6 +261,209 @@ kv_status kv_squat_encode_ref(uint32_t *codes, void *scales, void *zeros, const 
 done:
     free(k);
     free(err);
+    free(cs);
+    return st;
+}
+
+/* ---- the chunk-wide encoder ----------------------------------------------------------------------
+ * Token groups are independent, so block t is quantized for every token of the chunk first, and then
+ * the remaining coordinates of all tokens move at once: K[:, e_t:] += E_t W_t^T, a GEMM of
+ * (tokens x g_t) by (g_t x (d - e_t)). Each output element is accumulated exactly as
+ * kv_qm_squat_update does it (acc = 0, then acc += w[k] err[k] for k in order, then rest + acc; the
+ * build never contracts a*b+c), so the codes, scales and zero points are those of
+ * kv_squat_encode_loop bit for bit, at every SIMD level (tested). A BLAS sgemm would reorder the sums
+ * and could flip codes against the reference and the CUDA kernel; the loops below get the GEMM's
+ * data reuse (4 tokens share each load of W_t^T, 16 coordinates per step) without reordering. */
+#define SQUAT_TB 4 /* tokens sharing one pass over W_t^T */
+
+/* rest[b][cc] += sum_k wt[k][cc] err[k][b] for rows b < nb and cc < nr (row strides: rest ldr, err
+ * lde (err holds a block's errors channel-major: a row per channel, a column per token), wt ldw). */
+static void squat_update_rows_c(float *rest, size_t ldr, const float *err, size_t lde, const float *wt, size_t ldw,
+                                int gt, int nr, int nb) {
+    float acc[SQUAT_TB][16];
+    for (int c0 = 0; c0 < nr; c0 += 16) {
+        const int nc = nr - c0 < 16 ? nr - c0 : 16;
+        for (int b = 0; b < nb; b++)
+            for (int c = 0; c < nc; c++) acc[b][c] = 0.0f;
+        for (int k = 0; k < gt; k++) {
+            const float *w = wt + (size_t)k * ldw + (size_t)c0;
+            for (int b = 0; b < nb; b++) {
+                const float e = err[(size_t)k * lde + (size_t)b];
+                for (int c = 0; c < nc; c++) acc[b][c] += w[c] * e;
+            }
+        }
+        for (int b = 0; b < nb; b++)
+            for (int c = 0; c < nc; c++) rest[(size_t)b * ldr + (size_t)(c0 + c)] += acc[b][c];
+    }
+}
+
+#if KV_HAVE_X86_AVX2
+#include <immintrin.h>
+/* The same sums, 8 lanes, SQUAT_TB tokens x 16 coordinates in registers; the tail by the C loop. */
+__attribute__((target("avx2"))) static void squat_update_rows_avx2(float *rest, size_t ldr, const float *err,
+                                                                   size_t lde, const float *wt, int gt, int nr,
+                                                                   int nb) {
+    int c0 = 0;
+    if (nb == SQUAT_TB) {
+        for (; c0 + 16 <= nr; c0 += 16) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
+                   a3 = _mm256_setzero_ps(), a4 = _mm256_setzero_ps(), a5 = _mm256_setzero_ps(),
+                   a6 = _mm256_setzero_ps(), a7 = _mm256_setzero_ps();
+            for (int k = 0; k < gt; k++) {
+                const float *w = wt + (size_t)k * (size_t)nr + (size_t)c0;
+                const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+                const float *ek = err + (size_t)k * lde;
+                const __m256 e0 = _mm256_set1_ps(ek[0]), e1 = _mm256_set1_ps(ek[1]);
+                const __m256 e2 = _mm256_set1_ps(ek[2]), e3 = _mm256_set1_ps(ek[3]);
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(w0, e0));
+                a1 = _mm256_add_ps(a1, _mm256_mul_ps(w1, e0));
+                a2 = _mm256_add_ps(a2, _mm256_mul_ps(w0, e1));
+                a3 = _mm256_add_ps(a3, _mm256_mul_ps(w1, e1));
+                a4 = _mm256_add_ps(a4, _mm256_mul_ps(w0, e2));
+                a5 = _mm256_add_ps(a5, _mm256_mul_ps(w1, e2));
+                a6 = _mm256_add_ps(a6, _mm256_mul_ps(w0, e3));
+                a7 = _mm256_add_ps(a7, _mm256_mul_ps(w1, e3));
+            }
+            float *r = rest + (size_t)c0;
+            _mm256_storeu_ps(r, _mm256_add_ps(_mm256_loadu_ps(r), a0));
+            _mm256_storeu_ps(r + 8, _mm256_add_ps(_mm256_loadu_ps(r + 8), a1));
+            r += ldr;
+            _mm256_storeu_ps(r, _mm256_add_ps(_mm256_loadu_ps(r), a2));
+            _mm256_storeu_ps(r + 8, _mm256_add_ps(_mm256_loadu_ps(r + 8), a3));
+            r += ldr;
+            _mm256_storeu_ps(r, _mm256_add_ps(_mm256_loadu_ps(r), a4));
+            _mm256_storeu_ps(r + 8, _mm256_add_ps(_mm256_loadu_ps(r + 8), a5));
+            r += ldr;
+            _mm256_storeu_ps(r, _mm256_add_ps(_mm256_loadu_ps(r), a6));
+            _mm256_storeu_ps(r + 8, _mm256_add_ps(_mm256_loadu_ps(r + 8), a7));
+        }
+    }
+    if (c0 < nr) squat_update_rows_c(rest + c0, ldr, err, lde, wt + c0, (size_t)nr, gt, nr - c0, nb);
+}
+#endif
+
+/* The update after block t of every token: wt is W_t^T (gt x nr), k the tokens' remaining coordinates,
+ * err (gt x tokens, row stride lde) the block's quantization errors. */
+static void squat_update(float *k, size_t ldk, const float *err, size_t lde, const float *wt, int gt, int nr,
+                         size_t tokens, kv_simd_level lv) {
+    for (size_t i = 0; i < tokens; i += SQUAT_TB) {
+        const int nb = tokens - i < SQUAT_TB ? (int)(tokens - i) : SQUAT_TB;
+#if KV_HAVE_X86_AVX2
+        if (lv >= KV_SIMD_AVX2) {
+            squat_update_rows_avx2(k + i * ldk, ldk, err + i, lde, wt, gt, nr, nb);
+            continue;
+        }
+#else
+        (void)lv;
+#endif
+        squat_update_rows_c(k + i * ldk, ldk, err + i, lde, wt, (size_t)nr, gt, nr, nb);
+    }
+}
+
+kv_status kv_squat_encode_cols(uint8_t *cs, void *scales, void *zeros, const kv_squat *s, const kv_uniform *q,
+                               size_t tokens, size_t channels, size_t c0, const float *x, size_t ldx) {
+    kv_status st = kv_uniform_check(q);
+    if (st != KV_OK) return st;
+    if (q->axis != KV_AXIS_TOKENS) return KV_ERR(KV_EINVAL, "SQuat: keys must be grouped along tokens");
+    const int d = s->d;
+    const size_t D = (size_t)d, C = channels, G = (size_t)q->group, g = (size_t)s->g;
+    if (c0 + D > C || ldx < D)
+        return KV_ERR(KV_EINVAL, "SQuat: columns [%zu, %zu) outside a block of %zu channels (row stride %zu)", c0,
+                      c0 + D, C, ldx);
+    size_t n;
+    if ((st = kv_block_values(&n, tokens, D)) != KV_OK || n == 0) return st;
+    const int bits = q->bits, per = kv_qm_per_word(bits, q->pack11), pt = (int)q->param_type;
+    const kv_simd_level lv = kv_simd_level_now();
+    float *k = malloc(n * sizeof *k);
+    float *err = malloc(tokens * g * sizeof *err);   /* block t's errors: g_t rows of `tokens` */
+    float *col = malloc(G * g * sizeof *col);        /* a token group's block, channel-major */
+    float *pz = malloc(6 * g * sizeof *pz);
+    if (!k || !err || !col || !pz) {
+        st = KV_ERR(KV_ENOMEM, "SQuat: out of memory");
+        goto done;
+    }
+    float *pinv = pz + g, *sr = pz + 2 * g, *zr = pz + 3 * g, *lo = pz + 4 * g, *hi = pz + 5 * g;
+    for (size_t i = 0; i < tokens; i++) memcpy(k + i * D, x + i * ldx, D * sizeof *k);
+    for (int t = 1; t <= s->nblocks; t++) {
+        const int b0 = block_end(s, t - 1), b1 = block_end(s, t), gt = b1 - b0;
+        for (size_t kg = 0; kg * G < tokens; kg++) {
+            const size_t r0 = kg * G, rows = kv_qm_tok_group_rows(G, tokens, kg);
+            const float *kt = k + r0 * D + (size_t)b0;
+            /* transpose the group's block while taking each channel's range, rows in order as the
+             * reference compares them (the result of min/max over signed zeros depends on it) */
+            uint32_t bad = 0;
+            for (int c = 0; c < gt; c++) lo[c] = hi[c] = kt[c];
+            for (size_t i = 0; i < rows; i++)
+                for (int c = 0; c < gt; c++) {
+                    const float v = kt[i * D + (size_t)c];
+                    col[(size_t)c * rows + i] = v;
+                    bad |= kv_qm_nonfinite_bit(v);
+                    lo[c] = v < lo[c] ? v : lo[c];
+                    hi[c] = v > hi[c] ? v : hi[c];
+                }
+            if (bad) {
+                st = KV_ERR(KV_ENUMERIC, "SQuat: non-finite key value (or error propagation overflow)");
+                goto done;
+            }
+            for (int c = 0; c < gt; c++) {
+                const kv_qm_uparams p = kv_qm_uniform_params(lo[c], hi[c], bits, q->eta);
+                const size_t grp = kg * C + c0 + (size_t)(b0 + c);
+                kv_qm_param_store(scales, grp, p.sc, pt);
+                kv_qm_param_store(zeros, grp, p.zc, pt);
+                pz[c] = p.z;
+                pinv[c] = p.inv;
+                sr[c] = kv_qm_param_round(p.sc, pt);
+                zr[c] = kv_qm_param_round(p.zc, pt);
+            }
+            /* a token group's channel is a run of `rows` codes in the block's stream */
+            for (int c = 0; c < gt; c++) {
+                const size_t j0 = kg * G * C + (c0 + (size_t)(b0 + c)) * rows;
+                const float *v = col + (size_t)c * rows;
+                float *ec = err + (size_t)c * tokens + r0;
+                uint8_t *cc = cs + j0;
+                const float z = pz[c], inv = pinv[c], sc = sr[c], zc = zr[c];
+                if (per != 11) { /* every slot holds 0..2^bits-1: no stream position needed */
+                    const uint32_t mx = kv_qm_slot_max(bits, per, 0);
+                    for (size_t i = 0; i < rows; i++) {
+                        const uint32_t code = kv_qm_uniform_code(v[i], z, inv, mx);
+                        cc[i] = (uint8_t)code;
+                        ec[i] = kv_qm_uniform_dequant(code, sc, zc) - v[i];
+                    }
+                    continue;
+                }
+                int slot = (int)(j0 % (size_t)per); /* the 11-per-word layout clamps slot 10 */
+                for (size_t i = 0; i < rows; i++) {
+                    const uint32_t code = kv_qm_uniform_code(v[i], z, inv, kv_qm_slot_max(bits, per, slot));
+                    cc[i] = (uint8_t)code;
+                    ec[i] = kv_qm_uniform_dequant(code, sc, zc) - v[i];
+                    slot = slot + 1 == per ? 0 : slot + 1;
+                }
+            }
+        }
+        if (t < s->nblocks) squat_update(k + b1, D, err, tokens, s->wt + s->woff[t], gt, d - b1, tokens, lv);
+    }
+done:
+    free(k);
+    free(err);
+    free(col);
+    free(pz);
+    return st;
+}
+
+kv_status kv_squat_encode_ref(uint32_t *codes, void *scales, void *zeros, const kv_squat *s,
+                              const kv_uniform *q, size_t tokens, const float *x) {
+    kv_status st = kv_uniform_check(q);
+    if (st != KV_OK) return st;
+    if (q->axis != KV_AXIS_TOKENS) return KV_ERR(KV_EINVAL, "SQuat: keys must be grouped along tokens");
+    size_t n;
+    if ((st = kv_block_values(&n, tokens, (size_t)s->d)) != KV_OK || n == 0) return st;
+    uint8_t *cs = malloc(n);
+    if (!cs) return KV_ERR(KV_ENOMEM, "SQuat: out of memory");
+    st = kv_squat_encode_cols(cs, scales, zeros, s, q, tokens, (size_t)s->d, 0, x, (size_t)s->d);
+    if (st == KV_OK) { /* the codes are in range for their slots already (kv_pack_ref's masking not needed) */
+        memset(codes, 0, kv_pack_words(n, q->bits, q->pack11) * sizeof *codes);
+        kv_pack_range(codes, 0, cs, n, q->bits, kv_qm_per_word(q->bits, q->pack11));
+    }
     free(cs);
     return st;
 }
