@@ -45,6 +45,8 @@ int kv_uniform_decode_keys_sse2(float *x_hat, const kv_uniform *q, size_t tokens
  * kv_squat_encode_loop is the per-token reference the chunk-wide encoder is tested against (same bits). */
 kv_status kv_squat_encode_cols(uint8_t *cs, void *scales, void *zeros, const kv_squat *s, const kv_uniform *q,
                                size_t tokens, size_t channels, size_t c0, const float *x, size_t ldx);
+/* Bytes a kv_squat holds (P_inv, the W_t and their transposes); 0 for NULL. */
+size_t kv_squat_bytes(const kv_squat *s);
 kv_status kv_squat_encode_loop(uint32_t *codes, void *scales, void *zeros, const kv_squat *s,
                                const kv_uniform *q, size_t tokens, const float *x);
 

@@ -73,6 +73,11 @@ void kv_squat_free(kv_squat *s) {
 }
 
 int kv_squat_dim(const kv_squat *s) { return s->d; }
+size_t kv_squat_bytes(const kv_squat *s) {
+    return s ? sizeof *s + (size_t)s->d * (size_t)s->d * sizeof *s->pinv + 2 * s->nw * sizeof *s->w +
+                   ((size_t)s->nblocks + 1) * sizeof *s->woff
+             : 0;
+}
 int kv_squat_block(const kv_squat *s) { return s->g; }
 const double *kv_squat_pinv(const kv_squat *s) { return s->pinv; }
 const float *kv_squat_weights(const kv_squat *s, size_t *count) {

@@ -690,6 +690,7 @@ kv_status kv_rt_prompt_copy(kv_rt *dst, int dst_seq, const kv_rt *src, int src_s
         }
         if (l == 0) ds->prompt_open = 1;
     }
+    if ((s = rt_squat_prompt_copy(dst, dst_seq, src, src_seq)) != KV_OK) goto fail;
     return KV_OK;
 fail:
     kv_rt_reset(dst, dst_seq);
