@@ -11,6 +11,9 @@
 
 #include <lapacke.h>
 #include <math.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -281,8 +284,44 @@ done:
  * data reuse (4 tokens share each load of W_t^T, 16 coordinates per step) without reordering. */
 #define SQUAT_TB 4 /* tokens sharing one pass over W_t^T */
 
-/* rest[b][cc] += sum_k wt[k][cc] err[k][b] for rows b < nb and cc < nr (row strides: rest ldr, err
- * lde (err holds a block's errors channel-major: a row per channel, a column per token), wt ldw). */
+/* dst[c * ldd + i] = src[i * lds + c] for i < rows, c < cols (the codes of a token group, token-major,
+ * to the block's channel runs): 8 x 8 byte tiles through SSE2 unpacks, the edges byte by byte. */
+static void squat_transpose_codes(uint8_t *dst, size_t ldd, const uint8_t *src, size_t lds, size_t rows, size_t cols) {
+    size_t i0 = 0, c0 = 0;
+#if defined(__SSE2__)
+    for (i0 = 0; i0 + 8 <= rows; i0 += 8)
+        for (c0 = 0; c0 + 8 <= cols; c0 += 8) {
+            const uint8_t *s0 = src + i0 * lds + c0;
+            __m128i r[8];
+            for (int a = 0; a < 8; a++) r[a] = _mm_loadl_epi64((const __m128i *)(const void *)(s0 + (size_t)a * lds));
+            /* bytes of rows (0,1), (2,3), ... interleaved, then 16-bit, then 32-bit pairs */
+            const __m128i a0 = _mm_unpacklo_epi8(r[0], r[1]), a1 = _mm_unpacklo_epi8(r[2], r[3]);
+            const __m128i a2 = _mm_unpacklo_epi8(r[4], r[5]), a3 = _mm_unpacklo_epi8(r[6], r[7]);
+            const __m128i b0 = _mm_unpacklo_epi16(a0, a1), b1 = _mm_unpackhi_epi16(a0, a1);
+            const __m128i b2 = _mm_unpacklo_epi16(a2, a3), b3 = _mm_unpackhi_epi16(a2, a3);
+            const __m128i d0 = _mm_unpacklo_epi32(b0, b2), d1 = _mm_unpackhi_epi32(b0, b2);
+            const __m128i d2 = _mm_unpacklo_epi32(b1, b3), d3 = _mm_unpackhi_epi32(b1, b3);
+            /* d0 holds columns 0 and 1 (8 rows each), d1 columns 2, 3, d2 4, 5, d3 6, 7 */
+            uint8_t *o = dst + c0 * ldd + i0;
+            _mm_storel_epi64((__m128i *)(void *)o, d0);
+            _mm_storel_epi64((__m128i *)(void *)(o + ldd), _mm_srli_si128(d0, 8));
+            _mm_storel_epi64((__m128i *)(void *)(o + 2 * ldd), d1);
+            _mm_storel_epi64((__m128i *)(void *)(o + 3 * ldd), _mm_srli_si128(d1, 8));
+            _mm_storel_epi64((__m128i *)(void *)(o + 4 * ldd), d2);
+            _mm_storel_epi64((__m128i *)(void *)(o + 5 * ldd), _mm_srli_si128(d2, 8));
+            _mm_storel_epi64((__m128i *)(void *)(o + 6 * ldd), d3);
+            _mm_storel_epi64((__m128i *)(void *)(o + 7 * ldd), _mm_srli_si128(d3, 8));
+        }
+    /* the column edge of the tiled rows, then the row edge */
+    for (size_t i = 0; i < i0; i++)
+        for (size_t c = cols - cols % 8; c < cols; c++) dst[c * ldd + i] = src[i * lds + c];
+#endif
+    for (size_t c = 0; c < cols; c++)
+        for (size_t i = i0; i < rows; i++) dst[c * ldd + i] = src[i * lds + c];
+}
+
+/* rest[b][cc] += sum_k wt[k][cc] err[b][k] for rows b < nb and cc < nr (row strides: rest ldr, err
+ * lde, wt ldw). */
 static void squat_update_rows_c(float *rest, size_t ldr, const float *err, size_t lde, const float *wt, size_t ldw,
                                 int gt, int nr, int nb) {
     float acc[SQUAT_TB][16];
@@ -293,7 +332,7 @@ static void squat_update_rows_c(float *rest, size_t ldr, const float *err, size_
         for (int k = 0; k < gt; k++) {
             const float *w = wt + (size_t)k * ldw + (size_t)c0;
             for (int b = 0; b < nb; b++) {
-                const float e = err[(size_t)k * lde + (size_t)b];
+                const float e = err[(size_t)b * lde + (size_t)k];
                 for (int c = 0; c < nc; c++) acc[b][c] += w[c] * e;
             }
         }
@@ -317,9 +356,8 @@ __attribute__((target("avx2"))) static void squat_update_rows_avx2(float *rest, 
             for (int k = 0; k < gt; k++) {
                 const float *w = wt + (size_t)k * (size_t)nr + (size_t)c0;
                 const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
-                const float *ek = err + (size_t)k * lde;
-                const __m256 e0 = _mm256_set1_ps(ek[0]), e1 = _mm256_set1_ps(ek[1]);
-                const __m256 e2 = _mm256_set1_ps(ek[2]), e3 = _mm256_set1_ps(ek[3]);
+                const __m256 e0 = _mm256_set1_ps(err[(size_t)k]), e1 = _mm256_set1_ps(err[lde + (size_t)k]);
+                const __m256 e2 = _mm256_set1_ps(err[2 * lde + (size_t)k]), e3 = _mm256_set1_ps(err[3 * lde + (size_t)k]);
                 a0 = _mm256_add_ps(a0, _mm256_mul_ps(w0, e0));
                 a1 = _mm256_add_ps(a1, _mm256_mul_ps(w1, e0));
                 a2 = _mm256_add_ps(a2, _mm256_mul_ps(w0, e1));
@@ -348,20 +386,20 @@ __attribute__((target("avx2"))) static void squat_update_rows_avx2(float *rest, 
 #endif
 
 /* The update after block t of every token: wt is W_t^T (gt x nr), k the tokens' remaining coordinates,
- * err (gt x tokens, row stride lde) the block's quantization errors. */
+ * err (tokens x gt, row stride lde) the block's quantization errors. */
 static void squat_update(float *k, size_t ldk, const float *err, size_t lde, const float *wt, int gt, int nr,
                          size_t tokens, kv_simd_level lv) {
     for (size_t i = 0; i < tokens; i += SQUAT_TB) {
         const int nb = tokens - i < SQUAT_TB ? (int)(tokens - i) : SQUAT_TB;
 #if KV_HAVE_X86_AVX2
         if (lv >= KV_SIMD_AVX2) {
-            squat_update_rows_avx2(k + i * ldk, ldk, err + i, lde, wt, gt, nr, nb);
+            squat_update_rows_avx2(k + i * ldk, ldk, err + i * lde, lde, wt, gt, nr, nb);
             continue;
         }
 #else
         (void)lv;
 #endif
-        squat_update_rows_c(k + i * ldk, ldk, err + i, lde, wt, (size_t)nr, gt, nr, nb);
+        squat_update_rows_c(k + i * ldk, ldk, err + i * lde, lde, wt, (size_t)nr, gt, nr, nb);
     }
 }
 
@@ -380,32 +418,38 @@ kv_status kv_squat_encode_cols(uint8_t *cs, void *scales, void *zeros, const kv_
     const int bits = q->bits, per = kv_qm_per_word(bits, q->pack11), pt = (int)q->param_type;
     const kv_simd_level lv = kv_simd_level_now();
     float *k = malloc(n * sizeof *k);
-    float *err = malloc(tokens * g * sizeof *err);   /* block t's errors: g_t rows of `tokens` */
-    float *col = malloc(G * g * sizeof *col);        /* a token group's block, channel-major */
+    float *err = malloc(tokens * g * sizeof *err);   /* block t's errors: a row of g per token */
+    float *col = malloc(G * g * sizeof *col);        /* a token group's codes (bytes), token-major */
     float *pz = malloc(6 * g * sizeof *pz);
     if (!k || !err || !col || !pz) {
         st = KV_ERR(KV_ENOMEM, "SQuat: out of memory");
         goto done;
     }
     float *pinv = pz + g, *sr = pz + 2 * g, *zr = pz + 3 * g, *lo = pz + 4 * g, *hi = pz + 5 * g;
-    for (size_t i = 0; i < tokens; i++) memcpy(k + i * D, x + i * ldx, D * sizeof *k);
+    /* the first block is read from x (nothing moved it); the others are copied to k, which the
+     * updates move */
+    const size_t e1 = (size_t)block_end(s, 1);
+    for (size_t i = 0; i < tokens; i++) memcpy(k + i * D + e1, x + i * ldx + e1, (D - e1) * sizeof *k);
     for (int t = 1; t <= s->nblocks; t++) {
         const int b0 = block_end(s, t - 1), b1 = block_end(s, t), gt = b1 - b0;
+        const float *src = t == 1 ? x : k;
+        const size_t ld = t == 1 ? ldx : D;
         for (size_t kg = 0; kg * G < tokens; kg++) {
             const size_t r0 = kg * G, rows = kv_qm_tok_group_rows(G, tokens, kg);
-            const float *kt = k + r0 * D + (size_t)b0;
-            /* transpose the group's block while taking each channel's range, rows in order as the
-             * reference compares them (the result of min/max over signed zeros depends on it) */
+            const float *kt = src + r0 * ld + (size_t)b0;
+            /* each channel's range over the group's rows, in row order as the reference compares them
+             * (the result of min/max over signed zeros depends on it); vectorized along channels */
             uint32_t bad = 0;
             for (int c = 0; c < gt; c++) lo[c] = hi[c] = kt[c];
-            for (size_t i = 0; i < rows; i++)
+            for (size_t i = 0; i < rows; i++) {
+                const float *row = kt + i * ld;
                 for (int c = 0; c < gt; c++) {
-                    const float v = kt[i * D + (size_t)c];
-                    col[(size_t)c * rows + i] = v;
+                    const float v = row[c];
                     bad |= kv_qm_nonfinite_bit(v);
                     lo[c] = v < lo[c] ? v : lo[c];
                     hi[c] = v > hi[c] ? v : hi[c];
                 }
+            }
             if (bad) {
                 st = KV_ERR(KV_ENUMERIC, "SQuat: non-finite key value (or error propagation overflow)");
                 goto done;
@@ -420,32 +464,32 @@ kv_status kv_squat_encode_cols(uint8_t *cs, void *scales, void *zeros, const kv_
                 sr[c] = kv_qm_param_round(p.sc, pt);
                 zr[c] = kv_qm_param_round(p.zc, pt);
             }
-            /* a token group's channel is a run of `rows` codes in the block's stream */
-            for (int c = 0; c < gt; c++) {
-                const size_t j0 = kg * G * C + (c0 + (size_t)(b0 + c)) * rows;
-                const float *v = col + (size_t)c * rows;
-                float *ec = err + (size_t)c * tokens + r0;
-                uint8_t *cc = cs + j0;
-                const float z = pz[c], inv = pinv[c], sc = sr[c], zc = zr[c];
+            /* codes row by row (a token group's channel is a run of `rows` codes in the block's stream:
+             * the codes go to col first, channel-major, then to their runs) */
+            const size_t jb = kg * G * C + (c0 + (size_t)b0) * rows;
+            for (size_t i = 0; i < rows; i++) {
+                const float *row = kt + i * ld;
+                float *e = err + (r0 + i) * g;
+                uint8_t *ci = (uint8_t *)col + i * g;
                 if (per != 11) { /* every slot holds 0..2^bits-1: no stream position needed */
                     const uint32_t mx = kv_qm_slot_max(bits, per, 0);
-                    for (size_t i = 0; i < rows; i++) {
-                        const uint32_t code = kv_qm_uniform_code(v[i], z, inv, mx);
-                        cc[i] = (uint8_t)code;
-                        ec[i] = kv_qm_uniform_dequant(code, sc, zc) - v[i];
+                    for (int c = 0; c < gt; c++) {
+                        const uint32_t code = kv_qm_uniform_code(row[c], pz[c], pinv[c], mx);
+                        ci[c] = (uint8_t)code;
+                        e[c] = kv_qm_uniform_dequant(code, sr[c], zr[c]) - row[c];
                     }
-                    continue;
-                }
-                int slot = (int)(j0 % (size_t)per); /* the 11-per-word layout clamps slot 10 */
-                for (size_t i = 0; i < rows; i++) {
-                    const uint32_t code = kv_qm_uniform_code(v[i], z, inv, kv_qm_slot_max(bits, per, slot));
-                    cc[i] = (uint8_t)code;
-                    ec[i] = kv_qm_uniform_dequant(code, sc, zc) - v[i];
-                    slot = slot + 1 == per ? 0 : slot + 1;
+                } else { /* the 11-per-word layout clamps slot 10 of each word */
+                    for (int c = 0; c < gt; c++) {
+                        const size_t j = jb + (size_t)c * rows + i;
+                        const uint32_t code = kv_qm_uniform_code(row[c], pz[c], pinv[c], kv_qm_slot_max(bits, per, (int)(j % 11u)));
+                        ci[c] = (uint8_t)code;
+                        e[c] = kv_qm_uniform_dequant(code, sr[c], zr[c]) - row[c];
+                    }
                 }
             }
+            squat_transpose_codes(cs + jb, rows, (const uint8_t *)col, g, rows, (size_t)gt);
         }
-        if (t < s->nblocks) squat_update(k + b1, D, err, tokens, s->wt + s->woff[t], gt, d - b1, tokens, lv);
+        if (t < s->nblocks) squat_update(k + b1, D, err, g, s->wt + s->woff[t], gt, d - b1, tokens, lv);
     }
 done:
     free(k);
