@@ -276,13 +276,15 @@ done:
 /* ---- the chunk-wide encoder ----------------------------------------------------------------------
  * Token groups are independent, so block t is quantized for every token of the chunk first, and then
  * the remaining coordinates of all tokens move at once: K[:, e_t:] += E_t W_t^T, a GEMM of
- * (tokens x g_t) by (g_t x (d - e_t)). Each output element is accumulated exactly as
+ * (tokens x g_t) by (g_t x (d - e_t)) (for a long input, per tile of about SQUAT_TILE tokens, so that
+ * what the blocks pass along stays in cache; a runtime chunk is one tile). Each output element is accumulated exactly as
  * kv_qm_squat_update does it (acc = 0, then acc += w[k] err[k] for k in order, then rest + acc; the
  * build never contracts a*b+c), so the codes, scales and zero points are those of
  * kv_squat_encode_loop bit for bit, at every SIMD level (tested). A BLAS sgemm would reorder the sums
  * and could flip codes against the reference and the CUDA kernel; the loops below get the GEMM's
  * data reuse (4 tokens share each load of W_t^T, 16 coordinates per step) without reordering. */
 #define SQUAT_TB 4 /* tokens sharing one pass over W_t^T */
+#define SQUAT_TILE 256 /* tokens encoded through all blocks before the next ones */
 
 /* dst[c * ldd + i] = src[i * lds + c] for i < rows, c < cols (the codes of a token group, token-major,
  * to the block's channel runs): 8 x 8 byte tiles through SSE2 unpacks, the edges byte by byte. */
@@ -417,8 +419,11 @@ kv_status kv_squat_encode_cols(uint8_t *cs, void *scales, void *zeros, const kv_
     if ((st = kv_block_values(&n, tokens, D)) != KV_OK || n == 0) return st;
     const int bits = q->bits, per = kv_qm_per_word(bits, q->pack11), pt = (int)q->param_type;
     const kv_simd_level lv = kv_simd_level_now();
-    float *k = malloc(n * sizeof *k);
-    float *err = malloc(tokens * g * sizeof *err);   /* block t's errors: a row of g per token */
+    /* tiles of whole token groups (independent), about SQUAT_TILE tokens: the moving keys and the
+     * errors of a tile stay in the L2 cache across its blocks */
+    const size_t tile = G * ((SQUAT_TILE + G - 1) / G), cap = tile < tokens ? tile : tokens;
+    float *k = malloc(cap * D * sizeof *k);
+    float *err = malloc(cap * g * sizeof *err);      /* block t's errors: a row of g per token */
     float *col = malloc(G * g * sizeof *col);        /* a token group's codes (bytes), token-major */
     float *pz = malloc(6 * g * sizeof *pz);
     if (!k || !err || !col || !pz) {
@@ -429,14 +434,17 @@ kv_status kv_squat_encode_cols(uint8_t *cs, void *scales, void *zeros, const kv_
     /* the first block is read from x (nothing moved it); the others are copied to k, which the
      * updates move */
     const size_t e1 = (size_t)block_end(s, 1);
-    for (size_t i = 0; i < tokens; i++) memcpy(k + i * D + e1, x + i * ldx + e1, (D - e1) * sizeof *k);
+    for (size_t a = 0; a < tokens; a += tile) {
+    const size_t nt = tokens - a < tile ? tokens - a : tile;
+    const float *xa = x + a * ldx;
+    for (size_t i = 0; i < nt; i++) memcpy(k + i * D + e1, xa + i * ldx + e1, (D - e1) * sizeof *k);
     for (int t = 1; t <= s->nblocks; t++) {
         const int b0 = block_end(s, t - 1), b1 = block_end(s, t), gt = b1 - b0;
-        const float *src = t == 1 ? x : k;
+        const float *src = t == 1 ? xa : k;
         const size_t ld = t == 1 ? ldx : D;
-        for (size_t kg = 0; kg * G < tokens; kg++) {
-            const size_t r0 = kg * G, rows = kv_qm_tok_group_rows(G, tokens, kg);
-            const float *kt = src + r0 * ld + (size_t)b0;
+        for (size_t kg = a / G; kg * G < a + nt; kg++) {
+            const size_t r0 = kg * G, rows = kv_qm_tok_group_rows(G, tokens, kg), lr = r0 - a;
+            const float *kt = src + lr * ld + (size_t)b0;
             /* each channel's range over the group's rows, in row order as the reference compares them
              * (the result of min/max over signed zeros depends on it); vectorized along channels */
             uint32_t bad = 0;
@@ -469,7 +477,7 @@ kv_status kv_squat_encode_cols(uint8_t *cs, void *scales, void *zeros, const kv_
             const size_t jb = kg * G * C + (c0 + (size_t)b0) * rows;
             for (size_t i = 0; i < rows; i++) {
                 const float *row = kt + i * ld;
-                float *e = err + (r0 + i) * g;
+                float *e = err + (lr + i) * g;
                 uint8_t *ci = (uint8_t *)col + i * g;
                 if (per != 11) { /* every slot holds 0..2^bits-1: no stream position needed */
                     const uint32_t mx = kv_qm_slot_max(bits, per, 0);
@@ -489,7 +497,8 @@ kv_status kv_squat_encode_cols(uint8_t *cs, void *scales, void *zeros, const kv_
             }
             squat_transpose_codes(cs + jb, rows, (const uint8_t *)col, g, rows, (size_t)gt);
         }
-        if (t < s->nblocks) squat_update(k + b1, D, err, g, s->wt + s->woff[t], gt, d - b1, tokens, lv);
+        if (t < s->nblocks) squat_update(k + b1, D, err, g, s->wt + s->woff[t], gt, d - b1, nt, lv);
+    }
     }
 done:
     free(k);

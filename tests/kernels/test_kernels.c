@@ -885,7 +885,7 @@ END_TEST
  * tokens) gives kv_squat_encode_loop's bits at every SIMD level: both accumulate each updated
  * coordinate in the same order without contraction, so no tolerance is needed. Cases: blocks
  * dividing d or not, g = 1 and g = d (no update), token counts that leave partial token groups and
- * partial 4-token tiles, the 11-per-word 3-bit packing, XQuant eta, f16 and f32 parameters, and
+ * partial 4-token tiles, several token tiles, the 11-per-word 3-bit packing, XQuant eta, f16 and f32 parameters, and
  * coordinates left after a block that are not a multiple of the 16-wide AVX2 step. */
 typedef struct sq_fast_case {
     int d, r, g, group, bits, pack11, ptype;
@@ -897,6 +897,7 @@ static const sq_fast_case k_sq_fast[] = {
     {40, 4, 16, 32, 3, 1, KV_PARAM_F16, 45, 0.5f, 0.0f},    {13, 2, 5, 7, 3, 0, KV_PARAM_F32, 23, 1.0f, 0.1f},
     {64, 8, 1, 16, 2, 0, KV_PARAM_F32, 37, 0.1f, 0.0f},     {64, 5, 64, 32, 2, 0, KV_PARAM_F16, 64, 0.1f, 0.0f},
     {96, 6, 8, 128, 2, 0, KV_PARAM_F16, 130, 2e-3f, 0.2f},  {48, 3, 16, 32, 8, 0, KV_PARAM_F32, 3, 0.3f, 0.0f},
+    {32, 3, 8, 24, 2, 0, KV_PARAM_F32, 1000, 0.05f, 0.0f}, /* tiles of 264 tokens (11 groups of 24), a partial last group */
 };
 
 START_TEST(squat_chunk_encoder_matches_loop) {
