@@ -343,6 +343,47 @@ static void squat_update_rows_c(float *rest, size_t ldr, const float *err, size_
     }
 }
 
+#if defined(__SSE2__)
+/* The same sums, 4 lanes, SQUAT_TB tokens x 8 coordinates in registers; the tail by the C loop. */
+static void squat_update_rows_sse2(float *rest, size_t ldr, const float *err, size_t lde, const float *wt, int gt,
+                                   int nr, int nb) {
+    int c0 = 0;
+    if (nb == SQUAT_TB) {
+        for (; c0 + 8 <= nr; c0 += 8) {
+            __m128 a0 = _mm_setzero_ps(), a1 = _mm_setzero_ps(), a2 = _mm_setzero_ps(), a3 = _mm_setzero_ps(),
+                   a4 = _mm_setzero_ps(), a5 = _mm_setzero_ps(), a6 = _mm_setzero_ps(), a7 = _mm_setzero_ps();
+            for (int k = 0; k < gt; k++) {
+                const float *w = wt + (size_t)k * (size_t)nr + (size_t)c0;
+                const __m128 w0 = _mm_loadu_ps(w), w1 = _mm_loadu_ps(w + 4);
+                const __m128 e0 = _mm_set1_ps(err[(size_t)k]), e1 = _mm_set1_ps(err[lde + (size_t)k]);
+                const __m128 e2 = _mm_set1_ps(err[2 * lde + (size_t)k]), e3 = _mm_set1_ps(err[3 * lde + (size_t)k]);
+                a0 = _mm_add_ps(a0, _mm_mul_ps(w0, e0));
+                a1 = _mm_add_ps(a1, _mm_mul_ps(w1, e0));
+                a2 = _mm_add_ps(a2, _mm_mul_ps(w0, e1));
+                a3 = _mm_add_ps(a3, _mm_mul_ps(w1, e1));
+                a4 = _mm_add_ps(a4, _mm_mul_ps(w0, e2));
+                a5 = _mm_add_ps(a5, _mm_mul_ps(w1, e2));
+                a6 = _mm_add_ps(a6, _mm_mul_ps(w0, e3));
+                a7 = _mm_add_ps(a7, _mm_mul_ps(w1, e3));
+            }
+            float *r = rest + (size_t)c0;
+            _mm_storeu_ps(r, _mm_add_ps(_mm_loadu_ps(r), a0));
+            _mm_storeu_ps(r + 4, _mm_add_ps(_mm_loadu_ps(r + 4), a1));
+            r += ldr;
+            _mm_storeu_ps(r, _mm_add_ps(_mm_loadu_ps(r), a2));
+            _mm_storeu_ps(r + 4, _mm_add_ps(_mm_loadu_ps(r + 4), a3));
+            r += ldr;
+            _mm_storeu_ps(r, _mm_add_ps(_mm_loadu_ps(r), a4));
+            _mm_storeu_ps(r + 4, _mm_add_ps(_mm_loadu_ps(r + 4), a5));
+            r += ldr;
+            _mm_storeu_ps(r, _mm_add_ps(_mm_loadu_ps(r), a6));
+            _mm_storeu_ps(r + 4, _mm_add_ps(_mm_loadu_ps(r + 4), a7));
+        }
+    }
+    if (c0 < nr) squat_update_rows_c(rest + c0, ldr, err, lde, wt + c0, (size_t)nr, gt, nr - c0, nb);
+}
+#endif
+
 #if KV_HAVE_X86_AVX2
 #include <immintrin.h>
 /* The same sums, 8 lanes, SQUAT_TB tokens x 16 coordinates in registers; the tail by the C loop. */
@@ -398,9 +439,14 @@ static void squat_update(float *k, size_t ldk, const float *err, size_t lde, con
             squat_update_rows_avx2(k + i * ldk, ldk, err + i * lde, lde, wt, gt, nr, nb);
             continue;
         }
-#else
-        (void)lv;
 #endif
+#if defined(__SSE2__)
+        if (lv >= KV_SIMD_SSE2) {
+            squat_update_rows_sse2(k + i * ldk, ldk, err + i * lde, lde, wt, gt, nr, nb);
+            continue;
+        }
+#endif
+        (void)lv;
         squat_update_rows_c(k + i * ldk, ldk, err + i * lde, lde, wt, (size_t)nr, gt, nr, nb);
     }
 }
