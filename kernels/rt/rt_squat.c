@@ -198,7 +198,8 @@ kv_status rt_squat_prompt_copy(kv_rt *dst, int dst_seq, const kv_rt *src, int sr
     const size_t hd2 = (size_t)dst->head_dim * (size_t)dst->head_dim, H = (size_t)dst->n_kv_heads;
     for (int l = 0; l < dst->n_layers; l++) {
         if (!squat_prompt(rt_codec_of(dst, l, KV_PLAN_K))) continue;
-        const rt_sqstate *a = src->seqs[src_seq].sq ? &src->seqs[src_seq].sq[l] : NULL;
+        const int accumulated = squat_prompt(rt_codec_of(src, l, KV_PLAN_K)) && src->seqs[src_seq].sq;
+        const rt_sqstate *a = accumulated ? &src->seqs[src_seq].sq[l] : NULL;
         if (!a || (a->rows > 0 && !a->gram))
             return KV_ERR(KV_EINVAL, "kv_rt_prompt_copy: layer %d of the destination takes SQuat's subspace from the "
                           "prompt's queries, which the source did not accumulate (its plan has no SQuat prompt subspace "

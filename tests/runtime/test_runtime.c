@@ -1450,6 +1450,68 @@ START_TEST(test_squat_refusals) {
 }
 END_TEST
 
+/* kv_rt_prompt_copy into a SQuat plan with the prompt subspace: the source's Gram matrices go with the
+ * prompt, so the copy compresses as a runtime that attended the prompt itself (bits); a source that did
+ * not accumulate them is refused. */
+START_TEST(test_squat_prompt_copy) {
+    const rcase c = {"sq copy", 2, 2, 3, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                     SQ_PROMPT, 4, 8, 1e-4f};
+    const int P = 100, hd = 32, kvd = 64, qd = 192;
+    kv_plan *p = make_plan(&c);
+    const rcase cf = {"f16", 2, 2, 3, 32, 4, 32, F16, F16, F16, F16, 0, 0, 0, 0, 0, 0, 0, 0, 0, NO_SQ};
+    kv_plan *pf = make_plan(&cf);
+    kv_rt_options o;
+    memset(&o, 0, sizeof o);
+    o.n_seqs = 1, o.n_heads = 6, o.n_threads = 1, o.prompt_stats = 1;
+    float *k = malloc(sizeof(float) * P * kvd), *v = malloc(sizeof(float) * P * kvd), *q = malloc(sizeof(float) * P * qd);
+    float *out = malloc(sizeof(float) * P * qd), *o1 = malloc(sizeof(float) * qd), *o2 = malloc(sizeof(float) * qd);
+    float *K1 = malloc(sizeof(float) * (P + 1) * hd), *V1 = malloc(sizeof(float) * (P + 1) * hd);
+    float *K2 = malloc(sizeof(float) * (P + 1) * hd), *V2 = malloc(sizeof(float) * (P + 1) * hd);
+    int32_t pos[101];
+    for (int i = 0; i <= P; i++) pos[i] = i;
+    kv_rt *src = NULL, *own = NULL, *cp = NULL, *fsrc = NULL;
+    ck_assert_kv_ok(kv_rt_open(&src, p, &o));
+    ck_assert_kv_ok(kv_rt_open(&own, p, &o));
+    ck_assert_kv_ok(kv_rt_open(&cp, p, &o));
+    ck_assert_kv_ok(kv_rt_open(&fsrc, pf, &o));
+    for (int l = 0; l < 2; l++) {
+        fill_kv(k, v, P, kvd, l, 0, 9);
+        make_queries(q, &c, P, 0, l, 0);
+        kv_rt *rs[3] = {src, own, fsrc};
+        for (int i = 0; i < 3; i++) {
+            ck_assert_kv_ok(kv_rt_append(rs[i], l, 0, P, pos, k, k, v, kvd));
+            ck_assert_kv_ok(kv_rt_attend(rs[i], l, 0, P, q, qd, out, qd));
+        }
+    }
+    ck_assert_int_eq(kv_rt_prompt_copy(cp, 0, fsrc, 0), KV_EINVAL); /* no Gram matrices in an f16 source */
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "SQuat"));
+    ck_assert_kv_ok(kv_rt_prompt_copy(cp, 0, src, 0));
+    ck_assert_kv_ok(kv_rt_end_prompt(own, 0));
+    ck_assert_kv_ok(kv_rt_end_prompt(cp, 0));
+    for (int l = 0; l < 2; l++) { /* the next token: the prompt is compressed with its own subspace */
+        fill_kv(k, v, 1, kvd, l, P, 9);
+        make_queries(q, &c, 1, P, l, 0);
+        ck_assert_kv_ok(kv_rt_append(own, l, 0, 1, pos + P, k, k, v, kvd));
+        ck_assert_kv_ok(kv_rt_append(cp, l, 0, 1, pos + P, k, k, v, kvd));
+        ck_assert_kv_ok(kv_rt_attend(own, l, 0, 1, q, qd, o1, qd));
+        ck_assert_kv_ok(kv_rt_attend(cp, l, 0, 1, q, qd, o2, qd));
+        ck_assert_int_eq(memcmp(o1, o2, sizeof(float) * qd), 0);
+        for (int h = 0; h < 2; h++) {
+            ck_assert_kv_ok(kv_rt_decode_head(own, l, 0, h, K1, V1));
+            ck_assert_kv_ok(kv_rt_decode_head(cp, l, 0, h, K2, V2));
+            ck_assert_int_eq(memcmp(K1, K2, sizeof(float) * (P + 1) * hd), 0);
+            ck_assert_int_eq(memcmp(V1, V2, sizeof(float) * (P + 1) * hd), 0);
+        }
+    }
+    kv_rt_stats st;
+    ck_assert_kv_ok(kv_rt_get_stats(cp, 0, &st));
+    ck_assert_uint_gt(st.values_compressed, 0);
+    kv_rt_close(src), kv_rt_close(own), kv_rt_close(cp), kv_rt_close(fsrc);
+    kv_plan_free(p), kv_plan_free(pf);
+    free(k), free(v), free(q), free(out), free(o1), free(o2), free(K1), free(V1), free(K2), free(V2);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("runtime");
     TCase *tc = tcase_create("runtime");
@@ -1461,6 +1523,7 @@ int main(void) {
     tcase_add_test(tc, test_keep_reconstructions);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_squat_refusals);
+    tcase_add_test(tc, test_squat_prompt_copy);
     tcase_add_loop_test(tc, test_pruning, 0, 2 * (int)(sizeof k_pcases / sizeof k_pcases[0]));
     tcase_add_test(tc, test_prompt_copy);
     tcase_add_test(tc, test_pruning_refusals);
