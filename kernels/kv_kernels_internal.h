@@ -36,6 +36,20 @@ kv_status kv_uniform_encode_portable(uint32_t *codes, void *scales, void *zeros,
 int kv_uniform_decode_keys_sse2(float *x_hat, const kv_uniform *q, size_t tokens, size_t channels,
                                 const uint32_t *codes, const void *scales, const void *zeros, float *sv, float *zv);
 
+/* SQuat (cpu/squat.c). kv_squat_encode_cols encodes the d = kv_squat_dim columns of x (tokens rows,
+ * row stride ldx) as channels [c0, c0 + d) of a tokens x channels keys block (groups along tokens):
+ * unpacked codes into cs (the block's stream positions, kvrt.h "Packed code layout"; pack with
+ * kv_pack_ref once every column range is written) and the scales/zero points of those channels; the
+ * rest of the block is not touched. It is what kv_squat_encode_ref runs (c0 = 0, channels = d), and
+ * how the runtime encodes one KV head's keys into a block of kv_dim channels.
+ * kv_squat_encode_loop is the per-token reference the chunk-wide encoder is tested against (same bits). */
+kv_status kv_squat_encode_cols(uint8_t *cs, void *scales, void *zeros, const kv_squat *s, const kv_uniform *q,
+                               size_t tokens, size_t channels, size_t c0, const float *x, size_t ldx);
+/* Bytes a kv_squat holds (P_inv, the W_t and their transposes); 0 for NULL. */
+size_t kv_squat_bytes(const kv_squat *s);
+kv_status kv_squat_encode_loop(uint32_t *codes, void *scales, void *zeros, const kv_squat *s,
+                               const kv_uniform *q, size_t tokens, const float *x);
+
 /* AVX2 code (function target attributes, chosen at run time) needs GCC or Clang on x86-64. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define KV_HAVE_X86_AVX2 1

@@ -29,13 +29,13 @@ kv_status rt_codec_init(rt_codec *c, const kv_plan *p, int layer, int stream, kv
         return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: shared codes (XQuant) together with %s are not supported (the "
                       "two layers' chunks must be the same tokens)", layer, stream_name(stream),
                       ps->predictor ? "an AQUA-KV predictor" : "a recent pivotal context (KVmix)");
-    if (ps->squat)
-        return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: SQuat keys are not applied by this runtime yet", layer,
-                      stream_name(stream));
     if (ps->rpc_ratio > 0.0f && ps->predictor)
         return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: a recent pivotal context (KVmix) together with an "
                       "AQUA-KV predictor is not supported (their chunks do not align across layers)", layer,
                       stream_name(stream));
+    if (ps->squat && (stream != KV_PLAN_K || ps->method != KV_PLAN_UNIFORM))
+        return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: SQuat applies to uniform keys (the stream is %s, method %d)",
+                      layer, stream_name(stream), stream == KV_PLAN_K ? "K" : "V", (int)ps->method);
     switch (ps->method) {
     case KV_PLAN_FP:
         c->kind = ps->bits == 32 ? RT_F32 : RT_F16;
@@ -62,7 +62,7 @@ kv_status rt_codec_init(rt_codec *c, const kv_plan *p, int layer, int stream, kv
         c->bits = c->q.uniform.bits;
         c->per_word = kv_qm_per_word(c->bits, c->q.uniform.pack11);
         if (c->q.uniform.axis == KV_AXIS_TOKENS) c->granule = c->q.uniform.group;
-        return KV_OK;
+        return ps->squat ? rt_squat_codec_init(c, p, layer) : KV_OK;
     }
     c->kind = RT_HIGGS;
     const kv_higgs *h = &c->q.higgs;
@@ -105,6 +105,8 @@ kv_status rt_codec_head_init(rt_codec *dst, const rt_codec *full, int h) {
     dst->share_from = -1;
     dst->signs = NULL;
     dst->lut = NULL; /* a table is the codec's own (rt_codec_free frees it) */
+    dst->squat = NULL; /* SQuat with token pruning is refused at open */
+    dst->sq_basis = NULL;
     if (full->kind == RT_FLOAT) return float_head_init(dst, full, h);
     if (full->kind != RT_HIGGS) return KV_OK;
     if (full->head_dim % full->q.higgs.group)
@@ -125,6 +127,9 @@ void rt_codec_free(rt_codec *c) {
     c->signs = NULL;
     free(c->lut);
     c->lut = NULL;
+    for (int h = 0; c->sq_basis && h < c->n_kv_heads; h++) kv_squat_free(c->sq_basis[h]);
+    free(c->sq_basis);
+    c->sq_basis = NULL;
 }
 
 void rt_codec_layout(const rt_codec *c, int m, rt_layout *out) {
@@ -154,6 +159,8 @@ kv_status rt_codec_encode(const rt_codec *c, uint8_t *blk, int m, const float *x
         memcpy(blk, x, n * sizeof(float));
         return KV_OK;
     }
+    if (c->squat) /* a programming error: SQuat needs the sequence's encoders */
+        return KV_ERR(KV_EINVAL, "plan layer %d K: SQuat keys are encoded through rt_squat_encode", c->layer);
     rt_layout L;
     rt_codec_layout(c, m, &L);
     uint32_t *codes = (uint32_t *)blk;
@@ -163,6 +170,29 @@ kv_status rt_codec_encode(const rt_codec *c, uint8_t *blk, int m, const float *x
         return kv_uniform_encode_ref(c->share_from >= 0 ? NULL : codes, params, params + L.param_bytes, &c->q.uniform,
                                      (size_t)m, (size_t)c->kv_dim, x);
     return kv_higgs_encode_ref(codes, params, &c->q.higgs, (size_t)m, (size_t)c->kv_dim, x);
+}
+
+kv_status rt_codec_encode_squat(const rt_codec *c, uint8_t *blk, int m, const float *x, kv_squat *const *enc) {
+    rt_layout L;
+    rt_codec_layout(c, m, &L);
+    const size_t n = (size_t)m * (size_t)c->kv_dim, hd = (size_t)c->head_dim;
+    uint8_t *params = blk + L.code_bytes, *cs = malloc(n ? n : 1);
+    if (!cs) return KV_ERR(KV_ENOMEM, "out of memory");
+    kv_status s = KV_OK;
+    for (int h = 0; h < c->n_kv_heads; h++) { /* the head's channel runs of every token group */
+        s = kv_squat_encode_cols(cs, params, params + L.param_bytes, enc[h], &c->q.uniform, (size_t)m,
+                                 (size_t)c->kv_dim, (size_t)h * hd, x + (size_t)h * hd, (size_t)c->kv_dim);
+        if (s != KV_OK) {
+            s = kv_error_wrap(s, "KV head %d: ", h);
+            break;
+        }
+    }
+    if (s == KV_OK) {
+        memset(blk, 0, L.code_bytes);
+        kv_pack_range((uint32_t *)blk, 0, cs, n, c->bits, c->per_word);
+    }
+    free(cs);
+    return s;
 }
 
 /* ---- decode of one head's rows ---------------------------------------------------------------- */

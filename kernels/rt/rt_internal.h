@@ -55,6 +55,9 @@ typedef struct rt_codec {
     int share_from;                /* XQuant: the layer whose codes this stream decodes, or -1 */
     kv_grid_search *search;        /* HIGGS encoder accelerator (d <= 2) or NULL */
     float *lut;                    /* FP8 / NVFP4: the value of every element code (rt_float.c) */
+    const kv_plan_squat *squat;    /* SQuat keys (a uniform tokens-axis K stream after RoPE), or NULL */
+    kv_squat **sq_basis;           /* SQuat with a stored basis: per KV head, the encoder of the plan's basis (the
+                                      static variant's, and the prompt variant's fallback), or NULL */
 } rt_codec;
 
 /* Byte layout of a block of m tokens: [codes][scales or norms][zeros]. */
@@ -117,8 +120,20 @@ typedef struct rt_recon {
     int rows, cap;
 } rt_recon;
 
+/* SQuat's prompt subspace of one (sequence, layer) (rt_squat.c): per KV head the Gram matrix of the
+ * queries of its GQA group attended before the layer's first compression, then the encoders made from
+ * its top-r eigenvectors at that compression. */
+typedef struct rt_sqstate {
+    double *gram;        /* n_kv_heads x head_dim x head_dim (upper triangles) while accumulating, else NULL */
+    int64_t rows;        /* query vectors accumulated per KV head (query rows x GQA group) */
+    int frozen;          /* the subspace is chosen (the first compression happened) */
+    int use_basis;       /* frozen with fewer than r query vectors: the plan's basis encoders */
+    kv_squat **enc;      /* n_kv_heads encoders (frozen, not use_basis), else NULL */
+} rt_sqstate;
+
 typedef struct rt_seq {
     int *layer_n;        /* tokens appended per layer */
+    rt_sqstate *sq;      /* n_layers when the plan has SQuat keys with the prompt subspace, else NULL */
     rt_stream *st;       /* n_layers * 2 */
     rt_recon *recon;     /* n_layers * 2 */
     rt_pstate *ps;       /* n_layers: the token policy's state */
@@ -151,6 +166,7 @@ struct kv_rt {
     float *rope_cos, *rope_sin;
     int rope_n;
     int any_pre_rope;
+    int squat_prompt;    /* some layer's SQuat keys take the prompt subspace (per-sequence state, rt_squat.c) */
     int *recon_last_use; /* n_layers*2: last layer that reads (layer, stream)'s reconstruction; -1 none */
     kv_grid_search **search; /* per plan grid */
     /* token policy (rt_policy.c) */
@@ -275,6 +291,24 @@ kv_status rt_read_prepare(kv_rt *rt, int seq, int layer, int stream);
 
 /* ---- attention (rt_attend.c) ---- */
 kv_status rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, size_t ldq, float *out, size_t ldo);
+
+/* ---- SQuat keys (rt_squat.c, rt_codec.c) ---- */
+/* Checks of a SQuat stream and its basis encoders (from rt_codec_init). */
+kv_status rt_squat_codec_init(rt_codec *c, const kv_plan *p, int layer);
+/* Encode m tokens x kv_dim of a SQuat key stream: per KV head its columns with enc[h], into the uniform
+ * tokens-axis block layout. */
+kv_status rt_codec_encode_squat(const rt_codec *c, uint8_t *blk, int m, const float *x, kv_squat *const *enc);
+/* The encoders of (seq, layer) (choosing the prompt subspace at the first call) and the encode. */
+kv_status rt_squat_encode(kv_rt *rt, int seq, int layer, uint8_t *blk, int m, const float *x);
+/* Accumulate the Gram matrices of a layer's queries (kv_rt_attend; the prompt variant before the layer's
+ * first compression). */
+kv_status rt_squat_saw_queries(kv_rt *rt, int seq, int layer, int n_q, const float *q, size_t ldq);
+kv_status rt_squat_seq_init(kv_rt *rt, rt_seq *sq);
+void rt_squat_seq_clear(kv_rt *rt, rt_seq *sq);
+void rt_squat_seq_free(kv_rt *rt, rt_seq *sq);
+uint64_t rt_squat_working_bytes(const kv_rt *rt, int seq);
+/* kv_rt_prompt_copy: the source's accumulated queries go with its prompt. */
+kv_status rt_squat_prompt_copy(kv_rt *dst, int dst_seq, const kv_rt *src, int src_seq);
 
 /* ---- token policy (rt_policy.c): token selection under a memory budget ---- */
 typedef enum rt_score_kind {

@@ -659,6 +659,10 @@ kv_status kv_rt_prompt_copy(kv_rt *dst, int dst_seq, const kv_rt *src, int src_s
     kv_status s = KV_OK;
     const size_t kvd = (size_t)dst->kv_dim, H = (size_t)dst->n_kv_heads;
     const size_t qd = (size_t)dst->n_heads * (size_t)dst->head_dim;
+    /* open before reserving: a prompt_stats destination accumulates (and reserves) only while its
+     * prompt is open (with it set afterwards, its scores were never allocated and the copy wrote
+     * through NULL) */
+    ds->prompt_open = 1;
     for (int l = 0; l < dst->n_layers; l++) {
         const int n = ss->layer_n[l];
         for (int st = 0; st < 2; st++) {
@@ -674,7 +678,7 @@ kv_status kv_rt_prompt_copy(kv_rt *dst, int dst_seq, const kv_rt *src, int src_s
         rt_pstate *pb = &ds->ps[l];
         pb->q_seen = pa->q_seen;
         if (accumulate) {
-            if ((s = rt_policy_reserve(dst, dst_seq, l, n)) != KV_OK) goto fail; /* prompt_open is set below */
+            if ((s = rt_policy_reserve(dst, dst_seq, l, n)) != KV_OK) goto fail;
             for (size_t h = 0; h < H && pa->acc_n > 0; h++)
                 memcpy(pb->acc + h * (size_t)pb->acc_cap, pa->acc + h * (size_t)pa->acc_cap, (size_t)pa->acc_n * sizeof(float));
         }
@@ -688,8 +692,8 @@ kv_status kv_rt_prompt_copy(kv_rt *dst, int dst_seq, const kv_rt *src, int src_s
             pb->wq_n = rows;
             pb->wq_end = pa->wq_end;
         }
-        if (l == 0) ds->prompt_open = 1;
     }
+    if ((s = rt_squat_prompt_copy(dst, dst_seq, src, src_seq)) != KV_OK) goto fail;
     return KV_OK;
 fail:
     kv_rt_reset(dst, dst_seq);

@@ -30,6 +30,7 @@ static void seq_clear(kv_rt *rt, rt_seq *sq) {
     }
     memset(sq->layer_n, 0, (size_t)rt->n_layers * sizeof(int));
     rt_policy_seq_clear(rt, sq);
+    rt_squat_seq_clear(rt, sq);
     sq->allocated = 0;
     sq->overhead = 0;
 }
@@ -108,7 +109,8 @@ static kv_status compress_chunk(kv_rt *rt, int seq, int layer, int stream, int r
     rt_codec_layout(c, m, &L);
     uint8_t *data = malloc(L.total ? L.total : 1);
     if (!data) return KV_ERR(KV_ENOMEM, "runtime: out of memory for a block of %d tokens", m);
-    if ((s = rt_codec_encode(c, data, m, x)) != KV_OK) {
+    s = c->squat ? rt_squat_encode(rt, seq, layer, data, m, x) : rt_codec_encode(c, data, m, x);
+    if (s != KV_OK) {
         free(data);
         return kv_error_wrap(s, "layer %d %s, tokens %d..%d: ", layer, sname(stream), t0, t0 + m - 1);
     }
@@ -231,6 +233,7 @@ kv_status kv_rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, s
                       "its prompt was pruned (the rows must be the step's own tokens)", n_q, layer, seq, whole);
     kv_status s = rt_attend(rt, layer, seq, n_q, q, ldq, out, ldo);
     if (s == KV_OK) s = rt_policy_saw_queries(rt, seq, layer, n_q, q, ldq);
+    if (s == KV_OK) s = rt_squat_saw_queries(rt, seq, layer, n_q, q, ldq);
     rt_recon_release(rt, seq, layer);
     return s;
 }
@@ -281,6 +284,7 @@ static void seq_stats(const kv_rt *rt, int seq, kv_rt_stats *o) {
             o->working_bytes += (uint64_t)r->cap * kvd * sizeof(float);
         }
     }
+    o->working_bytes += rt_squat_working_bytes(rt, seq);
     o->allocated_bytes += sq->allocated;
     o->overhead_bytes += sq->overhead;
 }
@@ -343,6 +347,7 @@ void kv_rt_close(kv_rt *rt) {
             rt_seq *sq = &rt->seqs[q];
             if (sq->st) seq_clear(rt, sq);
             for (int i = 0; sq->st && i < rt->n_layers * 2; i++) free(sq->st[i].heads);
+            rt_squat_seq_free(rt, sq);
             free(sq->ps);
             free(sq->st);
             free(sq->recon);
@@ -446,6 +451,7 @@ kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt)
         for (int stream = 0; stream < 2; stream++) {
             rt_codec *c = &rt->codec[l * 2 + stream];
             if ((s = rt_codec_init(c, plan, l, stream, rt->search)) != KV_OK) goto done;
+            if (c->squat && !c->squat->static_subspace) rt->squat_prompt = 1;
             if (c->pre_rope) {
                 rt->any_pre_rope = 1;
                 if (rt->head_dim & 1) {
@@ -488,6 +494,7 @@ kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt)
         }
         for (int i = 0; i < L2; i++) sq->st[i].comp_end = rt->sinks;
         if ((s = rt_policy_seq_init(rt, sq)) != KV_OK) goto done;
+        if ((s = rt_squat_seq_init(rt, sq)) != KV_OK) goto done;
     }
     if (opt->pool) {
         rt->pool = opt->pool;

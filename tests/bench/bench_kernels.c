@@ -99,6 +99,10 @@ static kv_status run_senc(void *a) {
     op *o = a;
     return kv_squat_encode_ref(o->c->codes, o->c->p1, o->c->p2, o->sq, o->u, o->c->tokens, o->c->x);
 }
+static kv_status run_senc_loop(void *a) {
+    op *o = a;
+    return kv_squat_encode_loop(o->c->codes, o->c->p1, o->c->p2, o->sq, o->u, o->c->tokens, o->c->x);
+}
 
 static void row(const char *name, int bits, double bytes, double t_enc, double t_dec, double t_memcpy) {
     const double gm = bytes / t_memcpy / 1e9;
@@ -342,6 +346,7 @@ int main(int argc, char **argv) {
     printf("| quantizer (CPU) | bits | encode GB/s | vs memcpy | decode GB/s | vs memcpy | memcpy GB/s |\n");
     printf("|---|---|---|---|---|---|---|\n");
     op o = {.c = &c};
+    double t_ukeys[5] = {0}, t_squat[5] = {0}, t_squat_loop[5] = {0}; /* by bits: the ratio lines below */
     for (int bits = 2; bits <= 4; bits += 2) {
         for (int axis = 0; axis < 2; axis++) {
             kv_uniform u = {.bits = bits, .group = axis == KV_AXIS_TOKENS ? 64 : 64, .axis = (kv_axis)axis,
@@ -352,6 +357,7 @@ int main(int argc, char **argv) {
             char name[96];
             snprintf(name, sizeof name, "uniform, G=64 along %s", axis == KV_AXIS_TOKENS ? "tokens (keys)" : "channels (values)");
             row(name, bits, bytes, te, td, tm);
+            if (axis == KV_AXIS_TOKENS) t_ukeys[bits] = te;
         }
         /* XQuant eta and KVmix 11-per-word 3-bit are the same loops; not repeated here. */
         {
@@ -384,9 +390,18 @@ int main(int argc, char **argv) {
             double tm, te, td;
             best_of3(reps, run_memcpy, run_senc, NULL, &o, &tm, &te, &td);
             row("SQuat keys d=128 g=64 r=5, G=64", bits, bytes, te, 0.0, tm);
+            t_squat[bits] = te;
+            best_of3(reps, run_memcpy, run_senc_loop, NULL, &o, &tm, &te, &td);
+            row("SQuat keys, per-token loop (oracle)", bits, bytes, te, 0.0, tm);
+            t_squat_loop[bits] = te;
             kv_squat_free(sq);
         }
     }
+    printf("\n");
+    for (int bits = 2; bits <= 4; bits += 2)
+        printf("SQuat encode time / uniform keys encode time, %d bits: %.2fx (per-token loop: %.2fx; chunk GEMM "
+               "speed-up over the loop %.1fx)\n", bits, t_squat[bits] / t_ukeys[bits], t_squat_loop[bits] / t_ukeys[bits],
+               t_squat_loop[bits] / t_squat[bits]);
 #ifdef KV_HAVE_CUDA
     if (kv_cuda_available()) {
         if (bench_gpu(x, c.tokens, C, reps) != 0) return 1;

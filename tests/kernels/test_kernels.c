@@ -881,6 +881,93 @@ START_TEST(squat_lemma2_equals_direct_solve) {
 }
 END_TEST
 
+/* The chunk-wide encoder (kv_squat_encode_ref: the error propagation as one GEMM per block over all
+ * tokens) gives kv_squat_encode_loop's bits at every SIMD level: both accumulate each updated
+ * coordinate in the same order without contraction, so no tolerance is needed. Cases: blocks
+ * dividing d or not, g = 1 and g = d (no update), token counts that leave partial token groups and
+ * partial 4-token tiles, several token tiles, the 11-per-word 3-bit packing, XQuant eta, f16 and f32 parameters, and
+ * coordinates left after a block that are not a multiple of the 16-wide AVX2 step. */
+typedef struct sq_fast_case {
+    int d, r, g, group, bits, pack11, ptype;
+    size_t tokens;
+    float lambda, eta;
+} sq_fast_case;
+static const sq_fast_case k_sq_fast[] = {
+    {128, 5, 64, 64, 2, 0, KV_PARAM_F16, 300, 1e-3f, 0.0f}, {64, 5, 16, 32, 4, 0, KV_PARAM_F32, 101, 0.05f, 0.0f},
+    {40, 4, 16, 32, 3, 1, KV_PARAM_F16, 45, 0.5f, 0.0f},    {13, 2, 5, 7, 3, 0, KV_PARAM_F32, 23, 1.0f, 0.1f},
+    {64, 8, 1, 16, 2, 0, KV_PARAM_F32, 37, 0.1f, 0.0f},     {64, 5, 64, 32, 2, 0, KV_PARAM_F16, 64, 0.1f, 0.0f},
+    {96, 6, 8, 128, 2, 0, KV_PARAM_F16, 130, 2e-3f, 0.2f},  {48, 3, 16, 32, 8, 0, KV_PARAM_F32, 3, 0.3f, 0.0f},
+    {32, 3, 8, 24, 2, 0, KV_PARAM_F32, 1000, 0.05f, 0.0f}, /* tiles of 264 tokens (11 groups of 24), a partial last group */
+};
+
+START_TEST(squat_chunk_encoder_matches_loop) {
+    const sq_fast_case *k = &k_sq_fast[_i / 3];
+    kv_simd_level_limit(k_levels[_i % 3]);
+    const int d = k->d;
+    /* queries with a strong spectrum so that lambda moves the keys a lot (large updates) */
+    float *q = lowrank_queries(3 * (size_t)k->r + 7, d, k->r, 40 + (uint64_t)_i, 3.0f);
+    float *qh = malloc((size_t)k->r * (size_t)d * sizeof *qh);
+    ck_assert_kv_ok(kv_squat_subspace_ref(qh, q, 3 * (size_t)k->r + 7, d, k->r));
+    kv_squat *s = NULL;
+    ck_assert_kv_ok(kv_squat_create(&s, qh, k->r, d, k->lambda, k->g));
+    const kv_uniform u = {.bits = k->bits, .group = k->group, .axis = KV_AXIS_TOKENS, .eta = k->eta,
+                          .pack11 = k->pack11, .param_type = (kv_param_type)k->ptype};
+    kv_quant qd = {.kind = KV_QUANT_UNIFORM, .uniform = u};
+    kv_block_storage bs;
+    ck_assert_kv_ok(kv_quant_storage(&bs, &qd, k->tokens, (size_t)d));
+    float *x = randn(k->tokens * (size_t)d, 70 + (uint64_t)_i, 1.0f, 0.0f);
+    uint32_t *w1 = calloc(bs.code_words + 1, 4), *w2 = calloc(bs.code_words + 1, 4);
+    uint8_t *s1 = calloc(bs.scale_bytes + 1, 1), *s2 = calloc(bs.scale_bytes + 1, 1);
+    uint8_t *z1 = calloc(bs.zero_bytes + 1, 1), *z2 = calloc(bs.zero_bytes + 1, 1);
+    ck_assert_kv_ok(kv_squat_encode_loop(w1, s1, z1, s, &u, k->tokens, x));
+    ck_assert_kv_ok(kv_squat_encode_ref(w2, s2, z2, s, &u, k->tokens, x));
+    ck_assert_msg(memcmp(w1, w2, bs.code_bytes) == 0, "codes differ (case %d, level %d)", _i / 3, _i % 3);
+    ck_assert_msg(memcmp(s1, s2, bs.scale_bytes) == 0, "scales differ (case %d, level %d)", _i / 3, _i % 3);
+    ck_assert_msg(memcmp(z1, z2, bs.zero_bytes) == 0, "zero points differ (case %d, level %d)", _i / 3, _i % 3);
+    /* the same keys as columns [d, 2d) of a 3d-channel block (the runtime's per-KV-head call): the
+     * head's codes, scales and zero points land where the block's layout puts channels d..2d-1 (not
+     * with the 11-per-word packing, whose clamped slot 10 depends on the stream position, which
+     * differs between the two layouts: the runtime's replay covers that packing) */
+    if (k->pack11) goto level_done;
+    const size_t C = 3 * (size_t)d, n3 = k->tokens * C;
+    float *x3 = calloc(n3, sizeof *x3);
+    for (size_t t = 0; t < k->tokens; t++) memcpy(x3 + t * C + d, x + t * (size_t)d, (size_t)d * sizeof *x3);
+    kv_block_storage b3;
+    ck_assert_kv_ok(kv_quant_storage(&b3, &qd, k->tokens, C));
+    uint8_t *cs = calloc(n3, 1);
+    float *sc3 = calloc(b3.groups, sizeof(float)), *zr3 = calloc(b3.groups, sizeof(float));
+    ck_assert_kv_ok(kv_squat_encode_cols(cs, sc3, zr3, s, &u, k->tokens, C, (size_t)d, x3 + d, C));
+    uint8_t *c1 = malloc(k->tokens * (size_t)d);
+    kv_unpack_range(c1, w1, 0, k->tokens * (size_t)d, k->bits, kv_qm_per_word(k->bits, k->pack11));
+    const size_t G = (size_t)k->group, ps = k->ptype == KV_PARAM_F16 ? 2 : 4;
+    for (size_t kg = 0; kg * G < k->tokens; kg++) {
+        const size_t rows = kv_qm_tok_group_rows(G, k->tokens, kg);
+        /* a token group's channel c is a run of `rows` codes at kg*G*C + c*rows */
+        ck_assert_int_eq(memcmp(cs + kg * G * C + (size_t)d * rows, c1 + kg * G * (size_t)d, (size_t)d * rows), 0);
+        ck_assert_int_eq(memcmp((uint8_t *)sc3 + (kg * C + (size_t)d) * ps, s1 + kg * (size_t)d * ps, (size_t)d * ps), 0);
+        ck_assert_int_eq(memcmp((uint8_t *)zr3 + (kg * C + (size_t)d) * ps, z1 + kg * (size_t)d * ps, (size_t)d * ps), 0);
+    }
+    ck_assert_int_eq(kv_squat_encode_cols(cs, sc3, zr3, s, &u, k->tokens, C, 2 * (size_t)d + 1, x3, C), KV_EINVAL);
+    free(x3);
+    free(cs);
+    free(sc3);
+    free(zr3);
+    free(c1);
+level_done:
+    kv_simd_level_limit(KV_SIMD_AVX2);
+    kv_squat_free(s);
+    free(q);
+    free(qh);
+    free(x);
+    free(w1);
+    free(w2);
+    free(s1);
+    free(s2);
+    free(z1);
+    free(z2);
+}
+END_TEST
+
 START_TEST(squat_lowers_projected_error) {
     const int d = 64, r = 5;
     const size_t T = 256, nq = 200;
@@ -964,6 +1051,7 @@ int main(void) {
     tcase_add_test(tc, squat_lambda_zero_is_plain);
     tcase_add_loop_test(tc, squat_lemma2_equals_direct_solve, 0, (int)(sizeof k_lemma / sizeof k_lemma[0]));
     tcase_add_test(tc, squat_lowers_projected_error);
+    tcase_add_loop_test(tc, squat_chunk_encoder_matches_loop, 0, 3 * (int)(sizeof k_sq_fast / sizeof k_sq_fast[0]));
     suite_add_tcase(s, tc);
     return kv_test_run(s);
 }

@@ -49,7 +49,21 @@ typedef struct rcase {
     int T, prefill, step;
     int check_every; /* compare every this many steps (and always at the end) */
     int xq_from;     /* > 0: XQuant, layers l + 1 (l >= xq_from, l even) decode layer l's codes (K and V) */
+    int squat;       /* SQuat keys on every layer: 0 none, SQ_STATIC (the plan's basis), SQ_PROMPT (the prompt's
+                        queries, no basis), SQ_PROMPT_BASIS (the prompt's queries, the basis as the fallback) */
+    int sq_r, sq_g;
+    float sq_lambda;
 } rcase;
+enum { SQ_STATIC = 1, SQ_PROMPT = 2, SQ_PROMPT_BASIS = 3 };
+#define NO_SQ 0, 0, 0, 0.0f
+
+/* SQuat cases: queries with a few dominant directions per KV head (as real queries have: squat.txt
+ * Fig. 2), so that the top-r subspace is well separated; the basis stored in the plan for the static
+ * variant is the top-r subspace of queries drawn the same way (other draws). */
+#define SQ_DIRS 4
+static double sq_dir(int layer, int kvh, int a, int ch) {
+    return kv_rng_uniform(4242u, ((uint64_t)layer << 32) ^ ((uint64_t)kvh << 24) ^ ((uint64_t)a << 16) ^ (uint64_t)ch) - 0.5;
+}
 
 static float *grid_for(int d, int n, uint64_t seed) {
     float *g = malloc(sizeof(float) * (size_t)(d * n));
@@ -130,9 +144,56 @@ static kv_plan *make_plan(const rcase *c) {
             ck_assert_kv_ok(kv_plan_set_predictor(p, l, KV_PLAN_V, 2, iv, wv, b));
             free(wk), free(wv), free(b);
         }
+        if (c->squat) {
+            float *basis = NULL;
+            if (c->squat != SQ_PROMPT) { /* per KV head the top-r subspace of 200 queries drawn like run_case's */
+                const int nq = 200;
+                basis = malloc(sizeof(float) * (size_t)c->kv_heads * (size_t)c->sq_r * (size_t)c->hd);
+                float *qs = malloc(sizeof(float) * (size_t)nq * (size_t)c->hd);
+                kv_rng r;
+                kv_rng_init(&r, 77u + (uint64_t)l);
+                for (int h = 0; h < c->kv_heads; h++) {
+                    for (int i = 0; i < nq; i++) {
+                        double z[SQ_DIRS];
+                        for (int a = 0; a < SQ_DIRS; a++) z[a] = kv_rng_next_normal(&r);
+                        for (int ch = 0; ch < c->hd; ch++) {
+                            double v = 1.5 * kv_rng_next_normal(&r);
+                            for (int a = 0; a < SQ_DIRS; a++) v += 12.0 * z[a] * sq_dir(l, h, a, ch);
+                            qs[(size_t)i * c->hd + ch] = (float)v;
+                        }
+                    }
+                    ck_assert_kv_ok(kv_squat_subspace_ref(basis + (size_t)h * c->sq_r * c->hd, qs, (size_t)nq, c->hd, c->sq_r));
+                }
+                free(qs);
+            }
+            ck_assert_kv_ok(kv_plan_set_squat(p, l, c->sq_r, c->sq_lambda, c->sq_g, basis));
+            p->layers[l].stream[KV_PLAN_K].squat->static_subspace = c->squat == SQ_STATIC;
+            free(basis);
+        }
     }
     ck_assert_kv_ok(kv_plan_validate(p));
     return p;
+}
+
+/* The queries of step (len, layer, seq): n rows of qd floats (run_case and the replay draw the same). */
+static void make_queries(float *q, const rcase *c, int n, int len, int l, int sq) {
+    const int qd = c->kv_heads * c->gqa * c->hd;
+    kv_rng r;
+    kv_rng_init(&r, 900u + (uint64_t)(len * 131 + l * 7 + sq));
+    for (size_t i = 0; i < (size_t)n * qd; i++) q[i] = (float)(1.5 * kv_rng_next_normal(&r));
+    if (!c->squat) return;
+    for (int i = 0; i < n; i++)
+        for (int hq = 0; hq < c->kv_heads * c->gqa; hq++) {
+            const int h = hq / c->gqa;
+            double z[SQ_DIRS];
+            for (int a = 0; a < SQ_DIRS; a++) z[a] = kv_rng_next_normal(&r);
+            float *row = q + (size_t)i * qd + (size_t)hq * c->hd;
+            for (int ch = 0; ch < c->hd; ch++) {
+                double v = row[ch];
+                for (int a = 0; a < SQ_DIRS; a++) v += 12.0 * z[a] * sq_dir(l, h, a, ch);
+                row[ch] = (float)v;
+            }
+        }
 }
 
 static double *rope_freqs(int hd) {
@@ -331,6 +392,15 @@ static void check_replay(kv_rt *rt, const kv_plan *p, const rcase *c, int seq, i
     }
     int *comp = malloc(sizeof(int) * (size_t)L * 2);
     for (int i = 0; i < L * 2; i++) comp[i] = c->sinks;
+    /* SQuat: per layer and KV head the queries of its GQA group attended before the layer's first
+     * compression, stacked (qst), and the encoders made at that compression (enc) */
+    const int H = c->kv_heads, G = c->gqa, qdim = H * G * hd;
+    float *qst = c->squat ? malloc(sizeof(float) * (size_t)L * H * (size_t)T * G * hd) : NULL;
+    float *qbuf = c->squat ? malloc(sizeof(float) * (size_t)(c->prefill > c->step ? c->prefill : c->step) * qdim) : NULL;
+    int *qrows = calloc((size_t)L, sizeof(int));
+    kv_squat **enc = calloc((size_t)L * H, sizeof *enc);
+    int64_t sq_vals = 0, sq_moved = 0; /* compressed SQuat key values; those that differ from KIVI's round trip */
+#define QS(l, h) (qst + ((size_t)(l) * H + (size_t)(h)) * (size_t)T * G * hd)
     int len = 0;
     while (len < T) {
         int n = len == 0 ? c->prefill : c->step;
@@ -370,6 +440,36 @@ static void check_replay(kv_rt *rt, const kv_plan *p, const rcase *c, int seq, i
                         ck_assert_kv_ok(kv_uniform_encode_ref(NULL, opar, opar + bs.scale_bytes, u, (size_t)m, (size_t)kvd, xin));
                         ck_assert_kv_ok(kv_uniform_decode_ref(out, u, (size_t)m, (size_t)kvd, pc, opar, opar + bs.scale_bytes));
                         free(pc), free(ppar), free(opar);
+                    } else if (ps->squat) { /* per KV head: the head's columns, SQuat-encoded */
+                        const kv_plan_squat *pq = ps->squat;
+                        const int fresh = !enc[l * H]; /* the layer's first compression: choose the subspace */
+                        for (int h = 0; h < H && fresh; h++) {
+                            float *qh = calloc((size_t)pq->r * hd, sizeof *qh);
+                            if (pq->static_subspace || (qrows[l] < pq->r && pq->basis)) {
+                                memcpy(qh, pq->basis + (size_t)h * pq->r * hd, sizeof(float) * (size_t)pq->r * hd);
+                            } else if (qrows[l] > 0) { /* fewer rows than r: the rest of the basis is 0 */
+                                const int rr = qrows[l] < pq->r ? qrows[l] : pq->r;
+                                ck_assert_kv_ok(kv_squat_subspace_ref(qh, QS(l, h), (size_t)qrows[l], hd, rr));
+                            }
+                            ck_assert_kv_ok(kv_squat_create(&enc[l * H + h], qh, pq->r, hd, pq->lambda, pq->g));
+                            free(qh);
+                        }
+                        kv_block_storage bs;
+                        kv_quant qh1 = qd;
+                        ck_assert_kv_ok(kv_quant_storage(&bs, &qh1, (size_t)m, (size_t)hd));
+                        uint32_t *hc = malloc(sizeof(uint32_t) * (size_t)(bs.code_words + 1));
+                        uint8_t *hp = malloc((size_t)bs.scale_bytes + (size_t)bs.zero_bytes + 8);
+                        float *hx = malloc(sizeof(float) * (size_t)m * hd), *hy = malloc(sizeof(float) * (size_t)m * hd);
+                        for (int h = 0; h < H; h++) {
+                            for (int t = 0; t < m; t++) memcpy(hx + (size_t)t * hd, xin + (size_t)t * kvd + (size_t)h * hd, sizeof(float) * hd);
+                            ck_assert_kv_ok(kv_squat_encode_ref(hc, hp, hp + bs.scale_bytes, enc[l * H + h], &qd.uniform, (size_t)m, hx));
+                            ck_assert_kv_ok(kv_uniform_decode_ref(hy, &qd.uniform, (size_t)m, (size_t)hd, hc, hp, hp + bs.scale_bytes));
+                            for (int t = 0; t < m; t++) memcpy(out + (size_t)t * kvd + (size_t)h * hd, hy + (size_t)t * hd, sizeof(float) * hd);
+                        }
+                        ck_assert_kv_ok(kv_quant_roundtrip(res, NULL, &qd, (size_t)m, (size_t)kvd, xin));
+                        for (size_t i = 0; i < (size_t)m * kvd; i++) sq_moved += memcmp(&res[i], &out[i], sizeof(float)) != 0;
+                        sq_vals += (int64_t)m * kvd;
+                        free(hc), free(hp), free(hx), free(hy);
                     } else if (ps->predictor) {
                         const float *ins[KV_PLAN_MAX_PRED_INPUTS];
                         for (int k = 0; k < ps->predictor->n_inputs; k++)
@@ -384,8 +484,21 @@ static void check_replay(kv_rt *rt, const kv_plan *p, const rcase *c, int seq, i
                     *ce = t0 + m;
                 }
             }
+        /* the step's queries, attended after the settle: kept while the layer has not compressed */
+        for (int l = 0; l < L && c->squat; l++) {
+            if (enc[l * H]) continue;
+            make_queries(qbuf, c, n, len, l, seq);
+            for (int i = 0; i < n; i++)
+                for (int h = 0; h < H; h++)
+                    memcpy(QS(l, h) + ((size_t)qrows[l] + (size_t)i * G) * hd, qbuf + (size_t)i * qdim + (size_t)h * G * hd,
+                           sizeof(float) * (size_t)G * hd);
+            qrows[l] += n * G;
+        }
         len += n;
     }
+    /* SQuat must have moved the keys away from KIVI's codes (else the comparison below proves little) */
+    if (sq_vals) ck_assert_msg(sq_moved > sq_vals / 20, "%s: SQuat changed only %lld of %lld key values against KIVI",
+                               c->name, (long long)sq_moved, (long long)sq_vals);
     float *K = malloc(sizeof(float) * (size_t)T * hd), *V = malloc(sizeof(float) * (size_t)T * hd);
     for (int l = 0; l < L; l++)
         for (int h = 0; h < c->kv_heads; h++) {
@@ -397,16 +510,48 @@ static void check_replay(kv_rt *rt, const kv_plan *p, const rcase *c, int seq, i
                         ck_abort_msg("%s: layer %d V token %d head %d ch %d: %.9g, replay %.9g", c->name, l, t, h, ch,
                                      V[(size_t)t * hd + ch], wv);
                 }
+            /* SQuat with the prompt subspace: the runtime takes the eigenvectors of the Gram matrix, the
+             * replay the SVD of the stacked queries; both round the same double-precision subspace to
+             * float, so P and the codes agree unless a rounding lands differently: then a code may flip,
+             * and the flip moves the rest of that token's coordinates by W_t times one step. At most 1% of
+             * the compressed key values may differ, and their error against the input must stay within 1%
+             * of the replay's (observed: see the printed counts). Static subspaces and every f16 row: bits. */
+            const kv_plan_squat *pq = p->layers[l].stream[KV_PLAN_K].squat;
+            const int tol = pq && !pq->static_subspace;
+            int64_t diff = 0, vals = 0;
+            double e_rt = 0, e_rep = 0;
             for (int t = 0; t < T; t++) {
                 float row[KV_RT_MAX_HEAD_DIM];
                 memcpy(row, RS(l, 0) + (size_t)t * kvd + (size_t)h * hd, sizeof(float) * hd);
                 if (c->pre_rope) rope_row(row, hd, c->rope_half, freq, t);
+                const int compressed = t >= c->sinks && t < comp[l * 2];
+                if (tol && compressed) {
+                    const float *xi = XS(l, 0) + (size_t)t * kvd + (size_t)h * hd;
+                    for (int ch = 0; ch < hd; ch++) {
+                        diff += memcmp(&K[(size_t)t * hd + ch], &row[ch], sizeof(float)) != 0;
+                        e_rt += ((double)K[(size_t)t * hd + ch] - xi[ch]) * ((double)K[(size_t)t * hd + ch] - xi[ch]);
+                        e_rep += ((double)row[ch] - xi[ch]) * ((double)row[ch] - xi[ch]);
+                    }
+                    vals += hd;
+                    continue;
+                }
                 if (memcmp(&K[(size_t)t * hd], row, sizeof(float) * hd) != 0)
                     ck_abort_msg("%s: layer %d K token %d head %d differs from the replay", c->name, l, t, h);
+            }
+            if (tol && vals) {
+                ck_assert_msg(diff <= vals / 100, "%s: layer %d head %d: %lld of %lld SQuat key values differ from the "
+                              "replay", c->name, l, h, (long long)diff, (long long)vals);
+                ck_assert_msg(fabs(e_rt - e_rep) <= 0.01 * e_rep, "%s: layer %d head %d: key error %.6g vs replay %.6g",
+                              c->name, l, h, e_rt, e_rep);
+                if (diff) printf("%s: layer %d head %d: %lld of %lld SQuat key values differ from the replay\n", c->name,
+                                 l, h, (long long)diff, (long long)vals);
             }
         }
 #undef XS
 #undef RS
+#undef QS
+    for (int i = 0; i < L * H; i++) kv_squat_free(enc[i]);
+    free(enc), free(qst), free(qbuf), free(qrows);
     free(x), free(rec), free(tmpk), free(tmpv), free(pred), free(res), free(comp), free(K), free(V);
 }
 
@@ -447,9 +592,7 @@ static double run_case(const rcase *c, int n_seqs, int n_threads) {
                 for (int h = 0; h < H; h++)
                     for (int i = 0; i < n; i++) rope_row(k + (size_t)i * kvd + (size_t)h * c->hd, c->hd, c->rope_half, freq, pos[i]);
                 ck_assert_kv_ok(kv_rt_append(rt, l, sq, n, pos, kp, k, v, (size_t)kvd));
-                kv_rng r;
-                kv_rng_init(&r, 900u + (uint64_t)(len[sq] * 131 + l * 7 + sq));
-                for (size_t i = 0; i < (size_t)n * qd; i++) q[i] = (float)(1.5 * kv_rng_next_normal(&r));
+                make_queries(q, c, n, len[sq], l, sq);
                 ck_assert_kv_ok(kv_rt_attend(rt, l, sq, n, q, (size_t)qd, out, (size_t)qd));
                 if (check)
                     worst = fmax(worst, check_attend(rt, p, l, sq, len[sq] + n, n, q, out, H, G, c->hd,
@@ -485,44 +628,59 @@ enum { TOK = KV_PLAN_GROUP_TOKENS, CH = KV_PLAN_GROUP_CHANNELS };
 
 static const rcase k_cases[] = {
     /* name, layers, kv_heads, gqa, hd, sinks, recent, k, v, k0, v0, has_l0, pre_rope, rope_half, aqua, T, prefill, step, every */
-    {"f16", 1, 2, 3, 64, 4, 32, F16, F16, F16, F16, 0, 0, 0, 0, 300, 40, 1, 25, 0},
-    {"f32 blocks", 1, 1, 2, 16, 0, 16, F32, F32, F16, F16, 0, 0, 0, 0, 120, 20, 3, 7, 0},
-    {"kivi-2", 2, 3, 3, 64, 4, 32, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 400, 40, 1, 60, 0},
+    {"f16", 1, 2, 3, 64, 4, 32, F16, F16, F16, F16, 0, 0, 0, 0, 300, 40, 1, 25, 0, NO_SQ},
+    {"f32 blocks", 1, 1, 2, 16, 0, 16, F32, F32, F16, F16, 0, 0, 0, 0, 120, 20, 3, 7, 0, NO_SQ},
+    {"kivi-2", 2, 3, 3, 64, 4, 32, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 400, 40, 1, 60, 0, NO_SQ},
     {"kivi-4 eta f32", 2, 2, 4, 32, 4, 32, {KV_PLAN_UNIFORM, 4, 16, TOK, 0, 0.05f, 0, 0, 1, 0.0f},
-     {KV_PLAN_UNIFORM, 4, 16, CH, 0, 0.08f, 0, 0, 1, 0.0f}, F16, F16, 0, 0, 0, 0, 200, 36, 2, 20, 0},
+     {KV_PLAN_UNIFORM, 4, 16, CH, 0, 0.08f, 0, 0, 1, 0.0f}, F16, F16, 0, 0, 0, 0, 200, 36, 2, 20, 0, NO_SQ},
     {"kivi-3 pack11/10", 1, 2, 2, 64, 2, 64, {KV_PLAN_UNIFORM, 3, 32, TOK, 1, 0.0f, 0, 0, 0, 0.0f},
-     {KV_PLAN_UNIFORM, 3, 32, CH, 0, 0.0f, 0, 0, 0, 0.0f}, F16, F16, 0, 0, 0, 0, 300, 66, 1, 50, 0},
-    {"kivi-1 and 8", 1, 1, 8, 64, 4, 32, U(1, 32, TOK), U(8, 64, CH), F16, F16, 0, 0, 0, 0, 200, 40, 4, 10, 0},
+     {KV_PLAN_UNIFORM, 3, 32, CH, 0, 0.0f, 0, 0, 0, 0.0f}, F16, F16, 0, 0, 0, 0, 300, 66, 1, 50, 0, NO_SQ},
+    {"kivi-1 and 8", 1, 1, 8, 64, 4, 32, U(1, 32, TOK), U(8, 64, CH), F16, F16, 0, 0, 0, 0, 200, 40, 4, 10, 0, NO_SQ},
     {"channels keys, tokens values", 1, 2, 1, 64, 4, 32, U(2, 64, CH), U(4, 16, TOK), F16, F16, 0, 0, 0, 0, 200, 40, 1, 30,
-     0},
-    {"odd head_dim 9", 1, 2, 2, 9, 3, 16, U(2, 4, CH), U(4, 4, CH), F16, F16, 0, 0, 0, 0, 150, 21, 1, 20, 0},
-    {"odd head_dim 9 tokens", 1, 2, 1, 9, 3, 16, U(2, 8, TOK), U(2, 8, TOK), F16, F16, 0, 0, 0, 0, 100, 19, 2, 10, 0},
-    {"higgs-2", 1, 3, 3, 64, 4, 32, HG(0, 2, 16), HG(0, 2, 16), F16, F16, 0, 0, 0, 0, 300, 40, 1, 40, 0},
-    {"higgs-4 g32", 1, 2, 2, 64, 4, 32, HG(32, 2, 256), HG(32, 2, 256), F16, F16, 0, 0, 0, 0, 200, 36, 1, 30, 0},
-    {"higgs d1 d4", 1, 2, 2, 32, 4, 32, HG(0, 1, 8), HG(16, 4, 256), F16, F16, 0, 0, 0, 0, 200, 36, 3, 10, 0},
-    {"higgs across heads", 1, 2, 2, 32, 4, 32, HG(64, 2, 16), HG(64, 2, 64), F16, F16, 0, 0, 0, 0, 150, 36, 1, 20, 0},
-    {"higgs pre-rope", 1, 2, 3, 64, 4, 32, HG(0, 2, 16), HG(0, 2, 16), F16, F16, 0, 1, 0, 0, 200, 36, 1, 30, 0},
-    {"kivi pre-rope half", 1, 2, 2, 16, 4, 32, U(2, 32, TOK), U(2, 16, CH), F16, F16, 0, 1, 1, 0, 150, 36, 1, 20, 0},
-    {"aqua", 3, 2, 3, 32, 4, 32, U(2, 32, CH), HG(0, 2, 16), HG(0, 2, 256), HG(0, 2, 256), 1, 1, 0, 1, 250, 36, 1, 20, 0},
+     0, NO_SQ},
+    {"odd head_dim 9", 1, 2, 2, 9, 3, 16, U(2, 4, CH), U(4, 4, CH), F16, F16, 0, 0, 0, 0, 150, 21, 1, 20, 0, NO_SQ},
+    {"odd head_dim 9 tokens", 1, 2, 1, 9, 3, 16, U(2, 8, TOK), U(2, 8, TOK), F16, F16, 0, 0, 0, 0, 100, 19, 2, 10, 0, NO_SQ},
+    {"higgs-2", 1, 3, 3, 64, 4, 32, HG(0, 2, 16), HG(0, 2, 16), F16, F16, 0, 0, 0, 0, 300, 40, 1, 40, 0, NO_SQ},
+    {"higgs-4 g32", 1, 2, 2, 64, 4, 32, HG(32, 2, 256), HG(32, 2, 256), F16, F16, 0, 0, 0, 0, 200, 36, 1, 30, 0, NO_SQ},
+    {"higgs d1 d4", 1, 2, 2, 32, 4, 32, HG(0, 1, 8), HG(16, 4, 256), F16, F16, 0, 0, 0, 0, 200, 36, 3, 10, 0, NO_SQ},
+    {"higgs across heads", 1, 2, 2, 32, 4, 32, HG(64, 2, 16), HG(64, 2, 64), F16, F16, 0, 0, 0, 0, 150, 36, 1, 20, 0, NO_SQ},
+    {"higgs pre-rope", 1, 2, 3, 64, 4, 32, HG(0, 2, 16), HG(0, 2, 16), F16, F16, 0, 1, 0, 0, 200, 36, 1, 30, 0, NO_SQ},
+    {"kivi pre-rope half", 1, 2, 2, 16, 4, 32, U(2, 32, TOK), U(2, 16, CH), F16, F16, 0, 1, 1, 0, 150, 36, 1, 20, 0, NO_SQ},
+    {"aqua", 3, 2, 3, 32, 4, 32, U(2, 32, CH), HG(0, 2, 16), HG(0, 2, 256), HG(0, 2, 256), 1, 1, 0, 1, 250, 36, 1, 20, 0, NO_SQ},
     {"aqua uniform", 3, 2, 2, 16, 4, 16, U(2, 16, CH), U(2, 16, CH), U(4, 16, CH), U(4, 16, CH), 1, 0, 0, 1, 150, 20,
-     1, 20, 0},
+     1, 20, 0, NO_SQ},
     {"rpc", 2, 2, 2, 32, 4, 32, {KV_PLAN_UNIFORM, 2, 8, TOK, 0, 0.0f, 0, 0, 0, 0.2f},
-     {KV_PLAN_UNIFORM, 2, 32, CH, 0, 0.0f, 0, 0, 0, 0.1f}, F16, F16, 0, 0, 0, 0, 250, 64, 1, 20, 0},
-    {"gqa 1", 1, 4, 1, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 150, 36, 1, 30, 0},
-    {"xquant shared codes", 4, 2, 2, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 200, 36, 1, 20, 2},
+     {KV_PLAN_UNIFORM, 2, 32, CH, 0, 0.0f, 0, 0, 0, 0.1f}, F16, F16, 0, 0, 0, 0, 250, 64, 1, 20, 0, NO_SQ},
+    {"gqa 1", 1, 4, 1, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 150, 36, 1, 30, 0, NO_SQ},
+    {"xquant shared codes", 4, 2, 2, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 200, 36, 1, 20, 2, NO_SQ},
     {"xquant 1-bit shared", 4, 2, 3, 64, 4, 32, U(1, 32, TOK), {KV_PLAN_UNIFORM, 1, 32, CH, 0, 0.2f, 0, 0, 0, 0.0f},
-     U(2, 32, TOK), U(2, 32, CH), 1, 0, 0, 0, 150, 36, 2, 20, 2},
-    {"fp8 e4m3 tensor/head", 2, 2, 3, 64, 4, 32, FL(E4M3, 0), FL(E4M3, 1), F16, F16, 0, 0, 0, 0, 300, 40, 1, 40, 0},
-    {"fp8 e5m2 odd head_dim 9", 1, 3, 2, 9, 3, 16, FL(E5M2, 1), FL(E5M2, 0), F16, F16, 0, 0, 0, 0, 150, 21, 1, 20, 0},
+     U(2, 32, TOK), U(2, 32, CH), 1, 0, 0, 0, 150, 36, 2, 20, 2, NO_SQ},
+    {"fp8 e4m3 tensor/head", 2, 2, 3, 64, 4, 32, FL(E4M3, 0), FL(E4M3, 1), F16, F16, 0, 0, 0, 0, 300, 40, 1, 40, 0, NO_SQ},
+    {"fp8 e5m2 odd head_dim 9", 1, 3, 2, 9, 3, 16, FL(E5M2, 1), FL(E5M2, 0), F16, F16, 0, 0, 0, 0, 150, 21, 1, 20, 0, NO_SQ},
     {"nvfp4 tensor, blocks across heads", 1, 2, 2, 40, 4, 32, FL(NVFP4, 0), FL(NVFP4, 0), F16, F16, 0, 0, 0, 0, 200, 36,
-     1, 25, 0},
+     1, 25, 0, NO_SQ},
     {"nvfp4 per head, fp8 layer 0", 2, 2, 4, 32, 4, 32, FL(NVFP4, 1), FL(NVFP4, 1), FL(E4M3, 1), FL(E5M2, 0), 1, 0, 0, 0,
-     200, 36, 2, 20, 0},
-    {"fp8 nvfp4 pre-rope", 1, 2, 2, 32, 4, 32, FL(E4M3, 1), FL(NVFP4, 0), F16, F16, 0, 1, 0, 0, 150, 36, 1, 20, 0},
-    {"tiled fp8 nvfp4", 2, 2, 3, 64, 4, 64, FL(E4M3, 1), FL(NVFP4, 1), F16, F16, 0, 0, 0, 0, 500, 100, 70, 1, 0},
-    {"tiled steps", 2, 2, 3, 64, 4, 64, U(2, 32, TOK), HG(0, 2, 16), F16, F16, 0, 0, 0, 0, 500, 100, 70, 1, 0},
+     200, 36, 2, 20, 0, NO_SQ},
+    {"fp8 nvfp4 pre-rope", 1, 2, 2, 32, 4, 32, FL(E4M3, 1), FL(NVFP4, 0), F16, F16, 0, 1, 0, 0, 150, 36, 1, 20, 0, NO_SQ},
+    {"tiled fp8 nvfp4", 2, 2, 3, 64, 4, 64, FL(E4M3, 1), FL(NVFP4, 1), F16, F16, 0, 0, 0, 0, 500, 100, 70, 1, 0, NO_SQ},
+    {"tiled steps", 2, 2, 3, 64, 4, 64, U(2, 32, TOK), HG(0, 2, 16), F16, F16, 0, 0, 0, 0, 500, 100, 70, 1, 0, NO_SQ},
     {"tiled aqua", 3, 2, 2, 32, 4, 32, U(2, 32, CH), HG(0, 2, 16), HG(0, 2, 256), HG(0, 2, 256), 1, 1, 0, 1, 300, 80,
-     50, 1, 0},
+     50, 1, 0, NO_SQ},
+    /* SQuat keys (name ... every, xq_from, squat, r, g, lambda): the static basis; the prompt subspace
+     * with per-layer bits (layer 0 4-bit), a prompt of 70 tokens (two chunks and a rest) and steps of 3
+     * across chunk boundaries; the basis fallback (8 query vectors seen, r = 16); no basis and fewer
+     * query vectors than r (16 < 20: the Gram's rank); the tiled path with RPC, eta, f32 parameters and
+     * r beyond the dominant directions (the 5th and 6th from the noise) */
+    {"squat static gqa3", 2, 2, 3, 64, 4, 32, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 300, 40, 1, 40, 0,
+     SQ_STATIC, 4, 16, 1e-4f},
+    {"squat prompt gqa3 per-layer bits", 2, 2, 3, 64, 4, 32, U(2, 32, TOK), U(2, 32, CH), U(4, 32, TOK), U(2, 32, CH),
+     1, 0, 0, 0, 250, 70, 3, 20, 0, SQ_PROMPT, 4, 16, 1e-4f},
+    {"squat prompt basis fallback", 1, 2, 1, 16, 0, 8, U(2, 8, TOK), U(2, 8, CH), F16, F16, 0, 0, 0, 0, 120, 1, 1, 15, 0,
+     SQ_PROMPT_BASIS, 16, 4, 1e-4f},
+    {"squat prompt rank-deficient", 1, 1, 2, 32, 0, 8, U(2, 8, TOK), U(2, 8, CH), F16, F16, 0, 0, 0, 0, 100, 1, 1, 10,
+     0, SQ_PROMPT, 20, 8, 1e-4f},
+    {"squat prompt tiled rpc", 2, 2, 2, 64, 4, 64, {KV_PLAN_UNIFORM, 2, 32, TOK, 0, 0.05f, 0, 0, 1, 0.2f}, U(2, 32, CH),
+     F16, F16, 0, 0, 0, 0, 400, 100, 70, 1, 0, SQ_PROMPT_BASIS, 6, 32, 1e-4f},
 };
 
 /* Every case at each vector level: the portable C, and AVX2 + FMA when this CPU has it (the AVX2
@@ -541,9 +699,9 @@ END_TEST
 START_TEST(test_long_sequences) {
     kv_simd_level_limit(_i ? KV_SIMD_AVX2 : KV_SIMD_NONE);
     const rcase c1 = {"long kivi-2", 1, 2, 3, 64, 4, 128, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 4300, 4290,
-                      1, 0, 0};
+                      1, 0, 0, NO_SQ};
     const rcase c2 = {"long higgs-2 pre-rope", 1, 1, 3, 64, 4, 128, HG(0, 2, 16), HG(0, 2, 16), F16, F16, 0, 1, 0, 0,
-                      2200, 2196, 1, 0, 0};
+                      2200, 2196, 1, 0, 0, NO_SQ};
     printf("long kivi-2 worst %.3g\n", run_case(&c1, 1, 2));
     printf("long higgs-2 worst %.3g\n", run_case(&c2, 1, 2));
 }
@@ -576,7 +734,7 @@ END_TEST
 
 /* Decoding with 1 and 2 threads gives the same bits (fixed segments, fixed combine order). */
 START_TEST(test_threads_agree) {
-    const rcase c = {"threads", 2, 2, 3, 64, 4, 32, U(2, 32, TOK), HG(0, 2, 16), F16, F16, 0, 0, 0, 0, 2500, 2490, 1, 0, 0};
+    const rcase c = {"threads", 2, 2, 3, 64, 4, 32, U(2, 32, TOK), HG(0, 2, 16), F16, F16, 0, 0, 0, 0, 2500, 2490, 1, 0, 0, NO_SQ};
     kv_plan *p = make_plan(&c);
     float *outs[2];
     const int kvd = 128, qd = 384, n = c.T;
@@ -614,7 +772,7 @@ END_TEST
  * rebuilding them at every step: every chunk is predicted by the same call on the same rows. */
 START_TEST(test_keep_reconstructions) {
     const rcase c = {"aqua keep", 3, 2, 2, 32, 4, 16, U(2, 16, CH), HG(0, 2, 16), HG(0, 2, 256), HG(0, 2, 256), 1, 1, 0, 1,
-                     120, 20, 1, 0, 0};
+                     120, 20, 1, 0, 0, NO_SQ};
     kv_plan *p = make_plan(&c);
     double *freq = rope_freqs(c.hd);
     const int kvd = 64, qd = 128, T = c.T;
@@ -1102,7 +1260,7 @@ START_TEST(test_pruning_refusals) {
     ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EUNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(kv_error_last(), "span KV heads"));
     kv_plan_free(p);
-    rcase aq = {"aqua", 2, 2, 2, 32, 4, 32, U(2, 32, CH), U(2, 32, CH), U(4, 32, CH), U(4, 32, CH), 1, 0, 0, 1, 0, 0, 0, 0, 0};
+    rcase aq = {"aqua", 2, 2, 2, 32, 4, 32, U(2, 32, CH), U(2, 32, CH), U(4, 32, CH), U(4, 32, CH), 1, 0, 0, 1, 0, 0, 0, 0, 0, NO_SQ};
     p = make_plan(&aq);
     p->global.prune_method = KV_PLAN_PRUNE_H2O, p->global.prune_budget = 0.5f;
     ck_assert_int_eq(kv_rt_open(&rt, p, &o), KV_EUNSUPPORTED);
@@ -1164,7 +1322,7 @@ END_TEST
 
 /* What the runtime cannot serve is refused with its own message. */
 START_TEST(test_refusals) {
-    const rcase c = {"base", 2, 2, 2, 16, 4, 16, U(2, 16, TOK), U(2, 16, CH), F16, F16, 0, 1, 0, 0, 10, 5, 1, 0, 0};
+    const rcase c = {"base", 2, 2, 2, 16, 4, 16, U(2, 16, TOK), U(2, 16, CH), F16, F16, 0, 1, 0, 0, 10, 5, 1, 0, 0, NO_SQ};
     kv_plan *p = make_plan(&c);
     double *freq = rope_freqs(16);
     kv_rt_options o;
@@ -1214,7 +1372,7 @@ START_TEST(test_refusals) {
     kv_rt_close(rt);
     kv_plan_free(p);
     /* an AQUA plan whose layer 1 is appended before layer 0 compressed the same tokens */
-    const rcase a = {"aqua", 2, 1, 1, 16, 0, 8, U(2, 8, CH), U(2, 8, CH), U(4, 8, CH), U(4, 8, CH), 1, 0, 0, 1, 10, 5, 1, 0, 0};
+    const rcase a = {"aqua", 2, 1, 1, 16, 0, 8, U(2, 8, CH), U(2, 8, CH), U(4, 8, CH), U(4, 8, CH), 1, 0, 0, 1, 10, 5, 1, 0, 0, NO_SQ};
     p = make_plan(&a);
     o.capacity = 0, o.n_heads = 1;
     ck_assert_kv_ok(kv_rt_open(&rt, p, &o));
@@ -1230,6 +1388,130 @@ START_TEST(test_refusals) {
 }
 END_TEST
 
+/* SQuat plans the runtime cannot serve, each refused naming the layer and stream; the prompt
+ * variant's working memory (the Gram matrices, then the sequence's encoders) is reported and released. */
+static void squat_refused(kv_plan *p, kv_rt_options *o, kv_status want, const char *needle) {
+    kv_rt *rt = NULL;
+    ck_assert_int_eq(kv_rt_open(&rt, p, o), want);
+    ck_assert_ptr_null(rt);
+    ck_assert_msg(strstr(kv_error_last(), needle) && strstr(kv_error_last(), "layer 0 K"), "message: %s", kv_error_last());
+}
+
+START_TEST(test_squat_refusals) {
+    const rcase c = {"sq", 1, 2, 2, 16, 0, 8, U(2, 8, TOK), U(2, 8, CH), F16, F16, 0, 0, 0, 0, 10, 5, 1, 0, 0,
+                     SQ_PROMPT_BASIS, 4, 4, 1e-3f};
+    kv_plan *p = make_plan(&c);
+    double *freq = rope_freqs(16);
+    kv_rt_options o;
+    memset(&o, 0, sizeof o);
+    o.n_seqs = 1, o.n_heads = 4, o.n_threads = 1, o.rope_inv_freq = freq;
+    kv_plan_stream *ks = &p->layers[0].stream[KV_PLAN_K];
+    ks->pre_rope = 1; /* keys before RoPE: the query subspace is after RoPE */
+    squat_refused(p, &o, KV_EUNSUPPORTED, "after RoPE");
+    ks->pre_rope = 0;
+    ks->group_axis = KV_PLAN_GROUP_CHANNELS; /* per-token groups */
+    squat_refused(p, &o, KV_EUNSUPPORTED, "along tokens");
+    ks->group_axis = KV_PLAN_GROUP_TOKENS;
+    ks->method = KV_PLAN_FP, ks->bits = 16, ks->group_size = 0; /* not a uniform stream */
+    squat_refused(p, &o, KV_EUNSUPPORTED, "uniform keys");
+    ks->method = KV_PLAN_UNIFORM, ks->bits = 2, ks->group_size = 8;
+    p->global.prune_method = KV_PLAN_PRUNE_STREAMINGLLM, p->global.prune_budget = 0.5f;
+    squat_refused(p, &o, KV_EUNSUPPORTED, "pruning");
+    p->global.prune_method = KV_PLAN_PRUNE_NONE, p->global.prune_budget = 0.0f;
+    ks->squat->static_subspace = 1;
+    float *basis = ks->squat->basis;
+    ks->squat->basis = NULL; /* static without a basis (the reader refuses it too) */
+    squat_refused(p, &o, KV_EFORMAT, "without a basis");
+    ks->squat->basis = basis;
+    ks->squat->static_subspace = 0;
+    /* the prompt variant: Gram matrices while the layer has not compressed, encoders after */
+    kv_rt *rt = NULL;
+    ck_assert_kv_ok(kv_rt_open(&rt, p, &o));
+    float k[16 * 32], v[16 * 32], q[16 * 64], out[16 * 64];
+    int32_t pos[16];
+    for (int i = 0; i < 16; i++) pos[i] = i;
+    fill_kv(k, v, 16, 32, 0, 0, 1);
+    make_queries(q, &c, 16, 0, 0, 0);
+    kv_rt_stats st;
+    ck_assert_kv_ok(kv_rt_append(rt, 0, 0, 12, pos, k, k, v, 32));
+    ck_assert_kv_ok(kv_rt_attend(rt, 0, 0, 12, q, 64, out, 64));
+    ck_assert_kv_ok(kv_rt_get_stats(rt, 0, &st));
+    ck_assert_uint_eq(st.working_bytes, 2u * 16u * 16u * sizeof(double)); /* two KV heads' Gram matrices */
+    ck_assert_kv_ok(kv_rt_append(rt, 0, 0, 1, pos + 12, k, k, v, 32)); /* compresses 8 tokens: the subspace */
+    ck_assert_kv_ok(kv_rt_get_stats(rt, 0, &st));
+    ck_assert_uint_gt(st.working_bytes, 2u * 16u * 16u * sizeof(double)); /* two encoders: P_inv and the W_t */
+    ck_assert_uint_lt(st.working_bytes, 2u * 16u * 16u * sizeof(double) + 4096u);
+    kv_rt_reset(rt, 0);
+    ck_assert_kv_ok(kv_rt_get_stats(rt, 0, &st));
+    ck_assert_uint_eq(st.working_bytes, 0);
+    kv_rt_close(rt);
+    kv_plan_free(p);
+    free(freq);
+}
+END_TEST
+
+/* kv_rt_prompt_copy into a SQuat plan with the prompt subspace: the source's Gram matrices go with the
+ * prompt, so the copy compresses as a runtime that attended the prompt itself (bits); a source that did
+ * not accumulate them is refused. */
+START_TEST(test_squat_prompt_copy) {
+    const rcase c = {"sq copy", 2, 2, 3, 32, 4, 32, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                     SQ_PROMPT, 4, 8, 1e-4f};
+    const int P = 100, hd = 32, kvd = 64, qd = 192;
+    kv_plan *p = make_plan(&c);
+    const rcase cf = {"f16", 2, 2, 3, 32, 4, 32, F16, F16, F16, F16, 0, 0, 0, 0, 0, 0, 0, 0, 0, NO_SQ};
+    kv_plan *pf = make_plan(&cf);
+    kv_rt_options o;
+    memset(&o, 0, sizeof o);
+    o.n_seqs = 1, o.n_heads = 6, o.n_threads = 1, o.prompt_stats = 1;
+    float *k = malloc(sizeof(float) * P * kvd), *v = malloc(sizeof(float) * P * kvd), *q = malloc(sizeof(float) * P * qd);
+    float *out = malloc(sizeof(float) * P * qd), *o1 = malloc(sizeof(float) * qd), *o2 = malloc(sizeof(float) * qd);
+    float *K1 = malloc(sizeof(float) * (P + 1) * hd), *V1 = malloc(sizeof(float) * (P + 1) * hd);
+    float *K2 = malloc(sizeof(float) * (P + 1) * hd), *V2 = malloc(sizeof(float) * (P + 1) * hd);
+    int32_t pos[101];
+    for (int i = 0; i <= P; i++) pos[i] = i;
+    kv_rt *src = NULL, *own = NULL, *cp = NULL, *fsrc = NULL;
+    ck_assert_kv_ok(kv_rt_open(&src, p, &o));
+    ck_assert_kv_ok(kv_rt_open(&own, p, &o));
+    ck_assert_kv_ok(kv_rt_open(&cp, p, &o));
+    ck_assert_kv_ok(kv_rt_open(&fsrc, pf, &o));
+    for (int l = 0; l < 2; l++) {
+        fill_kv(k, v, P, kvd, l, 0, 9);
+        make_queries(q, &c, P, 0, l, 0);
+        kv_rt *rs[3] = {src, own, fsrc};
+        for (int i = 0; i < 3; i++) {
+            ck_assert_kv_ok(kv_rt_append(rs[i], l, 0, P, pos, k, k, v, kvd));
+            ck_assert_kv_ok(kv_rt_attend(rs[i], l, 0, P, q, qd, out, qd));
+        }
+    }
+    ck_assert_int_eq(kv_rt_prompt_copy(cp, 0, fsrc, 0), KV_EINVAL); /* no Gram matrices in an f16 source */
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "SQuat"));
+    ck_assert_kv_ok(kv_rt_prompt_copy(cp, 0, src, 0));
+    ck_assert_kv_ok(kv_rt_end_prompt(own, 0));
+    ck_assert_kv_ok(kv_rt_end_prompt(cp, 0));
+    for (int l = 0; l < 2; l++) { /* the next token: the prompt is compressed with its own subspace */
+        fill_kv(k, v, 1, kvd, l, P, 9);
+        make_queries(q, &c, 1, P, l, 0);
+        ck_assert_kv_ok(kv_rt_append(own, l, 0, 1, pos + P, k, k, v, kvd));
+        ck_assert_kv_ok(kv_rt_append(cp, l, 0, 1, pos + P, k, k, v, kvd));
+        ck_assert_kv_ok(kv_rt_attend(own, l, 0, 1, q, qd, o1, qd));
+        ck_assert_kv_ok(kv_rt_attend(cp, l, 0, 1, q, qd, o2, qd));
+        ck_assert_int_eq(memcmp(o1, o2, sizeof(float) * qd), 0);
+        for (int h = 0; h < 2; h++) {
+            ck_assert_kv_ok(kv_rt_decode_head(own, l, 0, h, K1, V1));
+            ck_assert_kv_ok(kv_rt_decode_head(cp, l, 0, h, K2, V2));
+            ck_assert_int_eq(memcmp(K1, K2, sizeof(float) * (P + 1) * hd), 0);
+            ck_assert_int_eq(memcmp(V1, V2, sizeof(float) * (P + 1) * hd), 0);
+        }
+    }
+    kv_rt_stats st;
+    ck_assert_kv_ok(kv_rt_get_stats(cp, 0, &st));
+    ck_assert_uint_gt(st.values_compressed, 0);
+    kv_rt_close(src), kv_rt_close(own), kv_rt_close(cp), kv_rt_close(fsrc);
+    kv_plan_free(p), kv_plan_free(pf);
+    free(k), free(v), free(q), free(out), free(o1), free(o2), free(K1), free(V1), free(K2), free(V2);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("runtime");
     TCase *tc = tcase_create("runtime");
@@ -1240,6 +1522,8 @@ int main(void) {
     tcase_add_test(tc, test_threads_agree);
     tcase_add_test(tc, test_keep_reconstructions);
     tcase_add_test(tc, test_refusals);
+    tcase_add_test(tc, test_squat_refusals);
+    tcase_add_test(tc, test_squat_prompt_copy);
     tcase_add_loop_test(tc, test_pruning, 0, 2 * (int)(sizeof k_pcases / sizeof k_pcases[0]));
     tcase_add_test(tc, test_prompt_copy);
     tcase_add_test(tc, test_pruning_refusals);
