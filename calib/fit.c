@@ -136,8 +136,11 @@ kv_status kv_fit_config_method_preset(kv_fit_config *c, kv_fit_method method) {
                                                "values.group_axis=channels", "values.group_size=64", NULL};
     /* fp8 / nvfp4: keys after RoPE, as serving engines hold them */
     static const char *const fp[] = {"cache.pre_rope=false", NULL};
+    /* squat: KIVI's layout (per-channel key groups along tokens, post-RoPE keys) with SQuat keys */
+    static const char *const squat[] = {"keys.group_axis=tokens", "keys.group_size=32", "values.group_axis=channels",
+                                        "values.group_size=32", "cache.pre_rope=false", "squat.enabled=true", NULL};
     const char *const *set = method == KV_FIT_KIVI || method == KV_FIT_XQUANT ? kivi : method == KV_FIT_AQUA_UNIFORM ? aqua_uniform
-                             : (method == KV_FIT_FP8 || method == KV_FIT_NVFP4) ? fp : NULL;
+                             : method == KV_FIT_SQUAT ? squat : (method == KV_FIT_FP8 || method == KV_FIT_NVFP4) ? fp : NULL;
     if (!kv_fit_method_name((int)method)) return KV_ERR(KV_EINVAL, "unknown fit method %d", (int)method);
     c->method = method;
     char where[64];
