@@ -340,7 +340,7 @@ void kv_vocab_free(kv_vocab_data *v);
  * Indices: layers 0..n_layers-1; streams KV_PLAN_K (0) and KV_PLAN_V (1). kv_dim below means
  * fingerprint.n_kv_heads * fingerprint.head_dim. */
 #define KV_PLAN_VERSION_MAJOR 1
-#define KV_PLAN_VERSION_MINOR 1
+#define KV_PLAN_VERSION_MINOR 2
 #define KV_PLAN_MAX_PRED_INPUTS 8  /* PLAN_FORMAT.md §6.5 */
 
 typedef enum kv_plan_stream_id { KV_PLAN_K = 0, KV_PLAN_V = 1 } kv_plan_stream_id;
@@ -424,6 +424,10 @@ typedef struct kv_plan_squat {
     float lambda;            /* >= 0 */
     int g;                   /* block of coordinates quantized at once; divides head_dim */
     float *basis;            /* optional static subspace: n_kv_heads x r x head_dim, or NULL */
+    int static_subspace;     /* (1.2) 0, the paper's default: the subspace comes from each sequence's
+                                prompt queries at prefill, the basis (when stored) is the fallback for
+                                a prompt with fewer than r query rows; 1: the stored basis is used for
+                                every sequence (no SVD at run time), so it needs a basis */
 } kv_plan_squat;
 
 typedef struct kv_plan_stream {
@@ -494,7 +498,9 @@ typedef struct kv_plan_file_info {
 #define KV_PLAN_FEAT_PRUNING 0x20ull     /* required: token pruning is on */
 #define KV_PLAN_FEAT_PACK3_11 0x40ull    /* required: a stream packs 3-bit codes 11 per word */
 #define KV_PLAN_FEAT_FLOAT 0x80ull      /* required (1.1): a stream uses FP8 or NVFP4 */
-#define KV_PLAN_REQUIRED_KNOWN 0xffull
+#define KV_PLAN_FEAT_SQUAT_STATIC 0x100ull /* required (1.2): a SQuat stream uses its stored basis for
+                                              every sequence (older readers would compute the prompt's) */
+#define KV_PLAN_REQUIRED_KNOWN 0x1ffull
 #define KV_PLAN_OPT_REPORT 0x1ull        /* optional: calibration report section present */
 #define KV_PLAN_OPT_SQUAT_BASIS 0x2ull   /* optional: a static SQuat basis is stored */
 #define KV_PLAN_OPT_PROVENANCE 0x4ull    /* optional: provenance section present */
@@ -521,7 +527,8 @@ void kv_plan_free(kv_plan *p);
 kv_status kv_plan_set_predictor(kv_plan *p, int layer, int stream, int n_inputs,
                                 const kv_plan_pred_input *inputs, const float *weight,
                                 const float *bias);
-/* Set (replace) the SQuat parameters of layer's key stream; basis (n_kv_heads*r*head_dim) or NULL. */
+/* Set (replace) the SQuat parameters of layer's key stream; basis (n_kv_heads*r*head_dim) or NULL.
+ * static_subspace starts at 0 (prompt subspace); set the field afterwards for the static variant. */
 kv_status kv_plan_set_squat(kv_plan *p, int layer, int r, float lambda, int g, const float *basis);
 /* Set (replace) the tensor scales of an FP8 / NVFP4 stream: n = 1 (per tensor) or n_kv_heads
  * (per KV head), each finite and > 0; copied. The stream's method must already be FP8 or NVFP4. */

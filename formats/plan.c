@@ -537,6 +537,9 @@ static kv_status validate_stream(const kv_plan *p, int l, int stream) {
         if (!isfinite(q->lambda) || q->lambda < 0.0f) return SERR("SQuat lambda %g must be >= 0", (double)q->lambda);
         if (q->basis && !all_finite(q->basis, (size_t)p->fingerprint.n_kv_heads * (size_t)q->r * (size_t)hd))
             return SERR("SQuat basis has a NaN or infinite value");
+        if (q->static_subspace != 0 && q->static_subspace != 1)
+            return SERR("SQuat static_subspace %d is not 0 or 1", q->static_subspace);
+        if (q->static_subspace && !q->basis) return SERR("SQuat with a static subspace but no stored basis");
     }
     return KV_OK;
 }
@@ -630,6 +633,7 @@ uint64_t kv_plan_required_features(const kv_plan *p) {
             if (s->predictor) f |= KV_PLAN_FEAT_PREDICTOR;
             if (s->share_codes_with_layer >= 0) f |= KV_PLAN_FEAT_SHARED_CODES;
             if (s->squat) f |= KV_PLAN_FEAT_SQUAT;
+            if (s->squat && s->squat->static_subspace) f |= KV_PLAN_FEAT_SQUAT_STATIC;
             if (s->pack == KV_PLAN_PACK_3BIT_11) f |= KV_PLAN_FEAT_PACK3_11;
             if (kv_plan_method_is_float(s->method)) f |= KV_PLAN_FEAT_FLOAT;
         }

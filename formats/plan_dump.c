@@ -55,10 +55,11 @@ static double l2norm(const float *v, size_t n) {
 }
 
 static json_t *feature_list(uint64_t bits, int required, int *ok) {
-    static const char *const req[] = {"ZLIB", "HIGGS", "PREDICTOR", "SHARED_CODES", "SQUAT", "PRUNING", "PACK3_11", "FLOAT"};
+    static const char *const req[] = {"ZLIB",    "HIGGS",    "PREDICTOR", "SHARED_CODES", "SQUAT",
+                                      "PRUNING", "PACK3_11", "FLOAT",     "SQUAT_STATIC"};
     static const char *const opt[] = {"REPORT", "SQUAT_BASIS", "PROVENANCE"};
     const char *const *names = required ? req : opt;
-    const int n_names = required ? 7 : 3;
+    const int n_names = required ? (int)(sizeof req / sizeof *req) : (int)(sizeof opt / sizeof *opt);
     json_t *a = json_array();
     for (int b = 0; b < 64; b++) {
         if (!(bits & (1ull << b))) continue;
@@ -214,7 +215,8 @@ static json_t *dump_stream(const kv_plan *p, int l, int st, int full, int *ok) {
         put(qo, "r", jint(q->r), ok);
         put(qo, "lambda", jf32(q->lambda), ok);
         put(qo, "g", jint(q->g), ok);
-        put(qo, "static_basis", json_boolean(q->basis != NULL), ok);
+        put(qo, "subspace", json_string(q->static_subspace ? "static" : "prompt"), ok);
+        put(qo, "basis_stored", json_boolean(q->basis != NULL), ok);
         if (q->basis) {
             const size_t nb = (size_t)p->fingerprint.n_kv_heads * (size_t)q->r * (size_t)p->fingerprint.head_dim;
             put(qo, "basis_norm", json_real(l2norm(q->basis, nb)), ok);

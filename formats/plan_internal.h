@@ -23,6 +23,7 @@
 #define KV_PLAN_SF_PRE_ROPE 0x1u
 #define KV_PLAN_SF_PREDICTOR 0x2u
 #define KV_PLAN_SF_SQUAT 0x4u
+#define KV_PLAN_SF_SQUAT_STATIC 0x10u /* 1.2: with SQUAT, the stored basis for every sequence */
 #define KV_PLAN_SF_FP_SCALES 0x8u /* 1.1: an FSCL entry exists */
 
 /* Limits of §6. */

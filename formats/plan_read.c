@@ -210,9 +210,12 @@ static kv_status read_stream(reader *r, cursor *c, int l, int st) {
     s->rpc_ratio = rd_f32(c, "stream rpc_ratio");
     const uint32_t reserved = rd_u32(c, "stream reserved");
     if (c->err != KV_OK) return c->err;
-    if (flags & ~(KV_PLAN_SF_PRE_ROPE | KV_PLAN_SF_PREDICTOR | KV_PLAN_SF_SQUAT | KV_PLAN_SF_FP_SCALES))
+    if (flags & ~(KV_PLAN_SF_PRE_ROPE | KV_PLAN_SF_PREDICTOR | KV_PLAN_SF_SQUAT | KV_PLAN_SF_FP_SCALES |
+                  KV_PLAN_SF_SQUAT_STATIC))
         return KV_ERR(KV_EFORMAT, "layer %d %s: unknown stream flags 0x%x", l, kv_plan_stream_name(st), flags);
     if (reserved != 0) return KV_ERR(KV_EFORMAT, "layer %d %s: reserved field is %u, not 0", l, kv_plan_stream_name(st), reserved);
+    if ((flags & KV_PLAN_SF_SQUAT_STATIC) && !(flags & KV_PLAN_SF_SQUAT))
+        return KV_ERR(KV_EFORMAT, "layer %d %s: SQUAT_STATIC flag without the SQUAT flag", l, kv_plan_stream_name(st));
     s->pre_rope = (flags & KV_PLAN_SF_PRE_ROPE) ? 1 : 0;
     r->stream_flags[l * 2 + st] = (uint8_t)flags;
     return KV_OK;
@@ -313,16 +316,38 @@ static kv_status read_sqat(reader *r, cursor *c) {
         kv_plan_squat *q = calloc(1, sizeof *q);
         if (!q) return KV_ERR(KV_ENOMEM, "out of memory");
         p->layers[l].stream[st].squat = q;
-        q->r = (int)rd_range(c, 1, (uint32_t)hd, "squat r");
+        /* r sizes the basis, so r and g are checked here; lambda, and a static subspace without a
+         * basis, by the plan's validation once every section is read */
+        const uint32_t rank = rd_u32(c, "squat r");
         q->lambda = rd_f32(c, "squat lambda");
-        q->g = (int)rd_range(c, 1, (uint32_t)hd, "squat g");
+        const uint32_t g = rd_u32(c, "squat g");
         const uint32_t has_basis = rd_range(c, 0, 1, "squat has_basis");
         if (c->err != KV_OK) return c->err;
+        if (rank < 1 || rank > (uint32_t)hd)
+            return KV_ERR(KV_EFORMAT, "layer %u K: SQuat r %u out of range [1, head_dim %d]", l, rank, hd);
+        if (g < 1 || g > (uint32_t)hd || (uint32_t)hd % g != 0)
+            return KV_ERR(KV_EFORMAT, "layer %u K: SQuat g %u does not divide head_dim %d", l, g, hd);
+        q->r = (int)rank;
+        q->g = (int)g;
+        q->static_subspace = (r->stream_flags[l * 2 + st] & KV_PLAN_SF_SQUAT_STATIC) != 0;
         if (has_basis) {
-            q->basis = rd_f32s(c, (uint64_t)p->fingerprint.n_kv_heads * (uint64_t)q->r * (uint64_t)hd, "squat basis");
+            /* The basis's shape is implied (n_kv_heads x r x head_dim); one written for another shape
+             * shows up as too few bytes here or extra bytes after the last entry. */
+            const uint64_t want = (uint64_t)p->fingerprint.n_kv_heads * rank * (uint64_t)hd;
+            if ((uint64_t)(c->n - c->pos) / 4u < want)
+                return KV_ERR(KV_EFORMAT,
+                              "layer %u K: the SQuat basis needs %d x %u x %d floats (n_kv_heads x r x head_dim), "
+                              "the section has %zu bytes left",
+                              l, p->fingerprint.n_kv_heads, rank, hd, c->n - c->pos);
+            q->basis = rd_f32s(c, want, "squat basis");
             if (c->err != KV_OK) return c->err;
         }
     }
+    if (c->pos != c->n && !r->newer_minor)
+        return KV_ERR(KV_EFORMAT,
+                      "section 'SQAT' has %zu bytes after its last entry: a SQuat basis is not n_kv_heads x r x "
+                      "head_dim floats",
+                      c->n - c->pos);
     return finish(r, c);
 }
 
@@ -547,6 +572,7 @@ static const char *feature_name(uint64_t bit) {
     case KV_PLAN_FEAT_PRUNING: return "PRUNING";
     case KV_PLAN_FEAT_PACK3_11: return "PACK3_11";
     case KV_PLAN_FEAT_FLOAT: return "FLOAT";
+    case KV_PLAN_FEAT_SQUAT_STATIC: return "SQUAT_STATIC";
     }
     return "?";
 }

@@ -128,6 +128,7 @@ static void put_stream(kv_buf *b, const kv_plan_stream *s) { /* §6.4 stream rec
     if (s->pre_rope) flags |= KV_PLAN_SF_PRE_ROPE;
     if (s->predictor) flags |= KV_PLAN_SF_PREDICTOR;
     if (s->squat) flags |= KV_PLAN_SF_SQUAT;
+    if (s->squat && s->squat->static_subspace) flags |= KV_PLAN_SF_SQUAT_STATIC;
     if (s->fp_scales) flags |= KV_PLAN_SF_FP_SCALES;
     kv_buf_u32(b, (uint32_t)s->method);
     kv_buf_u32(b, (uint32_t)s->bits);

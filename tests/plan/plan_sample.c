@@ -115,6 +115,16 @@ kv_status plan_sample_make_v1_1(kv_plan **out) {
     return KV_OK;
 }
 
+/* 1.1 plus a SQuat stream with the static subspace (format 1.2). */
+kv_status plan_sample_make_v1_2(kv_plan **out) {
+    kv_plan *p = NULL;
+    kv_status s = plan_sample_make_v1_1(&p);
+    if (s != KV_OK) return s;
+    p->layers[1].stream[KV_PLAN_K].squat->static_subspace = 1;
+    *out = p;
+    return KV_OK;
+}
+
 /* ---- comparison ---------------------------------------------------------------------------- */
 static int feq(float a, float b) { return (isnan(a) && isnan(b)) || memcmp(&a, &b, sizeof a) == 0; }
 static int farr_eq(const float *a, const float *b, size_t n) {
@@ -176,7 +186,8 @@ int plan_equal(const kv_plan *a, const kv_plan *b, char *why, size_t why_n) {
             if (!x->squat != !y->squat) DIFF("layer %d stream %d squat presence", l, st);
             if (x->squat) {
                 const kv_plan_squat *qa = x->squat, *qb = y->squat;
-                if (qa->r != qb->r || !feq(qa->lambda, qb->lambda) || qa->g != qb->g || !qa->basis != !qb->basis)
+                if (qa->r != qb->r || !feq(qa->lambda, qb->lambda) || qa->g != qb->g || !qa->basis != !qb->basis ||
+                    qa->static_subspace != qb->static_subspace)
                     DIFF("layer %d squat parameters", l);
                 if (qa->basis && !farr_eq(qa->basis, qb->basis, (size_t)qa->r * (size_t)kv_dim))
                     DIFF("layer %d squat basis", l);

@@ -14,6 +14,8 @@
 kv_status plan_sample_make(kv_plan **out);
 /* Format 1.1's golden content: the sample with layer 2 V in FP8 E4M3 with per-KV-head scales. */
 kv_status plan_sample_make_v1_1(kv_plan **out);
+/* 1.1 plus layer 1 K SQuat with the static subspace (format 1.2: SQUAT_STATIC). */
+kv_status plan_sample_make_v1_2(kv_plan **out);
 /* The sample's fingerprint alone. */
 void plan_sample_fingerprint(kv_plan_fingerprint *fp);
 

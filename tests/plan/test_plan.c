@@ -7,6 +7,7 @@
  *   test_plan --write-golden PATH    write the golden v1.0 plan (done once with the 1.0 writer; the
  *                                    current writer writes minor 1, so do not regenerate it)
  *   test_plan --write-golden-1.1 PATH  write the golden v1.1 plan (FP8 stream, tensor scales)
+ *   test_plan --write-golden-1.2 PATH  write the golden v1.2 plan (SQuat with the static subspace)
  *   test_plan --write-corpus DIR     write the fuzz seed corpus (valid plans + every corrupt variant) */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
@@ -446,6 +447,49 @@ static void m_flag_without_data(uint8_t **b, size_t *n) {
     plan_bytes_repair_crcs(*b, *n);
 }
 
+/* The SQAT entry of layer 1 K (the sample's only one): u32 n_entries, then layer, stream, r, lambda,
+ * g, has_basis, basis[2 x r x 4] (§6.6). */
+static size_t sqat_at(const uint8_t *b) { return kv_load_u64le(b + plan_bytes_entry(b, "SQAT") + 8) + 4; }
+static void m_squat_r(uint8_t **b, size_t *n) {
+    kv_store_u32le(*b + sqat_at(*b) + 8, 5); /* head_dim is 4 */
+    plan_bytes_repair_crcs(*b, *n);
+}
+static void m_squat_lambda(uint8_t **b, size_t *n) {
+    kv_store_f32le(*b + sqat_at(*b) + 12, -1e-3f);
+    plan_bytes_repair_crcs(*b, *n);
+}
+static void m_squat_g(uint8_t **b, size_t *n) {
+    kv_store_u32le(*b + sqat_at(*b) + 16, 3);
+    plan_bytes_repair_crcs(*b, *n);
+}
+static void m_squat_basis_short(uint8_t **b, size_t *n) {
+    kv_store_u32le(*b + sqat_at(*b) + 8, 3); /* r 3: 24 floats, the section holds 16 */
+    plan_bytes_repair_crcs(*b, *n);
+}
+static void m_squat_basis_long(uint8_t **b, size_t *n) {
+    kv_store_u32le(*b + sqat_at(*b) + 8, 1); /* r 1: 8 floats, the section holds 16 */
+    plan_bytes_repair_crcs(*b, *n);
+}
+static void m_squat_static_no_basis(uint8_t **b, size_t *n) {
+    /* layer 1 K gets SQUAT_STATIC (flags at stream +36; K at record +8), its basis is dropped, and the
+     * header declares the feature: only the missing basis is wrong */
+    const size_t e = plan_bytes_entry(*b, "LAYR");
+    const size_t at = kv_load_u64le(*b + e + 8) + 8 + 104 + 8 + 36;
+    kv_store_u32le(*b + at, kv_load_u32le(*b + at) | 0x10u);
+    kv_store_u32le(*b + sqat_at(*b) + 20, 0);
+    memset(*b + sqat_at(*b) + 24, 0, 2 * 2 * 4 * sizeof(float)); /* padding is zero (§1) */
+    const size_t es = plan_bytes_entry(*b, "SQAT");
+    kv_store_u64le(*b + es + 16, 4 + 24);
+    kv_store_u64le(*b + es + 24, 4 + 24);
+    kv_store_u64le(*b + 32, kv_load_u64le(*b + 32) | KV_PLAN_FEAT_SQUAT_STATIC);
+    plan_bytes_repair_crcs(*b, *n);
+}
+static void m_squat_static_without_squat(uint8_t **b, size_t *n) {
+    const size_t at = kv_load_u64le(*b + plan_bytes_entry(*b, "LAYR") + 8) + 8 + 8 + 36; /* layer 0 K */
+    kv_store_u32le(*b + at, kv_load_u32le(*b + at) | 0x10u);
+    plan_bytes_repair_crcs(*b, *n);
+}
+
 static const corrupt_case k_corrupt[] = {
     {"bad magic", m_bad_magic, KV_EFORMAT, "bad magic"},
     {"future major", m_future_major, KV_EVERSION, "version 2.0 is newer than this reader"},
@@ -486,6 +530,17 @@ static const corrupt_case k_corrupt[] = {
     {"trailing bytes", m_trailing, KV_EFORMAT, "unexpected bytes after the end of the plan"},
     {"section tail", m_section_tail, KV_EFORMAT, "section 'GLOB' has 4 unexpected bytes"},
     {"flag without data", m_flag_without_data, KV_EFORMAT, "predictors but 3 streams have the PREDICTOR flag"},
+    {"SQuat r above head_dim", m_squat_r, KV_EFORMAT, "layer 1 K: SQuat r 5 out of range [1, head_dim 4]"},
+    {"SQuat lambda below 0", m_squat_lambda, KV_EFORMAT, "layer 1 K: SQuat lambda -0.001 must be >= 0"},
+    {"SQuat g not dividing head_dim", m_squat_g, KV_EFORMAT, "layer 1 K: SQuat g 3 does not divide head_dim 4"},
+    {"SQuat basis too small for r", m_squat_basis_short, KV_EFORMAT,
+     "layer 1 K: the SQuat basis needs 2 x 3 x 4 floats (n_kv_heads x r x head_dim), the section has 64 bytes left"},
+    {"SQuat basis too large for r", m_squat_basis_long, KV_EFORMAT,
+     "section 'SQAT' has 32 bytes after its last entry: a SQuat basis is not n_kv_heads x r x head_dim floats"},
+    {"SQuat static subspace without a basis", m_squat_static_no_basis, KV_EFORMAT,
+     "layer 1 K: SQuat with a static subspace but no stored basis"},
+    {"SQUAT_STATIC without SQuat", m_squat_static_without_squat, KV_EFORMAT,
+     "layer 0 K: SQUAT_STATIC flag without the SQUAT flag"},
 };
 enum { N_CORRUPT = sizeof k_corrupt / sizeof *k_corrupt };
 /* The compressed-only case (its mutation needs a ZLIB section). */
@@ -673,6 +728,12 @@ static void i_squat_v(kv_plan *p) {
     p->layers[1].stream[KV_PLAN_V].squat = p->layers[1].stream[KV_PLAN_K].squat;
     p->layers[1].stream[KV_PLAN_K].squat = NULL;
 }
+static void i_squat_static_no_basis(kv_plan *p) {
+    kv_plan_squat *q = p->layers[1].stream[KV_PLAN_K].squat;
+    free(q->basis);
+    q->basis = NULL;
+    q->static_subspace = 1;
+}
 static void i_prune(kv_plan *p) { p->global.prune_budget = 0.0f; }
 static void i_layer_prune(kv_plan *p) { p->layers[0].prune_budget = -0.5f; }
 static void i_sha(kv_plan *p) {
@@ -704,6 +765,7 @@ static const invalid_case k_invalid[] = {
     {"predictor input from the future", i_pred_input, "is not reconstructed before this stream"},
     {"predictor NaN", i_pred_nan, "predictor has a NaN"},
     {"SQuat on values", i_squat_v, "SQuat needs a uniform K stream"},
+    {"SQuat static without basis", i_squat_static_no_basis, "layer 1 K: SQuat with a static subspace but no stored basis"},
     {"prune budget 0", i_prune, "prune_budget 0 out of range"},
     {"layer prune budget", i_layer_prune, "layer 0: prune_budget -0.5"},
     {"corpus sha", i_sha, "corpus_sha256 'ABC' is not 64 lowercase hex digits"},
@@ -808,10 +870,11 @@ START_TEST(test_dump_json) {
     json_t *root = json_loads(text, 0, &err);
     ck_assert_msg(root != NULL, "JSON: %s at line %d", err.text, err.line);
     ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(root, "fingerprint"), "n_layers")), 3);
-    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(root, "format"), "version")), "1.1");
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(root, "format"), "version")), "1.2");
     json_t *layers = json_object_get(root, "layers");
     ck_assert_uint_eq(json_array_size(layers), 3);
     json_t *k1 = json_object_get(json_array_get(layers, 1), "K");
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(k1, "squat"), "subspace")), "prompt");
     ck_assert_str_eq(json_string_value(json_object_get(json_object_get(k1, "record"), "method")), "uniform");
     ck_assert_str_eq(json_string_value(json_object_get(json_object_get(k1, "record"), "pack")), "3bit-11");
     ck_assert(json_real_value(json_object_get(json_object_get(k1, "record"), "eta")) == 0.05);
@@ -906,6 +969,50 @@ START_TEST(test_golden_v1_1) {
 }
 END_TEST
 
+/* ---- format 1.2: the SQuat static subspace (stream flag SQUAT_STATIC, feature bit 8) ---------------- */
+static void golden_path_1_2(char *out, size_t n) {
+    const char *src = getenv("KVCAL_TEST_SRC");
+    snprintf(out, n, "%s/plan/golden/v1.2.kvplan", src && *src ? src : "tests");
+}
+
+/* The frozen 1.2 file (written once by `test_plan --write-golden-1.2`, never regenerated); a plan
+ * with the static subspace round-trips, declares SQUAT_STATIC, and without the bit is refused. */
+START_TEST(test_golden_v1_2) {
+    char path[1024];
+    golden_path_1_2(path, sizeof path);
+    kv_plan *p = NULL;
+    ck_assert_kv_ok(kv_plan_read(&p, path));
+    ck_assert_int_eq(p->file.version_minor, 2);
+    ck_assert(p->file.required_features & KV_PLAN_FEAT_SQUAT_STATIC);
+    ck_assert_int_eq(p->layers[1].stream[KV_PLAN_K].squat->static_subspace, 1);
+    kv_plan *s = NULL;
+    ck_assert_kv_ok(plan_sample_make_v1_2(&s));
+    char why[256];
+    ck_assert_msg(plan_equal(p, s, why, sizeof why), "golden 1.2 vs sample: %s", why);
+    /* the prompt subspace (the 1.0 meaning) does not declare the bit */
+    s->layers[1].stream[KV_PLAN_K].squat->static_subspace = 0;
+    uint8_t *b = NULL;
+    size_t n = 0;
+    kv_plan *q = NULL;
+    serialize(&b, &n, s, &k_plain);
+    ck_assert_kv_ok(kv_plan_read_memory(&q, b, n));
+    ck_assert_uint_eq(q->file.required_features & KV_PLAN_FEAT_SQUAT_STATIC, 0);
+    ck_assert_int_eq(q->layers[1].stream[KV_PLAN_K].squat->static_subspace, 0);
+    kv_plan_free(q);
+    q = NULL;
+    free(b);
+    kv_plan_free(s);
+    /* a reader must not apply the prompt subspace to a static plan: the bit cleared is refused */
+    serialize(&b, &n, p, &k_plain);
+    kv_store_u64le(b + 32, kv_load_u64le(b + 32) & ~KV_PLAN_FEAT_SQUAT_STATIC);
+    plan_bytes_repair_crcs(b, n);
+    ck_assert_int_eq(kv_plan_read_memory(&q, b, n), KV_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "SQUAT_STATIC"));
+    free(b);
+    kv_plan_free(p);
+}
+END_TEST
+
 /* Every float method, per tensor and per KV head: round trip, bits, feature bit, FSCL section; the
  * rules of §6.4 / §6.9 refused; an undeclared FLOAT feature refused. */
 START_TEST(test_float_methods) {
@@ -995,6 +1102,15 @@ static int write_golden(const char *path) {
     return s == KV_OK ? 0 : 1;
 }
 
+static int write_golden_1_2(const char *path) {
+    kv_plan *p = NULL;
+    kv_status s = plan_sample_make_v1_2(&p);
+    if (s == KV_OK) s = kv_plan_write(p, path, &k_zlib);
+    kv_plan_free(p);
+    if (s != KV_OK) fprintf(stderr, "write-golden-1.2: %s\n", kv_error_last());
+    return s == KV_OK ? 0 : 1;
+}
+
 static int write_golden_1_1(const char *path) {
     kv_plan *p = NULL;
     kv_status s = plan_sample_make_v1_1(&p);
@@ -1050,6 +1166,7 @@ static int write_corpus(const char *dir) {
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--write-golden") == 0) return write_golden(argv[2]);
     if (argc == 3 && strcmp(argv[1], "--write-golden-1.1") == 0) return write_golden_1_1(argv[2]);
+    if (argc == 3 && strcmp(argv[1], "--write-golden-1.2") == 0) return write_golden_1_2(argv[2]);
     if (argc == 3 && strcmp(argv[1], "--write-corpus") == 0) return write_corpus(argv[2]);
     Suite *s = suite_create("plan");
     TCase *tc = tcase_create("format");
@@ -1061,6 +1178,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_write_file_atomic);
     tcase_add_test(tc, test_golden_v1_0);
     tcase_add_test(tc, test_golden_v1_1);
+    tcase_add_test(tc, test_golden_v1_2);
     tcase_add_test(tc, test_float_methods);
     tcase_add_loop_test(tc, test_corrupt_list, 0, N_CORRUPT);
     tcase_add_test(tc, test_corrupt_zlib);
