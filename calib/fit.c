@@ -136,8 +136,11 @@ kv_status kv_fit_config_method_preset(kv_fit_config *c, kv_fit_method method) {
                                                "values.group_axis=channels", "values.group_size=64", NULL};
     /* fp8 / nvfp4: keys after RoPE, as serving engines hold them */
     static const char *const fp[] = {"cache.pre_rope=false", NULL};
+    /* squat: KIVI's layout (per-channel key groups along tokens, post-RoPE keys) with SQuat keys */
+    static const char *const squat[] = {"keys.group_axis=tokens", "keys.group_size=32", "values.group_axis=channels",
+                                        "values.group_size=32", "cache.pre_rope=false", "squat.enabled=true", NULL};
     const char *const *set = method == KV_FIT_KIVI || method == KV_FIT_XQUANT ? kivi : method == KV_FIT_AQUA_UNIFORM ? aqua_uniform
-                             : (method == KV_FIT_FP8 || method == KV_FIT_NVFP4) ? fp : NULL;
+                             : method == KV_FIT_SQUAT ? squat : (method == KV_FIT_FP8 || method == KV_FIT_NVFP4) ? fp : NULL;
     if (!kv_fit_method_name((int)method)) return KV_ERR(KV_EINVAL, "unknown fit method %d", (int)method);
     c->method = method;
     char where[64];
@@ -377,6 +380,12 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
                     return KV_ERR(KV_EINVAL, "%s.group_size %d: groups along tokens must divide cache.recent (%d), "
                                   "the chunk of tokens the cache compresses at once", st ? "values" : "keys",
                                   s->group_size, cfg->cache.recent);
+                if (cfg->squat.enabled && st == KV_PLAN_K) { /* r and lambda: chosen per layer (fit_squat.c) */
+                    const int g = kv_fit_sq_g(cfg, head_dim), r0 = cfg->squat.r < head_dim ? cfg->squat.r : head_dim;
+                    kv_status qs = kv_plan_set_squat(p, l, r0, (float)cfg->squat.lambda, g, NULL);
+                    if (qs != KV_OK) return kv_error_wrap(qs, "squat.g (%s), squat.r (%s): ", kv_fit_config_origin(cfg, "squat.g"),
+                                                          kv_fit_config_origin(cfg, "squat.r"));
+                }
             }
             /* The quantizer the runtime will build from this record, on one chunk's shape: a refusal
              * here names the configuration keys (and where they were set), not only the quantizer. */
@@ -423,6 +432,8 @@ typedef struct fit_run {
     kv_grid_search *search[64]; /* per plan grid (at most 64, PLAN_FORMAT.md §6.3) */
     kv_fit_xq_codes xq;         /* XQuant: codes of the lower layer of a sharing pair */
     kv_fit_xq_eta xqe;          /* XQuant: eta statistics of the current layer */
+    kv_fit_sq sq;               /* SQuat: query Grams, held-out queries, the layer's choice */
+    int sq_layer;               /* 1 while the current layer's K stream is quantized by SQuat */
 } fit_run;
 
 static int64_t shard_nseq(const fit_run *r, int64_t k) {
@@ -454,7 +465,8 @@ static kv_status capture(void *user, const kv_capture *c) {
         memcpy(cc->k + dst0 * kvd, ksrc + row0 * kvd, (size_t)r->n_comp * kvd * sizeof(float));
         memcpy(cc->v + dst0 * kvd, c->v + row0 * kvd, (size_t)r->n_comp * kvd * sizeof(float));
     }
-    return kv_fit_xq_eta_capture(&r->xqe, cc->j, shard_ncal(r, r->shard_ids[cc->j]), c);
+    kv_status s = kv_fit_xq_eta_capture(&r->xqe, cc->j, shard_ncal(r, r->shard_ids[cc->j]), c);
+    return s == KV_OK ? kv_fit_sq_capture(&r->sq, cc->j, c) : s;
 }
 
 static void fit_run_free(fit_run *r) {
@@ -467,6 +479,7 @@ static void fit_run_free(fit_run *r) {
     for (int i = 0; i < 64; i++) kv_grid_search_free(r->search[i]);
     kv_fit_xq_codes_free(&r->xq);
     kv_fit_xq_eta_free(&r->xqe);
+    kv_fit_sq_free(&r->sq);
 }
 
 /* ---- layer forward ------------------------------------------------------------------------------ */
@@ -702,6 +715,7 @@ static kv_status quant_pass(fit_run *r, int l, int stream, const kv_plan_predict
     const uint32_t *partner = q.shared_codes ? r->xq.prev[stream] : NULL;
     const size_t wpc = r->xq.words[stream];
     const int xq_f16 = kv_fit_xq_active(r->cfg) && !pred;
+    const int sq = stream == KV_PLAN_K && r->sq_layer; /* SQuat keys: per head, the layer's chosen encoders */
     for (int64_t j = 0; j < r->n_local && s == KV_OK; j++) {
         const float *inputs[KV_PLAN_MAX_PRED_INPUTS] = {NULL};
         float *Y = NULL;
@@ -749,8 +763,10 @@ static kv_status quant_pass(fit_run *r, int l, int stream, const kv_plan_predict
                 else
                     for (size_t k = 0; k < chunk_vals; k++) res[k] = p ? y[k] - p[k] : y[k];
                 const size_t lc = (size_t)(chunk_base + c0 + i); /* this rank's chunk index */
-                kv_status qs = kv_fit_xq_roundtrip(rh, keep ? keep + lc * wpc : NULL, &q, (size_t)recent, (size_t)kvd,
-                                                   res, partner ? partner + lc * wpc : NULL);
+                kv_status qs = sq ? kv_fit_sq_roundtrip(rh, &r->sq, (int64_t)(lc / (size_t)r->n_chunks), &q.uniform, recent,
+                                                        kvd, res)
+                                  : kv_fit_xq_roundtrip(rh, keep ? keep + lc * wpc : NULL, &q, (size_t)recent, (size_t)kvd,
+                                                        res, partner ? partner + lc * wpc : NULL);
                 if (qs != KV_OK) {
 #pragma omp critical
                     {
@@ -907,6 +923,101 @@ static kv_status eta_search(fit_run *r, int l, int st, kv_fit_layer_report *lr) 
     return KV_OK;
 }
 
+/* ---- SQuat (fit_squat.c): r and lambda of layer l's keys, before their quantization pass ----------
+ * The calibration sequences' query Grams summed in shard order (kv_dist_fold) and sent to every rank;
+ * each rank derives the same candidates; the held-out errors per candidate summed in shard order and
+ * sent to every rank, which all make the same choice. */
+typedef struct sq_job {
+    fit_run *r;
+    const kv_plan_predictor *pred;
+    kv_uniform uq;
+} sq_job;
+
+static kv_status sq_gram_part(void *user, int64_t k, double *out) {
+    sq_job *job = user;
+    kv_fit_sq_gram_part(&job->r->sq, k / job->r->size, out); /* k = rank + j * size */
+    return KV_OK;
+}
+
+/* The held-out sequences of shard k: their quantizer input (K, or K minus the AQUA prediction). */
+static kv_status sq_err_part(void *user, int64_t k, double *out) {
+    sq_job *job = user;
+    fit_run *r = job->r;
+    const int64_t j = k / r->size, ncal = shard_ncal(r, k), nseq = shard_nseq(r, k);
+    if (ncal >= nseq) return KV_OK;
+    const size_t kvd = (size_t)r->kv_dim, per_seq = (size_t)r->n_comp * kvd, cv = (size_t)r->recent * kvd;
+    float *Y = NULL, *in = NULL;
+    kv_status s = kv_fit_store_get(&r->st, KV_FIT_K, j, 1, &Y);
+    if (s == KV_OK && job->pred) s = kv_fit_store_get(&r->st, KV_FIT_KP, j, 1, &in);
+    float *X = s == KV_OK ? malloc((per_seq ? per_seq : 1) * sizeof(float)) : NULL;
+    if (s == KV_OK && !X) s = KV_ERR(KV_ENOMEM, "out of memory");
+    for (int64_t b = ncal; b < nseq && s == KV_OK; b++) {
+        const float *y = Y + (size_t)b * per_seq;
+        if (job->pred) {
+            for (int c = 0; c < r->n_chunks && s == KV_OK; c++) {
+                const float *ins[KV_PLAN_MAX_PRED_INPUTS] = {in + (size_t)b * per_seq + (size_t)c * cv};
+                s = kv_predictor_apply(X + (size_t)c * cv, job->pred, ins, (size_t)r->recent, r->kv_dim);
+            }
+            for (size_t i = 0; i < per_seq; i++) X[i] = y[i] - X[i];
+        } else {
+            memcpy(X, y, per_seq * sizeof(float));
+        }
+        if (s == KV_OK) s = kv_fit_sq_err_seq(&r->sq, out, j, b, X, &job->uq);
+    }
+    free(X);
+    return s;
+}
+
+static kv_status squat_choose(fit_run *r, int l, const kv_plan_predictor *pk, kv_fit_layer_report *lr) {
+    r->sq_layer = 0;
+    const kv_plan_squat *ps = r->plan->layers[l].stream[KV_PLAN_K].squat;
+    if (!r->sq.on || !ps) return KV_OK;
+    const int g = ps->g, G = r->sq.n_kv_heads, hd = r->sq.head_dim;
+    sq_job job;
+    memset(&job, 0, sizeof job);
+    job.r = r;
+    job.pred = pk;
+    kv_quant q;
+    kv_status s = kv_quant_from_plan(&q, r->plan, l, KV_PLAN_K);
+    if (s != KV_OK) return s;
+    job.uq = q.uniform;
+    const size_t gl = kv_fit_sq_gram_len(&r->sq);
+    double *gram = calloc(gl, sizeof(double)), *err = NULL;
+    float *basis = NULL;
+    if ((s = kv_dist_agree(r->dist, gram ? KV_OK : KV_ERR(KV_ENOMEM, "out of memory"))) != KV_OK) goto done;
+    if ((s = kv_dist_fold(r->dist, gram, gl, r->n_shards, sq_gram_part, &job)) != KV_OK ||
+        (s = kv_dist_bcast(r->dist, gram, gl * sizeof(double), 0)) != KV_OK)
+        goto done;
+    if ((s = kv_dist_agree(r->dist, kv_fit_sq_candidates(&r->sq, gram, r->cfg))) != KV_OK) goto done;
+    const size_t el = kv_fit_sq_err_len(&r->sq);
+    err = calloc(el, sizeof(double));
+    if ((s = kv_dist_agree(r->dist, err ? KV_OK : KV_ERR(KV_ENOMEM, "out of memory"))) != KV_OK) goto done;
+    if ((s = kv_dist_fold(r->dist, err, el, r->n_shards, sq_err_part, &job)) != KV_OK ||
+        (s = kv_dist_bcast(r->dist, err, el * sizeof(double), 0)) != KV_OK)
+        goto done;
+    kv_fit_sq_choose(&r->sq, err, r->cfg, lr->squat);
+    if (r->cfg->squat.static_basis) {
+        if (!(basis = malloc((size_t)G * (size_t)r->sq.r * (size_t)hd * sizeof(float)))) {
+            s = KV_ERR(KV_ENOMEM, "out of memory");
+            goto done;
+        }
+        kv_fit_sq_static_basis(&r->sq, basis);
+    }
+    if ((s = kv_plan_set_squat(r->plan, l, r->sq.r, r->sq.lambda, g, basis)) != KV_OK) goto done;
+    r->plan->layers[l].stream[KV_PLAN_K].squat->static_subspace = r->cfg->squat.subspace == KV_FIT_SQ_STATIC;
+    if ((s = kv_fit_sq_encoders(&r->sq)) != KV_OK) goto done;
+    r->sq_layer = 1;
+    kv_log(KV_LOG_INFO, "fit: layer %d K: SQuat r %d lambda %g of %d candidates (90/95/99%% energy at r %d/%d/%d): "
+           "held-out softmax-output error %.4g (paper r=5 lambda=1e-3: %.4g, uniform: %.4g), score error %.4g",
+           l, r->sq.r, (double)r->sq.lambda, r->sq.n_cand, r->sq.r_energy[0], r->sq.r_energy[1], r->sq.r_energy[2],
+           lr->squat[3], lr->squat[5], lr->squat[7], lr->squat[2]);
+done:
+    free(gram);
+    free(err);
+    free(basis);
+    return s;
+}
+
 /* The stream's metrics from every held-out chunk's sums, added in chunk order. */
 static void stream_metrics(fit_run *r, int l, int stream, int has_pred, const double *ho, kv_fit_layer_report *lr) {
     const int kvd = r->kv_dim;
@@ -943,6 +1054,7 @@ static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
     kv_status s = kv_dist_agree(r->dist, ho ? KV_OK : KV_ERR(KV_ENOMEM, "out of memory for the held-out sums"));
     lr->ridge_rcond[0] = lr->ridge_rcond[1] = NAN;
     lr->ridge_fallback[0] = lr->ridge_fallback[1] = NAN;
+    for (int i = 0; i < KV_FIT_SQ_METRICS; i++) lr->squat[i] = NAN;
     if (s != KV_OK) goto done;
     /* K: f_k(K_hat(l-1)) */
     const kv_plan_predictor *pk = NULL;
@@ -954,7 +1066,9 @@ static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
     }
     if ((s = float_scales(r, l, KV_PLAN_K)) != KV_OK) goto done;
     if ((s = kv_dist_agree(r->dist, eta_search(r, l, KV_PLAN_K, lr))) != KV_OK) goto done;
+    if ((s = kv_dist_agree(r->dist, squat_choose(r, l, pk, lr))) != KV_OK) goto done;
     if ((s = kv_dist_agree(r->dist, quant_pass(r, l, KV_PLAN_K, pk, kin, ho))) != KV_OK) goto done;
+    r->sq_layer = 0;
     /* V: f_v([V_hat(l-1); K_hat(l)]) — the K role now holds K_hat(l) */
     const kv_plan_predictor *pv = NULL;
     const int vin[2] = {KV_FIT_VP, KV_FIT_K};
@@ -996,6 +1110,7 @@ static void pack_layer_report(double *dst, const kv_fit_layer_report *lr) {
         dst[17 + st] = lr->eta_gain_vs_0[st];
         dst[19 + st] = lr->eta_gain_vs_datafree[st];
     }
+    for (int i = 0; i < KV_FIT_SQ_METRICS; i++) dst[21 + i] = lr->squat[i];
 }
 
 static void unpack_layer_report(kv_fit_layer_report *lr, const double *src) {
@@ -1017,6 +1132,7 @@ static void unpack_layer_report(kv_fit_layer_report *lr, const double *src) {
         lr->eta_gain_vs_0[st] = src[17 + st];
         lr->eta_gain_vs_datafree[st] = src[19 + st];
     }
+    for (int i = 0; i < KV_FIT_SQ_METRICS; i++) lr->squat[i] = src[21 + i];
 }
 
 /* Where metric m of stream st sits in a packed layer record. */
@@ -1024,16 +1140,22 @@ static size_t metric_slot(int st, int m) {
     return m < 4 ? (size_t)st * 4 + (size_t)m : m < 6 ? (size_t)(12 + 2 * (m - 4) + st) : (size_t)(17 + 2 * (m - 6) + st);
 }
 
+/* With SQuat keys the report has the SQuat metrics after the others (on the K rows; NaN on V). */
 static kv_status update_plan_report(fit_run *r) {
-    const int L = r->L;
-    float *vals = malloc((size_t)L * 2 * KV_FIT_N_METRICS * sizeof(float));
+    const int L = r->L, nm = KV_FIT_N_METRICS + (r->cfg->squat.enabled ? KV_FIT_SQ_METRICS : 0);
+    const char *names[KV_FIT_N_METRICS + KV_FIT_SQ_METRICS];
+    for (int m = 0; m < nm; m++) names[m] = m < KV_FIT_N_METRICS ? kv_fit_metric_names[m] : kv_fit_sq_metric_names[m - KV_FIT_N_METRICS];
+    float *vals = malloc((size_t)L * 2 * (size_t)nm * sizeof(float));
     if (!vals) return KV_ERR(KV_ENOMEM, "out of memory");
     for (int l = 0; l < L; l++)
         for (int st = 0; st < 2; st++)
-            for (int m = 0; m < KV_FIT_N_METRICS; m++)
-                vals[((size_t)l * 2 + (size_t)st) * KV_FIT_N_METRICS + (size_t)m] =
-                    (float)r->layer_report[(size_t)l * KV_FIT_CKPT_DOUBLES + metric_slot(st, m)];
-    kv_status s = kv_plan_set_report(r->plan, KV_FIT_N_METRICS, kv_fit_metric_names, vals);
+            for (int m = 0; m < nm; m++) {
+                const double *lr = r->layer_report + (size_t)l * KV_FIT_CKPT_DOUBLES;
+                vals[((size_t)l * 2 + (size_t)st) * (size_t)nm + (size_t)m] =
+                    m < KV_FIT_N_METRICS ? (float)lr[metric_slot(st, m)]
+                                         : st == KV_PLAN_K ? (float)lr[21 + m - KV_FIT_N_METRICS] : NAN;
+            }
+    kv_status s = kv_plan_set_report(r->plan, nm, names, vals);
     free(vals);
     return s;
 }
@@ -1049,9 +1171,6 @@ kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a) {
     if (!cfg || !a) return KV_ERR(KV_EINVAL, "kv_fit_check: no configuration or architecture");
     kv_status s = kv_fit_config_validate(cfg);
     if (s != KV_OK) return s;
-    if (cfg->squat.enabled)
-        return KV_ERR(KV_EUNSUPPORTED, "squat.enabled: SQuat key quantization is not fitted by this version of "
-                      "kvcal fit");
     if (cfg->xquant.target_bits > 0 &&
         (cfg->xquant.km >= 0 || cfg->xquant.vm >= 0 || cfg->xquant.kq >= 0 || cfg->xquant.vq >= 0))
         return KV_ERR(KV_EINVAL, "xquant.target_bits %g chooses xquant.kq/vq/km/vm: leave them at -1",
@@ -1095,6 +1214,9 @@ kv_status kv_fit_plan_uncalibrated(kv_plan **out, const kv_fit_config *cfg, cons
     if (cfg->method != KV_FIT_KIVI)
         return KV_ERR(KV_EINVAL, "method %s calibrates predictors or grids: an uncalibrated plan exists for kivi only",
                       kv_fit_method_name(cfg->method));
+    if (cfg->squat.enabled)
+        return KV_ERR(KV_EINVAL, "squat.enabled: SQuat's r and lambda are chosen from calibration queries (kvcal fit); "
+                      "there is no uncalibrated SQuat plan");
     kv_status s = kv_fit_check(cfg, a);
     if (s != KV_OK) return s;
     if (fp->n_layers != a->n_layers || fp->n_kv_heads != a->n_kv_heads || fp->head_dim != a->head_dim)
@@ -1169,6 +1291,13 @@ static kv_status setup_shards(fit_run *r) {
     const kv_arch *a = kv_model_arch(r->m);
     kv_status s = kv_fit_xq_eta_init(&r->xqe, r->cfg, a->n_heads, a->n_kv_heads, a->head_dim, r->sinks, r->n_comp,
                                      r->n_local, r->shard_nseq);
+    if (s != KV_OK) return s;
+    int64_t *ncal = calloc((size_t)(r->n_local > 0 ? r->n_local : 1), sizeof *ncal);
+    if (!ncal) return KV_ERR(KV_ENOMEM, "out of memory");
+    for (int64_t j = 0; j < r->n_local; j++) ncal[j] = shard_ncal(r, r->shard_ids[j]);
+    s = kv_fit_sq_init(&r->sq, r->cfg, a->n_heads, a->n_kv_heads, a->head_dim, r->seq_len, r->sinks, r->n_comp, r->recent,
+                       r->n_local, r->shard_nseq, ncal);
+    free(ncal);
     if (s != KV_OK) return s;
     return kv_fit_store_init(&r->st, r->cfg->memory.spill_dir, r->cfg->memory.hidden_dtype == KV_DTYPE_F16, r->n_local,
                              r->shard_ids, r->shard_nseq, r->shard_seqs, h_per_seq, kv_per_seq);

@@ -69,9 +69,10 @@ void kv_fit_store_swap(kv_fit_store *st);
  * The directory (shared by every rank) holds, for the last finished layer L: one state file per
  * shard (written by the rank that owns it), the plan so far and the per-layer report (rank 0), and
  * the manifest naming them (rank 0, written last, after every rank's files are in place). */
-#define KV_FIT_CKPT_DOUBLES 21 /* per layer: 4 metrics x 2 streams, bits x 2, forward/fit seconds,
-                                  ridge rcond x 2, ridge fallback x 2, peak RSS, eta gains x 2 x 2
-                                  (17 before them: older checkpoints do not match and start over) */
+#define KV_FIT_CKPT_DOUBLES 31 /* per layer: 4 metrics x 2 streams, bits x 2, forward/fit seconds,
+                                  ridge rcond x 2, ridge fallback x 2, peak RSS, eta gains x 2 x 2,
+                                  the SQuat metrics (10) (17, then 21 before them: older checkpoints
+                                  do not match and start over) */
 
 /* SHA-256 (hex) identifying a run's inputs: model identity, tokens, resolved configuration and
  * provenance strings (the model file is read in pieces, not mapped whole). */
@@ -152,5 +153,64 @@ void kv_fit_xq_eta_choose(const double sums[6], double eta_df, double *eta, doub
  * vq, km, vm with the least measured error at bits per value <= B, then the fit of that setting. */
 kv_status kv_fit_xq_run_target(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_model_file *mf,
                                const kv_fit_data *data, const kv_fit_config *cfg, const kv_fit_options *opt);
+
+/* ---- SQuat (fit_squat.c): r and lambda per layer from the calibration queries ----
+ * Per local shard: each sequence's query Gram per KV head (double, hd x hd; all query heads of the
+ * group, post-RoPE, every token), and of the held-out sequences every KV_FIT_SQ_QSTRIDE-th query
+ * (from position sinks on) with all keys and values. */
+#define KV_FIT_SQ_METRICS 10
+extern const char *const kv_fit_sq_metric_names[KV_FIT_SQ_METRICS];
+#define KV_FIT_SQ_MAX_CANDS 64
+#define KV_FIT_SQ_QSTRIDE 4
+struct kv_squat;
+typedef struct kv_fit_sq {
+    int on, prompt, fixed;      /* squat.enabled; squat.subspace prompt; squat.choose fixed */
+    int n_heads, n_kv_heads, head_dim, seq_len, sinks, n_comp, recent, g, n_q;
+    int64_t n_local;
+    const int64_t *shard_nseq;  /* borrowed */
+    int64_t *shard_ncal;        /* calibration sequences of each local shard */
+    double **gram;              /* [shard][seq][G][hd][hd] */
+    float **ho;                 /* [shard][held-out seq]: n_q x q_dim queries, T x kv_dim keys, T x kv_dim values */
+    /* the current layer */
+    double *eigval, *eigvec;    /* mean calibration Gram per KV head: G x hd (descending), G x hd x hd (rows) */
+    int r_energy[3];            /* ranks holding 90 / 95 / 99 % of the query energy (largest over KV heads) */
+    int n_cand, cand_r[KV_FIT_SQ_MAX_CANDS];
+    float cand_lambda[KV_FIT_SQ_MAX_CANDS];
+    struct kv_squat **cand_enc; /* static subspace: n_cand x G encoders */
+    int r;                      /* the choice */
+    float lambda;
+    struct kv_squat **enc;      /* its encoders: G (static) or local sequences x G (prompt) */
+    int64_t n_enc;
+} kv_fit_sq;
+/* squat.g, 0 = head_dim / 2 (squat.txt: g = 64 at head_dim 128). */
+int kv_fit_sq_g(const kv_fit_config *cfg, int head_dim);
+kv_status kv_fit_sq_init(kv_fit_sq *e, const kv_fit_config *cfg, int n_heads, int n_kv_heads, int head_dim, int seq_len,
+                         int sinks, int n_comp, int recent, int64_t n_local, const int64_t *shard_nseq,
+                         const int64_t *shard_ncal);
+void kv_fit_sq_free(kv_fit_sq *e);
+/* From a layer's capture of local shard j (its first shard_ncal[j] sequences are calibration ones). */
+kv_status kv_fit_sq_capture(kv_fit_sq *e, int64_t j, const struct kv_capture *c);
+/* The summed calibration Gram: G x hd x hd doubles, then the number of sequences. */
+size_t kv_fit_sq_gram_len(const kv_fit_sq *e);
+void kv_fit_sq_gram_part(const kv_fit_sq *e, int64_t j, double *out);
+/* From the summed Gram (every rank, the same input): the spectra and the candidates (r, lambda). */
+kv_status kv_fit_sq_candidates(kv_fit_sq *e, const double *gram_sum, const kv_fit_config *cfg);
+/* Per candidate and KV head: score error^2, score^2, output error^2, output^2, added over the held-out
+ * sequence b of local shard j, whose quantizer input is X (n_comp x kv_dim). */
+size_t kv_fit_sq_err_len(const kv_fit_sq *e);
+kv_status kv_fit_sq_err_seq(const kv_fit_sq *e, double *out, int64_t j, int64_t b, const float *X,
+                            const kv_uniform *uq);
+/* The least output error (ties: smaller r; squat.choose fixed: squat.r / squat.lambda) into e->r,
+ * e->lambda; metrics[KV_FIT_SQ_METRICS] as kv_fit_sq_metric_names. */
+void kv_fit_sq_choose(kv_fit_sq *e, const double *err, const kv_fit_config *cfg, double *metrics);
+/* The static basis of the choice: G x r x hd. */
+kv_status kv_fit_sq_static_basis(const kv_fit_sq *e, float *basis);
+/* The choice's encoders for kv_fit_sq_roundtrip. */
+kv_status kv_fit_sq_encoders(kv_fit_sq *e);
+/* One chunk (recent x kv_dim) of local sequence lseq, every head through its SQuat encoder. */
+kv_status kv_fit_sq_roundtrip(float *x_hat, const kv_fit_sq *e, int64_t lseq, const kv_uniform *uq, int recent, int kvd,
+                              const float *x);
+/* A Gram's top-r subspace in kv_squat_subspace_ref's layout (qhat r x hd) and the energy it holds. */
+kv_status kv_fit_sq_gram_basis(float *qhat, double *energy, const double *gram, int hd, int r);
 
 #endif

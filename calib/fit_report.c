@@ -113,6 +113,12 @@ kv_status kv_fit_report_format(char **out, const kv_fit_report *r, int json) {
                 sb_num(&b, lr->eta_gain_vs_0[st]);
                 sb_printf(&b, ", \"eta_gain_vs_datafree\": ");
                 sb_num(&b, lr->eta_gain_vs_datafree[st]);
+                if (st == 0 && isfinite(lr->squat[0])) { /* SQuat keys (fit_squat.c; kv_fit_sq_metric_names) */
+                    for (int m = 0; m < KV_FIT_SQ_METRICS; m++) {
+                        sb_printf(&b, ", \"%s\": ", kv_fit_sq_metric_names[m]);
+                        sb_num(&b, lr->squat[m]);
+                    }
+                }
                 sb_printf(&b, "}");
             }
             sb_printf(&b, ", \"seconds_forward\": %.3f, \"seconds_fit\": %.3f, \"seconds_checkpoint\": %.3f, "
@@ -161,6 +167,14 @@ kv_status kv_fit_report_format(char **out, const kv_fit_report *r, int json) {
                 sb_printf(&b, "eta layer %d: K %.4f (gain vs 0 %+.4f, vs data-free %+.4f) | V %.4f (gain vs 0 %+.4f, vs "
                               "data-free %+.4f)\n", l, lr->eta[0], lr->eta_gain_vs_0[0], lr->eta_gain_vs_datafree[0],
                           lr->eta[1], lr->eta_gain_vs_0[1], lr->eta_gain_vs_datafree[1]);
+            }
+        /* SQuat keys: the choice and the held-out errors (relative; fit_squat.c) */
+        for (int l = 0; l < r->n_layers; l++)
+            if (isfinite(r->layers[l].squat[0])) {
+                const double *q = r->layers[l].squat;
+                sb_printf(&b, "squat layer %d: r %d lambda %g (energy %.3f): softmax-output err %.4g, score err %.4g | paper "
+                              "r=5 lambda=1e-3 %.4g, %.4g | uniform (KIVI) %.4g, %.4g | best per KV head %.4g\n",
+                          l, (int)q[0], q[1], q[9], q[3], q[2], q[5], q[4], q[7], q[6], q[8]);
             }
         if (r->xq_target_bits > 0)
             sb_printf(&b, "xquant --target-bits %g: kq %d vq %d km %d vm %d (-1 = off)\n", r->xq_target_bits,

@@ -204,6 +204,11 @@ typedef struct kv_fit_layer_report {
                                  (keys: query-weighted score error, values: attention-weighted output
                                  error; calib/FIT.md §XQuant); NaN: eta not calibrated */
     double eta_gain_vs_datafree[2]; /* likewise against the data-free eta: 1 - E(eta)/E(eta_df) */
+    double squat[10];         /* SQuat keys (calib/FIT.md §3.3; NaN without): chosen r, lambda; held-out relative
+                                 attention-score error and softmax-output error of the choice, of the paper's
+                                 r = 5 / lambda = 1e-3, of the uniform quantizer (lambda 0: KIVI at the same
+                                 bits); the output error of the best setting per KV head; the query energy in
+                                 the chosen subspace (kv_fit_sq_metric_names) */
     double seconds_forward;   /* layer forward + capture */
     double seconds_fit;       /* statistics, solves, predictions, quantization, metrics */
     double seconds_checkpoint;
@@ -241,14 +246,14 @@ void kv_fit_report_free(kv_fit_report *r);
  * (validated here) says. *out receives the plan (caller frees with kv_plan_free); rep (may be NULL)
  * the metrics and timings (kv_fit_report_free). Errors: KV_EINVAL (configuration or data that cannot
  * work, e.g. a corpus shorter than two sequences, a key group size that does not divide
- * cache.recent), KV_EUNSUPPORTED (SQuat, not fitted by this version),
+ * cache.recent),
  * KV_EINTERRUPTED (stopped; the checkpoint is kept), KV_EIO, KV_ENOMEM, KV_ENUMERIC. */
 kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_model_file *mf,
                      const kv_fit_data *data, const kv_fit_config *cfg, const kv_fit_options *opt);
 
 /* What kv_fit_run refuses before any work, checkable as soon as the model's architecture is known
  * (the tool calls it before loading weights or reading the corpus): kv_fit_config_validate, methods
- * this version does not fit (SQuat: KV_EUNSUPPORTED), token pruning combined with what the runtime's
+ * this version does not fit, token pruning combined with what the runtime's
  * token policy cannot apply (AQUA-KV predictors, KVmix RPC, HIGGS groups across heads, XQuant's shared
  * codes: KV_EUNSUPPORTED), and per-layer overrides of layers the
  * model does not have (KV_EINVAL). Messages name the key and where it was set. */

@@ -27,7 +27,9 @@ typedef struct key_desc {
     const char *const *enum_names;   /* T_ENUM: names indexed by value, NULL-terminated */
 } key_desc;
 
-static const char *const k_methods[] = {"aqua", "aqua-uniform", "higgs", "kivi", "fp8", "nvfp4", "xquant", NULL};
+static const char *const k_methods[] = {"aqua", "aqua-uniform", "higgs", "kivi", "fp8", "nvfp4", "xquant", "squat", NULL};
+static const char *const k_sq_subspace[] = {"prompt", "static", NULL}; /* = KV_FIT_SQ_PROMPT, KV_FIT_SQ_STATIC */
+static const char *const k_sq_choose[] = {"calibrated", "fixed", NULL}; /* = KV_FIT_SQ_CALIBRATED, KV_FIT_SQ_FIXED */
 static const char *const k_fp8_formats[] = {"e4m3", "e5m2", NULL};
 static const char *const k_granularity[] = {"tensor", "head", NULL};
 static const char *const k_fp_scales[] = {"calibrated", "one", NULL};
@@ -77,6 +79,8 @@ static const key_desc k_keys[] = {
     {"squat.lambda", T_DOUBLE, OFF(squat.lambda), 0, 1e6, NULL},
     {"squat.g", T_INT, OFF(squat.g), 0, 4096, NULL},
     {"squat.static_basis", T_BOOL, OFF(squat.static_basis), 0, 1, NULL},
+    {"squat.subspace", T_ENUM, OFF(squat.subspace), 0, 0, k_sq_subspace},
+    {"squat.choose", T_ENUM, OFF(squat.choose), 0, 0, k_sq_choose},
     {"xquant.km", T_INT, OFF(xquant.km), -1, 4096, NULL},
     {"xquant.vm", T_INT, OFF(xquant.vm), -1, 4096, NULL},
     {"xquant.kq", T_INT, OFF(xquant.kq), -1, 4096, NULL},
@@ -126,7 +130,7 @@ typedef struct origin {
     char where[N_KEYS][128];
 } origin;
 
-const char *kv_fit_method_name(int m) { return m >= 0 && m <= KV_FIT_XQUANT ? k_methods[m] : NULL; }
+const char *kv_fit_method_name(int m) { return m >= 0 && m <= KV_FIT_SQUAT ? k_methods[m] : NULL; }
 
 /* ---- init / free --------------------------------------------------------------------------- */
 kv_status kv_fit_config_init(kv_fit_config *c) {
@@ -163,6 +167,8 @@ kv_status kv_fit_config_init(kv_fit_config *c) {
     c->squat.lambda = 1e-3;
     c->squat.g = 0;
     c->squat.static_basis = 1;
+    c->squat.subspace = KV_FIT_SQ_PROMPT;
+    c->squat.choose = KV_FIT_SQ_CALIBRATED;
     c->xquant.km = c->xquant.vm = c->xquant.kq = c->xquant.vq = -1;
     c->xquant.eta1 = 0.2;
     c->xquant.eta2 = 0.05;
@@ -595,7 +601,7 @@ kv_status kv_fit_config_validate(const kv_fit_config *c) {
                 ((o->set & KV_FIT_LO_VALUE_BITS) && o->value_bits == KV_FIT_F16_BITS))
                 f16 = 1, key = "layers.N.key_bits/value_bits";
         }
-        if (f16 && c->method != KV_FIT_KIVI)
+        if (f16 && c->method != KV_FIT_KIVI && c->method != KV_FIT_SQUAT)
             return KV_ERR(KV_EINVAL, "key '%s': 16 bits keeps the stream in f16 unquantized, which only method kivi "
                           "does (method is '%s', set at %s): an AQUA-KV or HIGGS stream is always quantized", key,
                           kv_fit_method_name(c->method), origin_of(c, "method"));
@@ -619,9 +625,25 @@ kv_status kv_fit_config_validate(const kv_fit_config *c) {
     }
     if (c->aqua.first_layer_bits > 8 && c->method != KV_FIT_AQUA && c->method != KV_FIT_HIGGS)
         return CFG_ERR("aqua.first_layer_bits", "uniform quantization takes 1..8 bits (got %d)", c->aqua.first_layer_bits);
-    if (c->squat.enabled && c->method != KV_FIT_KIVI && c->method != KV_FIT_AQUA_UNIFORM)
-        return CFG_ERR("squat.enabled", "SQuat quantizes keys with the uniform quantizer: method must be kivi or "
+    if (c->method == KV_FIT_SQUAT && !c->squat.enabled)
+        return CFG_ERR("squat.enabled", "method squat is kivi with SQuat keys: squat.enabled must stay true (or use "
+                       "method kivi)");
+    if (c->squat.enabled && c->method != KV_FIT_KIVI && c->method != KV_FIT_AQUA_UNIFORM && c->method != KV_FIT_SQUAT)
+        return CFG_ERR("squat.enabled", "SQuat quantizes keys with the uniform quantizer: method must be squat, kivi or "
                        "aqua-uniform (method is '%s', set at %s)", kv_fit_method_name(c->method), origin_of(c, "method"));
+    if (c->squat.enabled && c->cache.pre_rope)
+        return CFG_ERR("cache.pre_rope", "SQuat keys are quantized after RoPE, in the space of the post-RoPE queries "
+                       "whose subspace they protect: set cache.pre_rope false (squat.enabled set at %s)",
+                       origin_of(c, "squat.enabled"));
+    if (c->squat.enabled && c->keys.group_axis != KV_PLAN_GROUP_TOKENS)
+        return CFG_ERR("keys.group_axis", "SQuat quantizes a key block of channels per token while scales run along "
+                       "tokens (per-channel groups, as KIVI's keys): set keys.group_axis tokens (squat.enabled set at "
+                       "%s)", origin_of(c, "squat.enabled"));
+    if (c->squat.enabled && c->squat.subspace == KV_FIT_SQ_STATIC && !c->squat.static_basis)
+        return CFG_ERR("squat.subspace", "a static subspace is the basis stored in the plan: set squat.static_basis "
+                       "true");
+    if (c->squat.enabled && c->keys.eta != 0.0)
+        return CFG_ERR("keys.eta", "SQuat keys use the plain uniform quantizer: keys.eta must be 0");
     if (!(c->pruning.budget > 0.0 && c->pruning.budget <= 1.0))
         return CFG_ERR("pruning.budget", "the budget is the fraction of the f16 cache the kept tokens may use, in (0, 1] "
                        "(got %g)", c->pruning.budget);

@@ -626,8 +626,11 @@ typedef enum kv_fit_method {
     KV_FIT_KIVI = 3,         /* uniform quantizer alone (KIVI + XQuant eta) */
     KV_FIT_FP8 = 4,          /* FP8 (fp.fp8_format) with calibrated tensor scales (calib/fit_float.c) */
     KV_FIT_NVFP4 = 5,        /* NVFP4 with a calibrated second-level tensor scale */
-    KV_FIT_XQUANT = 6        /* XQuant: KIVI layout, data-free or calibrated eta, shared codes, 1-bit layers */
+    KV_FIT_XQUANT = 6,       /* XQuant: KIVI layout, data-free or calibrated eta, shared codes, 1-bit layers */
+    KV_FIT_SQUAT = 7         /* KIVI layout with SQuat keys (squat.enabled), r / lambda calibrated per layer */
 } kv_fit_method;
+enum { KV_FIT_SQ_PROMPT = 0, KV_FIT_SQ_STATIC = 1 };        /* squat.subspace */
+enum { KV_FIT_SQ_CALIBRATED = 0, KV_FIT_SQ_FIXED = 1 };     /* squat.choose */
 
 typedef struct kv_fit_stream_config {
     int bits;                /* uniform bits, 1..8 */
@@ -692,10 +695,12 @@ typedef struct kv_fit_config {
         int grid_iters;
     } higgs;
     struct {
-        int enabled, r;
+        int enabled, r;          /* r, lambda: squat.choose fixed's setting (else candidates among others) */
         double lambda;
-        int g;                   /* 0 = head_dim */
-        int static_basis;
+        int g;                   /* 0 = head_dim / 2 */
+        int static_basis;        /* store the calibration basis in the plan */
+        int subspace;            /* KV_FIT_SQ_PROMPT (the paper's) or KV_FIT_SQ_STATIC (needs static_basis) */
+        int choose;              /* KV_FIT_SQ_CALIBRATED (measured over a grid) or KV_FIT_SQ_FIXED (r, lambda) */
     } squat;
     struct {
         int km, vm;              /* layers >= km (keys) / vm (values) share codes in pairs; -1 off */

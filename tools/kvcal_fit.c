@@ -77,7 +77,7 @@ static char *grid_cache_dir(void) {
 }
 
 static int method_from_name(const char *n) {
-    for (int m = 0; m <= KV_FIT_XQUANT; m++)
+    for (int m = 0; m <= KV_FIT_SQUAT; m++)
         if (strcmp(n, kv_fit_method_name(m)) == 0) return m;
     return -1;
 }
@@ -106,7 +106,7 @@ int kvcal_fit(int argc, char **argv) {
                                                         "else a seeded data.heldout_fraction of the calibration sequences)", 0},
         {"config", 0, KV_OPT_STRING, &config, "CFG.yaml", "fit configuration (configs/kvcal-example.yaml)", 0},
         {"out", 'o', KV_OPT_STRING, &out, "PLAN", "plan to write (atomically); PLAN.ckpt/ holds checkpoints", 1},
-        {"method", 0, KV_OPT_STRING, &method, "NAME", "aqua (default), aqua-uniform, higgs, kivi, fp8, nvfp4 or xquant", 0},
+        {"method", 0, KV_OPT_STRING, &method, "NAME", "aqua (default), aqua-uniform, higgs, kivi, fp8, nvfp4, xquant or squat", 0},
         {"scale-granularity", 0, KV_OPT_STRING, &granularity, "G", "fp8 / nvfp4: one calibrated scale per tensor "
                                                                 "(default) or per KV head (fp.scale_granularity)", 0},
         {"bits", 'b', KV_OPT_INT, &bits, "B", "bits of keys and values: 2, 3, 4, 8, or 16 (kivi: kept in f16, for pruning plans; default: the config's, 2)", 0},
@@ -135,7 +135,7 @@ int kvcal_fit(int argc, char **argv) {
     }
     kv_cli_args a;
     int rc = kv_cli_parse(&a, tool,
-                          "--model M --corpus FILE --out PLAN [--config CFG.yaml] [--method aqua|aqua-uniform|higgs|kivi|fp8|nvfp4|xquant] "
+                          "--model M --corpus FILE --out PLAN [--config CFG.yaml] [--method aqua|aqua-uniform|higgs|kivi|fp8|nvfp4|xquant|squat] "
                           "[--scale-granularity tensor|head] "
                           "[--bits 2|3|4|8|16] [--target-bits B] [--seq-len N] [--max-tokens N] [--seed S] [--json] [--set key=value ...]",
                           "Fit a KV-cache compression plan for a model on a calibration corpus, layer by layer "
@@ -170,7 +170,7 @@ int kvcal_fit(int argc, char **argv) {
     /* ---- flags that are usage errors ---- */
     int method_id = -1;
     if (method && (method_id = method_from_name(method)) < 0) {
-        rc = kv_cli_usage_error(tool, "--method must be aqua, aqua-uniform, higgs, kivi, fp8, nvfp4 or xquant (got '%s')",
+        rc = kv_cli_usage_error(tool, "--method must be aqua, aqua-uniform, higgs, kivi, fp8, nvfp4, xquant or squat (got '%s')",
                                 method);
         goto end;
     }

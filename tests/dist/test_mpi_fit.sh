@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # kvcal fit and kvprof importance under mpirun on stories260K (oversubscribed on a small machine):
-#   - 2 and 3 ranks write the plan of one process byte for byte (aqua, kivi; in memory and spilled;
-#     hidden states in f16), and kvprof importance gives the same scores and allocation;
+#   - 2 and 3 ranks write the plan of one process byte for byte (aqua, kivi, squat with both subspaces;
+#     in memory and spilled; hidden states in f16), and kvprof importance gives the same scores and allocation;
 #   - a rank killed (kill -9) once a checkpoint exists leaves no plan; the run started again, with
 #     another number of ranks, resumes from the checkpoint and writes the uninterrupted plan;
 #   - a failure on one rank only (its spill directory cannot be created: an MPMD launch gives rank 1
@@ -36,10 +36,12 @@ same() { # same A B WHAT
 }
 
 # ---- the same plan from 1, 2 and 3 ranks ----
-for variant in aqua kivi spill f16; do
+for variant in aqua kivi spill f16 squat squat-static; do
   extra=()
   case $variant in
     kivi) extra=(--method kivi) ;;
+    squat) extra=(--method squat) ;;
+    squat-static) extra=(--method squat --set squat.subspace=static --set "memory.spill_dir=$tmp/spill") ;;
     spill) extra=(--set "memory.spill_dir=$tmp/spill") ;;
     f16) extra=(--set memory.hidden_dtype=f16 --set memory.stream_weights=false) ;;
   esac

@@ -576,9 +576,12 @@ START_TEST(test_bad_inputs) {
     ck_assert_int_eq(kv_fit_run(&plan, NULL, g_model, NULL, &d, &cfg, &o), KV_EINVAL);
     ck_assert_ptr_nonnull(strstr(kv_error_last(), "must divide cache.recent"));
     ck_assert_kv_ok(kv_fit_config_set(&cfg, "keys.group_size=32"));
-    /* what this version does not fit */
+    /* SQuat keys before RoPE: the queries whose subspace they protect are post-RoPE */
     ck_assert_kv_ok(kv_fit_config_set(&cfg, "squat.enabled=true"));
-    ck_assert_int_eq(kv_fit_run(&plan, NULL, g_model, NULL, &d, &cfg, &o), KV_EUNSUPPORTED);
+    ck_assert_kv_ok(kv_fit_config_set(&cfg, "cache.pre_rope=true"));
+    ck_assert_int_eq(kv_fit_run(&plan, NULL, g_model, NULL, &d, &cfg, &o), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "cache.pre_rope"));
+    ck_assert_kv_ok(kv_fit_config_set(&cfg, "cache.pre_rope=false"));
     ck_assert_kv_ok(kv_fit_config_set(&cfg, "squat.enabled=false"));
     /* HIGGS at 5 bits needs a 1024-point grid */
     kv_fit_config c2;

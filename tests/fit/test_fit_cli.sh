@@ -124,7 +124,7 @@ for sig in INT TERM; do
 done
 
 # ---- resume after a simulated kill, byte-identical plan ----
-for method in aqua kivi; do
+for method in aqua kivi squat; do
   expect 0 "" "$method: uninterrupted" -- "$kvcal" fit "${common[@]}" --corpus "$tmp/corpus.txt" --out "$tmp/ref-$method.kvplan" --method $method
   KVCAL_FIT_STOP_AFTER_LAYER=2 expect 1 "stopped after layer 2" "$method: stop after layer 2" -- \
     "$kvcal" fit "${common[@]}" --corpus "$tmp/corpus.txt" --out "$tmp/res-$method.kvplan" --method $method

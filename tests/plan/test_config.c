@@ -85,7 +85,7 @@ static const bad_case k_bad[] = {
     {"keys:\n  bits: two\n", "cfg.yaml:2:9: key 'keys.bits': expected an integer"},
     {"keys:\n  eta: 0.5\n", "cfg.yaml:2:8: key 'keys.eta': expected a number in [0, 0.4999]"},
     {"keys:\n  eta: .nan\n", "key 'keys.eta': expected a number"},
-    {"method: fast\n", "cfg.yaml:1:9: key 'method': expected one of aqua, aqua-uniform, higgs, kivi, fp8, nvfp4, xquant; got 'fast'"},
+    {"method: fast\n", "cfg.yaml:1:9: key 'method': expected one of aqua, aqua-uniform, higgs, kivi, fp8, nvfp4, xquant, squat; got 'fast'"},
     {"cache:\n  pre_rope: maybe\n", "cfg.yaml:2:13: key 'cache.pre_rope': expected true or false"},
     {"data: 5\n", "cfg.yaml:1:1: key 'data' must be a mapping"},
     {"seed: [1, 2]\n", "cfg.yaml:1:1: key 'seed' takes a single value, not a list"},
@@ -182,8 +182,12 @@ typedef struct cross_case {
 
 static const cross_case k_cross[] = {
     {"method: aqua\nsquat:\n  enabled: true\n",
-     "cfg.yaml:3:12: key 'squat.enabled': SQuat quantizes keys with the uniform quantizer: method must be kivi or "
-     "aqua-uniform (method is 'aqua', set at cfg.yaml:1:9)"},
+     "cfg.yaml:3:12: key 'squat.enabled': SQuat quantizes keys with the uniform quantizer: method must be squat, "
+     "kivi or aqua-uniform (method is 'aqua', set at cfg.yaml:1:9)"},
+    {"method: kivi\nsquat:\n  enabled: true\ncache:\n  pre_rope: true\n",
+     "cfg.yaml:5:13: key 'cache.pre_rope': SQuat keys are quantized after RoPE"},
+    {"method: kivi\ncache: {pre_rope: false}\nsquat: {enabled: true, subspace: static, static_basis: false}\n",
+     "key 'squat.subspace': a static subspace is the basis stored in the plan"},
     {"data:\n  heldout_fraction: 0\n", "cfg.yaml:2:21: key 'data.heldout_fraction': no held-out data"},
     {"keys:\n  pack3: 11\nvalues:\n  pack3: 10\nhiggs:\n  d: 3\n", "cfg.yaml:6:6: key 'higgs.d': must be 1, 2, 4 or 8"},
     {"higgs:\n  d: 8\n", "default: key 'aqua.first_layer_bits': 4 bits with higgs.d 8 needs a grid of 2^32"},
@@ -228,7 +232,7 @@ START_TEST(test_dump_roundtrip) {
     ck_assert_kv_ok(load(&c, "method: aqua-uniform\nseed: 12345678901234\nmodel: 'yes'\n"
                              "data: {calibration: \"caf\\u00e9 #1.txt\", heldout: 'true', heldout_fraction: 0.3}\n"
                              "keys: {bits: 3, eta: 0.1, pack3: 10}\naqua: {ridge: 1.0e-7}\n"
-                             "squat: {enabled: true, lambda: 0.0001, g: 32}\n"
+                             "squat: {enabled: false, lambda: 0.0001, g: 32, subspace: static, choose: fixed}\n"
                              "layers:\n  12: {key_bits: 4, prune_budget: 0.5}\n  3: {rpc_ratio: 0.15}\n"));
     ck_assert_kv_ok(kv_fit_config_validate(&c));
     char *a = NULL, *b = NULL;
@@ -245,6 +249,8 @@ START_TEST(test_dump_roundtrip) {
     ck_assert(d.keys.eta == 0.1);
     ck_assert(d.aqua.ridge == 1.0e-7);
     ck_assert(d.squat.lambda == 0.0001);
+    ck_assert_int_eq(d.squat.subspace, KV_FIT_SQ_STATIC);
+    ck_assert_int_eq(d.squat.choose, KV_FIT_SQ_FIXED);
     ck_assert_int_eq(d.keys.pack3, 10);
     ck_assert_int_eq(d.n_layer_overrides, 2);
     ck_assert_int_eq(d.layer_overrides[0].layer, 3);
