@@ -135,6 +135,7 @@ int kvrun_bench(int argc, char **argv);    /* kvrun_bench.c: prefill and decode 
 /* kvcal */
 int kvcal_grids(int argc, char **argv);    /* kvcal_grids.c: generate a HIGGS grid file */
 int kvcal_export(int argc, char **argv);   /* kvcal_export.c: scales for vLLM / SGLang / TensorRT-LLM */
+int kvcal_search(int argc, char **argv);   /* kvcal_search.c: per-stream method choice under a bit budget */
 int kvcal_fit(int argc, char **argv);      /* kvcal_fit.c: calibrate a plan (AQUA-KV and baselines) */
 
 /* kvprof */
