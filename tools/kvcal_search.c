@@ -101,7 +101,7 @@ int kvcal_search(int argc, char **argv) {
     int *choice = NULL;
     kv_importance imp;
     memset(&imp, 0, sizeof imp);
-    char corpus_sha[65] = "";
+    char corpus_sha[65] = "", *gcache = kv_tool_grid_cache_dir();
     kv_status s = KV_OK;
     if (!(budget_bits > 0 && budget_bits <= 32)) {
         rc = kv_cli_usage_error(tool, "--budget-bits must be in (0, 32] (got %g)", budget_bits);
@@ -115,6 +115,9 @@ int kvcal_search(int argc, char **argv) {
     }
     if (!fit_seq) fit_seq = context < 512 ? context : 512;
     if (!sens_ctx) sens_ctx = context < 512 ? context : 512;
+    if (sens_ctx != context)
+        kv_log(KV_LOG_INFO, "search: sensitivities on chunks of %ld tokens, the budget and the validation at %ld: the "
+               "predicted KL is that of %ld-token chunks (--sens-ctx)", sens_ctx, context, sens_ctx);
     if ((s = parse_candidates(cidx, &nc, cand_list ? cand_list : "f16,kivi2,kivi3,kivi4,higgs2,higgs3,fp8,nvfp4")) !=
         KV_OK) {
         rc = kv_cli_usage_error(tool, "%s", kv_error_last());
@@ -189,6 +192,7 @@ int kvcal_search(int argc, char **argv) {
         kv_fit_options fo;
         kv_fit_options_init(&fo);
         fo.corpus_sha256 = corpus_sha;
+        fo.grid_cache_dir = gcache;
         const double tf = kv_now_seconds();
         kv_log(KV_LOG_INFO, "search: fitting candidate %s (%s)", table[cidx[c]].name, table[cidx[c]].what);
         if ((s = kv_fit_check(&cfg, arch)) == KV_OK) s = kv_fit_run(&plans[c], NULL, m, mf, &data, &cfg, &fo);
@@ -216,6 +220,32 @@ int kvcal_search(int argc, char **argv) {
         if (s != KV_OK) goto fail;
     }
     const double seconds_bytes = kv_now_seconds() - tb;
+    /* the budget: sum of bytes <= B / 8 * values (every stream holds the same values); refused before the
+     * sensitivities when even the cheapest candidates exceed it */
+    uint64_t total_values = 0;
+    for (int i = 0; i < n_items; i++) total_values += values[(size_t)i * nc];
+    for (int i = 0; i < n_items; i++)
+        for (int c = 1; c < nc; c++)
+            if (values[(size_t)i * nc + c] != values[(size_t)i * nc]) {
+                s = KV_ERR(KV_EINVAL, "layer %d %s: candidates hold different numbers of values (token pruning is not a "
+                           "phase-1 candidate)", i / 2, i % 2 ? "V" : "K");
+                goto fail;
+            }
+    const uint64_t budget = (uint64_t)floor(budget_bits * (double)total_values / 8.0);
+    {
+        uint64_t cheapest = 0;
+        for (int i = 0; i < n_items; i++) {
+            uint64_t mn = UINT64_MAX;
+            for (int c = 0; c < nc; c++) mn = bytes[(size_t)i * nc + c] < mn ? bytes[(size_t)i * nc + c] : mn;
+            cheapest += mn;
+        }
+        if (cheapest > budget) {
+            s = KV_ERR(KV_EINVAL, "--budget-bits %g at --context %ld is below the cheapest assembly of these candidates, "
+                       "%.4f honest bits per value (f16 sinks and window included; a longer context amortizes them)",
+                       budget_bits, context, 8.0 * (double)cheapest / (double)total_values);
+            goto fail;
+        }
+    }
     /* ---- 3. sensitivities on calibration tokens the fits did not see ---- */
     double seconds_sens = 0;
     const int32_t *sens_tok = ids + fit_tokens;
@@ -250,18 +280,7 @@ int kvcal_search(int argc, char **argv) {
             }
         free(col);
     }
-    /* ---- 5. the choice under the budget: sum of bytes <= B / 8 * values (equal values per stream) ---- */
-    uint64_t total_values = 0;
-    for (int i = 0; i < n_items; i++) total_values += values[(size_t)i * nc];
-    for (int i = 0; i < n_items; i++)
-        for (int c = 1; c < nc; c++)
-            if (values[(size_t)i * nc + c] != values[(size_t)i * nc]) {
-                s = KV_ERR(KV_EINVAL, "layer %d %s: candidates hold different numbers of values (token pruning is not a "
-                           "phase-1 candidate)", i / 2, i % 2 ? "V" : "K");
-                free(rho);
-                goto fail;
-            }
-    const uint64_t budget = (uint64_t)floor(budget_bits * (double)total_values / 8.0);
+    /* ---- 5. the choice under the budget ---- */
     uint64_t unit = 0;
     if ((s = kv_search_allocate(choice, bytes, kl, NULL, n_items, nc, budget, 0, &unit)) != KV_OK) {
         kv_error_wrap(s, "--budget-bits %g at --context %ld: ", budget_bits, context);
@@ -393,5 +412,6 @@ end:
     kv_model_file_close(mf);
     kv_cli_args_free(&a);
     free(sets);
+    free(gcache);
     return rc;
 }
