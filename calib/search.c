@@ -22,6 +22,11 @@ static const kv_search_candidate k_cands[] = {
      "KIVI 2-bit, XQuant calibrated eta"},
     {"kivi3", KV_FIT_XQUANT, {"keys.bits=3", "values.bits=3", "xquant.calibrate_eta=true", NULL},
      "KIVI 3-bit, XQuant calibrated eta"},
+    /* the default 3-bit layout is KVmix's 11 codes per word (one slot of each word holds 2 bits); 10 per word
+     * costs 0.3 bits more per value and, on stories260K, errs 4.5x less (layer 0 K: 0.0049 vs 0.0222) */
+    {"kivi3w10", KV_FIT_XQUANT,
+     {"keys.bits=3", "values.bits=3", "keys.pack3=10", "values.pack3=10", "xquant.calibrate_eta=true", NULL},
+     "KIVI 3-bit, 10 codes per word, XQuant calibrated eta"},
     {"kivi4", KV_FIT_XQUANT, {"keys.bits=4", "values.bits=4", "xquant.calibrate_eta=true", NULL},
      "KIVI 4-bit, XQuant calibrated eta"},
     {"higgs2", KV_FIT_HIGGS, {"keys.bits=2", "values.bits=2", NULL}, "HIGGS 2 bits per dimension (d 2)"},
