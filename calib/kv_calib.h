@@ -282,6 +282,74 @@ kv_status kv_fit_forward_baseline(double *seconds, kv_model *m, const kv_fit_dat
 
 /* The report as text (json = 0: a table per layer and a summary) or JSON (json = 1). Caller frees. */
 kv_status kv_fit_report_format(char **out, const kv_fit_report *r, int json);
+
+/* ---- kvcal search: per-(layer, stream) choice of method under an honest bit budget (search.c) -------
+ * calib/SEARCH.md. Phase 1: only candidates whose stream is fitted from that layer's own K/V of the exact
+ * model (no AQUA-KV predictor, no XQuant shared codes): kv_fit_run advances the hidden states with the
+ * ORIGINAL K/V, so such a stream's parameters do not depend on any other stream's choice, and the plan a
+ * mixed fit would write is the per-stream assembly ("surgery") of single-method plans fitted once each. */
+
+/* A candidate: one row of the table (kv_search_candidates). A fit configuration built from defaults,
+ * the method preset, then `sets` (NULL-terminated), then the caller's common assignments. */
+#define KV_SEARCH_MAX_SETS 8
+typedef struct kv_search_candidate {
+    const char *name;                    /* "kivi2", "higgs3", "fp8", "f16", ... */
+    kv_fit_method method;
+    const char *sets[KV_SEARCH_MAX_SETS]; /* "keys.bits=2", ...; NULL ends */
+    const char *what;                    /* one line for --help and the report */
+} kv_search_candidate;
+
+/* The table (static) and its size. */
+const kv_search_candidate *kv_search_candidates(int *n);
+/* Index of the candidate called name, or KV_EINVAL naming the known ones. */
+kv_status kv_search_candidate_find(int *index, const char *name);
+/* cfg (initialized here; kv_fit_config_free) for candidate c with the common assignments (n_common
+ * "key=value" strings applied last, e.g. data.seq_len, cache.recent). */
+kv_status kv_search_candidate_config(kv_fit_config *cfg, const kv_search_candidate *c, const char *const *common,
+                                     int n_common);
+
+/* Plan surgery: stream (layer, stream) of dst becomes src's (method, quantizer parameters, eta, its HIGGS
+ * grid appended to dst's grid table unless an identical grid is there, FP scales). Refuses (KV_EUNSUPPORTED)
+ * a src stream with a predictor, SQuat parameters or shared codes (they depend on other streams: phase 2),
+ * and (KV_EINVAL) plans of different shapes or global settings. dst's stream must carry no predictor. */
+kv_status kv_search_copy_stream(kv_plan *dst, const kv_plan *src, int layer, int stream);
+/* A new plan: global settings and fingerprint of srcs[0], stream (l, s) from srcs[choice[2l + s]], streams
+ * copied in layer order, K before V (the order kv_fit_run adds grids in). No provenance, no report. */
+kv_status kv_search_assemble(kv_plan **out, const kv_plan *const *srcs, int n_srcs, const int *choice, int n_layers);
+
+/* Honest storage of every stream of `plan` at a context of ctx tokens, counted by the runtime itself: a
+ * kv_cache_rt for the plan is fed ctx tokens of synthetic K/V in the steps `kvrun eval --plan` uses (sinks
+ * + recent, then recent) and kv_rt_get_stream_stats gives each (layer, stream)'s bytes (payload, index,
+ * f16 sinks and window, its predictor once) and values. bytes[2l + s], values[2l + s]. Sizes do not depend
+ * on the values (fixed layouts), so the synthetic data give the bytes of any text. */
+kv_status kv_search_stream_bytes(uint64_t *bytes, uint64_t *values, const kv_plan *plan, kv_model *m, int ctx);
+
+/* Sensitivity: kl[(2l + s) * n_plans + c] = mean KL(P_exact || P) of the next-token distribution over the
+ * scored positions of n_samples chunks of ctx tokens (BOS + ctx - 1 text tokens, as kv_eval_compare cuts
+ * them), when stream s of layer l ALONE uses plans[c]'s stream. The shortcut (exact, SEARCH.md §2): the
+ * hidden states entering each layer are computed once per chunk by one exact forward; for (l, s, c) only
+ * layer l runs through the runtime cache of the one-stream plan (in kvrun eval's steps; the other stream of
+ * layer l in f16), and layers l+1.. run as one exact prefill over the whole chunk (their input is complete
+ * once layer l has run every step). seconds (may be NULL): wall time. */
+typedef struct kv_search_sens_options {
+    int ctx;                  /* tokens per chunk, BOS included */
+    int n_samples;            /* chunks */
+    int32_t bos_id;
+    const char *progress_label; /* NULL: none */
+} kv_search_sens_options;
+kv_status kv_search_sensitivity(double *kl, kv_model *m, const kv_plan *const *plans, int n_plans,
+                                const int32_t *tokens, size_t n_tokens, const kv_search_sens_options *opt,
+                                double *seconds);
+
+/* The global choice: minimize sum_i value[i*n_choices + choice[i]] subject to sum_i cost[i*n_choices +
+ * choice[i]] <= budget (costs in bytes, >= 0). Exact 0/1 multiple-choice knapsack by dynamic programming
+ * over costs in units of `unit` bytes, each cost rounded UP (so the choice is feasible at the true costs,
+ * and optimal among choices whose rounded costs fit; the rounding forgoes at most n_items * unit bytes):
+ * unit = max(1, ceil(budget / max_units)) (max_units 0: 20000). Ties: the smaller cost, then the lower
+ * index. allowed (may be NULL): 0 marks a choice that may not be taken. KV_EINVAL when even the cheapest
+ * choices exceed the budget (the message gives their sum). */
+kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *value, const unsigned char *allowed,
+                             int n_items, int n_choices, uint64_t budget, int max_units, uint64_t *unit_out);
 #ifdef __cplusplus
 }
 #endif

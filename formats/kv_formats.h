@@ -557,8 +557,10 @@ kv_status kv_plan_validate(const kv_plan *p);
  * Full-precision tokens (sinks, recent buffer) and predictor weights are not included: they depend
  * on the sequence length (kv_plan_predictor_bytes gives the latter). Shared codes count 0 bits. */
 double kv_plan_stream_bits(const kv_plan *p, int layer, int stream);
-/* Bytes of f32 predictor weights and biases over the whole plan. */
+/* Bytes of predictor weights and biases over the whole plan, as stored (f16 or f32). */
 uint64_t kv_plan_predictor_bytes(const kv_plan *p);
+/* ... of (layer, stream) alone, as stored (f16 or f32); 0 without a predictor. */
+uint64_t kv_plan_stream_predictor_bytes(const kv_plan *p, int layer, int stream);
 
 /* ---- export to serving engines' checkpoint formats (export_hf.c, kvcal export) ---- */
 typedef enum kv_export_format { KV_EXPORT_COMPRESSED_TENSORS = 0, KV_EXPORT_MODELOPT = 1 } kv_export_format;

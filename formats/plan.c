@@ -720,15 +720,17 @@ double kv_plan_stream_bits(const kv_plan *p, int layer, int stream) {
     return 0.0;
 }
 
+uint64_t kv_plan_stream_predictor_bytes(const kv_plan *p, int layer, int stream) {
+    if (!p || layer < 0 || layer >= p->n_layers || stream < 0 || stream > 1) return 0;
+    const kv_plan_predictor *pr = p->layers[layer].stream[stream].predictor;
+    return pr ? (pr->dtype == KV_DTYPE_F16 ? 2u : 4u) * ((uint64_t)pr->out_dim * (uint64_t)pr->in_dim + (uint64_t)pr->out_dim)
+              : 0u;
+}
+
 uint64_t kv_plan_predictor_bytes(const kv_plan *p) {
     uint64_t n = 0;
     for (int l = 0; p && l < p->n_layers; l++)
-        for (int st = 0; st < 2; st++) {
-            const kv_plan_predictor *pr = p->layers[l].stream[st].predictor;
-            if (pr)
-                n += (pr->dtype == KV_DTYPE_F16 ? 2u : 4u) *
-                     ((uint64_t)pr->out_dim * (uint64_t)pr->in_dim + (uint64_t)pr->out_dim);
-        }
+        for (int st = 0; st < 2; st++) n += kv_plan_stream_predictor_bytes(p, l, st);
     return n;
 }
 

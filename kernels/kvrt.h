@@ -416,6 +416,11 @@ typedef struct kv_rt_stats {
                                     kv_dim): the denominator of a budget, accounted_bytes / (2 values_appended) */
 } kv_rt_stats;
 kv_status kv_rt_get_stats(const kv_rt *rt, int seq, kv_rt_stats *out);
+/* The same for one (layer, stream) alone: its payload, index, f16 tokens and its own predictor's bytes
+ * (kv_plan_stream_predictor_bytes); tokens is the sequence length, allocated/overhead stay 0 (they are
+ * per sequence). Over every (layer, stream) the byte counts add up to kv_rt_get_stats' (one walk,
+ * rt_runtime.c), so the honest bits of a plan are the value-weighted mean of its streams' (kvcal search). */
+kv_status kv_rt_get_stream_stats(const kv_rt *rt, int seq, int layer, int stream, kv_rt_stats *out);
 
 /* The plan's choices as the runtime applies them (for tools): sinks, recent. */
 int kv_rt_sinks(const kv_rt *rt);

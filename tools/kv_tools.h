@@ -135,6 +135,10 @@ int kvrun_bench(int argc, char **argv);    /* kvrun_bench.c: prefill and decode 
 /* kvcal */
 int kvcal_grids(int argc, char **argv);    /* kvcal_grids.c: generate a HIGGS grid file */
 int kvcal_export(int argc, char **argv);   /* kvcal_export.c: scales for vLLM / SGLang / TensorRT-LLM */
+/* Where generated HIGGS grids are kept between runs (kvcal fit, kvcal search): $KVCAL_GRID_CACHE ("" = none),
+ * else $XDG_CACHE_HOME/kvcal/grids, else $HOME/.cache/kvcal/grids. Malloc'd or NULL (kvcal_fit.c). */
+char *kv_tool_grid_cache_dir(void);
+int kvcal_search(int argc, char **argv);   /* kvcal_search.c: per-stream method choice under a bit budget */
 int kvcal_fit(int argc, char **argv);      /* kvcal_fit.c: calibrate a plan (AQUA-KV and baselines) */
 
 /* kvprof */

@@ -58,7 +58,7 @@ static void git_hash(char out[41]) {
 
 /* Where generated HIGGS grids are kept between runs: $KVCAL_GRID_CACHE ("" = no cache), else
  * $XDG_CACHE_HOME/kvcal/grids, else $HOME/.cache/kvcal/grids. Malloc'd or NULL. */
-static char *grid_cache_dir(void) {
+char *kv_tool_grid_cache_dir(void) {
     const char *env = getenv("KVCAL_GRID_CACHE");
     char buf[4096];
     if (env) {
@@ -162,7 +162,7 @@ int kvcal_fit(int argc, char **argv) {
     size_t n_ids = 0, n_ho = 0;
     kv_plan *plan = NULL;
     kv_fit_report rep;
-    char *text = NULL, *ckpt = NULL, *gcache = grid_cache_dir();
+    char *text = NULL, *ckpt = NULL, *gcache = kv_tool_grid_cache_dir();
     memset(&rep, 0, sizeof rep);
     kv_status s = kv_fit_config_init(&cfg);
     rc = KV_EXIT_OK;

@@ -253,15 +253,22 @@ int kv_rt_sinks(const kv_rt *rt) { return rt ? rt->sinks : 0; }
 int kv_rt_recent(const kv_rt *rt) { return rt ? rt->recent : 0; }
 
 /* ---- statistics -------------------------------------------------------------------------------------- */
-static void seq_stats(const kv_rt *rt, int seq, kv_rt_stats *o) {
+/* Sums over the (layer, stream) pairs that `only_layer`/`only_stream` select (-1: every one): one walk for
+ * the whole cache (kv_rt_get_stats) and for one stream (kv_rt_get_stream_stats), so that the parts add up
+ * to the total by construction. Per-layer working sets count with the layer's K stream. */
+static void seq_stats(const kv_rt *rt, int seq, int only_layer, int only_stream, kv_rt_stats *o) {
     const rt_seq *sq = &rt->seqs[seq];
     const uint64_t kvd = (uint64_t)rt->kv_dim, hd = (uint64_t)rt->head_dim;
     o->tokens += (uint64_t)sq->layer_n[rt->n_layers - 1];
     for (int l = 0; l < rt->n_layers; l++) {
+        if (only_layer >= 0 && l != only_layer) continue;
         const rt_pstate *ps = &sq->ps[l];
-        o->working_bytes += (uint64_t)ps->acc_cap * (uint64_t)rt->n_kv_heads * sizeof(float);
-        o->working_bytes += ps->wq ? (uint64_t)rt->wq_rows * (uint64_t)rt->n_heads * hd * sizeof(float) : 0u;
+        if (only_stream <= 0) {
+            o->working_bytes += (uint64_t)ps->acc_cap * (uint64_t)rt->n_kv_heads * sizeof(float);
+            o->working_bytes += ps->wq ? (uint64_t)rt->wq_rows * (uint64_t)rt->n_heads * hd * sizeof(float) : 0u;
+        }
         for (int stream = 0; stream < 2; stream++) {
+            if (only_stream >= 0 && stream != only_stream) continue;
             const rt_stream *st = &sq->st[l * 2 + stream];
             const rt_codec *c = rt_codec_of(rt, l, stream);
             o->values_appended += (uint64_t)sq->layer_n[l] * kvd;
@@ -284,19 +291,16 @@ static void seq_stats(const kv_rt *rt, int seq, kv_rt_stats *o) {
             o->working_bytes += (uint64_t)r->cap * kvd * sizeof(float);
         }
     }
-    o->working_bytes += rt_squat_working_bytes(rt, seq);
-    o->allocated_bytes += sq->allocated;
-    o->overhead_bytes += sq->overhead;
+    if (only_layer < 0 && only_stream < 0) { /* per-sequence state: not one stream's */
+        o->working_bytes += rt_squat_working_bytes(rt, seq);
+        o->allocated_bytes += sq->allocated;
+        o->overhead_bytes += sq->overhead;
+    }
 }
 
-kv_status kv_rt_get_stats(const kv_rt *rt, int seq, kv_rt_stats *out) {
-    if (!rt || !out || seq >= rt->opt.n_seqs) return KV_ERR(KV_EINVAL, "kv_rt_get_stats: bad arguments");
-    memset(out, 0, sizeof *out);
-    for (int q = 0; q < rt->opt.n_seqs; q++)
-        if (seq < 0 || q == seq) seq_stats(rt, q, out);
-    out->predictor_bytes = kv_plan_predictor_bytes(rt->plan);
+/* bits per value from the byte counts (the one formula of kv_rt_get_stats and kv_rt_get_stream_stats) */
+static void stats_finish(kv_rt_stats *out) {
     out->accounted_bytes = out->payload_bytes + out->index_bytes + out->fp_bytes;
-    out->working_bytes += (uint64_t)rt->rope_n * (uint64_t)rt->head_dim * sizeof(float);
     out->bits_per_value = out->values_compressed
                               ? 8.0 * (double)(out->payload_bytes + out->index_bytes) / (double)out->values_compressed
                               : 0.0;
@@ -304,6 +308,27 @@ kv_status kv_rt_get_stats(const kv_rt *rt, int seq, kv_rt_stats *out) {
         out->values_total
             ? 8.0 * (double)(out->accounted_bytes + out->predictor_bytes) / (double)out->values_total
             : 0.0;
+}
+
+kv_status kv_rt_get_stats(const kv_rt *rt, int seq, kv_rt_stats *out) {
+    if (!rt || !out || seq >= rt->opt.n_seqs) return KV_ERR(KV_EINVAL, "kv_rt_get_stats: bad arguments");
+    memset(out, 0, sizeof *out);
+    for (int q = 0; q < rt->opt.n_seqs; q++)
+        if (seq < 0 || q == seq) seq_stats(rt, q, -1, -1, out);
+    out->predictor_bytes = kv_plan_predictor_bytes(rt->plan);
+    out->working_bytes += (uint64_t)rt->rope_n * (uint64_t)rt->head_dim * sizeof(float);
+    stats_finish(out);
+    return KV_OK;
+}
+
+kv_status kv_rt_get_stream_stats(const kv_rt *rt, int seq, int layer, int stream, kv_rt_stats *out) {
+    if (!rt || !out || seq >= rt->opt.n_seqs || layer < 0 || layer >= rt->n_layers || stream < 0 || stream > 1)
+        return KV_ERR(KV_EINVAL, "kv_rt_get_stream_stats: bad arguments (layer %d, stream %d)", layer, stream);
+    memset(out, 0, sizeof *out);
+    for (int q = 0; q < rt->opt.n_seqs; q++)
+        if (seq < 0 || q == seq) seq_stats(rt, q, layer, stream, out);
+    out->predictor_bytes = kv_plan_stream_predictor_bytes(rt->plan, layer, stream);
+    stats_finish(out);
     return KV_OK;
 }
 

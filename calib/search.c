@@ -1,0 +1,428 @@
+/* search.c — kvcal search, phase 1 (calib/SEARCH.md): the candidate table, plan surgery, honest bytes per
+ * stream from the runtime's own accounting, per-stream KL sensitivity with an exact shortcut, and the
+ * global choice under a byte budget (exact multiple-choice knapsack). The tool (tools/kvcal_search.c) fits
+ * the candidates, calls these, validates the assembled plan end to end and reports. */
+#include "kv_calib.h"
+#include "kvrt.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the candidates ------------------------------------------------------------------------------------
+ * One row per candidate; a new method (SQuat keys, XQuant pairs, pruning points) is one more row once its
+ * stream can be copied (kv_search_copy_stream says what cannot yet). KIVI rows are method xquant without
+ * shared codes or 1-bit layers: the KIVI layout with XQuant's eta calibrated per layer and stream. */
+static const kv_search_candidate k_cands[] = {
+    {"f16", KV_FIT_KIVI, {"keys.bits=16", "values.bits=16", NULL}, "f16, not quantized"},
+    {"kivi1", KV_FIT_XQUANT, {"keys.bits=1", "values.bits=1", "xquant.calibrate_eta=true", NULL},
+     "KIVI 1-bit, XQuant calibrated eta"},
+    {"kivi2", KV_FIT_XQUANT, {"keys.bits=2", "values.bits=2", "xquant.calibrate_eta=true", NULL},
+     "KIVI 2-bit, XQuant calibrated eta"},
+    {"kivi3", KV_FIT_XQUANT, {"keys.bits=3", "values.bits=3", "xquant.calibrate_eta=true", NULL},
+     "KIVI 3-bit, XQuant calibrated eta"},
+    /* the default 3-bit layout is KVmix's 11 codes per word (one slot of each word holds 2 bits); 10 per word
+     * costs 0.3 bits more per value and, on stories260K, errs 4.5x less (layer 0 K: 0.0049 vs 0.0222) */
+    {"kivi3w10", KV_FIT_XQUANT,
+     {"keys.bits=3", "values.bits=3", "keys.pack3=10", "values.pack3=10", "xquant.calibrate_eta=true", NULL},
+     "KIVI 3-bit, 10 codes per word, XQuant calibrated eta"},
+    {"kivi4", KV_FIT_XQUANT, {"keys.bits=4", "values.bits=4", "xquant.calibrate_eta=true", NULL},
+     "KIVI 4-bit, XQuant calibrated eta"},
+    {"higgs2", KV_FIT_HIGGS, {"keys.bits=2", "values.bits=2", NULL}, "HIGGS 2 bits per dimension (d 2)"},
+    {"higgs3", KV_FIT_HIGGS, {"keys.bits=3", "values.bits=3", NULL}, "HIGGS 3 bits per dimension (d 2)"},
+    {"higgs4", KV_FIT_HIGGS, {"keys.bits=4", "values.bits=4", NULL}, "HIGGS 4 bits per dimension (d 2)"},
+    {"fp8", KV_FIT_FP8, {NULL}, "FP8 E4M3, calibrated tensor scale"},
+    {"nvfp4", KV_FIT_NVFP4, {NULL}, "NVFP4, calibrated second-level scale"},
+};
+
+const kv_search_candidate *kv_search_candidates(int *n) {
+    if (n) *n = (int)(sizeof k_cands / sizeof k_cands[0]);
+    return k_cands;
+}
+
+kv_status kv_search_candidate_find(int *index, const char *name) {
+    int n;
+    const kv_search_candidate *c = kv_search_candidates(&n);
+    for (int i = 0; name && i < n; i++)
+        if (strcmp(c[i].name, name) == 0) {
+            *index = i;
+            return KV_OK;
+        }
+    char known[512] = "";
+    for (int i = 0; i < n; i++) {
+        const size_t len = strlen(known);
+        snprintf(known + len, sizeof known - len, "%s%s", i ? ", " : "", c[i].name);
+    }
+    return KV_ERR(KV_EINVAL, "unknown candidate '%s' (known: %s)", name ? name : "", known);
+}
+
+kv_status kv_search_candidate_config(kv_fit_config *cfg, const kv_search_candidate *c, const char *const *common,
+                                     int n_common) {
+    kv_status s = kv_fit_config_init(cfg);
+    if (s != KV_OK) return s;
+    char where[96];
+    snprintf(where, sizeof where, "search candidate %s", c->name);
+    if ((s = kv_fit_config_method_preset(cfg, c->method)) != KV_OK) goto done;
+    for (int i = 0; i < KV_SEARCH_MAX_SETS && c->sets[i] && s == KV_OK; i++) s = kv_fit_config_set_from(cfg, c->sets[i], where);
+    for (int i = 0; i < n_common && s == KV_OK; i++) s = kv_fit_config_set(cfg, common[i]);
+done:
+    if (s != KV_OK) {
+        kv_error_wrap(s, "candidate %s: ", c->name);
+        kv_fit_config_free(cfg);
+    }
+    return s;
+}
+
+/* ---- plan surgery ----------------------------------------------------------------------------------- */
+static int same_global(const kv_plan_global *a, const kv_plan_global *b) {
+    return a->sinks == b->sinks && a->recent == b->recent && a->prune_method == b->prune_method &&
+           a->prune_budget == b->prune_budget && a->prune_window == b->prune_window && a->prune_pool == b->prune_pool &&
+           a->rht_seed == b->rht_seed;
+}
+
+static const char *sname(int stream) { return stream == KV_PLAN_K ? "K" : "V"; }
+
+kv_status kv_search_copy_stream(kv_plan *dst, const kv_plan *src, int layer, int stream) {
+    if (!dst || !src || layer < 0 || layer >= dst->n_layers || layer >= src->n_layers || stream < 0 || stream > 1)
+        return KV_ERR(KV_EINVAL, "kv_search_copy_stream: bad arguments (layer %d, stream %d)", layer, stream);
+    if (dst->n_layers != src->n_layers || dst->fingerprint.n_kv_heads != src->fingerprint.n_kv_heads ||
+        dst->fingerprint.head_dim != src->fingerprint.head_dim)
+        return KV_ERR(KV_EINVAL, "plan surgery: layer %d %s: the plans are for models of different shapes", layer,
+                      sname(stream));
+    if (!same_global(&dst->global, &src->global))
+        return KV_ERR(KV_EINVAL, "plan surgery: layer %d %s: the plans differ in their global settings (sinks %d/%d, "
+                      "recent %d/%d, pruning, RHT seed): streams of one plan share them", layer, sname(stream),
+                      dst->global.sinks, src->global.sinks, dst->global.recent, src->global.recent);
+    const kv_plan_stream *ss = &src->layers[layer].stream[stream];
+    kv_plan_stream *ds = &dst->layers[layer].stream[stream];
+    if (ss->predictor || ss->squat || ss->share_codes_with_layer >= 0)
+        return KV_ERR(KV_EUNSUPPORTED, "plan surgery: layer %d %s: a stream with %s depends on other streams' "
+                      "reconstructions or codes and needs a layer-sequential refit (search phase 2)", layer,
+                      sname(stream), ss->predictor ? "an AQUA-KV predictor" : ss->squat ? "SQuat parameters"
+                                                                                     : "shared codes");
+    if (ds->predictor || ds->squat)
+        return KV_ERR(KV_EINVAL, "plan surgery: layer %d %s of the destination carries a predictor or SQuat "
+                      "parameters", layer, sname(stream));
+    int grid = -1;
+    if (ss->higgs_grid >= 0) {
+        if (ss->higgs_grid >= src->n_grids)
+            return KV_ERR(KV_EINVAL, "plan surgery: layer %d %s: grid %d of %d", layer, sname(stream), ss->higgs_grid,
+                          src->n_grids);
+        const kv_plan_grid *g = &src->grids[ss->higgs_grid];
+        for (int i = 0; i < dst->n_grids && grid < 0; i++)
+            if (dst->grids[i].d == g->d && dst->grids[i].n == g->n &&
+                memcmp(dst->grids[i].points, g->points, (size_t)g->n * (size_t)g->d * sizeof(float)) == 0)
+                grid = i;
+        if (grid < 0) {
+            kv_status s = kv_plan_add_grid(dst, g->d, g->n, g->points, &grid);
+            if (s != KV_OK) return s;
+        }
+    }
+    float *old_scales = ds->fp_scales;
+    *ds = *ss; /* every scalar field; the owned pointers are set below */
+    ds->predictor = NULL;
+    ds->squat = NULL;
+    ds->fp_scales = old_scales;
+    ds->higgs_grid = grid;
+    if (ss->n_fp_scales > 0 && ss->fp_scales) {
+        ds->n_fp_scales = 0;
+        kv_status s = kv_plan_set_fp_scales(dst, layer, stream, ss->n_fp_scales, ss->fp_scales);
+        if (s != KV_OK) return s;
+    } else {
+        free(ds->fp_scales);
+        ds->fp_scales = NULL;
+        ds->n_fp_scales = 0;
+    }
+    return KV_OK;
+}
+
+kv_status kv_search_assemble(kv_plan **out, const kv_plan *const *srcs, int n_srcs, const int *choice, int n_layers) {
+    if (!out || !srcs || n_srcs < 1 || !choice || !srcs[0] || n_layers != srcs[0]->n_layers)
+        return KV_ERR(KV_EINVAL, "kv_search_assemble: bad arguments");
+    *out = NULL;
+    kv_plan *p = NULL;
+    kv_status s = kv_plan_create(&p, &srcs[0]->fingerprint);
+    if (s != KV_OK) return s;
+    p->global = srcs[0]->global;
+    for (int l = 0; l < n_layers && s == KV_OK; l++) {
+        p->layers[l].prune_budget = srcs[0]->layers[l].prune_budget;
+        for (int st = 0; st < 2 && s == KV_OK; st++) {
+            const int c = choice[2 * l + st];
+            if (c < 0 || c >= n_srcs || !srcs[c])
+                s = KV_ERR(KV_EINVAL, "assemble: layer %d %s: choice %d of %d plans", l, sname(st), c, n_srcs);
+            else
+                s = kv_search_copy_stream(p, srcs[c], l, st);
+        }
+    }
+    if (s == KV_OK) s = kv_plan_validate(p);
+    if (s != KV_OK) {
+        kv_plan_free(p);
+        return s;
+    }
+    *out = p;
+    return KV_OK;
+}
+
+/* ---- honest bytes per stream --------------------------------------------------------------------------- */
+kv_status kv_search_stream_bytes(uint64_t *bytes, uint64_t *values, const kv_plan *plan, kv_model *m, int ctx) {
+    if (!bytes || !values || !plan || !m || ctx < 1) return KV_ERR(KV_EINVAL, "kv_search_stream_bytes: bad arguments");
+    const kv_arch *a = kv_model_arch(m);
+    const int L = a->n_layers, kvd = a->n_kv_heads * a->head_dim;
+    kv_cache *cache = NULL;
+    float *x = NULL;
+    int32_t *pos = NULL;
+    kv_status s = kv_cache_rt_create(&cache, plan, m, 1, ctx, 0, 0);
+    if (s != KV_OK) return s;
+    const int first = plan->global.sinks + plan->global.recent, step = plan->global.recent;
+    const int maxn = first > step ? first : step;
+    x = malloc((size_t)maxn * (size_t)kvd * sizeof(float));
+    pos = malloc((size_t)maxn * sizeof(int32_t));
+    if (!x || !pos) {
+        s = KV_ERR(KV_ENOMEM, "out of memory");
+        goto done;
+    }
+    /* synthetic K/V (sizes do not depend on them): a fixed pseudo-random pattern of moderate range */
+    for (size_t i = 0; i < (size_t)maxn * (size_t)kvd; i++) x[i] = (float)(kv_rng_uniform(0x736561726368ull, i) * 2.0 - 1.0);
+    for (int p = 0; p < ctx && s == KV_OK;) {
+        const int n = p == 0 ? first : step, len = n < ctx - p ? n : ctx - p;
+        for (int i = 0; i < len; i++) pos[i] = p + i;
+        for (int l = 0; l < L && s == KV_OK; l++) s = kv_cache_append(cache, l, 0, len, pos, x, x, x, (size_t)kvd);
+        if (s == KV_OK && p == 0) s = kv_cache_end_prompt(cache, 0);
+        p += len;
+    }
+    const kv_rt *rt = kv_cache_rt_runtime(cache);
+    for (int l = 0; l < L && s == KV_OK; l++)
+        for (int st = 0; st < 2 && s == KV_OK; st++) {
+            kv_rt_stats o;
+            if ((s = kv_rt_get_stream_stats(rt, 0, l, st, &o)) != KV_OK) break;
+            bytes[2 * l + st] = o.accounted_bytes + o.predictor_bytes;
+            values[2 * l + st] = o.values_total;
+        }
+done:
+    free(x);
+    free(pos);
+    kv_cache_free(cache);
+    return s;
+}
+
+/* ---- sensitivity ---------------------------------------------------------------------------------- */
+typedef struct sens_capture {
+    float *H;  /* L x ctx x d: the input of every layer */
+    int ctx, d;
+} sens_capture;
+
+static kv_status on_layer(void *user, const kv_capture *c) {
+    sens_capture *sc = user;
+    memcpy(sc->H + (size_t)c->layer * (size_t)sc->ctx * (size_t)sc->d, c->h, (size_t)sc->ctx * (size_t)sc->d * sizeof(float));
+    return KV_OK;
+}
+
+/* KL(P || Q) of one row from logits (double sums in index order). */
+static double row_kl(const float *p, const float *q, int V) {
+    float mp = p[0], mq = q[0];
+    for (int i = 1; i < V; i++) {
+        mp = p[i] > mp ? p[i] : mp;
+        mq = q[i] > mq ? q[i] : mq;
+    }
+    double sp = 0, sq = 0;
+    for (int i = 0; i < V; i++) {
+        sp += exp((double)(p[i] - mp));
+        sq += exp((double)(q[i] - mq));
+    }
+    const double lp = log(sp), lq = log(sq);
+    double kl = 0;
+    for (int i = 0; i < V; i++) {
+        const double a = (double)(p[i] - mp) - lp, b = (double)(q[i] - mq) - lq;
+        kl += exp(a) * (a - b);
+    }
+    return kl > 0 ? kl : 0.0;
+}
+
+#define SENS_ROWS 32
+
+kv_status kv_search_sensitivity(double *kl, kv_model *m, const kv_plan *const *plans, int n_plans,
+                                const int32_t *tokens, size_t n_tokens, const kv_search_sens_options *opt,
+                                double *seconds) {
+    if (!kl || !m || !plans || n_plans < 1 || !tokens || !opt || opt->ctx < 2 || opt->n_samples < 1)
+        return KV_ERR(KV_EINVAL, "kv_search_sensitivity: bad arguments");
+    const double t_start = kv_now_seconds();
+    const kv_arch *a = kv_model_arch(m);
+    const int L = a->n_layers, d = a->d_model, V = a->vocab_size, ctx = opt->ctx;
+    if (opt->bos_id < 0 || opt->bos_id >= V) return KV_ERR(KV_EINVAL, "sensitivity needs a BOS token (got %d)", opt->bos_id);
+    const size_t stride = (size_t)ctx - 1;
+    if (n_tokens / stride < (size_t)opt->n_samples)
+        return KV_ERR(KV_EINVAL, "sensitivity: %zu tokens give %zu chunks of %zu, %d wanted", n_tokens, n_tokens / stride,
+                      stride, opt->n_samples);
+    const int rows = ctx - 1; /* scored positions: t predicts in[t+1] */
+    kv_status s = KV_OK;
+    int32_t *in = malloc((size_t)ctx * sizeof(int32_t));
+    int32_t *pos = malloc((size_t)ctx * sizeof(int32_t));
+    float *H = kv_aligned_alloc(64, (size_t)L * (size_t)ctx * (size_t)d * sizeof(float));
+    float *h_ref = kv_aligned_alloc(64, (size_t)ctx * (size_t)d * sizeof(float));
+    float *h = kv_aligned_alloc(64, (size_t)ctx * (size_t)d * sizeof(float));
+    float *lg_ref = kv_aligned_alloc(64, (size_t)rows * (size_t)V * sizeof(float));
+    float *lg = kv_aligned_alloc(64, (size_t)SENS_ROWS * (size_t)V * sizeof(float));
+    double *sum = calloc((size_t)L * 2 * (size_t)n_plans, sizeof(double));
+    kv_plan *one = NULL;
+    kv_cache *cache = NULL;
+    if (!in || !pos || !H || !h_ref || !h || !lg_ref || !lg || !sum) {
+        s = KV_ERR(KV_ENOMEM, "out of memory for the sensitivity of %d-token chunks (%.0f MiB of exact logits)", ctx,
+                   (double)rows * V * 4 / 1048576.0);
+        goto done;
+    }
+    for (int t = 0; t < ctx; t++) pos[t] = t;
+    kv_progress prog;
+    const double total = (double)opt->n_samples * L * 2 * n_plans;
+    if (opt->progress_label) kv_progress_begin(&prog, opt->progress_label, "eval", total);
+    double done_evals = 0;
+    for (int c = 0; c < opt->n_samples && s == KV_OK; c++) {
+        in[0] = opt->bos_id;
+        memcpy(in + 1, tokens + (size_t)c * stride, stride * sizeof(int32_t));
+        sens_capture sc = {H, ctx, d};
+        kv_hooks hooks;
+        memset(&hooks, 0, sizeof hooks);
+        hooks.on_layer = on_layer;
+        hooks.user = &sc;
+        kv_forward f;
+        memset(&f, 0, sizeof f);
+        f.tokens = in;
+        f.n_seqs = 1;
+        f.n_tokens = ctx;
+        f.hooks = &hooks;
+        f.hidden = h_ref;
+        if ((s = kv_model_forward(m, &f)) != KV_OK) break;
+        for (int r0 = 0; r0 < rows && s == KV_OK; r0 += SENS_ROWS) {
+            const int nr = rows - r0 < SENS_ROWS ? rows - r0 : SENS_ROWS;
+            s = kv_model_logits(m, h_ref + (size_t)r0 * d, (size_t)nr, lg_ref + (size_t)r0 * V);
+        }
+        for (int l = 0; l < L && s == KV_OK; l++)
+            for (int st = 0; st < 2 && s == KV_OK; st++)
+                for (int p = 0; p < n_plans && s == KV_OK; p++) {
+                    /* the one-stream plan: f16 everywhere, (l, st) from plans[p] */
+                    if ((s = kv_plan_create(&one, &plans[p]->fingerprint)) != KV_OK) break;
+                    one->global = plans[p]->global;
+                    if ((s = kv_search_copy_stream(one, plans[p], l, st)) != KV_OK) break;
+                    if ((s = kv_cache_rt_create(&cache, one, m, 1, ctx, 0, 0)) != KV_OK) break;
+                    memcpy(h, H + (size_t)l * ctx * d, (size_t)ctx * d * sizeof(float));
+                    const int first = one->global.sinks + one->global.recent, step = one->global.recent;
+                    for (int t = 0; t < ctx && s == KV_OK;) {
+                        const int n = t == 0 ? first : step, len = n < ctx - t ? n : ctx - t;
+                        s = kv_model_layer_forward(m, l, h + (size_t)t * d, 1, len, pos + t, cache, NULL, NULL);
+                        if (s == KV_OK && t == 0) s = kv_cache_end_prompt(cache, 0);
+                        t += len;
+                    }
+                    kv_cache_free(cache);
+                    cache = NULL;
+                    kv_plan_free(one);
+                    one = NULL;
+                    for (int l2 = l + 1; l2 < L && s == KV_OK; l2++)
+                        s = kv_model_layer_forward(m, l2, h, 1, ctx, pos, NULL, NULL, NULL);
+                    double acc = 0;
+                    for (int r0 = 0; r0 < rows && s == KV_OK; r0 += SENS_ROWS) {
+                        const int nr = rows - r0 < SENS_ROWS ? rows - r0 : SENS_ROWS;
+                        if ((s = kv_model_logits(m, h + (size_t)r0 * d, (size_t)nr, lg)) != KV_OK) break;
+                        for (int i = 0; i < nr; i++) acc += row_kl(lg_ref + (size_t)(r0 + i) * V, lg + (size_t)i * V, V);
+                    }
+                    sum[(size_t)(2 * l + st) * n_plans + p] += acc;
+                    done_evals += 1;
+                    if (opt->progress_label) kv_progress_update(&prog, done_evals);
+                }
+    }
+    if (opt->progress_label) kv_progress_end(&prog);
+    if (s == KV_OK)
+        for (size_t i = 0; i < (size_t)L * 2 * (size_t)n_plans; i++) {
+            kl[i] = sum[i] / ((double)opt->n_samples * rows);
+            if (!isfinite(kl[i])) {
+                s = KV_ERR(KV_ENUMERIC, "sensitivity of layer %zu %s, candidate %zu is not finite", i / n_plans / 2,
+                           sname((int)(i / n_plans % 2)), i % n_plans);
+                break;
+            }
+        }
+done:
+    kv_cache_free(cache);
+    kv_plan_free(one);
+    free(in);
+    free(pos);
+    kv_aligned_free(H);
+    kv_aligned_free(h_ref);
+    kv_aligned_free(h);
+    kv_aligned_free(lg_ref);
+    kv_aligned_free(lg);
+    free(sum);
+    if (seconds) *seconds = kv_now_seconds() - t_start;
+    return s;
+}
+
+/* ---- the global choice ------------------------------------------------------------------------------ */
+kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *value, const unsigned char *allowed,
+                             int n_items, int n_choices, uint64_t budget, int max_units, uint64_t *unit_out) {
+    if (!choice || !cost || !value || n_items < 1 || n_choices < 1 || n_choices > 255)
+        return KV_ERR(KV_EINVAL, "kv_search_allocate: bad arguments");
+    const uint64_t mu = max_units > 0 ? (uint64_t)max_units : 20000u;
+    uint64_t unit = budget / mu + (budget % mu != 0); /* ceil(budget / max_units) */
+    if (unit < 1) unit = 1;
+    if (unit_out) *unit_out = unit;
+    const size_t cap = (size_t)(budget / unit);
+    /* the cheapest choice of every item must fit, else nothing does */
+    uint64_t min_sum = 0;
+    for (int i = 0; i < n_items; i++) {
+        uint64_t mc = UINT64_MAX;
+        for (int j = 0; j < n_choices; j++)
+            if ((!allowed || allowed[(size_t)i * n_choices + j]) && cost[(size_t)i * n_choices + j] < mc)
+                mc = cost[(size_t)i * n_choices + j];
+        if (mc == UINT64_MAX) return KV_ERR(KV_EINVAL, "item %d has no allowed choice", i);
+        min_sum += mc;
+    }
+    if (min_sum > budget)
+        return KV_ERR(KV_EINVAL, "the budget of %llu bytes is below the cheapest assembly (%llu bytes)",
+                      (unsigned long long)budget, (unsigned long long)min_sum);
+    /* best[u]: least value of items 0..i using at most u units; pick[i][u]: the choice made for item i */
+    double *best = malloc((cap + 1) * sizeof(double));
+    double *next = malloc((cap + 1) * sizeof(double));
+    unsigned char *pick = malloc((size_t)n_items * (cap + 1));
+    kv_status s = KV_OK;
+    if (!best || !next || !pick) {
+        s = KV_ERR(KV_ENOMEM, "out of memory for the allocation (%d items x %zu units)", n_items, cap + 1);
+        goto done;
+    }
+    for (size_t u = 0; u <= cap; u++) best[u] = 0.0;
+    for (int i = 0; i < n_items; i++) {
+        unsigned char *pk = pick + (size_t)i * (cap + 1);
+        for (size_t u = 0; u <= cap; u++) {
+            double bv = INFINITY;
+            int bj = 255;
+            uint64_t bc = 0;
+            for (int j = 0; j < n_choices; j++) {
+                const size_t k = (size_t)i * n_choices + j;
+                if (allowed && !allowed[k]) continue;
+                const uint64_t w = cost[k] / unit + (cost[k] % unit != 0);
+                if (w > u || !isfinite(best[u - w])) continue;
+                const double v = best[u - w] + value[k];
+                if (v < bv || (v == bv && cost[k] < bc)) bv = v, bj = j, bc = cost[k];
+            }
+            next[u] = bv;
+            pk[u] = (unsigned char)bj;
+        }
+        double *t = best;
+        best = next;
+        next = t;
+    }
+    if (!isfinite(best[cap])) {
+        s = KV_ERR(KV_EINVAL, "no assembly fits the budget of %llu bytes once costs are rounded up to units of %llu "
+                   "bytes", (unsigned long long)budget, (unsigned long long)unit);
+        goto done;
+    }
+    size_t u = cap;
+    for (int i = n_items - 1; i >= 0; i--) {
+        const int j = pick[(size_t)i * (cap + 1) + u];
+        choice[i] = j;
+        const uint64_t c = cost[(size_t)i * n_choices + j];
+        u -= (size_t)(c / unit + (c % unit != 0));
+    }
+done:
+    free(best);
+    free(next);
+    free(pick);
+    return s;
+}

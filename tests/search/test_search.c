@@ -1,0 +1,373 @@
+/* kvcal search (calib/search.c): the allocator against brute force on small random instances, its
+ * refusals, the candidate table, and on stories260K (KVCAL_DATA_DIR) the claim the search rests on: the
+ * surgery of single-method plans is byte for byte the plan one fit with the same per-layer choices writes
+ * (provenance and report aside), the per-stream honest bytes add up to what `kvrun eval --plan` counts, and
+ * the sensitivities order as quantization error must. */
+#define _POSIX_C_SOURCE 200809L
+#include "kv_calib.h"
+#include "kv_model.h"
+#include "kv_test.h"
+#include "kv_tools.h"
+#include "kvrt.h"
+
+#include <math.h>
+#include <unistd.h>
+
+/* ---- allocator ------------------------------------------------------------------------------------ */
+/* Brute force over every assignment (n_choices^n_items): the least value whose cost fits. */
+static double brute(const uint64_t *cost, const double *value, int n, int k, uint64_t budget) {
+    double best = INFINITY;
+    int pick[8] = {0};
+    for (;;) {
+        uint64_t c = 0;
+        double v = 0;
+        for (int i = 0; i < n; i++) {
+            c += cost[i * k + pick[i]];
+            v += value[i * k + pick[i]];
+        }
+        if (c <= budget && v < best) best = v;
+        int i = 0;
+        while (i < n && ++pick[i] == k) pick[i++] = 0;
+        if (i == n) break;
+    }
+    return best;
+}
+
+START_TEST(test_allocate_brute) {
+    uint64_t rng = 12345;
+    for (int trial = 0; trial < 300; trial++) {
+        const int n = 1 + (int)(kv_rng_u64(rng, 4 * trial) % 6), k = 1 + (int)(kv_rng_u64(rng, 4 * trial + 1) % 4);
+        uint64_t cost[6 * 4];
+        double value[6 * 4];
+        uint64_t min_sum = 0, max_sum = 0;
+        for (int i = 0; i < n; i++) {
+            uint64_t mn = UINT64_MAX, mx = 0;
+            for (int j = 0; j < k; j++) {
+                cost[i * k + j] = kv_rng_u64(rng + 7, (uint64_t)(100 * trial + i * k + j)) % 21;
+                value[i * k + j] = kv_rng_uniform(rng + 9, (uint64_t)(100 * trial + i * k + j));
+                mn = cost[i * k + j] < mn ? cost[i * k + j] : mn;
+                mx = cost[i * k + j] > mx ? cost[i * k + j] : mx;
+            }
+            min_sum += mn;
+            max_sum += mx;
+        }
+        const uint64_t budget = min_sum + kv_rng_u64(rng, 4 * trial + 2) % (max_sum - min_sum + 1);
+        int choice[6];
+        uint64_t unit = 0;
+        /* max_units >= every budget here (<= 120): unit 1, so the DP is exact */
+        ck_assert_kv_ok(kv_search_allocate(choice, cost, value, NULL, n, k, budget, 1000, &unit));
+        ck_assert_uint_eq(unit, 1);
+        uint64_t c = 0;
+        double v = 0;
+        for (int i = 0; i < n; i++) {
+            ck_assert(choice[i] >= 0 && choice[i] < k);
+            c += cost[i * k + choice[i]];
+            v += value[i * k + choice[i]];
+        }
+        ck_assert_msg(c <= budget, "trial %d: cost %llu over the budget %llu", trial, (unsigned long long)c,
+                      (unsigned long long)budget);
+        /* the same optimum; the two sums add the same terms in different orders, so allow a few ulps */
+        const double b = brute(cost, value, n, k, budget);
+        ck_assert_msg(fabs(v - b) <= 1e-12 * (1 + b), "trial %d: DP %.17g, brute force %.17g", trial, v, b);
+    }
+}
+END_TEST
+
+/* With units coarser than a byte (max_units small) the choice stays feasible at the true costs, and it is
+ * at least as good as the exact optimum under a budget reduced by the rounding slack n * unit. */
+START_TEST(test_allocate_units) {
+    for (int trial = 0; trial < 100; trial++) {
+        const int n = 5, k = 3;
+        uint64_t cost[15];
+        double value[15];
+        uint64_t min_sum = 0;
+        for (int i = 0; i < n; i++) {
+            uint64_t mn = UINT64_MAX;
+            for (int j = 0; j < k; j++) {
+                cost[i * k + j] = 100 + kv_rng_u64(77, (uint64_t)(100 * trial + i * k + j)) % 900;
+                value[i * k + j] = kv_rng_uniform(78, (uint64_t)(100 * trial + i * k + j));
+                mn = cost[i * k + j] < mn ? cost[i * k + j] : mn;
+            }
+            min_sum += mn;
+        }
+        const uint64_t budget = min_sum + 1500 + kv_rng_u64(79, (uint64_t)trial) % 2000;
+        int choice[5];
+        uint64_t unit = 0;
+        ck_assert_kv_ok(kv_search_allocate(choice, cost, value, NULL, n, k, budget, 50, &unit));
+        ck_assert(unit > 1);
+        uint64_t c = 0;
+        double v = 0;
+        for (int i = 0; i < n; i++) c += cost[i * k + choice[i]], v += value[i * k + choice[i]];
+        ck_assert(c <= budget);
+        const uint64_t slack = (uint64_t)n * unit;
+        if (budget >= min_sum + slack) {
+            const double b = brute(cost, value, n, k, budget - slack);
+            ck_assert_msg(v <= b + 1e-12, "trial %d: %.17g worse than the optimum %.17g at budget - n*unit", trial, v, b);
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_allocate_refusals) {
+    const uint64_t cost[4] = {10, 20, 5, 30};
+    const double value[4] = {1, 0, 1, 0};
+    int choice[2];
+    /* the cheapest assembly costs 15 */
+    ck_assert_int_eq(kv_search_allocate(choice, cost, value, NULL, 2, 2, 14, 0, NULL), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "15"));
+    ck_assert_kv_ok(kv_search_allocate(choice, cost, value, NULL, 2, 2, 15, 0, NULL));
+    ck_assert_int_eq(choice[0], 0);
+    ck_assert_int_eq(choice[1], 0);
+    ck_assert_kv_ok(kv_search_allocate(choice, cost, value, NULL, 2, 2, 50, 0, NULL));
+    ck_assert_int_eq(choice[0], 1);
+    ck_assert_int_eq(choice[1], 1);
+    /* a forbidden choice is never taken */
+    const unsigned char allowed[4] = {1, 0, 1, 1};
+    ck_assert_kv_ok(kv_search_allocate(choice, cost, value, allowed, 2, 2, 50, 0, NULL));
+    ck_assert_int_eq(choice[0], 0);
+}
+END_TEST
+
+START_TEST(test_candidates) {
+    int n, k;
+    const kv_search_candidate *c = kv_search_candidates(&n);
+    ck_assert_int_ge(n, 8);
+    for (int i = 0; i < n; i++) {
+        ck_assert_kv_ok(kv_search_candidate_find(&k, c[i].name));
+        ck_assert_int_eq(k, i);
+        kv_fit_config cfg;
+        ck_assert_kv_ok(kv_search_candidate_config(&cfg, &c[i], NULL, 0));
+        ck_assert_kv_ok(kv_fit_config_validate(&cfg));
+        kv_fit_config_free(&cfg);
+    }
+    ck_assert_int_eq(kv_search_candidate_find(&k, "kivi9"), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "kivi2"));
+}
+END_TEST
+
+/* ---- stories260K ---------------------------------------------------------------------------------- */
+static kv_model *g_model;
+static kv_model_file *g_mf;
+static int32_t *g_ids;
+static size_t g_n;
+static int32_t g_bos = -1;
+static char g_model_path[4096];
+
+static void setup(void) {
+    const char *dir = kv_test_data_dir();
+    char path[4096];
+    snprintf(g_model_path, sizeof g_model_path, "%s/stories260K/stories260K.bin", dir);
+    ck_assert_kv_ok(kv_model_file_open(&g_mf, g_model_path));
+    kv_model_options mo;
+    memset(&mo, 0, sizeof mo);
+    mo.n_threads = 2;
+    ck_assert_kv_ok(kv_model_load(&g_model, g_mf, &mo));
+    kv_tokenizer *tok = NULL;
+    snprintf(path, sizeof path, "%s/stories260K/tok512.bin", dir);
+    ck_assert_kv_ok(kv_tokenizer_load(&tok, g_mf, path));
+    snprintf(path, sizeof path, "%s/wikitext-2-raw/wiki.valid.raw", dir);
+    char *text = NULL;
+    size_t len = 0;
+    ck_assert_kv_ok(kv_file_read_all(&text, &len, path));
+    size_t cut = len < 40000 ? len : 40000;
+    while (cut < len && text[cut] != '\n') cut++;
+    ck_assert_kv_ok(kv_tokenizer_encode(&g_ids, &g_n, tok, text, cut, 0));
+    g_bos = kv_tokenizer_bos(tok);
+    free(text);
+    kv_tokenizer_free(tok);
+}
+
+static void teardown(void) {
+    kv_model_free(g_model);
+    kv_model_file_close(g_mf);
+    free(g_ids);
+}
+
+/* seq_len 132 = 4 sinks + 2 chunks of 64 (cache.recent 64), 4096 tokens: a few seconds per fit */
+static const char *k_common[] = {"data.seq_len=132", "data.max_tokens=4096", "cache.recent=64",
+                                 "higgs.grid_samples=32768", "higgs.grid_iters=30"};
+
+static kv_plan *fit_cfg(kv_fit_config *cfg) {
+    kv_fit_data d = {g_ids, 4096, NULL, 0, g_bos};
+    kv_plan *p = NULL;
+    ck_assert_kv_ok(kv_fit_run(&p, NULL, g_model, g_mf, &d, cfg, NULL));
+    return p;
+}
+
+static kv_plan *fit_candidate(const char *name) {
+    int k;
+    ck_assert_kv_ok(kv_search_candidate_find(&k, name));
+    kv_fit_config cfg;
+    ck_assert_kv_ok(kv_search_candidate_config(&cfg, &kv_search_candidates(NULL)[k], k_common, 5));
+    kv_plan *p = fit_cfg(&cfg);
+    kv_fit_config_free(&cfg);
+    return p;
+}
+
+/* The serialized plan without provenance and report (those say how it was made, not what it is). */
+static void plan_bytes(uint8_t **out, size_t *n, kv_plan *p) {
+    kv_plan_provenance empty;
+    memset(&empty, 0, sizeof empty);
+    ck_assert_kv_ok(kv_plan_set_provenance(p, &empty));
+    ck_assert_kv_ok(kv_plan_set_report(p, 0, NULL, NULL));
+    kv_plan_write_options wo = {0, 0};
+    ck_assert_kv_ok(kv_plan_write_memory(out, n, p, &wo));
+}
+
+/* The claim of SEARCH.md §1 for two methods that have per-layer bits: a single fit with layers.N.key_bits
+ * / value_bits equals the surgery of the uniform-bits fits, byte for byte. KIVI (method xquant with the
+ * eta calibrated per layer and stream) and HIGGS (grids appended in first-use order). */
+static void check_surgery(kv_fit_method method, const char *name_lo, const char *name_hi, int bits_lo, int bits_hi) {
+    kv_plan *srcs[2] = {fit_candidate(name_lo), fit_candidate(name_hi)};
+    const int L = srcs[0]->n_layers;
+    int choice[64];
+    kv_fit_config cfg;
+    ck_assert_kv_ok(kv_fit_config_init(&cfg));
+    ck_assert_kv_ok(kv_fit_config_method_preset(&cfg, method));
+    char set[64];
+    snprintf(set, sizeof set, "keys.bits=%d", bits_lo);
+    ck_assert_kv_ok(kv_fit_config_set(&cfg, set));
+    snprintf(set, sizeof set, "values.bits=%d", bits_lo);
+    ck_assert_kv_ok(kv_fit_config_set(&cfg, set));
+    if (method == KV_FIT_XQUANT) ck_assert_kv_ok(kv_fit_config_set(&cfg, "xquant.calibrate_eta=true"));
+    for (int i = 0; i < 5; i++) ck_assert_kv_ok(kv_fit_config_set(&cfg, k_common[i]));
+    for (int l = 0; l < L; l++)
+        for (int st = 0; st < 2; st++) {
+            choice[2 * l + st] = (l + st) % 2 == 1 || l == L - 1; /* a mix of both, K and V differing */
+            if (choice[2 * l + st]) {
+                snprintf(set, sizeof set, "layers.%d.%s_bits=%d", l, st ? "value" : "key", bits_hi);
+                ck_assert_kv_ok(kv_fit_config_set(&cfg, set));
+            }
+        }
+    kv_plan *single = fit_cfg(&cfg);
+    kv_fit_config_free(&cfg);
+    kv_plan *surg = NULL;
+    ck_assert_kv_ok(kv_search_assemble(&surg, (const kv_plan *const *)srcs, 2, choice, L));
+    uint8_t *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    plan_bytes(&a, &na, single);
+    plan_bytes(&b, &nb, surg);
+    ck_assert_msg(na == nb && memcmp(a, b, na) == 0, "%s: the surgery of %s/%s differs from the single fit (%zu vs %zu "
+                  "bytes)", kv_fit_method_name(method), name_lo, name_hi, nb, na);
+    free(a);
+    free(b);
+    kv_plan_free(single);
+    kv_plan_free(surg);
+    kv_plan_free(srcs[0]);
+    kv_plan_free(srcs[1]);
+}
+
+START_TEST(test_surgery_equals_fit_kivi) {
+    check_surgery(KV_FIT_XQUANT, "kivi2", "kivi4", 2, 4);
+}
+END_TEST
+
+START_TEST(test_surgery_equals_fit_higgs) {
+    check_surgery(KV_FIT_HIGGS, "higgs2", "higgs3", 2, 3);
+}
+END_TEST
+
+/* Surgery refuses what phase 1 cannot copy: an AQUA-KV stream with a predictor. */
+START_TEST(test_surgery_refuses_predictor) {
+    kv_fit_config cfg;
+    ck_assert_kv_ok(kv_fit_config_init(&cfg));
+    ck_assert_kv_ok(kv_fit_config_method_preset(&cfg, KV_FIT_AQUA_UNIFORM));
+    for (int i = 0; i < 5; i++) ck_assert_kv_ok(kv_fit_config_set(&cfg, k_common[i]));
+    kv_plan *aq = fit_cfg(&cfg);
+    kv_fit_config_free(&cfg);
+    kv_plan *dst = NULL;
+    ck_assert_kv_ok(kv_plan_create(&dst, &aq->fingerprint));
+    dst->global = aq->global;
+    ck_assert_int_eq(kv_search_copy_stream(dst, aq, 1, KV_PLAN_K), KV_EUNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "layer 1 K"));
+    kv_plan_free(dst);
+    kv_plan_free(aq);
+}
+END_TEST
+
+/* Honest bytes: the per-stream counts of a mixed plan add up to the bits_per_value_total `kvrun eval --plan`
+ * reports at the same context (kv_tool_eval_plan, the tool's own function), exactly. The sensitivities:
+ * finite, the f16 candidate far below 2-bit KIVI in every stream, and the summed KL falls with more bits. */
+START_TEST(test_bytes_and_sensitivity) {
+    const char *names[] = {"f16", "kivi2", "kivi4", "higgs2", "fp8", "nvfp4"};
+    enum { NC = 6 };
+    kv_plan *plans[NC];
+    for (int c = 0; c < NC; c++) plans[c] = fit_candidate(names[c]);
+    const int L = plans[0]->n_layers, ctx = 200;
+    int choice[64];
+    for (int i = 0; i < 2 * L; i++) choice[i] = i % NC;
+    kv_plan *mix = NULL;
+    ck_assert_kv_ok(kv_search_assemble(&mix, (const kv_plan *const *)plans, NC, choice, L));
+    uint64_t bytes[64], values[64], tb = 0, tv = 0;
+    ck_assert_kv_ok(kv_search_stream_bytes(bytes, values, mix, g_model, ctx));
+    for (int i = 0; i < 2 * L; i++) tb += bytes[i], tv += values[i];
+    char dir[256], path[512];
+    kv_test_tmpdir(dir, sizeof dir);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/mix.kvplan", dir);
+    ck_assert_kv_ok(kv_plan_write(mix, path, NULL));
+    kv_tool_plan_eval ev;
+    ck_assert_kv_ok(kv_tool_eval_plan(&ev, g_model, g_model_path, path, g_ids + 4096, g_n - 4096, ctx, g_bos, 2, 0, 0,
+                                      NULL));
+    /* the same byte counts divided the same way: equal up to the last bit of the division */
+    ck_assert_msg(fabs(ev.bits_per_value_total - 8.0 * (double)tb / (double)tv) < 1e-12,
+                  "kvrun eval counts %.15g bits, the per-stream sum %.15g", ev.bits_per_value_total,
+                  8.0 * (double)tb / (double)tv);
+    unlink(path);
+    rmdir(dir);
+    /* sensitivities on two chunks of 100 tokens past the fits' tokens */
+    double kl[64 * NC];
+    kv_search_sens_options so = {100, 2, g_bos, NULL};
+    ck_assert_kv_ok(kv_search_sensitivity(kl, g_model, (const kv_plan *const *)plans, NC, g_ids + 4096, g_n - 4096, &so,
+                                          NULL));
+    double sum[NC] = {0};
+    for (int i = 0; i < 2 * L; i++)
+        for (int c = 0; c < NC; c++) {
+            ck_assert(isfinite(kl[i * NC + c]) && kl[i * NC + c] >= 0);
+            sum[c] += kl[i * NC + c];
+        }
+    for (int i = 0; i < 2 * L; i++)
+        /* f16 rounds once (relative 2^-11), 2-bit KIVI errs by ~10-30% of a value's range: orders of magnitude
+         * apart in KL; 10x leaves room for a stream that barely matters */
+        ck_assert_msg(kl[i * NC + 0] * 10 < kl[i * NC + 1], "stream %d: f16 %g, kivi2 %g", i, kl[i * NC], kl[i * NC + 1]);
+    ck_assert_msg(sum[2] < sum[1], "kivi4 %g >= kivi2 %g", sum[2], sum[1]);
+    fprintf(stderr, "sensitivity sums: f16 %g kivi2 %g kivi4 %g higgs2 %g fp8 %g nvfp4 %g\n", sum[0], sum[1], sum[2],
+            sum[3], sum[4], sum[5]);
+    kv_plan_free(mix);
+    for (int c = 0; c < NC; c++) kv_plan_free(plans[c]);
+}
+END_TEST
+
+static Suite *search_suite(int with_data) {
+    Suite *s = suite_create("search");
+    TCase *tc = tcase_create("allocate");
+    tcase_add_test(tc, test_allocate_brute);
+    tcase_add_test(tc, test_allocate_units);
+    tcase_add_test(tc, test_allocate_refusals);
+    tcase_add_test(tc, test_candidates);
+    suite_add_tcase(s, tc);
+    if (with_data) {
+        TCase *td = tcase_create("stories260K");
+        tcase_add_checked_fixture(td, setup, teardown);
+        tcase_set_timeout(td, 600);
+        tcase_add_test(td, test_surgery_equals_fit_kivi);
+        tcase_add_test(td, test_surgery_equals_fit_higgs);
+        tcase_add_test(td, test_surgery_refuses_predictor);
+        tcase_add_test(td, test_bytes_and_sensitivity);
+        suite_add_tcase(s, td);
+    }
+    return s;
+}
+
+int main(void) {
+    const char *dir = kv_test_data_dir();
+    int with_data = 0;
+    if (dir) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/stories260K/stories260K.bin", dir);
+        FILE *fp = fopen(path, "rb");
+        if (fp) with_data = 1, fclose(fp);
+    }
+    if (!with_data) fprintf(stderr, "test_search: no stories260K in KVCAL_DATA_DIR: the model tests are skipped\n");
+    return kv_test_run(search_suite(with_data));
+}
