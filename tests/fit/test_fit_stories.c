@@ -8,6 +8,7 @@
 #include "kv_test.h"
 
 #include <math.h>
+#include "stories_fixture.h"
 
 static kv_model *g_model;
 static kv_model_file *g_mf;
@@ -18,27 +19,7 @@ static int32_t g_bos = -1;
 /* One fit per (method, bits), memoized in the parent before forking would need shared state:
  * instead every test runs its own fits (each takes seconds on this model). */
 static void setup(void) {
-    const char *dir = kv_test_data_dir();
-    char path[4096];
-    snprintf(path, sizeof path, "%s/stories260K/stories260K.bin", dir);
-    ck_assert_kv_ok(kv_model_file_open(&g_mf, path));
-    kv_model_options mo;
-    memset(&mo, 0, sizeof mo);
-    mo.n_threads = 2;
-    ck_assert_kv_ok(kv_model_load(&g_model, g_mf, &mo));
-    kv_tokenizer *tok = NULL;
-    ck_assert_kv_ok(kv_tokenizer_load(&tok, g_mf, NULL));
-    snprintf(path, sizeof path, "%s/wikitext-2-raw/wiki.valid.raw", dir);
-    char *text = NULL;
-    size_t len = 0;
-    ck_assert_kv_ok(kv_file_read_all(&text, &len, path));
-    /* the first ~60 KB of text (cut at a line end) give ~20k tokens with this 512-token vocabulary */
-    size_t cut = len < 60000 ? len : 60000;
-    while (cut < len && text[cut] != '\n') cut++;
-    ck_assert_kv_ok(kv_tokenizer_encode(&g_ids, &g_n, tok, text, cut, 0));
-    g_bos = kv_tokenizer_add_bos_default(tok) ? kv_tokenizer_bos(tok) : -1;
-    free(text);
-    kv_tokenizer_free(tok);
+    stories_load(&g_mf, &g_model, &g_ids, &g_n, &g_bos, 60000 /* ~20k tokens with this 512-token vocabulary */, NULL, NULL);
 }
 
 static void teardown(void) {

@@ -12,6 +12,7 @@
 
 #include <math.h>
 #include <unistd.h>
+#include "stories_fixture.h"
 
 /* ---- allocator ------------------------------------------------------------------------------------ */
 /* Brute force over every assignment (n_choices^n_items): the least value whose cost fits. */
@@ -154,27 +155,9 @@ static int32_t g_bos = -1;
 static char g_model_path[4096];
 
 static void setup(void) {
-    const char *dir = kv_test_data_dir();
     char path[4096];
-    snprintf(g_model_path, sizeof g_model_path, "%s/stories260K/stories260K.bin", dir);
-    ck_assert_kv_ok(kv_model_file_open(&g_mf, g_model_path));
-    kv_model_options mo;
-    memset(&mo, 0, sizeof mo);
-    mo.n_threads = 2;
-    ck_assert_kv_ok(kv_model_load(&g_model, g_mf, &mo));
-    kv_tokenizer *tok = NULL;
-    snprintf(path, sizeof path, "%s/stories260K/tok512.bin", dir);
-    ck_assert_kv_ok(kv_tokenizer_load(&tok, g_mf, path));
-    snprintf(path, sizeof path, "%s/wikitext-2-raw/wiki.valid.raw", dir);
-    char *text = NULL;
-    size_t len = 0;
-    ck_assert_kv_ok(kv_file_read_all(&text, &len, path));
-    size_t cut = len < 40000 ? len : 40000;
-    while (cut < len && text[cut] != '\n') cut++;
-    ck_assert_kv_ok(kv_tokenizer_encode(&g_ids, &g_n, tok, text, cut, 0));
-    g_bos = kv_tokenizer_bos(tok);
-    free(text);
-    kv_tokenizer_free(tok);
+    snprintf(path, sizeof path, "%s/stories260K/tok512.bin", kv_test_data_dir());
+    stories_load(&g_mf, &g_model, &g_ids, &g_n, &g_bos, 40000, path, g_model_path);
 }
 
 static void teardown(void) {
