@@ -308,8 +308,11 @@ static float sum8(const float *x, int n) {
 static void direct_item(void *ctx, int item, int thread) {
     const attn_job *jb = ctx;
     kv_rt *rt = jb->rt;
-    const int h = item / jb->nseg, sgi = item % jb->nseg, nqv = jb->nqv, hd = (int)jb->hd, nh = jb->nh[h];
-    float *part = jb->part + (size_t)item * (size_t)nqv * (size_t)(hd + 2);
+    /* items run segment by segment, the KV heads of a segment one after another: the heads' codes
+     * share cache lines (a token's channels are contiguous across heads), so the second and third
+     * head of a segment find them in cache instead of reading them from memory again */
+    const int H = jb->rt->n_kv_heads, h = item % H, sgi = item / H, nqv = jb->nqv, hd = (int)jb->hd, nh = jb->nh[h];
+    float *part = jb->part + ((size_t)h * (size_t)jb->nseg + (size_t)sgi) * (size_t)nqv * (size_t)(hd + 2);
     const int a = sgi * RT_SEGMENT, b = a + RT_SEGMENT < nh ? a + RT_SEGMENT : nh, len = b - a;
     if (len <= 0) { /* a head holding fewer rows than another: nothing here */
         for (int j = 0; j < nqv; j++) {
@@ -338,9 +341,7 @@ static void direct_item(void *ctx, int item, int thread) {
             memset(s, 0, (size_t)len * sizeof(float));
             continue;
         }
-        float mx = s[0];
-        for (int t = 1; t < valid; t++) mx = s[t] > mx ? s[t] : mx;
-        for (int t = 0; t < valid; t++) s[t] = s[t] - mx;
+        const float mx = rt_shift_by_max(s, (size_t)valid);
         rt_exp_inplace(s, (size_t)valid);
         for (int t = valid; t < len; t++) s[t] = 0.0f;
         pj[0] = mx;

@@ -116,6 +116,23 @@ RT_AVX2 void rt_exp_avx2(float *x, size_t n) {
     if (i < n) rt_exp_portable(x + i, n - i);
 }
 
+RT_AVX2 float rt_shift_by_max_avx2(float *x, size_t n) {
+    float mx = x[0];
+    size_t i = 0;
+    if (n >= 8) {
+        __m256 m = _mm256_loadu_ps(x);
+        for (i = 8; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+        float l[8];
+        _mm256_storeu_ps(l, m);
+        for (int k = 0; k < 8; k++) mx = l[k] > mx ? l[k] : mx;
+    }
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    const __m256 mv = _mm256_set1_ps(mx);
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+    for (; i < n; i++) x[i] = x[i] - mx;
+    return mx;
+}
+
 /* Shift counts of slot 8v + k (k = lane) for widths 1, 2, 4: row (bits index, v). */
 static const int32_t k_shifts[3][4][8] = {
     {{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15}, {16, 17, 18, 19, 20, 21, 22, 23}, {24, 25, 26, 27, 28, 29, 30, 31}},
@@ -209,14 +226,15 @@ RT_AVX2 void rt_uniform_chan_accum_avx2(const float *cf, size_t ldc, int n, int 
 }
 
 /* 16 codes of width 2 or 4 from stream position pos (pos a multiple of 16 / of 8) as two float
- * vectors: tokens pos..pos+7 and pos+8..pos+15. */
+ * vectors: tokens pos..pos+7 and pos+8..pos+15. Width 2: a lane shifted right by 2k holds code k in
+ * its low 2 bits and the next code's low bit above them, so a permute of the table {0,1,2,3,0,1,2,3}
+ * (which reads the low 3 bits) gives the code as a float without a mask or a conversion. */
 RT_AVX2 static inline void codes16(const uint32_t *codes, size_t pos, int bits, __m256 *lo, __m256 *hi) {
     if (bits == 2) {
         const __m256i b = _mm256_set1_epi32((int)codes[pos / 16]);
-        const __m256i m = _mm256_set1_epi32(3);
-        *lo = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(b, _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)), m));
-        *hi = _mm256_cvtepi32_ps(
-            _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30)), m));
+        const __m256 tab = _mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 0.0f, 1.0f, 2.0f, 3.0f);
+        *lo = _mm256_permutevar8x32_ps(tab, _mm256_srlv_epi32(b, _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)));
+        *hi = _mm256_permutevar8x32_ps(tab, _mm256_srlv_epi32(b, _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30)));
     } else {
         const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), m = _mm256_set1_epi32(15);
         *lo = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)codes[pos / 8]), sh), m));
@@ -224,12 +242,82 @@ RT_AVX2 static inline void codes16(const uint32_t *codes, size_t pos, int bits, 
     }
 }
 
+/* n (a multiple of 8) stored parameters from index i: f16 or f32 (KV_PARAM_*), as floats. */
+RT_AVX2 static inline __m256 params8(const void *arr, size_t i, int pt) {
+    return pt == KV_PARAM_F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)arr + i)))
+                              : _mm256_loadu_ps((const float *)arr + i);
+}
+
+/* The token-axis fold of a group's scales and zero points (stored, f16 or f32, hd of each from index
+ * i0) into the queries: qs[j][c] = q[j][c] s[c] and bias[j] = sum_c q[j][c] z[c] (8 lanes, then
+ * hsum8), for nj queries of hd channels (a multiple of 8). One loop per parameter type. */
+RT_AVX2 __attribute__((always_inline)) static inline void fold_t(const float *q, int hd, int nj, const void *s,
+                                                                 const void *z, size_t i0, const int pt, float *qs,
+                                                                 float *bias) {
+    for (int j = 0; j < nj; j++) {
+        const float *qj = q + (size_t)j * hd;
+        float *qsj = qs + (size_t)j * hd;
+        __m256 b = _mm256_setzero_ps();
+        for (int c = 0; c < hd; c += 8) {
+            const __m256 qv = _mm256_loadu_ps(qj + c);
+            _mm256_storeu_ps(qsj + c, _mm256_mul_ps(qv, params8(s, i0 + (size_t)c, pt)));
+            b = _mm256_fmadd_ps(qv, params8(z, i0 + (size_t)c, pt), b);
+        }
+        bias[j] = hsum8(b);
+    }
+}
+
+RT_AVX2 void rt_uniform_fold_avx2(const float *q, int hd, int nj, const void *s, const void *z, size_t i0, int pt,
+                                  float *qs, float *bias) {
+    if (pt == KV_PARAM_F16)
+        fold_t(q, hd, nj, s, z, i0, KV_PARAM_F16, qs, bias);
+    else
+        fold_t(q, hd, nj, s, z, i0, KV_PARAM_F32, qs, bias);
+}
+
+/* The channel-axis weights of n tokens (n at most lds): ps[(j nseg + sg) lds + i] = p[j][i] s[sg][i]
+ * and zacc[j nseg + sg] += sum_i p[j][i] z[sg][i], s and z: nseg rows of lds stored parameters (f16
+ * or f32: a token's scale and zero point of segment sg), 8 tokens at a time. One loop per type. */
+RT_AVX2 __attribute__((always_inline)) static inline void weights_t(const void *s, const void *z, const int pt,
+                                                                    size_t lds, int nseg, const float *p, size_t ldp,
+                                                                    int nj, int n, float *ps, float *zacc) {
+    for (int j = 0; j < nj; j++) {
+        const float *pj = p + (size_t)j * ldp;
+        for (int sg = 0; sg < nseg; sg++) {
+            const size_t r = (size_t)sg * lds;
+            float *o = ps + ((size_t)j * (size_t)nseg + (size_t)sg) * lds;
+            __m256 zb = _mm256_setzero_ps();
+            int i = 0;
+            for (; i + 8 <= n; i += 8) {
+                const __m256 pv = _mm256_loadu_ps(pj + i);
+                _mm256_storeu_ps(o + i, _mm256_mul_ps(pv, params8(s, r + (size_t)i, pt)));
+                zb = _mm256_fmadd_ps(pv, params8(z, r + (size_t)i, pt), zb);
+            }
+            float zsum = hsum8(zb);
+            for (; i < n; i++) {
+                o[i] = pj[i] * rt_param(s, r + (size_t)i, pt);
+                zsum += pj[i] * rt_param(z, r + (size_t)i, pt);
+            }
+            zacc[(size_t)j * (size_t)nseg + (size_t)sg] += zsum;
+        }
+    }
+}
+
+RT_AVX2 void rt_uniform_chan_weights_avx2(const void *s, const void *z, int pt, size_t lds, int nseg, const float *p,
+                                          size_t ldp, int nj, int n, float *ps, float *zacc) {
+    if (pt == KV_PARAM_F16)
+        weights_t(s, z, KV_PARAM_F16, lds, nseg, p, ldp, nj, n, ps, zacc);
+    else
+        weights_t(s, z, KV_PARAM_F32, lds, nseg, p, ldp, nj, n, ps, zacc);
+}
+
 /* Token-axis uniform key scores, fused (2- or 4-bit codes): for tokens i0 + [0, n) of a token group
  * (n a multiple of 16) whose channel ch's run starts at stream position run0 + ch * gs,
- * acc[j][i] = sum_ch qs[j][ch] code[ch][i0 + i]. Codes go from their words to registers and are used
- * for up to 3 query vectors at a time; 16 tokens per pass. */
+ * out[j][i] = sum_ch qs[j][ch] code[ch][i0 + i] + bias[j]. Codes go from their words to registers and
+ * are used for up to 3 query vectors at a time; 16 tokens per pass. */
 RT_AVX2 void rt_uniform_tok_scores_fused_avx2(const uint32_t *codes, size_t run0, size_t gs, size_t i0, int n,
-                                              int hd, int bits, const float *qs, int nj, float *acc, size_t lda) {
+                                              int hd, int bits, const float *qs, const float *bias, int nj,
+                                              float *out, size_t ldo) {
     for (int t = 0; t < n; t += 16)
         for (int j0 = 0; j0 < nj; j0 += 3) {
             const int jn = nj - j0 < 3 ? nj - j0 : 3;
@@ -244,19 +332,28 @@ RT_AVX2 void rt_uniform_tok_scores_fused_avx2(const uint32_t *codes, size_t run0
                 b0 = _mm256_fmadd_ps(w1, lo, b0), b1 = _mm256_fmadd_ps(w1, hi, b1);
                 c0 = _mm256_fmadd_ps(w2, lo, c0), c1 = _mm256_fmadd_ps(w2, hi, c1);
             }
-            float *d = acc + (size_t)j0 * lda + (size_t)t;
-            _mm256_storeu_ps(d, a0), _mm256_storeu_ps(d + 8, a1);
-            if (jn > 1) _mm256_storeu_ps(d + lda, b0), _mm256_storeu_ps(d + lda + 8, b1);
-            if (jn > 2) _mm256_storeu_ps(d + 2 * lda, c0), _mm256_storeu_ps(d + 2 * lda + 8, c1);
+            float *d = out + (size_t)j0 * ldo + (size_t)t;
+            const __m256 z0 = _mm256_broadcast_ss(bias + j0);
+            _mm256_storeu_ps(d, _mm256_add_ps(a0, z0)), _mm256_storeu_ps(d + 8, _mm256_add_ps(a1, z0));
+            if (jn > 1) {
+                const __m256 z1 = _mm256_broadcast_ss(bias + j0 + 1);
+                _mm256_storeu_ps(d + ldo, _mm256_add_ps(b0, z1)), _mm256_storeu_ps(d + ldo + 8, _mm256_add_ps(b1, z1));
+            }
+            if (jn > 2) {
+                const __m256 z2 = _mm256_broadcast_ss(bias + j0 + 2);
+                _mm256_storeu_ps(d + 2 * ldo, _mm256_add_ps(c0, z2)), _mm256_storeu_ps(d + 2 * ldo + 8, _mm256_add_ps(c1, z2));
+            }
         }
 }
 
 /* Channel-axis uniform values, fused (2- or 4-bit codes, head_dim a multiple of 16): for n tokens
- * whose head codes start at stream positions pos0 + i * C, acc[j][c] += ps[i][j][g(c)] code[i][c],
- * ps: n x nj x nseg weights (p times scale), seg16[c / 16] the segment of channels c..c+15 (segments
- * multiples of 16). 16 channels per pass, up to 3 query vectors, accumulators in registers. */
+ * whose head codes start at stream positions pos0 + i * C, acc[j][c] += ps[j][g(c)][i] code[i][c],
+ * ps: nj x nseg rows of lps weights (p times scale; rt_uniform_chan_weights_avx2), seg16[c / 16] the
+ * segment of channels c..c+15 (segments multiples of 16). 16 channels per pass, up to 3 query
+ * vectors, accumulators in registers. */
 RT_AVX2 void rt_uniform_chan_accum_fused_avx2(const uint32_t *codes, size_t pos0, size_t C, int n, int hd, int bits,
-                                              const float *ps, int nseg, const int *seg16, int nj, float *acc) {
+                                              const float *ps, size_t lps, int nseg, const int *seg16, int nj,
+                                              float *acc) {
     for (int c = 0; c < hd; c += 16) {
         const int sg = seg16[c / 16];
         for (int j0 = 0; j0 < nj; j0 += 3) {
@@ -269,15 +366,15 @@ RT_AVX2 void rt_uniform_chan_accum_fused_avx2(const uint32_t *codes, size_t pos0
             for (int i = 0; i < n; i++) {
                 __m256 lo, hi;
                 codes16(codes, pos0 + (size_t)i * C + (size_t)c, bits, &lo, &hi);
-                const float *pi = ps + ((size_t)i * nj + (size_t)j0) * (size_t)nseg + (size_t)sg;
+                const float *pi = ps + ((size_t)j0 * (size_t)nseg + (size_t)sg) * lps + (size_t)i;
                 const __m256 w0 = _mm256_broadcast_ss(pi);
                 a0 = _mm256_fmadd_ps(w0, lo, a0), a1 = _mm256_fmadd_ps(w0, hi, a1);
                 if (jn > 1) {
-                    const __m256 w1 = _mm256_broadcast_ss(pi + nseg);
+                    const __m256 w1 = _mm256_broadcast_ss(pi + (size_t)nseg * lps);
                     b0 = _mm256_fmadd_ps(w1, lo, b0), b1 = _mm256_fmadd_ps(w1, hi, b1);
                 }
                 if (jn > 2) {
-                    const __m256 w2 = _mm256_broadcast_ss(pi + 2 * nseg);
+                    const __m256 w2 = _mm256_broadcast_ss(pi + 2 * (size_t)nseg * lps);
                     c0 = _mm256_fmadd_ps(w2, lo, c0), c1 = _mm256_fmadd_ps(w2, hi, c1);
                 }
             }
@@ -384,6 +481,7 @@ void rt_f32_accum_avx2(const float *x, size_t ld, int n, int hd, const float *p,
     (void)x, (void)ld, (void)n, (void)hd, (void)p, (void)ldp, (void)nq, (void)acc;
 }
 void rt_exp_avx2(float *x, size_t n) { (void)x, (void)n; }
+float rt_shift_by_max_avx2(float *x, size_t n) { (void)x, (void)n; return 0.0f; }
 void rt_unpack_words_avx2(float *dst, const uint32_t *w, size_t nwords, int bits) {
     (void)dst, (void)w, (void)nwords, (void)bits;
 }
@@ -400,12 +498,21 @@ void rt_uniform_chan_accum_avx2(const float *cf, size_t ldc, int n, int hd, cons
     (void)cf, (void)ldc, (void)n, (void)hd, (void)s, (void)seg, (void)nseg, (void)p, (void)ldp, (void)nj, (void)acc;
 }
 void rt_uniform_tok_scores_fused_avx2(const uint32_t *codes, size_t run0, size_t gs, size_t i0, int n, int hd, int bits,
-                                      const float *qs, int nj, float *acc, size_t lda) {
-    (void)codes, (void)run0, (void)gs, (void)i0, (void)n, (void)hd, (void)bits, (void)qs, (void)nj, (void)acc, (void)lda;
+                                      const float *qs, const float *bias, int nj, float *out, size_t ldo) {
+    (void)codes, (void)run0, (void)gs, (void)i0, (void)n, (void)hd, (void)bits, (void)qs, (void)bias, (void)nj, (void)out,
+        (void)ldo;
 }
 void rt_uniform_chan_accum_fused_avx2(const uint32_t *codes, size_t pos0, size_t C, int n, int hd, int bits,
-                                      const float *ps, int nseg, const int *seg16, int nj, float *acc) {
-    (void)codes, (void)pos0, (void)C, (void)n, (void)hd, (void)bits, (void)ps, (void)nseg, (void)seg16, (void)nj,
-        (void)acc;
+                                      const float *ps, size_t lps, int nseg, const int *seg16, int nj, float *acc) {
+    (void)codes, (void)pos0, (void)C, (void)n, (void)hd, (void)bits, (void)ps, (void)lps, (void)nseg, (void)seg16,
+        (void)nj, (void)acc;
+}
+void rt_uniform_fold_avx2(const float *q, int hd, int nj, const void *s, const void *z, size_t i0, int pt, float *qs,
+                          float *bias) {
+    (void)q, (void)hd, (void)nj, (void)s, (void)z, (void)i0, (void)pt, (void)qs, (void)bias;
+}
+void rt_uniform_chan_weights_avx2(const void *s, const void *z, int pt, size_t lds, int nseg, const float *p,
+                                  size_t ldp, int nj, int n, float *ps, float *zacc) {
+    (void)s, (void)z, (void)pt, (void)lds, (void)nseg, (void)p, (void)ldp, (void)nj, (void)n, (void)ps, (void)zacc;
 }
 #endif

@@ -377,9 +377,14 @@ void rt_uniform_tok_scores_avx2(const float *cf, size_t ldc, int n, int hd, cons
 void rt_uniform_chan_accum_avx2(const float *cf, size_t ldc, int n, int hd, const float *s, const int *seg, int nseg,
                                 const float *p, size_t ldp, int nj, float *acc);
 void rt_uniform_tok_scores_fused_avx2(const uint32_t *codes, size_t run0, size_t gs, size_t i0, int n, int hd, int bits,
-                                      const float *qs, int nj, float *acc, size_t lda);
+                                      const float *qs, const float *bias, int nj, float *out, size_t ldo);
 void rt_uniform_chan_accum_fused_avx2(const uint32_t *codes, size_t pos0, size_t C, int n, int hd, int bits,
-                                      const float *ps, int nseg, const int *seg16, int nj, float *acc);
+                                      const float *ps, size_t lps, int nseg, const int *seg16, int nj, float *acc);
+void rt_uniform_fold_avx2(const float *q, int hd, int nj, const void *s, const void *z, size_t i0, int pt, float *qs,
+                          float *bias);
+void rt_uniform_chan_weights_avx2(const void *s, const void *z, int pt, size_t lds, int nseg, const float *p,
+                                  size_t ldp, int nj, int n, float *ps, float *zacc);
+
 
 /* ---- vector math shared by the kernels (rt_math.c) ---- */
 /* f16 -> f32 without branches, exact for every input (equal to kv_f16_to_f32): the exponent and
@@ -403,6 +408,10 @@ static inline float rt_param(const void *arr, size_t i, int type) {
  * 0 below -103.9. Written in 8 lanes so that every vector path gives the same bits. */
 void rt_exp_inplace(float *x, size_t n);
 void rt_exp_portable(float *x, size_t n); /* the portable loop alone (rt_exp_inplace's reference) */
+/* The largest of x[0..n) (n >= 1, finite values), and x[i] -= it: the softmax's shift. Exact (a
+ * maximum and one subtraction per value), so every SIMD level gives the same bits. */
+float rt_shift_by_max(float *x, size_t n);
+float rt_shift_by_max_avx2(float *x, size_t n);
 /* n codes of whole words (bits 1, 2, 4, 8; word-aligned) to floats. */
 void rt_unpack_words(float *dst, const uint32_t *w, size_t nwords, int bits);
 void rt_f16_to_f32_row(float *dst, const uint16_t *src, size_t n);

@@ -42,6 +42,14 @@ void rt_exp_portable(float *x, size_t n) {
     for (; i < n; i++) x[i] = exp_le0(x[i]);
 }
 
+float rt_shift_by_max(float *x, size_t n) {
+    if (rt_avx2_usable()) return rt_shift_by_max_avx2(x, n);
+    float mx = x[0];
+    for (size_t i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    for (size_t i = 0; i < n; i++) x[i] = x[i] - mx;
+    return mx;
+}
+
 void rt_f16_to_f32_row(float *dst, const uint16_t *src, size_t n) {
     if (rt_avx2_usable()) {
         rt_f16_to_f32_row_avx2(dst, src, n);

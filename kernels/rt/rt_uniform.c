@@ -75,6 +75,9 @@ static void scores_tokens_axis(const rt_codec *c, const uint32_t *codes, const v
             const size_t k = t / G, gs = kv_qm_tok_group_rows(G, (size_t)m, k);
             const size_t i0 = t - k * G, iend = (size_t)r1 - k * G < gs ? (size_t)r1 - k * G : gs;
             /* the group's scales fold into the queries; its zero points give one bias per query */
+            if (avx2 && hd % 8 == 0)
+                rt_uniform_fold_avx2(q + (size_t)j0 * hd, (int)hd, nj, scales, zeros, k * C + c0, pt, qs, bias);
+            else {
             load_params(sv, scales, k * C + c0, hd, pt);
             load_params(zv, zeros, k * C + c0, hd, pt);
             for (int j = 0; j < nj; j++) {
@@ -86,16 +89,14 @@ static void scores_tokens_axis(const rt_codec *c, const uint32_t *codes, const v
                 }
                 bias[j] = b;
             }
+            }
             for (size_t i = i0; i < iend; i += run) {
                 const size_t n = iend - i < run ? iend - i : run;
                 const size_t pos0 = k * G * C + c0 * gs + i, per = (size_t)c->per_word;
                 if (avx2 && (c->bits == 2 || c->bits == 4) && pos0 % 16 == 0 && gs % 16 == 0 && n % 16 == 0) {
                     /* codes straight from their words into registers */
-                    rt_uniform_tok_scores_fused_avx2(codes, k * G * C + c0 * gs, gs, i, (int)n, (int)hd, c->bits, qs, nj,
-                                                     acc, RUN);
-                    for (int j = 0; j < nj; j++)
-                        for (size_t ii = 0; ii < n; ii++)
-                            out[(size_t)(j0 + j) * ld + (k * G + i + ii - (size_t)r0)] = acc[(size_t)j * RUN + ii] + bias[j];
+                    rt_uniform_tok_scores_fused_avx2(codes, k * G * C + c0 * gs, gs, i, (int)n, (int)hd, c->bits, qs, bias,
+                                                     nj, out + (size_t)j0 * ld + (k * G + i - (size_t)r0), ld);
                     continue;
                 }
                 if (avx2 && per != 11 && 32 % c->bits == 0 && pos0 % per == 0 && gs % per == 0 && n % per == 0)
@@ -203,24 +204,30 @@ static void accum_channels_axis(const rt_codec *c, const uint32_t *codes, const 
         const int nj = nq - j0 < QC ? nq - j0 : QC;
         memset(zacc, 0, (size_t)nj * (size_t)nseg * sizeof(float));
         if (fused) {
-            /* weights p_t * s_t,g per token, query and segment (st), zero points into zacc */
-            const int tf = (int)(4096 / ((size_t)nj * (size_t)nseg)) < 64 ? (int)(4096 / ((size_t)nj * (size_t)nseg)) : 64;
+            /* per tile of tokens: the stored scales and zero points of each segment in a row (sh/zh
+             * for f16, sf/zf for f32), then the weights p_t * s_t,g per query and segment (st) and the
+             * zero points into zacc, 8 tokens at a time */
+            enum { TF = 64 };
+            const int tf = (int)(4096 / ((size_t)nj * (size_t)nseg)) < TF ? (int)(4096 / ((size_t)nj * (size_t)nseg)) : TF;
+            float sf[TF * (KV_RT_MAX_HEAD_DIM / 16)], zf[TF * (KV_RT_MAX_HEAD_DIM / 16)];
+            uint16_t sh[TF * (KV_RT_MAX_HEAD_DIM / 16)], zh[TF * (KV_RT_MAX_HEAD_DIM / 16)];
             for (int t0 = r0; t0 < r1; t0 += tf) {
                 const int n = r1 - t0 < tf ? r1 - t0 : tf;
-                for (int i = 0; i < n; i++) {
-                    const size_t t = (size_t)(t0 + i);
-                    for (int sg = 0; sg < nseg; sg++) {
-                        const size_t g = t * ncg + (c0 + seg[sg]) / G;
-                        const float sc = rt_param(scales, g, pt), z = rt_param(zeros, g, pt);
-                        for (int j = 0; j < nj; j++) {
-                            const float pj = p[(size_t)(j0 + j) * ld + (t - (size_t)r0)];
-                            st[((size_t)i * (size_t)nj + (size_t)j) * (size_t)nseg + (size_t)sg] = pj * sc;
-                            zacc[(size_t)j * (size_t)nseg + (size_t)sg] += pj * z;
-                        }
+                for (int sg = 0; sg < nseg; sg++) {
+                    const size_t g0 = (size_t)t0 * ncg + (c0 + seg[sg]) / G, r = (size_t)sg * (size_t)tf;
+                    if (pt == KV_PARAM_F16) {
+                        const uint16_t *s16 = (const uint16_t *)scales + g0, *z16 = (const uint16_t *)zeros + g0;
+                        uint16_t *sr = sh + r, *zr = zh + r;
+                        for (int i = 0; i < n; i++) sr[i] = s16[(size_t)i * ncg], zr[i] = z16[(size_t)i * ncg];
+                    } else {
+                        const float *s32 = (const float *)scales + g0, *z32 = (const float *)zeros + g0;
+                        for (int i = 0; i < n; i++) sf[r + (size_t)i] = s32[(size_t)i * ncg], zf[r + (size_t)i] = z32[(size_t)i * ncg];
                     }
                 }
-                rt_uniform_chan_accum_fused_avx2(codes, (size_t)t0 * C + c0, C, n, (int)hd, c->bits, st, nseg, seg16, nj,
-                                                 acc + (size_t)j0 * hd);
+                rt_uniform_chan_weights_avx2(pt == KV_PARAM_F16 ? (const void *)sh : sf, pt == KV_PARAM_F16 ? (const void *)zh : zf, pt, (size_t)tf, nseg, p + (size_t)j0 * ld + (size_t)(t0 - r0), ld, nj, n,
+                                             st, zacc);
+                rt_uniform_chan_accum_fused_avx2(codes, (size_t)t0 * C + c0, C, n, (int)hd, c->bits, st, (size_t)tf, nseg, seg16,
+                                                 nj, acc + (size_t)j0 * hd);
             }
         }
         for (int t0 = r0; !fused && t0 < r1; t0 += (int)tt) {

@@ -732,6 +732,30 @@ START_TEST(test_exp) {
 }
 END_TEST
 
+/* The softmax's shift by the maximum: the same bits at every SIMD level (it is exact), for lengths
+ * around the vector width and the maximum in the tail, the body and the first lane. */
+START_TEST(test_shift_by_max) {
+    kv_rng r;
+    kv_rng_init(&r, 5);
+    for (int n = 1; n <= 41; n++)
+        for (int where = 0; where < 3; where++) {
+            float a[41], b[41];
+            for (int i = 0; i < n; i++) a[i] = (float)kv_rng_next_normal(&r);
+            const int at = where == 0 ? 0 : where == 1 ? n / 2 : n - 1;
+            a[at] = 9.0f;
+            memcpy(b, a, sizeof a);
+            kv_simd_level_limit(KV_SIMD_NONE);
+            const float m0 = rt_shift_by_max(a, (size_t)n);
+            kv_simd_level_limit(KV_SIMD_AVX2);
+            const float m1 = rt_shift_by_max(b, (size_t)n);
+            ck_assert_float_eq(m0, 9.0f);
+            ck_assert_float_eq(m1, 9.0f);
+            ck_assert_msg(memcmp(a, b, sizeof(float) * (size_t)n) == 0, "n %d: the levels differ", n);
+            ck_assert_float_eq(a[at], 0.0f);
+        }
+}
+END_TEST
+
 /* Decoding with 1 and 2 threads gives the same bits (fixed segments, fixed combine order). */
 START_TEST(test_threads_agree) {
     const rcase c = {"threads", 2, 2, 3, 64, 4, 32, U(2, 32, TOK), HG(0, 2, 16), F16, F16, 0, 0, 0, 0, 2500, 2490, 1, 0, 0, NO_SQ};
@@ -1519,6 +1543,7 @@ int main(void) {
     tcase_add_loop_test(tc, test_attention_matches_exact, 0, 2 * (int)(sizeof k_cases / sizeof k_cases[0]));
     tcase_add_loop_test(tc, test_long_sequences, 0, 2);
     tcase_add_loop_test(tc, test_exp, 0, 2);
+    tcase_add_test(tc, test_shift_by_max);
     tcase_add_test(tc, test_threads_agree);
     tcase_add_test(tc, test_keep_reconstructions);
     tcase_add_test(tc, test_refusals);
