@@ -25,7 +25,8 @@
 
 /* n codes from stream position pos as floats: whole words at once when the run starts on a word
  * and the width divides 32 (the common case: token groups and heads are multiples of the codes
- * per word), else code by code. */
+ * per word), else word by word (one division per word, not per code: 3-bit codes packed 11 to a
+ * word, KVmix's 3-bit layers, start anywhere in a word). */
 static inline void unpack_run(float *dst, const uint32_t *codes, size_t pos, size_t n, int bits, int per) {
     size_t i = 0;
     if (per != 11 && 32 % bits == 0 && pos % (size_t)per == 0 && n >= (size_t)per) {
@@ -33,7 +34,12 @@ static inline void unpack_run(float *dst, const uint32_t *codes, size_t pos, siz
         rt_unpack_words(dst, codes + pos / (size_t)per, nw, bits);
         i = nw * (size_t)per;
     }
-    for (; i < n; i++) dst[i] = (float)kv_qm_unpack(codes, pos + i, bits, per);
+    while (i < n) {
+        const size_t j = pos + i, w = j / (size_t)per;
+        int slot = (int)(j - w * (size_t)per);
+        uint32_t word = codes[w] >> (slot * bits);
+        for (; slot < per && i < n; slot++, i++, word >>= bits) dst[i] = (float)(word & kv_qm_slot_max(bits, per, slot));
+    }
 }
 
 /* Tokens unpacked at once so that a tile of codes (channels x tokens floats) stays within 16 KiB. */
