@@ -385,7 +385,6 @@ void rt_uniform_fold_avx2(const float *q, int hd, int nj, const void *s, const v
 void rt_uniform_chan_weights_avx2(const void *s, const void *z, int pt, size_t lds, int nseg, const float *p,
                                   size_t ldp, int nj, int n, float *ps, float *zacc);
 
-
 /* ---- vector math shared by the kernels (rt_math.c) ---- */
 /* f16 -> f32 without branches, exact for every input (equal to kv_f16_to_f32): the exponent and
  * mantissa moved into place (a subnormal half becomes a float subnormal pattern times 2^112, exact

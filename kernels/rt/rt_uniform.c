@@ -67,35 +67,41 @@ static inline void params_of(const rt_codec *c, const uint8_t *params, int m, co
 }
 
 /* ---- scores ------------------------------------------------------------------------------------ */
+/* A token group's scales fold into the nj queries (qs[j][c] = q[j][c] s[c]); its zero points give one
+ * bias per query (sum_c q[j][c] z[c]); the hd parameters of each start at index i0. */
+static void fold_group(const float *q, size_t hd, int nj, const void *scales, const void *zeros, size_t i0, int pt,
+                       int avx2, float *qs, float *bias) {
+    if (avx2 && hd % 8 == 0) {
+        rt_uniform_fold_avx2(q, (int)hd, nj, scales, zeros, i0, pt, qs, bias);
+        return;
+    }
+    float sv[KV_RT_MAX_HEAD_DIM], zv[KV_RT_MAX_HEAD_DIM];
+    load_params(sv, scales, i0, hd, pt);
+    load_params(zv, zeros, i0, hd, pt);
+    for (int j = 0; j < nj; j++) {
+        const float *qj = q + (size_t)j * hd;
+        float b = 0.0f;
+        for (size_t ch = 0; ch < hd; ch++) {
+            qs[(size_t)j * hd + ch] = qj[ch] * sv[ch];
+            b += qj[ch] * zv[ch];
+        }
+        bias[j] = b;
+    }
+}
+
 static void scores_tokens_axis(const rt_codec *c, const uint32_t *codes, const void *scales, const void *zeros,
                                int m, int r0, int r1, int h, const float *q, int nq, float *out, size_t ld) {
     const kv_uniform *u = &c->q.uniform;
     const size_t C = (size_t)c->kv_dim, G = (size_t)u->group, hd = (size_t)c->head_dim, c0 = (size_t)h * hd;
     const int pt = (int)u->param_type, avx2 = rt_avx2_usable();
     const size_t run = tile_tokens(hd, 0);
-    float qs[QC * KV_RT_MAX_HEAD_DIM], sv[KV_RT_MAX_HEAD_DIM], zv[KV_RT_MAX_HEAD_DIM];
-    float cf[4096], acc[QC * RUN], bias[QC];
+    float qs[QC * KV_RT_MAX_HEAD_DIM], cf[4096], acc[QC * RUN], bias[QC];
     for (int j0 = 0; j0 < nq; j0 += QC) {
         const int nj = nq - j0 < QC ? nq - j0 : QC;
         for (size_t t = (size_t)r0; t < (size_t)r1;) {
             const size_t k = t / G, gs = kv_qm_tok_group_rows(G, (size_t)m, k);
             const size_t i0 = t - k * G, iend = (size_t)r1 - k * G < gs ? (size_t)r1 - k * G : gs;
-            /* the group's scales fold into the queries; its zero points give one bias per query */
-            if (avx2 && hd % 8 == 0)
-                rt_uniform_fold_avx2(q + (size_t)j0 * hd, (int)hd, nj, scales, zeros, k * C + c0, pt, qs, bias);
-            else {
-            load_params(sv, scales, k * C + c0, hd, pt);
-            load_params(zv, zeros, k * C + c0, hd, pt);
-            for (int j = 0; j < nj; j++) {
-                const float *qj = q + (size_t)(j0 + j) * hd;
-                float b = 0.0f;
-                for (size_t ch = 0; ch < hd; ch++) {
-                    qs[(size_t)j * hd + ch] = qj[ch] * sv[ch];
-                    b += qj[ch] * zv[ch];
-                }
-                bias[j] = b;
-            }
-            }
+            fold_group(q + (size_t)j0 * hd, hd, nj, scales, zeros, k * C + c0, pt, avx2, qs, bias);
             for (size_t i = i0; i < iend; i += run) {
                 const size_t n = iend - i < run ? iend - i : run;
                 const size_t pos0 = k * G * C + c0 * gs + i, per = (size_t)c->per_word;
@@ -182,6 +188,29 @@ void rt_uniform_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *
 }
 
 /* ---- weighted sums of values ------------------------------------------------------------------- */
+/* Tokens per tile of the fused channel-axis path, and the stored parameters of a tile's segments in
+ * rows (f16 or f32 as stored; at most head_dim / 16 segments). */
+enum { TF = 64 };
+typedef union param_rows {
+    uint16_t h[TF * (KV_RT_MAX_HEAD_DIM / 16)];
+    float f[TF * (KV_RT_MAX_HEAD_DIM / 16)];
+} param_rows;
+
+/* Row r..r+n of dst: the n parameters at index g0, g0 + stride, ... of arr (type pt). */
+static void gather_params(param_rows *dst, size_t r, const void *arr, size_t g0, size_t stride, int n, int pt) {
+    if (pt == KV_PARAM_F16) {
+        const uint16_t *a = (const uint16_t *)arr + g0;
+        for (int i = 0; i < n; i++) dst->h[r + (size_t)i] = a[(size_t)i * stride];
+    } else {
+        const float *a = (const float *)arr + g0;
+        for (int i = 0; i < n; i++) dst->f[r + (size_t)i] = a[(size_t)i * stride];
+    }
+}
+
+static const void *param_row_ptr(const param_rows *rows, int pt) {
+    return pt == KV_PARAM_F16 ? (const void *)rows->h : (const void *)rows->f;
+}
+
 static void accum_channels_axis(const rt_codec *c, const uint32_t *codes, const void *scales, const void *zeros,
                                 int m, int r0, int r1, int h, const float *p, size_t ld, int nq, float *acc) {
     (void)m;
@@ -210,28 +239,20 @@ static void accum_channels_axis(const rt_codec *c, const uint32_t *codes, const 
         const int nj = nq - j0 < QC ? nq - j0 : QC;
         memset(zacc, 0, (size_t)nj * (size_t)nseg * sizeof(float));
         if (fused) {
-            /* per tile of tokens: the stored scales and zero points of each segment in a row (sh/zh
-             * for f16, sf/zf for f32), then the weights p_t * s_t,g per query and segment (st) and the
-             * zero points into zacc, 8 tokens at a time */
-            enum { TF = 64 };
+            /* per tile of tokens: the stored scales and zero points of each segment in a row (sp, zp),
+             * then the weights p_t * s_t,g per query and segment (st) and the zero points into zacc,
+             * 8 tokens at a time */
             const int tf = (int)(4096 / ((size_t)nj * (size_t)nseg)) < TF ? (int)(4096 / ((size_t)nj * (size_t)nseg)) : TF;
-            float sf[TF * (KV_RT_MAX_HEAD_DIM / 16)], zf[TF * (KV_RT_MAX_HEAD_DIM / 16)];
-            uint16_t sh[TF * (KV_RT_MAX_HEAD_DIM / 16)], zh[TF * (KV_RT_MAX_HEAD_DIM / 16)];
+            param_rows sp, zp;
             for (int t0 = r0; t0 < r1; t0 += tf) {
                 const int n = r1 - t0 < tf ? r1 - t0 : tf;
                 for (int sg = 0; sg < nseg; sg++) {
                     const size_t g0 = (size_t)t0 * ncg + (c0 + seg[sg]) / G, r = (size_t)sg * (size_t)tf;
-                    if (pt == KV_PARAM_F16) {
-                        const uint16_t *s16 = (const uint16_t *)scales + g0, *z16 = (const uint16_t *)zeros + g0;
-                        uint16_t *sr = sh + r, *zr = zh + r;
-                        for (int i = 0; i < n; i++) sr[i] = s16[(size_t)i * ncg], zr[i] = z16[(size_t)i * ncg];
-                    } else {
-                        const float *s32 = (const float *)scales + g0, *z32 = (const float *)zeros + g0;
-                        for (int i = 0; i < n; i++) sf[r + (size_t)i] = s32[(size_t)i * ncg], zf[r + (size_t)i] = z32[(size_t)i * ncg];
-                    }
+                    gather_params(&sp, r, scales, g0, ncg, n, pt);
+                    gather_params(&zp, r, zeros, g0, ncg, n, pt);
                 }
-                rt_uniform_chan_weights_avx2(pt == KV_PARAM_F16 ? (const void *)sh : sf, pt == KV_PARAM_F16 ? (const void *)zh : zf, pt, (size_t)tf, nseg, p + (size_t)j0 * ld + (size_t)(t0 - r0), ld, nj, n,
-                                             st, zacc);
+                rt_uniform_chan_weights_avx2(param_row_ptr(&sp, pt), param_row_ptr(&zp, pt), pt, (size_t)tf, nseg,
+                                             p + (size_t)j0 * ld + (size_t)(t0 - r0), ld, nj, n, st, zacc);
                 rt_uniform_chan_accum_fused_avx2(codes, (size_t)t0 * C + c0, C, n, (int)hd, c->bits, st, (size_t)tf, nseg, seg16,
                                                  nj, acc + (size_t)j0 * hd);
             }
