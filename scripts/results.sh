@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The main comparison: fit plans on the calibration split and evaluate them on the held-out split,
 # every method by the same tools on the same tokens, and print a table (markdown).
-#   scripts/results.sh [--model PATH] [--tokenizer PATH] [--ctx N] [--eval-tokens N] [--fit-tokens N]
-#                      [--seq-len N] [--configs "kivi-2 higgs-2 aqua-2 ..."] [--out DIR] [--build DIR]
+#   scripts/results.sh [--model PATH] [--tokenizer PATH] [--ctx "N ..."] [--eval-tokens N] [--fit-tokens N]
+#                      [--seq-len N] [--configs "kivi-2 higgs-2 aqua-2 ..."] [--out DIR] [--build DIR] [--reuse]
+# --ctx with several contexts: each plan is fitted once and evaluated at each context on the same
+# --eval-tokens (whole chunks), the results in DIR/ctxN/, one table per context. --reuse: keep a plan
+# already in DIR (an interrupted run goes on where it stopped; a changed setting needs a fresh DIR).
 # Defaults: the default model (fetched), ctx 2048, 40960 held-out tokens (20 chunks), 131072
 # calibration tokens in sequences of 1024 for methods with predictors (aqua*) and 8192 for those
 # without (--fit-tokens-nopred: kivi and higgs fit nothing from data; their calibration pass only
@@ -19,6 +22,7 @@ fit_tokens_nopred=8192
 seq_len=1024
 configs="kivi-2 kivi-4 higgs-2 higgs-3 higgs-4 aqua-2 aqua-3 aqua-4"
 out=""
+reuse=0
 extra_fit=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -33,10 +37,13 @@ while [ $# -gt 0 ]; do
     --out) out="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
     --set) extra_fit+=(--set "$2"); shift 2 ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    --reuse) reuse=1; shift ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "results: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
+ctxs="${ctx//,/ }"
+n_ctx=$(wc -w <<< "$ctxs")
 [ -n "$model" ] || model="$(bash "$here/scripts/fetch-model.sh" | tail -n 1)"
 data="$(bash "$here/scripts/data-dir.sh")"
 [ -n "$out" ] || out="$build/results/$(basename "$model")"
@@ -62,20 +69,35 @@ for cfg in $configs; do
       budget=$fit_tokens_nopred
       if [ "$bits" = one ]; then mflags=(--set fp.scale=one); else mflags=(--scale-granularity "$bits"); fi ;;
   esac
-  echo "== $cfg: fit on $(basename "$calib") ($budget tokens)" >&2
-  start=$(date +%s.%N)
-  "$kvcal" fit --model "$model" "${tokargs[@]}" --corpus "$calib" --out "$plan" --method "$method" \
-      "${mflags[@]}" --seq-len "$seq_len" --max-tokens "$budget" "${extra_fit[@]}" > "$out/$cfg.fit.txt"
-  end=$(date +%s.%N)
-  echo "== $cfg: evaluate on $(basename "$heldout") ($eval_tokens tokens, ctx $ctx)" >&2
-  "$kvrun" eval --model "$model" "${tokargs[@]}" --text "$heldout" --ctx "$ctx" --max-tokens "$eval_tokens" \
-      --plan "$plan" --json > "$out/$cfg.json"
-  python3 - "$out/$cfg.json" "$start" "$end" <<'PY'
+  if [ "$reuse" = 1 ] && [ -s "$plan" ] && [ -s "$out/$cfg.fit-seconds" ]; then
+    echo "== $cfg: reusing $plan" >&2
+  else
+    echo "== $cfg: fit on $(basename "$calib") ($budget tokens)" >&2
+    start=$(date +%s.%N)
+    "$kvcal" fit --model "$model" "${tokargs[@]}" --corpus "$calib" --out "$plan" --method "$method" \
+        "${mflags[@]}" --seq-len "$seq_len" --max-tokens "$budget" "${extra_fit[@]}" > "$out/$cfg.fit.txt"
+    end=$(date +%s.%N)
+    python3 -c "import sys; print(float(sys.argv[2]) - float(sys.argv[1]))" "$start" "$end" > "$out/$cfg.fit-seconds"
+  fi
+  for c in $ctxs; do
+    dir="$out"
+    [ "$n_ctx" -gt 1 ] && dir="$out/ctx$c" && mkdir -p "$dir"
+    [ "$reuse" = 1 ] && [ -s "$dir/$cfg.json" ] && continue
+    echo "== $cfg: evaluate on $(basename "$heldout") ($eval_tokens tokens, ctx $c)" >&2
+    "$kvrun" eval --model "$model" "${tokargs[@]}" --text "$heldout" --ctx "$c" --max-tokens "$eval_tokens" \
+        --plan "$plan" --json > "$dir/$cfg.json.part"
+    python3 - "$dir/$cfg.json.part" "$out/$cfg.fit-seconds" <<'PY'
 import json, sys
 p = sys.argv[1]
 r = json.load(open(p))
-r["fit_seconds"] = float(sys.argv[3]) - float(sys.argv[2])
+r["fit_seconds"] = float(open(sys.argv[2]).read())
 json.dump(r, open(p, "w"))
 PY
+    mv "$dir/$cfg.json.part" "$dir/$cfg.json"
+  done
 done
-python3 "$here/scripts/results_table.py" "$out" $configs
+for c in $ctxs; do
+  dir="$out"
+  if [ "$n_ctx" -gt 1 ]; then dir="$out/ctx$c"; echo; echo "### context $c"; echo; fi
+  python3 "$here/scripts/results_table.py" "$dir" $configs
+done

@@ -1,8 +1,10 @@
 /* kvcal search: one plan from several methods, a choice per (layer, stream) under a budget of honest total
  * bits per value (calib/SEARCH.md). Thin: parse, fit each candidate once (kv_fit_run), measure honest bytes
- * (kv_search_stream_bytes) and sensitivities (kv_search_sensitivity), KVmix importance as the proxy
- * (kv_importance_run, Spearman per stream), allocate (kv_search_allocate), assemble, write, and validate
- * the plan end to end with `kvrun eval --plan`'s own code (kv_tool_eval_plan). */
+ * (kv_search_stream_bytes, per context) and sensitivities (kv_search_sensitivity, once), KVmix importance as
+ * the proxy (kv_importance_run, Spearman per stream); then for every (budget, context) point asked for:
+ * allocate (kv_search_allocate), assemble, write, and validate the plan end to end with `kvrun eval --plan`'s
+ * own code (kv_tool_eval_plan). Several points share the fits and the sensitivities: that is how one run
+ * draws a frontier (scripts/pareto.sh). */
 #define _POSIX_C_SOURCE 200809L
 #include "kv_calib.h"
 #include "kv_profile.h"
@@ -14,6 +16,39 @@
 #include <string.h>
 
 #define MAX_CANDS 32
+#define MAX_BUDGETS 16
+#define MAX_CONTEXTS 8
+
+/* One (budget, context) point: the plan chosen for it and what its validation measured. */
+typedef struct search_point {
+    double budget_bits;
+    int ctx_index;               /* into contexts[] and the per-context byte tables */
+    char path[4096];             /* where its plan is written */
+    int feasible;                /* the cheapest assembly fits the budget */
+    double cheapest_bits;
+    int *choice;                 /* n_items candidate positions */
+    uint64_t budget_bytes, unit;
+    double predicted_kl, predicted_bits;
+    size_t eval_chunks;
+    kv_tool_plan_eval ev_same, ev;
+    double seconds_eval;
+} search_point;
+
+/* "a,b,c" -> numbers (each checked by the caller); at most max. */
+static kv_status parse_numbers(double *v, int *n, int max, const char *list, const char *opt) {
+    *n = 0;
+    const char *p = list;
+    while (*p) {
+        char *end;
+        const double x = strtod(p, &end);
+        if (end == p || (*end && *end != ',')) return KV_ERR(KV_EINVAL, "%s: '%s' is not a comma-separated list of numbers", opt, list);
+        if (*n >= max) return KV_ERR(KV_EINVAL, "%s: at most %d values", opt, max);
+        v[(*n)++] = x;
+        p = *end ? end + 1 : end;
+    }
+    if (*n == 0) return KV_ERR(KV_EINVAL, "%s is empty", opt);
+    return KV_OK;
+}
 
 /* "a,b,c" -> candidate indices (unknown: KV_EINVAL naming the known ones; duplicates refused). */
 static kv_status parse_candidates(int *idx, int *n, const char *list) {
@@ -33,11 +68,52 @@ static kv_status parse_candidates(int *idx, int *n, const char *list) {
     return KV_OK;
 }
 
+/* The text report of one point: per stream (one point) or a count of the choices (several). */
+static void print_point_text(const search_point *pt, long context, const kv_search_candidate *table, const int *cidx,
+                             int nc, int n_items, const double *kl, const uint64_t *bytes, const uint64_t *values,
+                             int per_stream, long sens_ctx, long sens_samples) {
+    printf("\n== budget %.3f honest bits per value at context %ld", pt->budget_bits, context);
+    if (!pt->feasible) {
+        printf(": below the cheapest assembly of these candidates (%.4f bits); no plan\n", pt->cheapest_bits);
+        return;
+    }
+    printf(" (%llu bytes, unit %llu): %s\n", (unsigned long long)pt->budget_bytes, (unsigned long long)pt->unit,
+           pt->path);
+    if (per_stream) {
+        printf("%-6s %-2s %-8s %12s %8s   KL per candidate\n", "layer", "s", "choice", "kl", "bits");
+        for (int i = 0; i < n_items; i++) {
+            const size_t k = (size_t)i * nc + pt->choice[i];
+            printf("%-6d %-2s %-8s %12.4g %8.3f  ", i / 2, i % 2 ? "V" : "K", table[cidx[pt->choice[i]]].name, kl[k],
+                   8.0 * (double)bytes[k] / (double)values[k]);
+            for (int c = 0; c < nc; c++) printf(" %s=%.3g", table[cidx[c]].name, kl[(size_t)i * nc + c]);
+            printf("\n");
+        }
+    } else {
+        for (int st = 0; st < 2; st++) {
+            printf("%s:", st ? "V" : "K");
+            for (int c = 0; c < nc; c++) {
+                int count = 0;
+                for (int i = st; i < n_items; i += 2) count += pt->choice[i] == c;
+                if (count) printf(" %s %d", table[cidx[c]].name, count);
+            }
+            printf("%s", st ? "\n" : ";  ");
+        }
+    }
+    printf("predicted: KL sum %.5g, honest bits %.4f\n", pt->predicted_kl, pt->predicted_bits);
+    printf("measured on the sensitivity tokens (ctx %ld, %ld chunks): KL %.5g, ppl %.4f (exact %.4f), bits %.4f\n",
+           sens_ctx, sens_samples, pt->ev_same.cmp.kl_mean, pt->ev_same.cmp.ppl, pt->ev_same.cmp.ppl_ref,
+           pt->ev_same.bits_per_value_total);
+    printf("measured on held-out text (ctx %ld, %zu chunks): KL %.5g, ppl %.4f (exact %.4f, %+.2f%%), top-1 %.4f, "
+           "bits_per_value_total %.4f (%.1f s)\n", context, pt->ev.cmp.n_chunks, pt->ev.cmp.kl_mean, pt->ev.cmp.ppl,
+           pt->ev.cmp.ppl_ref, 100.0 * (pt->ev.cmp.ppl / pt->ev.cmp.ppl_ref - 1.0), pt->ev.cmp.top1_agreement,
+           pt->ev.bits_per_value_total, pt->seconds_eval);
+}
+
 int kvcal_search(int argc, char **argv) {
     const char *tool = "kvcal search";
-    const char *model = NULL, *tokenizer = NULL, *corpus = NULL, *heldout = NULL, *out = NULL, *cand_list = NULL, *set_last = NULL;
-    double budget_bits = 0;
-    long context = 2048, fit_tokens = 16384, fit_seq = 0, sens_ctx = 0, sens_samples = 2, eval_chunks = 4,
+    const char *model = NULL, *tokenizer = NULL, *corpus = NULL, *heldout = NULL, *out = NULL, *out_dir = NULL,
+               *cand_list = NULL, *set_last = NULL, *budget_list = NULL, *context_list = NULL;
+    long fit_tokens = 16384, fit_seq = 0, sens_ctx = 0, sens_samples = 2, eval_chunks = 4, eval_tokens = 0,
          prompts = 8, threads = 0;
     int json = 0;
     const kv_opt opts[] = {
@@ -46,11 +122,14 @@ int kvcal_search(int argc, char **argv) {
         {"corpus", 'c', KV_OPT_STRING, &corpus, "FILE", "calibration text: the fits, then (disjoint tokens) the "
                                                         "sensitivities and the importance proxy", 1},
         {"heldout", 0, KV_OPT_STRING, &heldout, "FILE", "held-out text for the end-to-end validation", 1},
-        {"budget-bits", 'B', KV_OPT_DOUBLE, &budget_bits, "B", "honest total bits per value at --context, as kvrun "
-                                                              "eval --plan reports bits_per_value_total", 1},
-        {"context", 0, KV_OPT_INT, &context, "N", "context the bits are counted at, and the validation's --ctx "
-                                                  "(default 2048)", 0},
-        {"out", 'o', KV_OPT_STRING, &out, "PLAN", "plan to write (atomically)", 1},
+        {"budget-bits", 'B', KV_OPT_STRING, &budget_list, "B[,B...]", "honest total bits per value at --context, as "
+                                                                       "kvrun eval --plan reports bits_per_value_total "
+                                                                       "(several: one plan per budget and context)", 1},
+        {"context", 0, KV_OPT_STRING, &context_list, "N[,N...]", "context(s) the bits are counted at, and the "
+                                                                  "validation's --ctx (default 2048)", 0},
+        {"out", 'o', KV_OPT_STRING, &out, "PLAN", "plan to write (atomically), for one budget and one context", 0},
+        {"out-dir", 0, KV_OPT_STRING, &out_dir, "DIR", "with several budgets or contexts: the plans as "
+                                                       "DIR/search-ctxN-Bbits.kvplan", 0},
         {"candidates", 0, KV_OPT_STRING, &cand_list, "LIST", "comma-separated candidates (default: f16,kivi2,kivi3,"
                                                              "kivi4,higgs2,higgs3,fp8,nvfp4)", 0},
         {"fit-tokens", 0, KV_OPT_INT, &fit_tokens, "N", "calibration tokens for each candidate's fit (default 16384)", 0},
@@ -58,6 +137,8 @@ int kvcal_search(int argc, char **argv) {
         {"sens-ctx", 0, KV_OPT_INT, &sens_ctx, "N", "tokens per sensitivity chunk (default min(context, 512))", 0},
         {"sens-samples", 0, KV_OPT_INT, &sens_samples, "N", "sensitivity chunks (default 2)", 0},
         {"eval-chunks", 0, KV_OPT_INT, &eval_chunks, "N", "validation chunks of --context tokens (default 4)", 0},
+        {"eval-tokens", 0, KV_OPT_INT, &eval_tokens, "N", "instead of --eval-chunks: N / context chunks at each "
+                                                          "context, the tokens `kvrun eval --max-tokens N` scores", 0},
         {"prompts", 0, KV_OPT_INT, &prompts, "N", "KVmix importance prompts for the proxy (default 8; 0: none)", 0},
         {"set", 0, KV_OPT_STRING, &set_last, "KEY=VALUE", "a fit configuration key for every candidate (repeatable), "
                                                           "e.g. cache.recent=64", 0},
@@ -75,60 +156,122 @@ int kvcal_search(int argc, char **argv) {
     }
     kv_cli_args a;
     int rc = kv_cli_parse(&a, tool,
-                          "--model M --corpus FILE --heldout FILE --budget-bits B --out PLAN [--context N] "
-                          "[--candidates LIST] [--json] [--set key=value ...]",
+                          "--model M --corpus FILE --heldout FILE --budget-bits B[,B...] (--out PLAN | --out-dir DIR) "
+                          "[--context N[,N...]] [--candidates LIST] [--json] [--set key=value ...]",
                           "Choose, for every layer and stream, one of several single-method plans so that the "
                           "summed per-stream KL sensitivity is least under a budget of honest total bits per value "
                           "(codes, scales, zero points, norms, FP scales, predictors amortized, f16 sinks and "
                           "window, at --context tokens). Each candidate is fitted once (kvcal fit); its streams "
                           "are fitted from their own layer's exact K/V, so the assembled plan is what one mixed "
                           "fit would write. Then the plan is written and evaluated end to end on held-out text "
-                          "(kvrun eval --plan's code): predicted vs measured KL, perplexity, honest bits.",
+                          "(kvrun eval --plan's code): predicted vs measured KL, perplexity, honest bits. Several "
+                          "budgets and contexts share the fits and the sensitivities: one plan per point.",
                           opts, 0, argc, argv);
     if (rc != KV_EXIT_OK) {
         free(sets);
         return rc < 0 ? KV_EXIT_OK : rc;
     }
-    int cidx[MAX_CANDS], nc = 0, n_threads = 0;
+    int cidx[MAX_CANDS], nc = 0, n_threads = 0, n_budgets = 0, n_ctx = 0, n_points = 0;
+    double budgets[MAX_BUDGETS], ctx_d[MAX_CONTEXTS];
+    long contexts[MAX_CONTEXTS];
+    search_point *points = calloc(MAX_BUDGETS * MAX_CONTEXTS, sizeof *points); /* ~4.5 KiB each: not on the stack */
     kv_model_file *mf = NULL;
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
     int32_t *ids = NULL, *ho = NULL;
     size_t n_ids = 0, n_ho = 0;
-    kv_plan *plans[MAX_CANDS] = {NULL}, *plan = NULL;
-    uint64_t *bytes = NULL, *values = NULL;
-    double *kl = NULL, *fit_s = NULL;
-    int *choice = NULL;
+    kv_plan *plans[MAX_CANDS] = {NULL};
+    uint64_t *bytes = NULL, *values = NULL; /* [context][item][candidate] */
+    double *kl = NULL, *fit_s = NULL, *rho = NULL;
     kv_importance imp;
     memset(&imp, 0, sizeof imp);
     char corpus_sha[65] = "", *gcache = kv_tool_grid_cache_dir();
     kv_status s = KV_OK;
-    if (!(budget_bits > 0 && budget_bits <= 32)) {
-        rc = kv_cli_usage_error(tool, "--budget-bits must be in (0, 32] (got %g)", budget_bits);
+    if (!points) {
+        s = KV_ERR(KV_ENOMEM, "out of memory");
+        goto fail;
+    }
+    if ((s = parse_numbers(budgets, &n_budgets, MAX_BUDGETS, budget_list, "--budget-bits")) != KV_OK ||
+        (s = parse_numbers(ctx_d, &n_ctx, MAX_CONTEXTS, context_list ? context_list : "2048", "--context")) != KV_OK) {
+        rc = kv_cli_usage_error(tool, "%s", kv_error_last());
         goto end;
     }
-    if (context < 2 || context > (1 << 20) || fit_tokens < 2 || sens_samples < 1 || eval_chunks < 1 || prompts < 0 ||
+    for (int b = 0; b < n_budgets; b++)
+        if (!(budgets[b] > 0 && budgets[b] <= 32)) {
+            rc = kv_cli_usage_error(tool, "--budget-bits must be in (0, 32] (got %g)", budgets[b]);
+            goto end;
+        }
+    long min_ctx = 0;
+    for (int k = 0; k < n_ctx; k++) {
+        if (!(ctx_d[k] >= 2 && ctx_d[k] <= (1 << 20)) || ctx_d[k] != floor(ctx_d[k])) {
+            rc = kv_cli_usage_error(tool, "--context must be whole numbers in [2, 2^20] (got %g)", ctx_d[k]);
+            goto end;
+        }
+        contexts[k] = (long)ctx_d[k];
+        min_ctx = k == 0 || contexts[k] < min_ctx ? contexts[k] : min_ctx;
+    }
+    if (fit_tokens < 2 || sens_samples < 1 || eval_chunks < 1 || eval_tokens < 0 || prompts < 0 ||
         (kv_cli_given(&a, opts, "fit-seq-len") && fit_seq < 2) || (kv_cli_given(&a, opts, "sens-ctx") && sens_ctx < 2)) {
-        rc = kv_cli_usage_error(tool, "--context, --fit-tokens, --fit-seq-len and --sens-ctx must be >= 2, "
-                                "--sens-samples and --eval-chunks >= 1, --prompts >= 0");
+        rc = kv_cli_usage_error(tool, "--fit-tokens, --fit-seq-len and --sens-ctx must be >= 2, --sens-samples and "
+                                "--eval-chunks >= 1, --eval-tokens and --prompts >= 0");
         goto end;
     }
-    if (!fit_seq) fit_seq = context < 512 ? context : 512;
-    if (!sens_ctx) sens_ctx = context < 512 ? context : 512;
-    if (sens_ctx != context)
-        kv_log(KV_LOG_INFO, "search: sensitivities on chunks of %ld tokens, the budget and the validation at %ld: the "
-               "predicted KL is that of %ld-token chunks (--sens-ctx)", sens_ctx, context, sens_ctx);
+    if (eval_tokens && kv_cli_given(&a, opts, "eval-chunks")) {
+        rc = kv_cli_usage_error(tool, "give --eval-chunks or --eval-tokens, not both");
+        goto end;
+    }
+    n_points = n_budgets * n_ctx;
+    if ((n_points == 1) != (out != NULL) || (out != NULL) == (out_dir != NULL)) {
+        rc = kv_cli_usage_error(tool, "one budget and one context: --out PLAN; several: --out-dir DIR (got %d budget(s), "
+                                "%d context(s))", n_budgets, n_ctx);
+        goto end;
+    }
+    /* points: context-major (the frontier at one context, then the next), each with its plan path */
+    for (int k = 0, p = 0; k < n_ctx; k++)
+        for (int b = 0; b < n_budgets; b++, p++) {
+            points[p].budget_bits = budgets[b];
+            points[p].ctx_index = k;
+            points[p].eval_chunks = eval_tokens ? (size_t)(eval_tokens / contexts[k]) : (size_t)eval_chunks;
+            if (points[p].eval_chunks == 0) {
+                rc = kv_cli_usage_error(tool, "--eval-tokens %ld is less than one chunk of %ld tokens", eval_tokens,
+                                        contexts[k]);
+                goto end;
+            }
+            int len = out ? snprintf(points[p].path, sizeof points[p].path, "%s", out)
+                          : snprintf(points[p].path, sizeof points[p].path, "%s/search-ctx%ld-%gbits.kvplan", out_dir,
+                                     contexts[k], budgets[b]);
+            if (len < 0 || (size_t)len >= sizeof points[p].path) {
+                rc = kv_cli_usage_error(tool, "--out-dir: path too long");
+                goto end;
+            }
+            for (int q = 0; q < p; q++)
+                if (strcmp(points[q].path, points[p].path) == 0) {
+                    rc = kv_cli_usage_error(tool, "--budget-bits / --context name the point %s twice", points[p].path);
+                    goto end;
+                }
+        }
+    if (!fit_seq) fit_seq = min_ctx < 512 ? min_ctx : 512;
+    if (!sens_ctx) sens_ctx = min_ctx < 512 ? min_ctx : 512;
+    for (int k = 0; k < n_ctx; k++)
+        if (sens_ctx != contexts[k])
+            kv_log(KV_LOG_INFO, "search: sensitivities on chunks of %ld tokens, the budget and the validation at %ld: "
+                   "the predicted KL is that of %ld-token chunks (--sens-ctx)", sens_ctx, contexts[k], sens_ctx);
     if ((s = parse_candidates(cidx, &nc, cand_list ? cand_list : "f16,kivi2,kivi3,kivi4,higgs2,higgs3,fp8,nvfp4")) !=
         KV_OK) {
         rc = kv_cli_usage_error(tool, "%s", kv_error_last());
         goto end;
     }
     if ((rc = kv_tool_threads(tool, threads, &n_threads)) != KV_EXIT_OK) goto end;
+    if (out_dir && kv_mkdir_p(out_dir) != 0) {
+        s = KV_ERR(KV_EIO, "--out-dir '%s': cannot create it", out_dir);
+        goto fail;
+    }
     {
         const kv_tool_path ins[] = {{"--model", model}, {"--tokenizer", tokenizer}, {"--corpus", corpus},
                                     {"--heldout", heldout}};
-        const kv_tool_path outs[] = {{"--out", out}};
-        if ((rc = kv_tool_check_io(tool, ins, 4, outs, 1)) != KV_EXIT_OK) goto end;
+        kv_tool_path outs[MAX_BUDGETS * MAX_CONTEXTS];
+        for (int p = 0; p < n_points; p++) outs[p].what = out ? "--out" : "--out-dir", outs[p].path = points[p].path;
+        if ((rc = kv_tool_check_io(tool, ins, 4, outs, n_points)) != KV_EXIT_OK) goto end;
     }
     /* ---- model, tokens ---- */
     const double t0 = kv_now_seconds();
@@ -141,7 +284,7 @@ int kvcal_search(int argc, char **argv) {
     }
     if ((s = kv_tokenizer_load(&tok, mf, tokenizer)) != KV_OK) goto fail;
     if ((s = kv_tool_check_vocab(m, tok, tokenizer)) != KV_OK) goto fail;
-    kv_tool_warn_context(kv_model_arch(m), context, "--context");
+    for (int k = 0; k < n_ctx; k++) kv_tool_warn_context(kv_model_arch(m), contexts[k], "--context");
     const size_t sens_need = (size_t)sens_samples * (size_t)(sens_ctx - 1);
     const size_t prompt_need = prompts > 0 ? (size_t)(2 * prompts) * (size_t)sens_ctx : 0; /* room to sample windows */
     const size_t extra = sens_need > prompt_need ? sens_need : prompt_need;
@@ -152,21 +295,32 @@ int kvcal_search(int argc, char **argv) {
                    n_ids, fit_tokens, sens_need);
         goto fail;
     }
-    if ((s = kv_tool_tokenize_file_max(&ho, &n_ho, NULL, tok, heldout, (size_t)eval_chunks * (size_t)(context - 1))) !=
-        KV_OK)
-        goto fail;
+    {
+        size_t ho_need = 0; /* the most any point's validation reads */
+        for (int p = 0; p < n_points; p++) {
+            const size_t need = points[p].eval_chunks * (size_t)(contexts[points[p].ctx_index] - 1);
+            ho_need = need > ho_need ? need : ho_need;
+        }
+        if ((s = kv_tool_tokenize_file_max(&ho, &n_ho, NULL, tok, heldout, ho_need)) != KV_OK) goto fail;
+    }
     const int32_t bos = kv_tokenizer_bos(tok);
     const kv_arch *arch = kv_model_arch(m);
     const int L = arch->n_layers, n_items = 2 * L;
-    bytes = calloc((size_t)n_items * nc, sizeof *bytes);
-    values = calloc((size_t)n_items * nc, sizeof *values);
-    kl = calloc((size_t)n_items * nc, sizeof *kl);
+    const size_t table_len = (size_t)n_items * nc;
+    bytes = calloc(table_len * n_ctx, sizeof *bytes);
+    values = calloc(table_len * n_ctx, sizeof *values);
+    kl = calloc(table_len, sizeof *kl);
     fit_s = calloc((size_t)nc, sizeof *fit_s);
-    choice = calloc((size_t)n_items, sizeof *choice);
-    if (!bytes || !values || !kl || !fit_s || !choice) {
+    rho = calloc((size_t)2 * nc, sizeof *rho);
+    if (!bytes || !values || !kl || !fit_s || !rho) {
         s = KV_ERR(KV_ENOMEM, "out of memory");
         goto fail;
     }
+    for (int p = 0; p < n_points; p++)
+        if (!(points[p].choice = calloc((size_t)n_items, sizeof *points[p].choice))) {
+            s = KV_ERR(KV_ENOMEM, "out of memory");
+            goto fail;
+        }
     /* ---- 1. fit each candidate once ---- */
     int nk;
     const kv_search_candidate *table = kv_search_candidates(&nk);
@@ -203,48 +357,60 @@ int kvcal_search(int argc, char **argv) {
     }
     free(common);
     if (s != KV_OK) goto fail;
-    /* ---- 2. honest bytes per (layer, stream, candidate) at the context ---- */
+    /* ---- 2. honest bytes per (context, layer, stream, candidate) ---- */
     double tb = kv_now_seconds();
     {
         uint64_t *b1 = malloc((size_t)n_items * sizeof *b1), *v1 = malloc((size_t)n_items * sizeof *v1);
         if (!b1 || !v1) s = KV_ERR(KV_ENOMEM, "out of memory");
-        for (int c = 0; c < nc && s == KV_OK; c++) {
-            if ((s = kv_search_stream_bytes(b1, v1, plans[c], m, (int)context)) != KV_OK) break;
-            for (int i = 0; i < n_items; i++) {
-                bytes[(size_t)i * nc + c] = b1[i];
-                values[(size_t)i * nc + c] = v1[i];
+        for (int k = 0; k < n_ctx && s == KV_OK; k++)
+            for (int c = 0; c < nc && s == KV_OK; c++) {
+                if ((s = kv_search_stream_bytes(b1, v1, plans[c], m, (int)contexts[k])) != KV_OK) break;
+                for (int i = 0; i < n_items; i++) {
+                    bytes[table_len * k + (size_t)i * nc + c] = b1[i];
+                    values[table_len * k + (size_t)i * nc + c] = v1[i];
+                }
+                for (int i = 0; i < n_items; i++)
+                    if (v1[i] != values[table_len * k + (size_t)i * nc]) {
+                        s = KV_ERR(KV_EINVAL, "layer %d %s: candidates hold different numbers of values (token pruning "
+                                   "is not a candidate)", i / 2, i % 2 ? "V" : "K");
+                        break;
+                    }
             }
-        }
         free(b1);
         free(v1);
         if (s != KV_OK) goto fail;
     }
     const double seconds_bytes = kv_now_seconds() - tb;
-    /* the budget: sum of bytes <= B / 8 * values (every stream holds the same values); refused before the
-     * sensitivities when even the cheapest candidates exceed it */
-    uint64_t total_values = 0;
-    for (int i = 0; i < n_items; i++) total_values += values[(size_t)i * nc];
-    for (int i = 0; i < n_items; i++)
-        for (int c = 1; c < nc; c++)
-            if (values[(size_t)i * nc + c] != values[(size_t)i * nc]) {
-                s = KV_ERR(KV_EINVAL, "layer %d %s: candidates hold different numbers of values (token pruning is not a "
-                           "phase-1 candidate)", i / 2, i % 2 ? "V" : "K");
-                goto fail;
-            }
-    const uint64_t budget = (uint64_t)floor(budget_bits * (double)total_values / 8.0);
-    {
-        uint64_t cheapest = 0;
+    /* each point's budget: sum of bytes <= B / 8 * values (every stream holds the same values); a point below
+     * the cheapest assembly is refused (one point) or reported without a plan (several), before the
+     * sensitivities */
+    int n_feasible = 0;
+    for (int p = 0; p < n_points; p++) {
+        search_point *pt = &points[p];
+        const uint64_t *by = bytes + table_len * pt->ctx_index, *va = values + table_len * pt->ctx_index;
+        uint64_t total_values = 0, cheapest = 0;
         for (int i = 0; i < n_items; i++) {
+            total_values += va[(size_t)i * nc];
             uint64_t mn = UINT64_MAX;
-            for (int c = 0; c < nc; c++) mn = bytes[(size_t)i * nc + c] < mn ? bytes[(size_t)i * nc + c] : mn;
+            for (int c = 0; c < nc; c++) mn = by[(size_t)i * nc + c] < mn ? by[(size_t)i * nc + c] : mn;
             cheapest += mn;
         }
-        if (cheapest > budget) {
-            s = KV_ERR(KV_EINVAL, "--budget-bits %g at --context %ld is below the cheapest assembly of these candidates, "
-                       "%.4f honest bits per value (f16 sinks and window included; a longer context amortizes them)",
-                       budget_bits, context, 8.0 * (double)cheapest / (double)total_values);
-            goto fail;
+        pt->budget_bytes = (uint64_t)floor(pt->budget_bits * (double)total_values / 8.0);
+        pt->cheapest_bits = 8.0 * (double)cheapest / (double)total_values;
+        pt->feasible = cheapest <= pt->budget_bytes;
+        n_feasible += pt->feasible;
+        if (!pt->feasible) {
+            s = KV_ERR(KV_EINVAL, "--budget-bits %g at --context %ld is below the cheapest assembly of these "
+                       "candidates, %.4f honest bits per value (f16 sinks and window included; a longer context "
+                       "amortizes them)", pt->budget_bits, contexts[pt->ctx_index], pt->cheapest_bits);
+            if (n_points == 1) goto fail;
+            kv_log(KV_LOG_WARN, "search: %s: no plan for this point", kv_error_last());
+            s = KV_OK;
         }
+    }
+    if (n_feasible == 0) {
+        s = KV_ERR(KV_EINVAL, "every budget is below the cheapest assembly of these candidates at its context");
+        goto fail;
     }
     /* ---- 3. sensitivities on calibration tokens the fits did not see ---- */
     double seconds_sens = 0;
@@ -258,18 +424,10 @@ int kvcal_search(int argc, char **argv) {
     }
     /* ---- 4. the proxy: KVmix gradient importance, Spearman vs measured KL per stream and candidate ---- */
     double seconds_proxy = 0;
-    double *rho = calloc((size_t)2 * nc, sizeof *rho);
-    if (!rho) {
-        s = KV_ERR(KV_ENOMEM, "out of memory");
-        goto fail;
-    }
     for (int i = 0; i < 2 * nc; i++) rho[i] = NAN;
     if (prompts > 0) {
         kv_importance_options io = {(int)prompts, (int)sens_ctx, 0, bos, "importance", NULL};
-        if ((s = kv_importance_run(&imp, m, sens_tok, n_sens_tok, &io)) != KV_OK) {
-            free(rho);
-            goto fail;
-        }
+        if ((s = kv_importance_run(&imp, m, sens_tok, n_sens_tok, &io)) != KV_OK) goto fail;
         seconds_proxy = imp.seconds;
         double *col = malloc((size_t)L * sizeof *col);
         for (int st = 0; col && st < 2; st++)
@@ -280,26 +438,26 @@ int kvcal_search(int argc, char **argv) {
             }
         free(col);
     }
-    /* ---- 5. the choice under the budget ---- */
-    uint64_t unit = 0;
-    if ((s = kv_search_allocate(choice, bytes, kl, NULL, n_items, nc, budget, 0, &unit)) != KV_OK) {
-        kv_error_wrap(s, "--budget-bits %g at --context %ld: ", budget_bits, context);
-        free(rho);
-        goto fail;
-    }
-    double predicted_kl = 0;
-    uint64_t chosen_bytes = 0;
-    for (int i = 0; i < n_items; i++) {
-        predicted_kl += kl[(size_t)i * nc + choice[i]];
-        chosen_bytes += bytes[(size_t)i * nc + choice[i]];
-    }
-    const double predicted_bits = 8.0 * (double)chosen_bytes / (double)total_values;
-    /* ---- 6. assemble, write, validate ---- */
-    if ((s = kv_search_assemble(&plan, (const kv_plan *const *)plans, nc, choice, L)) != KV_OK) {
-        free(rho);
-        goto fail;
-    }
-    {
+    /* ---- 5. per point: the choice under its budget, the plan assembled, written, validated ---- */
+    double seconds_eval = 0;
+    for (int p = 0; p < n_points; p++) {
+        search_point *pt = &points[p];
+        if (!pt->feasible) continue;
+        const long context = contexts[pt->ctx_index];
+        const uint64_t *by = bytes + table_len * pt->ctx_index, *va = values + table_len * pt->ctx_index;
+        if ((s = kv_search_allocate(pt->choice, by, kl, NULL, n_items, nc, pt->budget_bytes, 0, &pt->unit)) != KV_OK) {
+            kv_error_wrap(s, "--budget-bits %g at --context %ld: ", pt->budget_bits, context);
+            goto fail;
+        }
+        uint64_t chosen_bytes = 0, total_values = 0;
+        for (int i = 0; i < n_items; i++) {
+            pt->predicted_kl += kl[(size_t)i * nc + pt->choice[i]];
+            chosen_bytes += by[(size_t)i * nc + pt->choice[i]];
+            total_values += va[(size_t)i * nc];
+        }
+        pt->predicted_bits = 8.0 * (double)chosen_bytes / (double)total_values;
+        kv_plan *plan = NULL;
+        if ((s = kv_search_assemble(&plan, (const kv_plan *const *)plans, nc, pt->choice, L)) != KV_OK) goto fail;
         kv_plan_provenance pv;
         memset(&pv, 0, sizeof pv);
         char ver[64], yaml[8192];
@@ -307,37 +465,33 @@ int kvcal_search(int argc, char **argv) {
         pv.tool_version = ver;
         pv.corpus_sha256 = corpus_sha;
         size_t len = (size_t)snprintf(yaml, sizeof yaml, "# kvcal search: budget %g bits at context %ld\nsearch:\n  "
-                                      "budget_bits: %g\n  context: %ld\n  choices:\n", budget_bits, context,
-                                      budget_bits, context);
+                                      "budget_bits: %g\n  context: %ld\n  choices:\n", pt->budget_bits, context,
+                                      pt->budget_bits, context);
         for (int l = 0; l < L && len < sizeof yaml; l++)
             len += (size_t)snprintf(yaml + len, sizeof yaml - len, "    - {layer: %d, key: %s, value: %s}\n", l,
-                                    table[cidx[choice[2 * l]]].name, table[cidx[choice[2 * l + 1]]].name);
+                                    table[cidx[pt->choice[2 * l]]].name, table[cidx[pt->choice[2 * l + 1]]].name);
         pv.config_yaml = yaml;
         if ((s = kv_plan_creation_time(&pv.created)) == KV_OK) s = kv_plan_set_provenance(plan, &pv);
-        if (s == KV_OK) s = kv_plan_write(plan, out, NULL);
-        if (s != KV_OK) {
-            free(rho);
+        if (s == KV_OK) s = kv_plan_write(plan, pt->path, NULL);
+        kv_plan_free(plan);
+        if (s != KV_OK) goto fail;
+        /* the additivity gap on the very tokens the sensitivities saw, then the end-to-end validation */
+        const double tv = kv_now_seconds();
+        if ((s = kv_tool_eval_plan(&pt->ev_same, m, model, pt->path, sens_tok, n_sens_tok, (int)sens_ctx, bos,
+                                   (size_t)sens_samples, 0, 0, NULL)) != KV_OK ||
+            (s = kv_tool_eval_plan(&pt->ev, m, model, pt->path, ho, n_ho, (int)context, bos, pt->eval_chunks, 0, 0,
+                                   "validation")) != KV_OK)
             goto fail;
-        }
+        pt->seconds_eval = kv_now_seconds() - tv;
+        seconds_eval += pt->seconds_eval;
     }
-    kv_tool_plan_eval ev_same, ev;
-    const double tv = kv_now_seconds();
-    /* the additivity gap on the very tokens the sensitivities saw, then the end-to-end validation */
-    if ((s = kv_tool_eval_plan(&ev_same, m, model, out, sens_tok, n_sens_tok, (int)sens_ctx, bos, (size_t)sens_samples, 0,
-                               0, NULL)) != KV_OK ||
-        (s = kv_tool_eval_plan(&ev, m, model, out, ho, n_ho, (int)context, bos, (size_t)eval_chunks, 0, 0,
-                               "validation")) != KV_OK) {
-        free(rho);
-        goto fail;
-    }
-    const double seconds_eval = kv_now_seconds() - tv;
     /* ---- report ---- */
     if (json) {
-        printf("{\n  \"plan\": ");
-        kv_tool_json_string(stdout, out);
-        printf(",\n  \"budget_bits\": %.6g, \"context\": %ld, \"budget_bytes\": %llu, \"unit_bytes\": %llu,\n",
-               budget_bits, context, (unsigned long long)budget, (unsigned long long)unit);
-        printf("  \"candidates\": [");
+        printf("{\n  \"budget_bits\": [");
+        for (int b = 0; b < n_budgets; b++) printf("%s%.6g", b ? ", " : "", budgets[b]);
+        printf("], \"contexts\": [");
+        for (int k = 0; k < n_ctx; k++) printf("%s%ld", k ? ", " : "", contexts[k]);
+        printf("],\n  \"candidates\": [");
         for (int c = 0; c < nc; c++) {
             printf("%s\n    {\"name\": \"%s\", \"fit_s\": %.3f, \"rho_k\": ", c ? "," : "", table[cidx[c]].name, fit_s[c]);
             if (isfinite(rho[c])) printf("%.4f", rho[c]); else printf("null");
@@ -347,64 +501,74 @@ int kvcal_search(int argc, char **argv) {
         }
         printf("\n  ],\n  \"streams\": [");
         for (int i = 0; i < n_items; i++) {
-            printf("%s\n    {\"layer\": %d, \"stream\": \"%s\", \"choice\": \"%s\", \"kl\": [", i ? "," : "", i / 2,
-                   i % 2 ? "V" : "K", table[cidx[choice[i]]].name);
+            printf("%s\n    {\"layer\": %d, \"stream\": \"%s\", \"kl\": [", i ? "," : "", i / 2, i % 2 ? "V" : "K");
             for (int c = 0; c < nc; c++) printf("%s%.6g", c ? ", " : "", kl[(size_t)i * nc + c]);
             printf("], \"bits\": [");
-            for (int c = 0; c < nc; c++)
-                printf("%s%.6g", c ? ", " : "", 8.0 * (double)bytes[(size_t)i * nc + c] / (double)values[(size_t)i * nc + c]);
+            for (int k = 0; k < n_ctx; k++) {
+                printf("%s[", k ? ", " : "");
+                for (int c = 0; c < nc; c++) {
+                    const size_t q = table_len * k + (size_t)i * nc + c;
+                    printf("%s%.6g", c ? ", " : "", 8.0 * (double)bytes[q] / (double)values[q]);
+                }
+                printf("]");
+            }
             printf("]");
             if (prompts > 0) printf(", \"importance\": %.6g", i % 2 ? imp.v_mean[i / 2] : imp.k_mean[i / 2]);
             printf("}");
         }
-        printf("\n  ],\n  \"predicted\": {\"kl_sum\": %.6g, \"bits_per_value_total\": %.6f},\n", predicted_kl,
-               predicted_bits);
-        printf("  \"measured_same_tokens\": {\"kl_mean\": %.6g, \"ppl\": %.6g, \"ppl_ref\": %.6g, \"bits_per_value_total\": "
-               "%.6f, \"ctx\": %ld, \"chunks\": %ld},\n", ev_same.cmp.kl_mean, ev_same.cmp.ppl, ev_same.cmp.ppl_ref,
-               ev_same.bits_per_value_total, sens_ctx, sens_samples);
-        printf("  \"measured_heldout\": {\"kl_mean\": %.6g, \"ppl\": %.6g, \"ppl_ref\": %.6g, \"top1_agreement\": %.6f, "
-               "\"bits_per_value_total\": %.6f, \"ctx\": %ld, \"chunks\": %zu},\n", ev.cmp.kl_mean, ev.cmp.ppl,
-               ev.cmp.ppl_ref, ev.cmp.top1_agreement, ev.bits_per_value_total, context, ev.cmp.n_chunks);
-        printf("  \"seconds\": {\"fits\": %.3f, \"bytes\": %.3f, \"sensitivity\": %.3f, \"proxy\": %.3f, \"validation\": "
-               "%.3f, \"total\": %.3f},\n  \"sensitivity_tokens\": %zu\n}\n", seconds_fit, seconds_bytes, seconds_sens,
-               seconds_proxy, seconds_eval, kv_now_seconds() - t0, sens_need);
-    } else {
-        printf("kvcal search: budget %.3f honest bits per value at context %ld (%llu bytes, unit %llu)\n", budget_bits,
-               context, (unsigned long long)budget, (unsigned long long)unit);
-        printf("%-6s %-2s %-8s %12s %8s   KL per candidate\n", "layer", "s", "choice", "kl", "bits");
-        for (int i = 0; i < n_items; i++) {
-            const size_t k = (size_t)i * nc + choice[i];
-            printf("%-6d %-2s %-8s %12.4g %8.3f  ", i / 2, i % 2 ? "V" : "K", table[cidx[choice[i]]].name, kl[k],
-                   8.0 * (double)bytes[k] / (double)values[k]);
-            for (int c = 0; c < nc; c++) printf(" %s=%.3g", table[cidx[c]].name, kl[(size_t)i * nc + c]);
-            printf("\n");
+        printf("\n  ],\n  \"plans\": [");
+        for (int p = 0; p < n_points; p++) {
+            const search_point *pt = &points[p];
+            printf("%s\n    {\"plan\": ", p ? "," : "");
+            if (pt->feasible) kv_tool_json_string(stdout, pt->path); else printf("null");
+            printf(", \"budget_bits\": %.6g, \"context\": %ld, \"feasible\": %s, \"cheapest_bits\": %.6f",
+                   pt->budget_bits, contexts[pt->ctx_index], pt->feasible ? "true" : "false", pt->cheapest_bits);
+            if (!pt->feasible) {
+                printf("}");
+                continue;
+            }
+            printf(",\n     \"budget_bytes\": %llu, \"unit_bytes\": %llu, \"choices\": [",
+                   (unsigned long long)pt->budget_bytes, (unsigned long long)pt->unit);
+            for (int i = 0; i < n_items; i++) printf("%s\"%s\"", i ? ", " : "", table[cidx[pt->choice[i]]].name);
+            printf("],\n     \"predicted\": {\"kl_sum\": %.6g, \"bits_per_value_total\": %.6f},\n", pt->predicted_kl,
+                   pt->predicted_bits);
+            printf("     \"measured_same_tokens\": {\"kl_mean\": %.6g, \"ppl\": %.6g, \"ppl_ref\": %.6g, "
+                   "\"bits_per_value_total\": %.6f, \"ctx\": %ld, \"chunks\": %ld},\n", pt->ev_same.cmp.kl_mean,
+                   pt->ev_same.cmp.ppl, pt->ev_same.cmp.ppl_ref, pt->ev_same.bits_per_value_total, sens_ctx, sens_samples);
+            printf("     \"measured_heldout\": {\"kl_mean\": %.6g, \"ppl\": %.6g, \"ppl_ref\": %.6g, \"top1_agreement\": "
+                   "%.6f, \"bits_per_value_total\": %.6f, \"ctx\": %ld, \"chunks\": %zu, \"seconds\": %.3f}}",
+                   pt->ev.cmp.kl_mean, pt->ev.cmp.ppl, pt->ev.cmp.ppl_ref, pt->ev.cmp.top1_agreement,
+                   pt->ev.bits_per_value_total, contexts[pt->ctx_index], pt->ev.cmp.n_chunks, pt->seconds_eval);
         }
+        printf("\n  ],\n  \"seconds\": {\"fits\": %.3f, \"bytes\": %.3f, \"sensitivity\": %.3f, \"proxy\": %.3f, "
+               "\"validation\": %.3f, \"total\": %.3f},\n  \"sensitivity_tokens\": %zu\n}\n", seconds_fit,
+               seconds_bytes, seconds_sens, seconds_proxy, seconds_eval, kv_now_seconds() - t0, sens_need);
+    } else {
+        printf("kvcal search: %d candidate(s), %d budget(s) x %d context(s)\n", nc, n_budgets, n_ctx);
         printf("proxy (KVmix importance) vs measured KL, Spearman per candidate:");
         for (int c = 0; c < nc; c++) printf(" %s K %.3f V %.3f;", table[cidx[c]].name, rho[c], rho[nc + c]);
-        printf("\npredicted: KL sum %.5g, honest bits %.4f\n", predicted_kl, predicted_bits);
-        printf("measured on the sensitivity tokens (ctx %ld, %ld chunks): KL %.5g, ppl %.4f (exact %.4f), bits %.4f\n",
-               sens_ctx, sens_samples, ev_same.cmp.kl_mean, ev_same.cmp.ppl, ev_same.cmp.ppl_ref,
-               ev_same.bits_per_value_total);
-        printf("measured on held-out text (ctx %ld, %zu chunks): KL %.5g, ppl %.4f (exact %.4f, %+.2f%%), top-1 %.4f, "
-               "bits_per_value_total %.4f\n", context, ev.cmp.n_chunks, ev.cmp.kl_mean, ev.cmp.ppl, ev.cmp.ppl_ref,
-               100.0 * (ev.cmp.ppl / ev.cmp.ppl_ref - 1.0), ev.cmp.top1_agreement, ev.bits_per_value_total);
-        printf("time: fits %.1f s, bytes %.1f s, sensitivity %.1f s (%zu tokens x %d evaluations), proxy %.1f s, "
-               "validation %.1f s, total %.1f s\nplan written to %s\n", seconds_fit, seconds_bytes, seconds_sens,
-               sens_need, n_items * nc, seconds_proxy, seconds_eval, kv_now_seconds() - t0, out);
+        printf("\n");
+        for (int p = 0; p < n_points; p++)
+            print_point_text(&points[p], contexts[points[p].ctx_index], table, cidx, nc, n_items, kl,
+                             bytes + table_len * points[p].ctx_index, values + table_len * points[p].ctx_index,
+                             n_points == 1, sens_ctx, sens_samples);
+        printf("\ntime: fits %.1f s, bytes %.1f s, sensitivity %.1f s (%zu tokens x %d evaluations), proxy %.1f s, "
+               "validation %.1f s, total %.1f s\n", seconds_fit, seconds_bytes, seconds_sens, sens_need, n_items * nc,
+               seconds_proxy, seconds_eval, kv_now_seconds() - t0);
     }
-    free(rho);
     goto end;
 fail:
     rc = kv_cli_fail(tool, s);
 end:
     for (int c = 0; c < MAX_CANDS; c++) kv_plan_free(plans[c]);
-    kv_plan_free(plan);
+    for (int p = 0; points && p < MAX_BUDGETS * MAX_CONTEXTS; p++) free(points[p].choice);
+    free(points);
     kv_importance_free(&imp);
     free(bytes);
     free(values);
     free(kl);
     free(fit_s);
-    free(choice);
+    free(rho);
     free(ids);
     free(ho);
     kv_tokenizer_free(tok);

@@ -7,15 +7,21 @@ kvcal="$1"
 kvrun="$2"
 . "$(dirname "$0")/../tools/cli_test_lib.sh"
 export KVCAL_THREADS=2
-common=(--model "$model" --tokenizer "$tok" --corpus "$calib" --heldout "$heldout" --context 256 --fit-tokens 4096
-        --sens-ctx 128 --prompts 4 --eval-chunks 2 --set cache.recent=64 --set higgs.grid_samples=32768
-        --set higgs.grid_iters=30)
+base=(--model "$model" --tokenizer "$tok" --corpus "$calib" --heldout "$heldout" --fit-tokens 4096
+      --sens-ctx 128 --prompts 4 --set cache.recent=64 --set higgs.grid_samples=32768 --set higgs.grid_iters=30)
+common=("${base[@]}" --context 256 --eval-chunks 2)
 
 # refusals: usage errors (2) before anything is loaded; a budget below the cheapest assembly (runtime error 1,
 # after the fits and the byte counts, before the sensitivities)
 expect 2 "unknown candidate 'kivi9'" "unknown candidate" -- "$kvcal" search "${common[@]}" --budget-bits 4 \
   --candidates kivi2,kivi9 --out "$tmp/x.kvplan"
 expect 2 "budget-bits" "budget out of range" -- "$kvcal" search "${common[@]}" --budget-bits 0 --out "$tmp/x.kvplan"
+expect 2 "out-dir" "several budgets need --out-dir" -- "$kvcal" search "${common[@]}" --budget-bits 6,7 \
+  --out "$tmp/x.kvplan"
+expect 2 "not a comma-separated list" "a bad budget list" -- "$kvcal" search "${common[@]}" --budget-bits 6,x \
+  --out-dir "$tmp/d"
+expect 2 "not both" "--eval-chunks with --eval-tokens" -- "$kvcal" search "${common[@]}" --budget-bits 7 \
+  --eval-tokens 512 --out "$tmp/x.kvplan"
 expect 1 "below the cheapest assembly" "budget below the cheapest plan" -- "$kvcal" search "${common[@]}" \
   --budget-bits 3 --candidates kivi2,fp8 --out "$tmp/x.kvplan"
 [ -e "$tmp/x.kvplan" ] && bad "a refused search wrote a plan" || ok "no plan after a refusal"
@@ -31,7 +37,10 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 assert len(r["streams"]) == 10, len(r["streams"])
 for s in r["streams"]:
-    assert len(s["kl"]) == 6 and len(s["bits"]) == 6 and s["choice"] in ("f16", "kivi2", "kivi4", "higgs2", "fp8", "nvfp4")
+    assert len(s["kl"]) == 6 and len(s["bits"]) == 1 and len(s["bits"][0]) == 6
+assert len(r["plans"]) == 1 and r["plans"][0]["feasible"]
+r = dict(r, **r["plans"][0])
+assert len(r["choices"]) == 10 and all(c in ("f16", "kivi2", "kivi4", "higgs2", "fp8", "nvfp4") for c in r["choices"])
 # the plan's honest bits as kvrun eval counts them: within the budget, and equal to the per-stream sum
 p, m = r["predicted"], r["measured_heldout"]
 assert m["bits_per_value_total"] <= 7.0 + 1e-9, m
@@ -52,7 +61,46 @@ expect 0 "" "kvrun eval reads the plan" -- "$kvrun" eval --model "$model" --toke
 python3 - "$tmp/out" "$tmp/s.json" <<'PY' || fail=1
 import json, sys
 e = json.load(open(sys.argv[1])); r = json.load(open(sys.argv[2]))
-assert abs(e["bits_per_value_total"] - r["measured_heldout"]["bits_per_value_total"]) < 1e-3, (e, r["measured_heldout"])
+m = r["plans"][0]["measured_heldout"]
+assert abs(e["bits_per_value_total"] - m["bits_per_value_total"]) < 1e-3, (e, m)
 print("ok: kvrun eval bits_per_value_total %.4f" % e["bits_per_value_total"])
 PY
+
+# several budgets and contexts from one run (shared fits and sensitivities): a plan per feasible point, each
+# within its budget as kvrun eval counts it; 5 bits is below the cheapest assembly at 256 tokens (the f16
+# sinks and window alone are ~4.3 bits there), so it is reported without a plan; more budget never predicts
+# more KL (the knapsack is exact up to 2L units of budget/20000, far below the 2 bits between points)
+expect 0 "" "search with several points" -- "$kvcal" search "${base[@]}" --eval-tokens 1024 \
+  --budget-bits 5,7,9 --context 256,512 --candidates f16,kivi2,kivi4 --out-dir "$tmp/frontier" --json
+cp "$tmp/out" "$tmp/f.json"
+python3 - "$tmp/f.json" <<'PY' || fail=1
+import json, os, sys
+r = json.load(open(sys.argv[1]))
+pts = {(p["budget_bits"], p["context"]): p for p in r["plans"]}
+assert sorted(pts) == [(5, 256), (5, 512), (7, 256), (7, 512), (9, 256), (9, 512)], sorted(pts)
+assert not pts[(5, 256)]["feasible"] and pts[(5, 256)]["plan"] is None and pts[(5, 256)]["cheapest_bits"] > 5
+for (b, c), p in pts.items():
+    if not p["feasible"]:
+        continue
+    assert os.path.exists(p["plan"]) and p["plan"].endswith("search-ctx%d-%gbits.kvplan" % (c, b)), p["plan"]
+    m = p["measured_heldout"]
+    assert m["bits_per_value_total"] <= b + 1e-9 and abs(m["bits_per_value_total"] - p["predicted"]["bits_per_value_total"]) < 1e-9, p
+    assert m["ctx"] == c and m["chunks"] == 1024 // c, m
+for c in (256, 512):
+    assert pts[(9, c)]["predicted"]["kl_sum"] <= pts[(7, c)]["predicted"]["kl_sum"], (pts[(9, c)], pts[(7, c)])
+assert len(r["streams"][0]["bits"]) == 2
+print("ok: frontier: %d plans" % sum(p["feasible"] for p in pts.values()))
+PY
+for c in 256 512; do
+  expect 0 "" "kvrun eval reads the ctx $c 7-bit plan" -- "$kvrun" eval --model "$model" --tokenizer "$tok" \
+    --plan "$tmp/frontier/search-ctx$c-7bits.kvplan" --text "$heldout" --ctx $c --max-tokens 1024 --json
+  python3 - "$tmp/out" "$tmp/f.json" $c <<'PY' || fail=1
+import json, sys
+e = json.load(open(sys.argv[1])); r = json.load(open(sys.argv[2])); c = int(sys.argv[3])
+p = [p for p in r["plans"] if p["budget_bits"] == 7 and p["context"] == c][0]["measured_heldout"]
+# the same tokens (--eval-tokens N is kvrun eval --max-tokens N) and the same code: the same numbers
+assert abs(e["bits_per_value_total"] - p["bits_per_value_total"]) < 1e-4 and abs(e["kl_mean"] - p["kl_mean"]) < 1e-5 * max(1, p["kl_mean"]), (e, p)
+print("ok: kvrun eval at %d: KL %.5g bits %.4f, as the search measured" % (c, e["kl_mean"], e["bits_per_value_total"]))
+PY
+done
 exit $fail
