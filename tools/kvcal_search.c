@@ -16,7 +16,7 @@
 #include <string.h>
 
 #define MAX_CANDS 32
-#define MAX_BUDGETS 16
+#define MAX_BUDGETS 32
 #define MAX_CONTEXTS 8
 
 /* One (budget, context) point: the plan chosen for it and what its validation measured. */
@@ -34,15 +34,26 @@ typedef struct search_point {
     double seconds_eval;
 } search_point;
 
-/* "a,b,c" -> numbers (each checked by the caller); at most max. */
-static kv_status parse_numbers(double *v, int *n, int max, const char *list, const char *opt) {
+/* "a,b,c" -> numbers (each checked by the caller); at most max. With `at` (--budget-bits), an entry may be
+ * "B@N": budget B at context N only (at[i] = N; 0 = at every context), so that one run can put a point at
+ * each single method's own bits at each context (scripts/pareto.sh). */
+static kv_status parse_numbers(double *v, long *at, int *n, int max, const char *list, const char *opt) {
     *n = 0;
     const char *p = list;
     while (*p) {
         char *end;
         const double x = strtod(p, &end);
-        if (end == p || (*end && *end != ',')) return KV_ERR(KV_EINVAL, "%s: '%s' is not a comma-separated list of numbers", opt, list);
+        long ctx = 0;
+        if (at && end != p && *end == '@') {
+            const char *q = end + 1;
+            ctx = strtol(q, &end, 10);
+            if (end == q || ctx < 2) end = (char *)p; /* malformed: refused below */
+        }
+        if (end == p || (*end && *end != ','))
+            return KV_ERR(KV_EINVAL, "%s: '%s' is not a comma-separated list of numbers%s", opt, list,
+                          at ? " (each B or B@CONTEXT)" : "");
         if (*n >= max) return KV_ERR(KV_EINVAL, "%s: at most %d values", opt, max);
+        if (at) at[*n] = ctx;
         v[(*n)++] = x;
         p = *end ? end + 1 : end;
     }
@@ -124,7 +135,8 @@ int kvcal_search(int argc, char **argv) {
         {"heldout", 0, KV_OPT_STRING, &heldout, "FILE", "held-out text for the end-to-end validation", 1},
         {"budget-bits", 'B', KV_OPT_STRING, &budget_list, "B[,B...]", "honest total bits per value at --context, as "
                                                                        "kvrun eval --plan reports bits_per_value_total "
-                                                                       "(several: one plan per budget and context)", 1},
+                                                                       "(several: one plan per budget and context; "
+                                                                       "B@N: at context N only)", 1},
         {"context", 0, KV_OPT_STRING, &context_list, "N[,N...]", "context(s) the bits are counted at, and the "
                                                                   "validation's --ctx (default 2048)", 0},
         {"out", 'o', KV_OPT_STRING, &out, "PLAN", "plan to write (atomically), for one budget and one context", 0},
@@ -173,6 +185,7 @@ int kvcal_search(int argc, char **argv) {
     }
     int cidx[MAX_CANDS], nc = 0, n_threads = 0, n_budgets = 0, n_ctx = 0, n_points = 0;
     double budgets[MAX_BUDGETS], ctx_d[MAX_CONTEXTS];
+    long budget_at[MAX_BUDGETS];
     long contexts[MAX_CONTEXTS];
     search_point *points = calloc(MAX_BUDGETS * MAX_CONTEXTS, sizeof *points); /* ~4.5 KiB each: not on the stack */
     kv_model_file *mf = NULL;
@@ -191,8 +204,8 @@ int kvcal_search(int argc, char **argv) {
         s = KV_ERR(KV_ENOMEM, "out of memory");
         goto fail;
     }
-    if ((s = parse_numbers(budgets, &n_budgets, MAX_BUDGETS, budget_list, "--budget-bits")) != KV_OK ||
-        (s = parse_numbers(ctx_d, &n_ctx, MAX_CONTEXTS, context_list ? context_list : "2048", "--context")) != KV_OK) {
+    if ((s = parse_numbers(budgets, budget_at, &n_budgets, MAX_BUDGETS, budget_list, "--budget-bits")) != KV_OK ||
+        (s = parse_numbers(ctx_d, NULL, &n_ctx, MAX_CONTEXTS, context_list ? context_list : "2048", "--context")) != KV_OK) {
         rc = kv_cli_usage_error(tool, "%s", kv_error_last());
         goto end;
     }
@@ -220,35 +233,49 @@ int kvcal_search(int argc, char **argv) {
         rc = kv_cli_usage_error(tool, "give --eval-chunks or --eval-tokens, not both");
         goto end;
     }
-    n_points = n_budgets * n_ctx;
-    if ((n_points == 1) != (out != NULL) || (out != NULL) == (out_dir != NULL)) {
-        rc = kv_cli_usage_error(tool, "one budget and one context: --out PLAN; several: --out-dir DIR (got %d budget(s), "
-                                "%d context(s))", n_budgets, n_ctx);
+    /* points: context-major (the frontier at one context, then the next), each with its plan path */
+    for (int b = 0; b < n_budgets; b++) {
+        int known = budget_at[b] == 0;
+        for (int k = 0; k < n_ctx; k++) known |= budget_at[b] == contexts[k];
+        if (!known) {
+            rc = kv_cli_usage_error(tool, "--budget-bits %g@%ld: %ld is not one of the --context values", budgets[b],
+                                    budget_at[b], budget_at[b]);
+            goto end;
+        }
+    }
+    int wanted = 0;
+    for (int k = 0; k < n_ctx; k++)
+        for (int b = 0; b < n_budgets; b++) wanted += !budget_at[b] || budget_at[b] == contexts[k];
+    if ((wanted == 1) != (out != NULL) || (out != NULL) == (out_dir != NULL)) {
+        rc = kv_cli_usage_error(tool, "one point (one budget at one context): --out PLAN; several: --out-dir DIR (got "
+                                "%d)", wanted);
         goto end;
     }
-    /* points: context-major (the frontier at one context, then the next), each with its plan path */
-    for (int k = 0, p = 0; k < n_ctx; k++)
-        for (int b = 0; b < n_budgets; b++, p++) {
-            points[p].budget_bits = budgets[b];
-            points[p].ctx_index = k;
-            points[p].eval_chunks = eval_tokens ? (size_t)(eval_tokens / contexts[k]) : (size_t)eval_chunks;
-            if (points[p].eval_chunks == 0) {
+    for (int k = 0; k < n_ctx; k++)
+        for (int b = 0; b < n_budgets; b++) {
+            if (budget_at[b] && budget_at[b] != contexts[k]) continue;
+            search_point *pt = &points[n_points];
+            pt->budget_bits = budgets[b];
+            pt->ctx_index = k;
+            pt->eval_chunks = eval_tokens ? (size_t)(eval_tokens / contexts[k]) : (size_t)eval_chunks;
+            if (pt->eval_chunks == 0) {
                 rc = kv_cli_usage_error(tool, "--eval-tokens %ld is less than one chunk of %ld tokens", eval_tokens,
                                         contexts[k]);
                 goto end;
             }
-            int len = out ? snprintf(points[p].path, sizeof points[p].path, "%s", out)
-                          : snprintf(points[p].path, sizeof points[p].path, "%s/search-ctx%ld-%gbits.kvplan", out_dir,
-                                     contexts[k], budgets[b]);
-            if (len < 0 || (size_t)len >= sizeof points[p].path) {
+            int len = out ? snprintf(pt->path, sizeof pt->path, "%s", out)
+                          : snprintf(pt->path, sizeof pt->path, "%s/search-ctx%ld-%gbits.kvplan", out_dir, contexts[k],
+                                     budgets[b]);
+            if (len < 0 || (size_t)len >= sizeof pt->path) {
                 rc = kv_cli_usage_error(tool, "--out-dir: path too long");
                 goto end;
             }
-            for (int q = 0; q < p; q++)
-                if (strcmp(points[q].path, points[p].path) == 0) {
-                    rc = kv_cli_usage_error(tool, "--budget-bits / --context name the point %s twice", points[p].path);
+            for (int q = 0; q < n_points; q++)
+                if (strcmp(points[q].path, pt->path) == 0) {
+                    rc = kv_cli_usage_error(tool, "--budget-bits / --context name the point %s twice", pt->path);
                     goto end;
                 }
+            n_points++;
         }
     if (!fit_seq) fit_seq = min_ctx < 512 ? min_ctx : 512;
     if (!sens_ctx) sens_ctx = min_ctx < 512 ? min_ctx : 512;
@@ -544,7 +571,7 @@ int kvcal_search(int argc, char **argv) {
                "\"validation\": %.3f, \"total\": %.3f},\n  \"sensitivity_tokens\": %zu\n}\n", seconds_fit,
                seconds_bytes, seconds_sens, seconds_proxy, seconds_eval, kv_now_seconds() - t0, sens_need);
     } else {
-        printf("kvcal search: %d candidate(s), %d budget(s) x %d context(s)\n", nc, n_budgets, n_ctx);
+        printf("kvcal search: %d candidate(s), %d point(s) (budget, context)\n", nc, n_points);
         printf("proxy (KVmix importance) vs measured KL, Spearman per candidate:");
         for (int c = 0; c < nc; c++) printf(" %s K %.3f V %.3f;", table[cidx[c]].name, rho[c], rho[nc + c]);
         printf("\n");

@@ -20,6 +20,8 @@ expect 2 "out-dir" "several budgets need --out-dir" -- "$kvcal" search "${common
   --out "$tmp/x.kvplan"
 expect 2 "not a comma-separated list" "a bad budget list" -- "$kvcal" search "${common[@]}" --budget-bits 6,x \
   --out-dir "$tmp/d"
+expect 2 "not one of the --context values" "a budget at an unknown context" -- "$kvcal" search "${common[@]}" \
+  --budget-bits 6,7@300 --out-dir "$tmp/d"
 expect 2 "not both" "--eval-chunks with --eval-tokens" -- "$kvcal" search "${common[@]}" --budget-bits 7 \
   --eval-tokens 512 --out "$tmp/x.kvplan"
 expect 1 "below the cheapest assembly" "budget below the cheapest plan" -- "$kvcal" search "${common[@]}" \
@@ -68,16 +70,16 @@ PY
 
 # several budgets and contexts from one run (shared fits and sensitivities): a plan per feasible point, each
 # within its budget as kvrun eval counts it; 5 bits is below the cheapest assembly at 256 tokens (the f16
-# sinks and window alone are ~4.3 bits there), so it is reported without a plan; more budget never predicts
+# sinks and window alone are ~4.3 bits there), so it is reported without a plan; 8@512 is a point at 512 only; more budget never predicts
 # more KL (the knapsack is exact up to 2L units of budget/20000, far below the 2 bits between points)
 expect 0 "" "search with several points" -- "$kvcal" search "${base[@]}" --eval-tokens 1024 \
-  --budget-bits 5,7,9 --context 256,512 --candidates f16,kivi2,kivi4 --out-dir "$tmp/frontier" --json
+  --budget-bits 5,7,9,8@512 --context 256,512 --candidates f16,kivi2,kivi4 --out-dir "$tmp/frontier" --json
 cp "$tmp/out" "$tmp/f.json"
 python3 - "$tmp/f.json" <<'PY' || fail=1
 import json, os, sys
 r = json.load(open(sys.argv[1]))
 pts = {(p["budget_bits"], p["context"]): p for p in r["plans"]}
-assert sorted(pts) == [(5, 256), (5, 512), (7, 256), (7, 512), (9, 256), (9, 512)], sorted(pts)
+assert sorted(pts) == [(5, 256), (5, 512), (7, 256), (7, 512), (8, 512), (9, 256), (9, 512)], sorted(pts)
 assert not pts[(5, 256)]["feasible"] and pts[(5, 256)]["plan"] is None and pts[(5, 256)]["cheapest_bits"] > 5
 for (b, c), p in pts.items():
     if not p["feasible"]:
