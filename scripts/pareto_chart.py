@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""The Pareto chart of scripts/pareto.sh: KL and perplexity against honest total bits per value, each single
+method and the searched plans, at each context; the table behind it; and the equal-bits verdict.
+
+    pareto_chart.py DIR      (DIR/single/ctxN/*.json from results.sh, DIR/search.json from kvcal search --json)
+
+Writes DIR/pareto.svg (one row of two panels, KL and ppl, per context) and DIR/pareto.md (the table and the
+verdict), and prints pareto.md. The verdict compares each single method m at context N with the searched plan
+whose budget is m's own honest bits there (the B@N points pareto.sh asks for): the searched plan "beats" m when
+its KL and its perplexity are both lower at bits <= m's. Standard library only."""
+import glob
+import json
+import math
+import os
+import sys
+
+NAMES = {"kivi": "KIVI", "higgs": "HIGGS", "aqua": "AQUA-KV", "fp8": "FP8", "nvfp4": "NVFP4", "xquant": "XQuant"}
+COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+
+
+def label(cfg):
+    method, _, suffix = cfg.rpartition("-")
+    return f"{NAMES.get(method, method)}-{suffix}" if method else cfg
+
+
+def load(d):
+    single, search = {}, {}
+    for path in sorted(glob.glob(os.path.join(d, "single", "ctx*", "*.json"))):
+        ctx = int(os.path.basename(os.path.dirname(path))[3:])
+        r = json.load(open(path))
+        cfg = os.path.basename(path)[:-5]
+        single.setdefault(ctx, []).append({"name": label(cfg), "family": cfg.rpartition("-")[0] or cfg,
+                                           "bits": r["bits_per_value_total"], "kl": r["kl_mean"], "ppl": r["ppl"],
+                                           "ppl_ref": r["ppl_uncompressed"], "top1": r["top1_agreement"]})
+    s = json.load(open(os.path.join(d, "search.json")))
+    for p in s["plans"]:
+        if not p["feasible"]:
+            continue
+        m = p["measured_heldout"]
+        search.setdefault(p["context"], []).append({"budget": p["budget_bits"], "bits": m["bits_per_value_total"],
+                                                    "kl": m["kl_mean"], "ppl": m["ppl"], "ppl_ref": m["ppl_ref"],
+                                                    "top1": m["top1_agreement"], "predicted_kl": p["predicted"]["kl_sum"],
+                                                    "plan": os.path.basename(p["plan"])})
+    for v in search.values():
+        v.sort(key=lambda r: r["bits"])
+    return single, search, s
+
+
+def verdicts(single, search):
+    """Per (context, single method): the searched plan at that method's own bits (budget within 1e-3 below)."""
+    out = []
+    for ctx in sorted(single):
+        for r in sorted(single[ctx], key=lambda r: r["bits"]):
+            match = [p for p in search.get(ctx, []) if r["bits"] - 1e-3 <= p["budget"] <= r["bits"] + 1e-9]
+            if not match:
+                out.append((ctx, r, None, "no searched plan at these bits"))
+                continue
+            p = match[0]
+            win = p["bits"] <= r["bits"] + 1e-9 and p["kl"] < r["kl"] and p["ppl"] < r["ppl"]
+            out.append((ctx, r, p, "beats" if win else "does not beat"))
+    return out
+
+
+def svg(single, search, path):
+    ctxs = sorted(set(single) | set(search))
+    W, H, ml, mr, mt, mb = 460, 300, 70, 150, 36, 46
+    rows = []
+    fam = sorted({r["family"] for c in single.values() for r in c})
+    color = {f: COLORS[i % len(COLORS)] for i, f in enumerate(fam)}
+    for ci, ctx in enumerate(ctxs):
+        pts = single.get(ctx, []) + search.get(ctx, [])
+        if not pts:
+            continue
+        for pi, (key, title, logy) in enumerate((("kl", "KL(exact || plan), nats", True),
+                                                 ("ppl", "perplexity", False))):
+            x0, y0 = pi * W, ci * H
+            xs = [r["bits"] for r in pts]
+            ys = [r[key] for r in pts] + ([pts[0]["ppl_ref"]] if key == "ppl" else [])
+            xlo, xhi = math.floor(min(xs)), math.ceil(max(xs))
+            if logy:
+                ys = [y for y in ys if y > 0]
+                ylo, yhi = math.floor(math.log10(min(ys))), math.ceil(math.log10(max(ys)))
+            else:
+                ylo, yhi = min(ys) * 0.98, max(ys) * 1.02
+            fx = lambda x: x0 + ml + (x - xlo) / max(xhi - xlo, 1e-9) * (W - ml - mr)
+            fy = lambda y: y0 + H - mb - ((math.log10(y) if logy else y) - ylo) / max(yhi - ylo, 1e-9) * (H - mt - mb)
+            rows.append(f'<rect x="{x0 + ml}" y="{y0 + mt}" width="{W - ml - mr}" height="{H - mt - mb}" '
+                        f'fill="none" stroke="#888"/>')
+            rows.append(f'<text x="{x0 + ml}" y="{y0 + 22}" font-size="13">context {ctx}: {title}</text>')
+            for b in range(xlo, xhi + 1):
+                rows.append(f'<line x1="{fx(b):.1f}" y1="{y0 + H - mb}" x2="{fx(b):.1f}" y2="{y0 + H - mb + 4}" stroke="#444"/>'
+                            f'<text x="{fx(b):.1f}" y="{y0 + H - mb + 16}" font-size="11" text-anchor="middle">{b}</text>')
+            rows.append(f'<text x="{x0 + ml + (W - ml - mr) / 2}" y="{y0 + H - 8}" font-size="11" text-anchor="middle">'
+                        f'honest total bits per value</text>')
+            ticks = [10 ** e for e in range(ylo, yhi + 1)] if logy else [ylo + (yhi - ylo) * i / 4 for i in range(5)]
+            for t in ticks:
+                rows.append(f'<text x="{x0 + ml - 4}" y="{fy(t) + 4:.1f}" font-size="11" text-anchor="end">'
+                            f'{t:.0e}</text>' if logy else
+                            f'<text x="{x0 + ml - 4}" y="{fy(t) + 4:.1f}" font-size="11" text-anchor="end">{t:.2f}</text>')
+                rows.append(f'<line x1="{x0 + ml}" y1="{fy(t):.1f}" x2="{x0 + W - mr}" y2="{fy(t):.1f}" stroke="#ddd"/>')
+            if key == "ppl":
+                yr = fy(pts[0]["ppl_ref"])
+                rows.append(f'<line x1="{x0 + ml}" y1="{yr:.1f}" x2="{x0 + W - mr}" y2="{yr:.1f}" stroke="#000" '
+                            f'stroke-dasharray="4,3"/><text x="{x0 + W - mr + 4}" y="{yr + 4:.1f}" font-size="10">'
+                            f'uncompressed</text>')
+            for f in fam:
+                line = sorted((r for r in single.get(ctx, []) if r["family"] == f), key=lambda r: r["bits"])
+                line = [r for r in line if not logy or r[key] > 0]
+                if not line:
+                    continue
+                d = " ".join(f'{fx(r["bits"]):.1f},{fy(r[key]):.1f}' for r in line)
+                rows.append(f'<polyline points="{d}" fill="none" stroke="{color[f]}" stroke-width="1.2"/>')
+                for r in line:
+                    rows.append(f'<circle cx="{fx(r["bits"]):.1f}" cy="{fy(r[key]):.1f}" r="3" fill="{color[f]}">'
+                                f'<title>{r["name"]}: {r["bits"]:.3f} bits, {key} {r[key]:.5g}</title></circle>')
+            line = [r for r in search.get(ctx, []) if not logy or r[key] > 0]
+            if line:
+                d = " ".join(f'{fx(r["bits"]):.1f},{fy(r[key]):.1f}' for r in line)
+                rows.append(f'<polyline points="{d}" fill="none" stroke="#d62728" stroke-width="2.2"/>')
+                for r in line:
+                    rows.append(f'<rect x="{fx(r["bits"]) - 3.5:.1f}" y="{fy(r[key]) - 3.5:.1f}" width="7" height="7" '
+                                f'fill="#d62728"><title>searched, budget {r["budget"]:.4g}: {r["bits"]:.3f} bits, {key} '
+                                f'{r[key]:.5g}</title></rect>')
+            ly = y0 + mt
+            for name, col in [(NAMES.get(f, f), color[f]) for f in fam] + [("searched plan", "#d62728")]:
+                rows.append(f'<rect x="{x0 + W - mr + 8}" y="{ly}" width="10" height="10" fill="{col}"/>'
+                            f'<text x="{x0 + W - mr + 22}" y="{ly + 9}" font-size="11">{name}</text>')
+                ly += 15
+    body = "\n".join(rows)
+    with open(path + ".part", "w") as f:
+        f.write(f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W}" height="{len(ctxs) * H}" '
+                f'font-family="sans-serif">\n<rect width="100%" height="100%" fill="white"/>\n{body}\n</svg>\n')
+    os.replace(path + ".part", path)
+
+
+def table(single, search, s):
+    lines = []
+    for ctx in sorted(set(single) | set(search)):
+        ref = (single.get(ctx) or search.get(ctx))[0]["ppl_ref"]
+        lines += [f"### context {ctx} (uncompressed ppl {ref:.4f})", "",
+                  "| plan | honest bits | KL | ppl | Δppl | top-1 |", "|---|---|---|---|---|---|"]
+        rows = [(r["name"], r) for r in single.get(ctx, [])] + \
+               [(f"searched, budget {r['budget']:.4g}", r) for r in search.get(ctx, [])]
+        for name, r in sorted(rows, key=lambda t: t[1]["bits"]):
+            lines.append(f"| {name} | {r['bits']:.3f} | {r['kl']:.4f} | {r['ppl']:.4f} | "
+                         f"{100 * (r['ppl'] / r['ppl_ref'] - 1):+.2f}% | {r['top1']:.4f} |")
+        lines.append("")
+    lines += ["### searched plan vs each single method at that method's honest bits", "",
+              "| context | method | bits | KL | ppl | searched bits | searched KL | searched ppl | verdict |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for ctx, r, p, v in verdicts(single, search):
+        if p:
+            lines.append(f"| {ctx} | {r['name']} | {r['bits']:.3f} | {r['kl']:.4f} | {r['ppl']:.4f} | {p['bits']:.3f} | "
+                         f"{p['kl']:.4f} | {p['ppl']:.4f} | {v} |")
+        else:
+            lines.append(f"| {ctx} | {r['name']} | {r['bits']:.3f} | {r['kl']:.4f} | {r['ppl']:.4f} | — | — | — | {v} |")
+    sec = s.get("seconds", {})
+    lines += ["", "search: " + ", ".join(f"{k} {v:.0f} s" for k, v in sec.items())]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    if len(sys.argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    d = sys.argv[1]
+    single, search, s = load(d)
+    svg(single, search, os.path.join(d, "pareto.svg"))
+    md = table(single, search, s)
+    with open(os.path.join(d, "pareto.md.part"), "w") as f:
+        f.write(md)
+    os.replace(os.path.join(d, "pareto.md.part"), os.path.join(d, "pareto.md"))
+    sys.stdout.write(md)
+    print(f"chart: {os.path.join(d, 'pareto.svg')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
