@@ -61,9 +61,9 @@ points="$(python3 - "$out/single" "$range" $budgets <<'PY'
 import glob, json, math, os, sys
 d, (lo, hi), grid = sys.argv[1], map(float, sys.argv[2].split()), sys.argv[3:]
 pts = [str(float(b)).rstrip("0").rstrip(".") for b in grid]
-for path in sorted(glob.glob(os.path.join(d, "ctx*", "*.json"))):
-    ctx = os.path.basename(os.path.dirname(path))[3:]
-    b = json.load(open(path))["bits_per_value_total"]
+for path in sorted(glob.glob(os.path.join(d, "*.json")) + glob.glob(os.path.join(d, "ctx*", "*.json"))):
+    r = json.load(open(path))
+    ctx, b = r["tokens_evaluated"] // r["chunks"], r["bits_per_value_total"]
     if lo <= b <= hi:
         pts.append("%.4f@%s" % (math.floor(b * 1e4) / 1e4, ctx))
 print(",".join(dict.fromkeys(pts)))

@@ -2,7 +2,7 @@
 """The Pareto chart of scripts/pareto.sh: KL and perplexity against honest total bits per value, each single
 method and the searched plans, at each context; the table behind it; and the equal-bits verdict.
 
-    pareto_chart.py DIR      (DIR/single/ctxN/*.json from results.sh, DIR/search.json from kvcal search --json)
+    pareto_chart.py DIR      (DIR/single/*.json or DIR/single/ctxN/*.json from results.sh, DIR/search.json from kvcal search --json)
 
 Writes DIR/pareto.svg (one row of two panels, KL and ppl, per context) and DIR/pareto.md (the table and the
 verdict), and prints pareto.md. The verdict compares each single method m at context N with the searched plan
@@ -23,11 +23,16 @@ def label(cfg):
     return f"{NAMES.get(method, method)}-{suffix}" if method else cfg
 
 
+def context_of(r):
+    """kvrun eval --plan's JSON: whole chunks of ctx tokens."""
+    return r["tokens_evaluated"] // r["chunks"]
+
+
 def load(d):
     single, search = {}, {}
-    for path in sorted(glob.glob(os.path.join(d, "single", "ctx*", "*.json"))):
-        ctx = int(os.path.basename(os.path.dirname(path))[3:])
+    for path in sorted(glob.glob(os.path.join(d, "single", "*.json")) + glob.glob(os.path.join(d, "single", "ctx*", "*.json"))):
         r = json.load(open(path))
+        ctx = context_of(r)
         cfg = os.path.basename(path)[:-5]
         single.setdefault(ctx, []).append({"name": label(cfg), "family": cfg.rpartition("-")[0] or cfg,
                                            "bits": r["bits_per_value_total"], "kl": r["kl_mean"], "ppl": r["ppl"],

@@ -140,7 +140,7 @@ int kvcal_search(int argc, char **argv) {
         {"context", 0, KV_OPT_STRING, &context_list, "N[,N...]", "context(s) the bits are counted at, and the "
                                                                   "validation's --ctx (default 2048)", 0},
         {"out", 'o', KV_OPT_STRING, &out, "PLAN", "plan to write (atomically), for one budget and one context", 0},
-        {"out-dir", 0, KV_OPT_STRING, &out_dir, "DIR", "with several budgets or contexts: the plans as "
+        {"out-dir", 0, KV_OPT_STRING, &out_dir, "DIR", "instead of --out, for any number of points: the plans as "
                                                        "DIR/search-ctxN-Bbits.kvplan", 0},
         {"candidates", 0, KV_OPT_STRING, &cand_list, "LIST", "comma-separated candidates (default: f16,kivi2,kivi3,"
                                                              "kivi4,higgs2,higgs3,fp8,nvfp4)", 0},
@@ -246,9 +246,9 @@ int kvcal_search(int argc, char **argv) {
     int wanted = 0;
     for (int k = 0; k < n_ctx; k++)
         for (int b = 0; b < n_budgets; b++) wanted += !budget_at[b] || budget_at[b] == contexts[k];
-    if ((wanted == 1) != (out != NULL) || (out != NULL) == (out_dir != NULL)) {
-        rc = kv_cli_usage_error(tool, "one point (one budget at one context): --out PLAN; several: --out-dir DIR (got "
-                                "%d)", wanted);
+    if ((out != NULL) == (out_dir != NULL) || (out && wanted != 1)) {
+        rc = kv_cli_usage_error(tool, "give --out PLAN (one point: one budget at one context) or --out-dir DIR (any "
+                                "number of points; %d here)", wanted);
         goto end;
     }
     for (int k = 0; k < n_ctx; k++)
