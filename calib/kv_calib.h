@@ -343,9 +343,10 @@ kv_status kv_search_sensitivity(double *kl, kv_model *m, const kv_plan *const *p
 
 /* The global choice: minimize sum_i value[i*n_choices + choice[i]] subject to sum_i cost[i*n_choices +
  * choice[i]] <= budget (costs in bytes, >= 0). Exact 0/1 multiple-choice knapsack by dynamic programming
- * over costs in units of `unit` bytes, each cost rounded UP (so the choice is feasible at the true costs,
- * and optimal among choices whose rounded costs fit; the rounding forgoes at most n_items * unit bytes):
- * unit = max(1, ceil(budget / max_units)) (max_units 0: 20000). Ties: the smaller cost, then the lower
+ * over each choice's cost above its item's cheapest, in units of `unit` bytes, rounded UP (so the choice is
+ * feasible at the true costs, the cheapest assembly is feasible whenever it fits the budget, and the choice
+ * is optimal among choices whose rounded extras fit; the rounding forgoes at most n_items * unit bytes):
+ * unit = max(1, ceil((budget - cheapest assembly) / max_units)) (max_units 0: 20000). Ties: the smaller cost, then the lower
  * index. allowed (may be NULL): 0 marks a choice that may not be taken. KV_EINVAL when even the cheapest
  * choices exceed the budget (the message gives their sum). */
 kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *value, const unsigned char *allowed,

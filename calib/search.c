@@ -359,24 +359,35 @@ kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *va
                              int n_items, int n_choices, uint64_t budget, int max_units, uint64_t *unit_out) {
     if (!choice || !cost || !value || n_items < 1 || n_choices < 1 || n_choices > 255)
         return KV_ERR(KV_EINVAL, "kv_search_allocate: bad arguments");
-    const uint64_t mu = max_units > 0 ? (uint64_t)max_units : 20000u;
-    uint64_t unit = budget / mu + (budget % mu != 0); /* ceil(budget / max_units) */
-    if (unit < 1) unit = 1;
-    if (unit_out) *unit_out = unit;
-    const size_t cap = (size_t)(budget / unit);
     /* the cheapest choice of every item must fit, else nothing does */
     uint64_t min_sum = 0;
+    uint64_t *base = malloc((size_t)n_items * sizeof *base); /* each item's cheapest allowed cost */
+    if (!base) return KV_ERR(KV_ENOMEM, "out of memory");
     for (int i = 0; i < n_items; i++) {
         uint64_t mc = UINT64_MAX;
         for (int j = 0; j < n_choices; j++)
             if ((!allowed || allowed[(size_t)i * n_choices + j]) && cost[(size_t)i * n_choices + j] < mc)
                 mc = cost[(size_t)i * n_choices + j];
-        if (mc == UINT64_MAX) return KV_ERR(KV_EINVAL, "item %d has no allowed choice", i);
+        if (mc == UINT64_MAX) {
+            free(base);
+            return KV_ERR(KV_EINVAL, "item %d has no allowed choice", i);
+        }
+        base[i] = mc;
         min_sum += mc;
     }
-    if (min_sum > budget)
+    if (min_sum > budget) {
+        free(base);
         return KV_ERR(KV_EINVAL, "the budget of %llu bytes is below the cheapest assembly (%llu bytes)",
                       (unsigned long long)budget, (unsigned long long)min_sum);
+    }
+    /* The DP runs over what each choice costs ABOVE its item's cheapest, within what the budget leaves above
+     * the cheapest assembly: rounding those extras up to units keeps the cheapest assembly feasible however
+     * tight the budget (a budget at a single method's own bits is exactly that tight), and the units are finer */
+    const uint64_t mu = max_units > 0 ? (uint64_t)max_units : 20000u, extra = budget - min_sum;
+    uint64_t unit = extra / mu + (extra % mu != 0); /* ceil(extra / max_units) */
+    if (unit < 1) unit = 1;
+    if (unit_out) *unit_out = unit;
+    const size_t cap = (size_t)(extra / unit);
     /* best[u]: least value of items 0..i using at most u units; pick[i][u]: the choice made for item i */
     double *best = malloc((cap + 1) * sizeof(double));
     double *next = malloc((cap + 1) * sizeof(double));
@@ -396,7 +407,7 @@ kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *va
             for (int j = 0; j < n_choices; j++) {
                 const size_t k = (size_t)i * n_choices + j;
                 if (allowed && !allowed[k]) continue;
-                const uint64_t w = cost[k] / unit + (cost[k] % unit != 0);
+                const uint64_t e = cost[k] - base[i], w = e / unit + (e % unit != 0);
                 if (w > u || !isfinite(best[u - w])) continue;
                 const double v = best[u - w] + value[k];
                 if (v < bv || (v == bv && cost[k] < bc)) bv = v, bj = j, bc = cost[k];
@@ -417,10 +428,11 @@ kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *va
     for (int i = n_items - 1; i >= 0; i--) {
         const int j = pick[(size_t)i * (cap + 1) + u];
         choice[i] = j;
-        const uint64_t c = cost[(size_t)i * n_choices + j];
-        u -= (size_t)(c / unit + (c % unit != 0));
+        const uint64_t e = cost[(size_t)i * n_choices + j] - base[i];
+        u -= (size_t)(e / unit + (e % unit != 0));
     }
 done:
+    free(base);
     free(best);
     free(next);
     free(pick);

@@ -109,6 +109,49 @@ START_TEST(test_allocate_units) {
 }
 END_TEST
 
+/* A budget exactly at (or a byte above) the cheapest assembly, with units much coarser than a byte: the
+ * cheapest assembly is the answer, not "nothing fits once costs are rounded up" (a search point at a single
+ * method's own bits is this tight: that method everywhere is the cheapest assembly). */
+START_TEST(test_allocate_tight) {
+    for (int trial = 0; trial < 50; trial++) {
+        const int n = 60, k = 4;
+        uint64_t cost[240], min_sum = 0;
+        double value[240];
+        int cheapest[60];
+        for (int i = 0; i < n; i++) {
+            for (int j = 0; j < k; j++) {
+                cost[i * k + j] = 1000 + kv_rng_u64(81, (uint64_t)(1000 * trial + i * k + j)) % 100000;
+                value[i * k + j] = kv_rng_uniform(82, (uint64_t)(1000 * trial + i * k + j));
+            }
+            cheapest[i] = 0;
+            for (int j = 1; j < k; j++)
+                if (cost[i * k + j] < cost[i * k + cheapest[i]]) cheapest[i] = j;
+            min_sum += cost[i * k + cheapest[i]];
+        }
+        for (uint64_t over = 0; over < 2; over++) {
+            int choice[60];
+            uint64_t unit = 0;
+            ck_assert_kv_ok(kv_search_allocate(choice, cost, value, NULL, n, k, min_sum + over, 0, &unit));
+            ck_assert_uint_eq(unit, 1);
+            uint64_t c = 0;
+            for (int i = 0; i < n; i++) c += cost[i * k + choice[i]];
+            /* at the exact budget every item takes a cheapest choice (a tie in cost may pick either) */
+            ck_assert_uint_le(c, min_sum + over);
+            if (over == 0)
+                for (int i = 0; i < n; i++) ck_assert_uint_eq(cost[i * k + choice[i]], cost[i * k + cheapest[i]]);
+        }
+        /* and a budget with room: feasible at the true costs with units > 1 */
+        int choice[60];
+        uint64_t unit = 0, c = 0;
+        const uint64_t budget = min_sum + 3000000;
+        ck_assert_kv_ok(kv_search_allocate(choice, cost, value, NULL, n, k, budget, 0, &unit));
+        ck_assert(unit > 1);
+        for (int i = 0; i < n; i++) c += cost[i * k + choice[i]];
+        ck_assert(c <= budget);
+    }
+}
+END_TEST
+
 START_TEST(test_allocate_refusals) {
     const uint64_t cost[4] = {10, 20, 5, 30};
     const double value[4] = {1, 0, 1, 0};
@@ -326,6 +369,7 @@ static Suite *search_suite(int with_data) {
     TCase *tc = tcase_create("allocate");
     tcase_add_test(tc, test_allocate_brute);
     tcase_add_test(tc, test_allocate_units);
+    tcase_add_test(tc, test_allocate_tight);
     tcase_add_test(tc, test_allocate_refusals);
     tcase_add_test(tc, test_candidates);
     suite_add_tcase(s, tc);
