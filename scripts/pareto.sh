@@ -55,17 +55,17 @@ mkdir -p "$out"
 echo "== single methods: $methods" >&2
 bash "$here/scripts/results.sh" --build "$build" --model "$model" --ctx "$contexts" --eval-tokens "$eval_tokens" \
   --fit-tokens "$fit_tokens" --configs "$methods" --out "$out/single" "${reuse[@]}" > "$out/single.md"
-# the budgets: the grid at every context, and each single method's honest bits at its context (rounded down
-# to 1e-4 so that the searched plan is never above the method's bits)
+# the budgets: the grid at every context, and each single method's honest bits at its context (kvrun eval's
+# JSON prints them to 1e-9: the searched plan is at most 5e-10 bits above the method's)
 points="$(python3 - "$out/single" "$range" $budgets <<'PY'
-import glob, json, math, os, sys
+import glob, json, os, sys
 d, (lo, hi), grid = sys.argv[1], map(float, sys.argv[2].split()), sys.argv[3:]
 pts = [str(float(b)).rstrip("0").rstrip(".") for b in grid]
 for path in sorted(glob.glob(os.path.join(d, "*.json")) + glob.glob(os.path.join(d, "ctx*", "*.json"))):
     r = json.load(open(path))
     ctx, b = r["tokens_evaluated"] // r["chunks"], r["bits_per_value_total"]
     if lo <= b <= hi:
-        pts.append("%.4f@%s" % (math.floor(b * 1e4) / 1e4, ctx))
+        pts.append("%.9f@%s" % (b, ctx))
 print(",".join(dict.fromkeys(pts)))
 PY
 )"

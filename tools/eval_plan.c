@@ -104,7 +104,7 @@ void kv_tool_eval_plan_print(const kv_tool_plan_eval *e, int json) {
     const double rel = r->ppl_ref > 0 ? r->ppl / r->ppl_ref - 1.0 : 0.0;
     if (json) {
         printf("{\"ppl\": %.6f, \"ppl_uncompressed\": %.6f, \"ppl_relative_increase\": %.6f, \"nll_mean\": %.6f, "
-               "\"kl_mean\": %.6g, \"top1_agreement\": %.6f, \"bits_per_value\": %.4f, \"bits_per_value_total\": %.4f, "
+               "\"kl_mean\": %.6g, \"top1_agreement\": %.6f, \"bits_per_value\": %.9f, \"bits_per_value_total\": %.9f, "
                "\"predictor_bits_per_value_per_sequence\": %.4f, \"cache_bytes\": %llu, \"fp16_cache_bytes\": %llu, "
                "\"cache_bytes_allocated\": %llu, \"compressed_fraction\": %.4f, \"tokens_total\": %zu, \"tokens_evaluated\": %zu, \"tokens_scored\": %zu, "
                "\"chunks\": %zu, \"tokens_per_second\": %.2f, \"tokens_per_second_uncompressed\": %.2f, "

@@ -557,13 +557,13 @@ int kvcal_search(int argc, char **argv) {
             printf(",\n     \"budget_bytes\": %llu, \"unit_bytes\": %llu, \"choices\": [",
                    (unsigned long long)pt->budget_bytes, (unsigned long long)pt->unit);
             for (int i = 0; i < n_items; i++) printf("%s\"%s\"", i ? ", " : "", table[cidx[pt->choice[i]]].name);
-            printf("],\n     \"predicted\": {\"kl_sum\": %.6g, \"bits_per_value_total\": %.6f},\n", pt->predicted_kl,
+            printf("],\n     \"predicted\": {\"kl_sum\": %.6g, \"bits_per_value_total\": %.9f},\n", pt->predicted_kl,
                    pt->predicted_bits);
             printf("     \"measured_same_tokens\": {\"kl_mean\": %.6g, \"ppl\": %.6g, \"ppl_ref\": %.6g, "
-                   "\"bits_per_value_total\": %.6f, \"ctx\": %ld, \"chunks\": %ld},\n", pt->ev_same.cmp.kl_mean,
+                   "\"bits_per_value_total\": %.9f, \"ctx\": %ld, \"chunks\": %ld},\n", pt->ev_same.cmp.kl_mean,
                    pt->ev_same.cmp.ppl, pt->ev_same.cmp.ppl_ref, pt->ev_same.bits_per_value_total, sens_ctx, sens_samples);
             printf("     \"measured_heldout\": {\"kl_mean\": %.6g, \"ppl\": %.6g, \"ppl_ref\": %.6g, \"top1_agreement\": "
-                   "%.6f, \"bits_per_value_total\": %.6f, \"ctx\": %ld, \"chunks\": %zu, \"seconds\": %.3f}}",
+                   "%.6f, \"bits_per_value_total\": %.9f, \"ctx\": %ld, \"chunks\": %zu, \"seconds\": %.3f}}",
                    pt->ev.cmp.kl_mean, pt->ev.cmp.ppl, pt->ev.cmp.ppl_ref, pt->ev.cmp.top1_agreement,
                    pt->ev.bits_per_value_total, contexts[pt->ctx_index], pt->ev.cmp.n_chunks, pt->seconds_eval);
         }
