@@ -62,7 +62,9 @@ def verdicts(single, search):
                 continue
             p = match[0]
             win = p["bits"] <= r["bits"] + 1e-9 and p["kl"] < r["kl"] and p["ppl"] < r["ppl"]
-            out.append((ctx, r, p, "beats" if win else "does not beat"))
+            same = abs(p["kl"] - r["kl"]) <= 1e-9 * r["kl"] and abs(p["ppl"] - r["ppl"]) <= 1e-9 * r["ppl"]
+            # the method itself when it is the cheapest candidate: no other assembly fits its bits
+            out.append((ctx, r, p, "beats" if win else "ties (the same plan)" if same else "does not beat"))
     return out
 
 

@@ -2,7 +2,8 @@
 """scripts/pareto_chart.py on a constructed directory: the equal-bits verdict per (context, single method), the
 table rows, and a well-formed SVG with one point per plan. The numbers are made up so that every verdict branch
 is taken: a searched plan that beats the method (KL and ppl lower at no more bits), one that loses on KL, one
-that wins on KL but not on ppl, and a method without a searched plan at its bits."""
+that wins on KL but not on ppl, one that is the method itself (a tie), and a method without a searched plan at
+its bits."""
 import json
 import os
 import subprocess
@@ -22,7 +23,8 @@ def main():
     os.makedirs(os.path.join(d, "single", "ctx2048"))
     os.makedirs(os.path.join(d, "single", "ctx8192"))
     single = {("ctx2048", "kivi-2"): ev(3.8125, 0.14, 12.0, 2048, 4), ("ctx2048", "higgs-2"): ev(3.1094, 0.05, 10.6, 2048, 4),
-              ("ctx2048", "kivi-4"): ev(5.8125, 0.004, 10.05, 2048, 4), ("ctx8192", "kivi-2"): ev(3.2031, 0.18, 12.5, 8192, 1)}
+              ("ctx2048", "kivi-4"): ev(5.8125, 0.004, 10.05, 2048, 4), ("ctx8192", "kivi-2"): ev(3.2031, 0.18, 12.5, 8192, 1),
+              ("ctx8192", "higgs-2"): ev(2.4648, 0.18, 12.7, 8192, 1)}
     for (c, name), r in single.items():
         json.dump(r, open(os.path.join(d, "single", c, name + ".json"), "w"))
 
@@ -34,12 +36,14 @@ def main():
     plans = [plan(3.8125, 2048, 3.81, 0.03, 10.3),   # beats kivi-2
              plan(3.1094, 2048, 3.10, 0.06, 10.5),   # KL worse than higgs-2: does not beat
              plan(3.2031, 8192, 3.20, 0.10, 12.6),   # KL better, ppl worse than kivi-2 at 8K: does not beat
+             plan(2.4648, 8192, 2.4648, 0.18, 12.7), # higgs-2 itself (the cheapest candidate): a tie
              {"plan": None, "budget_bits": 2.0, "context": 2048, "feasible": False, "cheapest_bits": 2.6}]
     json.dump({"plans": plans, "seconds": {"total": 1.0}}, open(os.path.join(d, "search.json"), "w"))
     out = subprocess.run([sys.executable, script, d], capture_output=True, text=True, check=True).stdout
     rows = [l for l in out.splitlines() if l.startswith("| 2048 |") or l.startswith("| 8192 |")]
     verdict = {(r.split("|")[1].strip(), r.split("|")[2].strip()): r.split("|")[-2].strip() for r in rows}
     want = {("2048", "KIVI-2"): "beats", ("2048", "HIGGS-2"): "does not beat", ("8192", "KIVI-2"): "does not beat",
+            ("8192", "HIGGS-2"): "ties (the same plan)",
             ("2048", "KIVI-4"): "no searched plan at these bits"}
     assert verdict == want, (verdict, out)
     svg = ET.parse(os.path.join(d, "pareto.svg")).getroot()
@@ -47,7 +51,7 @@ def main():
     # two panels (KL, ppl) per context: every single method is a circle, every feasible searched plan a square
     circles = svg.findall(f".//{ns}circle")
     squares = [r for r in svg.findall(f".//{ns}rect") if r.get("fill") == "#d62728" and r.get("width") == "7"]
-    assert len(circles) == 2 * len(single) and len(squares) == 2 * 3, (len(circles), len(squares))
+    assert len(circles) == 2 * len(single) and len(squares) == 2 * 4, (len(circles), len(squares))
     assert os.path.exists(os.path.join(d, "pareto.md")) and "searched, budget 3.812" in open(os.path.join(d, "pareto.md")).read()
     print("ok: verdicts", verdict)
 
