@@ -156,13 +156,17 @@ kv_status kv_fit_config_method_preset(kv_fit_config *c, kv_fit_method method) {
 static int is_aqua(kv_fit_method m) { return m == KV_FIT_AQUA || m == KV_FIT_AQUA_UNIFORM; }
 static int uses_higgs(kv_fit_method m) { return m == KV_FIT_AQUA || m == KV_FIT_HIGGS; }
 static int is_float(kv_fit_method m) { return m == KV_FIT_FP8 || m == KV_FIT_NVFP4; }
+/* The method of one stream: layers.N.key_method / value_method (a mixed plan) or the config's method. */
+static kv_fit_method smethod(const kv_fit_config *cfg, int layer, int stream) {
+    return (kv_fit_method)kv_fit_config_stream_method(cfg, layer, stream);
+}
 
 /* Bits of (layer, stream) before the quantizer is chosen; *explicit_bits = 1 when not the config's
  * stream default (first layer of AQUA, or a per-layer override). */
 static int stream_bits(const kv_fit_config *cfg, int layer, int stream, int *explicit_bits) {
     int bits = stream == KV_PLAN_K ? cfg->keys.bits : cfg->values.bits;
     *explicit_bits = 0;
-    if (is_aqua(cfg->method) && layer == 0) {
+    if (is_aqua(smethod(cfg, layer, stream)) && layer == 0) {
         bits = cfg->aqua.first_layer_bits;
         *explicit_bits = 1;
     }
@@ -245,10 +249,11 @@ static kv_status grid_index(kv_plan *p, int d, int n, const kv_fit_config *cfg, 
 static void stream_keys(char *buf, size_t n, const kv_fit_config *cfg, int l, int st) {
     const char *sec = st == KV_PLAN_K ? "keys" : "values";
     const char *fields[] = {"bits", "group_size", "group_axis", "scale_dtype", "eta"};
-    const int higgs = cfg->method == KV_FIT_AQUA || cfg->method == KV_FIT_HIGGS;
+    const kv_fit_method m = smethod(cfg, l, st);
+    const int higgs = uses_higgs(m);
     size_t used = 0;
     char key[64];
-    if (cfg->method == KV_FIT_FP8 || cfg->method == KV_FIT_NVFP4) { /* shaped by the method and fp.* */
+    if (is_float(m)) { /* shaped by the method and fp.* */
         snprintf(buf, n, "method (%s), fp.scale_granularity (%s)", kv_fit_config_origin(cfg, "method"),
                  kv_fit_config_origin(cfg, "fp.scale_granularity"));
         return;
@@ -264,7 +269,7 @@ static void stream_keys(char *buf, size_t n, const kv_fit_config *cfg, int l, in
         for (size_t i = 0; i < 3 && used < n; i++)
             used += (size_t)snprintf(buf + used, n - used, ", %s (%s)", hk[i], kv_fit_config_origin(cfg, hk[i]));
     }
-    if ((cfg->method == KV_FIT_AQUA || cfg->method == KV_FIT_AQUA_UNIFORM) && l == 0 && used < n)
+    if (is_aqua(m) && l == 0 && used < n)
         used += (size_t)snprintf(buf + used, n - used, ", aqua.first_layer_bits (%s)",
                                  kv_fit_config_origin(cfg, "aqua.first_layer_bits"));
     const kv_fit_layer_override *lo = kv_fit_config_layer(cfg, l);
@@ -273,7 +278,6 @@ static void stream_keys(char *buf, size_t n, const kv_fit_config *cfg, int l, in
 
 static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, int head_dim, const kv_fit_options *opt,
                             double *grid_seconds) {
-    const kv_fit_method method = cfg->method;
     if (cfg->cache.recent < 1)
         return KV_ERR(KV_EINVAL, "cache.recent is %d: the compressed cache compresses chunks of `recent` tokens, "
                       "which must be at least 1", cfg->cache.recent);
@@ -285,7 +289,9 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
     p->global.prune_pool = cfg->pruning.pool;
     p->global.rht_seed = kv_rng_u64(cfg->seed, 0x726874ull); /* "rht" */
     const int hg = cfg->higgs.group_size ? cfg->higgs.group_size : head_dim;
-    if (uses_higgs(method)) {
+    int any_higgs = 0;
+    for (int l = 0; l < p->n_layers; l++) any_higgs |= uses_higgs(smethod(cfg, l, 0)) || uses_higgs(smethod(cfg, l, 1));
+    if (any_higgs) {
         if (hg < cfg->higgs.d || (hg & (hg - 1)) != 0 || kv_dim % hg != 0 || hg % cfg->higgs.d != 0)
             return KV_ERR(KV_EINVAL, "higgs.group_size %d: a HIGGS group must be a power of two, a multiple of "
                           "higgs.d (%d) and divide the %d channels of a token (n_kv_heads * head_dim)", hg,
@@ -308,6 +314,7 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
         for (int st = 0; st < 2; st++) {
             kv_plan_stream *s = &p->layers[l].stream[st];
             const kv_fit_stream_config *sc = st == KV_PLAN_K ? &cfg->keys : &cfg->values;
+            const kv_fit_method method = smethod(cfg, l, st);
             int explicit_bits;
             const int bits = stream_bits(cfg, l, st, &explicit_bits);
             const char *sname = st == KV_PLAN_K ? "key" : "value";
@@ -320,7 +327,7 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
                 s->rpc_ratio = (float)lo->value_rpc_ratio;
             if (lo && st == KV_PLAN_K && (lo->set & KV_FIT_LO_KEY_RPC_RATIO)) s->rpc_ratio = (float)lo->key_rpc_ratio;
             if (lo && st == KV_PLAN_V && (lo->set & KV_FIT_LO_VALUE_RPC_RATIO)) s->rpc_ratio = (float)lo->value_rpc_ratio;
-            s->pre_rope = st == KV_PLAN_K ? cfg->cache.pre_rope : 0;
+            s->pre_rope = st == KV_PLAN_K ? kv_fit_config_key_pre_rope(cfg, l) : 0;
             s->pack = KV_PLAN_PACK_WORD;
             if (is_float(method)) { /* scales 1.0 until calibrated (fit_float.c) before the layer's pass */
                 const int nv = method == KV_FIT_NVFP4;
@@ -457,7 +464,7 @@ typedef struct capture_ctx {
 static kv_status capture(void *user, const kv_capture *c) {
     capture_ctx *cc = user;
     fit_run *r = cc->r;
-    const float *ksrc = r->cfg->cache.pre_rope ? c->k_pre : c->k;
+    const float *ksrc = kv_fit_config_key_pre_rope(r->cfg, c->layer) ? c->k_pre : c->k;
     const size_t kvd = (size_t)r->kv_dim;
     for (int b = 0; b < c->n_seqs; b++) {
         const size_t row0 = (size_t)b * (size_t)c->n_tokens + (size_t)r->sinks;
@@ -714,7 +721,9 @@ static kv_status quant_pass(fit_run *r, int l, int stream, const kv_plan_predict
     uint32_t *keep = r->xq.cur[stream];
     const uint32_t *partner = q.shared_codes ? r->xq.prev[stream] : NULL;
     const size_t wpc = r->xq.words[stream];
-    const int xq_f16 = kv_fit_xq_active(r->cfg) && !pred;
+    /* (uniform streams only: in a mixed plan, kvcal search's refit, the HIGGS / float streams of an xquant base
+     * are fitted as their own methods fit them) */
+    const int xq_f16 = kv_fit_xq_active(r->cfg) && !pred && r->plan->layers[l].stream[stream].method == KV_PLAN_UNIFORM;
     const int sq = stream == KV_PLAN_K && r->sq_layer; /* SQuat keys: per head, the layer's chosen encoders */
     for (int64_t j = 0; j < r->n_local && s == KV_OK; j++) {
         const float *inputs[KV_PLAN_MAX_PRED_INPUTS] = {NULL};
@@ -1048,7 +1057,7 @@ static void stream_metrics(fit_run *r, int l, int stream, int has_pred, const do
 
 static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
     const kv_fit_config *cfg = r->cfg;
-    const int aqua = is_aqua(cfg->method) && l >= 1;
+    const int aqua_k = is_aqua(smethod(cfg, l, KV_PLAN_K)) && l >= 1, aqua_v = is_aqua(smethod(cfg, l, KV_PLAN_V)) && l >= 1;
     const size_t n_ho = (size_t)(r->seqs.n_ho * r->n_chunks) * ho_stride(r);
     double *ho = calloc(2 * n_ho + 1, sizeof(double)); /* K's chunks, then V's */
     kv_status s = kv_dist_agree(r->dist, ho ? KV_OK : KV_ERR(KV_ENOMEM, "out of memory for the held-out sums"));
@@ -1059,7 +1068,7 @@ static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
     /* K: f_k(K_hat(l-1)) */
     const kv_plan_predictor *pk = NULL;
     const int kin[2] = {KV_FIT_KP, -1};
-    if (aqua && cfg->aqua.predict_keys) {
+    if (aqua_k && cfg->aqua.predict_keys) {
         const kv_plan_pred_input ids[1] = {{l - 1, KV_PLAN_K}};
         if ((s = fit_predictor(r, l, KV_PLAN_K, 1, ids, kin, lr)) != KV_OK) goto done;
         pk = r->plan->layers[l].stream[KV_PLAN_K].predictor;
@@ -1072,7 +1081,7 @@ static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
     /* V: f_v([V_hat(l-1); K_hat(l)]) — the K role now holds K_hat(l) */
     const kv_plan_predictor *pv = NULL;
     const int vin[2] = {KV_FIT_VP, KV_FIT_K};
-    if (aqua && cfg->aqua.predict_values) {
+    if (aqua_v && cfg->aqua.predict_values) {
         const kv_plan_pred_input ids[2] = {{l - 1, KV_PLAN_V}, {l, KV_PLAN_K}};
         const int n_in = cfg->aqua.value_uses_keys ? 2 : 1;
         if ((s = fit_predictor(r, l, KV_PLAN_V, n_in, ids, vin, lr)) != KV_OK) goto done;
@@ -1177,8 +1186,9 @@ kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a) {
                       cfg->xquant.target_bits);
     if (cfg->pruning.method != KV_PLAN_PRUNE_NONE) { /* what the runtime's token policy cannot combine with */
         const char *pw = kv_fit_config_origin(cfg, "pruning.method"), *pm = kv_plan_prune_name(cfg->pruning.method);
-        if ((cfg->method == KV_FIT_AQUA || cfg->method == KV_FIT_AQUA_UNIFORM) &&
-            (cfg->aqua.predict_keys || cfg->aqua.predict_values))
+        int any_aqua = is_aqua(cfg->method);
+        for (int l = 0; l < a->n_layers; l++) any_aqua |= is_aqua(smethod(cfg, l, 0)) || is_aqua(smethod(cfg, l, 1));
+        if (any_aqua && (cfg->aqua.predict_keys || cfg->aqua.predict_values))
             return KV_ERR(KV_EUNSUPPORTED, "%s: key 'pruning.method': token pruning (%s) keeps different tokens per KV "
                           "head and layer, but an AQUA-KV predictor reads every head of the previous layer's same "
                           "tokens: use method kivi or higgs with pruning (method %s, set at %s)", pw, pm,

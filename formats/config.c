@@ -112,15 +112,19 @@ static const struct layer_key {
     size_t offset;
     double min, max;
     unsigned bit;
+    const char *const *enum_names; /* T_ENUM */
 } k_layer_keys[] = {
-    {"key_bits", T_BITS, LOFF(key_bits), KV_FIT_MIN_BITS, KV_FIT_MAX_BITS, KV_FIT_LO_KEY_BITS},
-    {"value_bits", T_BITS, LOFF(value_bits), KV_FIT_MIN_BITS, KV_FIT_MAX_BITS, KV_FIT_LO_VALUE_BITS},
-    {"rpc_ratio", T_DOUBLE, LOFF(rpc_ratio), 0, 1, KV_FIT_LO_RPC_RATIO},
-    {"key_eta", T_DOUBLE, LOFF(key_eta), 0, 0.4999, KV_FIT_LO_KEY_ETA},
-    {"value_eta", T_DOUBLE, LOFF(value_eta), 0, 0.4999, KV_FIT_LO_VALUE_ETA},
-    {"prune_budget", T_DOUBLE, LOFF(prune_budget), 1e-6, 1, KV_FIT_LO_PRUNE_BUDGET},
-    {"key_rpc_ratio", T_DOUBLE, LOFF(key_rpc_ratio), 0, 1, KV_FIT_LO_KEY_RPC_RATIO},
-    {"value_rpc_ratio", T_DOUBLE, LOFF(value_rpc_ratio), 0, 1, KV_FIT_LO_VALUE_RPC_RATIO},
+    {"key_bits", T_BITS, LOFF(key_bits), KV_FIT_MIN_BITS, KV_FIT_MAX_BITS, KV_FIT_LO_KEY_BITS, NULL},
+    {"value_bits", T_BITS, LOFF(value_bits), KV_FIT_MIN_BITS, KV_FIT_MAX_BITS, KV_FIT_LO_VALUE_BITS, NULL},
+    {"rpc_ratio", T_DOUBLE, LOFF(rpc_ratio), 0, 1, KV_FIT_LO_RPC_RATIO, NULL},
+    {"key_eta", T_DOUBLE, LOFF(key_eta), 0, 0.4999, KV_FIT_LO_KEY_ETA, NULL},
+    {"value_eta", T_DOUBLE, LOFF(value_eta), 0, 0.4999, KV_FIT_LO_VALUE_ETA, NULL},
+    {"prune_budget", T_DOUBLE, LOFF(prune_budget), 1e-6, 1, KV_FIT_LO_PRUNE_BUDGET, NULL},
+    {"key_rpc_ratio", T_DOUBLE, LOFF(key_rpc_ratio), 0, 1, KV_FIT_LO_KEY_RPC_RATIO, NULL},
+    {"value_rpc_ratio", T_DOUBLE, LOFF(value_rpc_ratio), 0, 1, KV_FIT_LO_VALUE_RPC_RATIO, NULL},
+    {"key_method", T_ENUM, LOFF(key_method), 0, 0, KV_FIT_LO_KEY_METHOD, k_methods},
+    {"value_method", T_ENUM, LOFF(value_method), 0, 0, KV_FIT_LO_VALUE_METHOD, k_methods},
+    {"key_pre_rope", T_BOOL, LOFF(key_pre_rope), 0, 1, KV_FIT_LO_KEY_PRE_ROPE, NULL},
 };
 #undef LOFF
 enum { N_LAYER_KEYS = sizeof k_layer_keys / sizeof *k_layer_keys, MAX_LAYER = 4095 };
@@ -349,18 +353,18 @@ static kv_status set_path(kv_fit_config *c, const char *path, const char *text, 
             if (strcmp(lk->name, field) != 0) continue;
             kv_fit_layer_override tmp;
             memset(&tmp, 0, sizeof tmp);
-            if (!parse_value(lk->type, lk->min, lk->max, NULL, text, (char *)&tmp + lk->offset, why, sizeof why))
+            if (!parse_value(lk->type, lk->min, lk->max, lk->enum_names, text, (char *)&tmp + lk->offset, why, sizeof why))
                 return KV_ERR(KV_EINVAL, "%s: key '%s': %s", where, path, why);
             kv_fit_layer_override *o = layer_slot(c, (int)layer);
             if (!o) return KV_ERR(KV_ENOMEM, "out of memory");
             if (!o->where[0]) snprintf(o->where, sizeof o->where, "%s", where);
-            memcpy((char *)o + lk->offset, (char *)&tmp + lk->offset, lk->type == T_INT || lk->type == T_BITS ? sizeof(int) : sizeof(double));
+            memcpy((char *)o + lk->offset, (char *)&tmp + lk->offset, lk->type == T_DOUBLE ? sizeof(double) : sizeof(int));
             o->set |= lk->bit;
             return KV_OK;
         }
         return KV_ERR(KV_EINVAL,
                       "%s: unknown key '%s' (a layer override has key_bits, value_bits, rpc_ratio, key_rpc_ratio, value_rpc_ratio, key_eta, value_eta, "
-                      "prune_budget)", where, path);
+                      "prune_budget, key_method, value_method, key_pre_rope)", where, path);
     }
     char known[512];
     const char *dot = strrchr(path, '.');
@@ -584,27 +588,67 @@ static kv_status cfg_err(int line, const kv_fit_config *c, const char *key, cons
     return kv_error_set_at(KV_EINVAL, __FILE__, line, "%s: key '%s': %s", origin_of(c, key), key, msg);
 }
 
+/* Per-stream method overrides (layers.N.key_method / value_method): what may be overridden and with what. */
+static kv_status validate_method_overrides(const kv_fit_config *c) {
+    for (int i = 0; i < c->n_layer_overrides; i++) {
+        const kv_fit_layer_override *o = &c->layer_overrides[i];
+        for (int st = 0; st < 2; st++) {
+            const unsigned bit = st == 0 ? KV_FIT_LO_KEY_METHOD : KV_FIT_LO_VALUE_METHOD;
+            if (!(o->set & bit)) continue;
+            const int m = st == 0 ? o->key_method : o->value_method;
+            const char *field = st == 0 ? "key_method" : "value_method";
+            if (m == KV_FIT_XQUANT || m == KV_FIT_SQUAT)
+                return KV_ERR(KV_EINVAL, "%s: key 'layers.%d.%s': %s is a method of the whole plan (its eta "
+                              "calibration, shared codes or query subspaces apply to every uniform stream): override "
+                              "a stream with kivi and set method %s", o->where, o->layer, field, k_methods[m],
+                              k_methods[m]);
+            if (c->squat.enabled)
+                return KV_ERR(KV_EINVAL, "%s: key 'layers.%d.%s': SQuat (squat.enabled, set at %s) is not combined "
+                              "with per-stream methods", o->where, o->layer, field, origin_of(c, "squat.enabled"));
+        }
+        if ((o->set & KV_FIT_LO_KEY_PRE_ROPE) && c->squat.enabled)
+            return KV_ERR(KV_EINVAL, "%s: key 'layers.%d.key_pre_rope': SQuat keys are quantized after RoPE "
+                          "(squat.enabled, set at %s)", o->where, o->layer, origin_of(c, "squat.enabled"));
+    }
+    return KV_OK;
+}
+
+static int method_uses_higgs(int m) { return m == KV_FIT_AQUA || m == KV_FIT_HIGGS; }
+
 kv_status kv_fit_config_validate(const kv_fit_config *c) {
     if (!c) return KV_ERR(KV_EINVAL, "kv_fit_config_validate: no config");
-    const int higgs = c->method == KV_FIT_AQUA || c->method == KV_FIT_HIGGS;
+    kv_status ms = validate_method_overrides(c);
+    if (ms != KV_OK) return ms;
+    int higgs = method_uses_higgs(c->method);
+    for (int i = 0; i < c->n_layer_overrides; i++)
+        for (int st = 0; st < 2; st++) higgs |= method_uses_higgs(kv_fit_config_stream_method(c, c->layer_overrides[i].layer, st));
     if ((!c->data.heldout || !*c->data.heldout) && c->data.heldout_fraction <= 0.0)
         return CFG_ERR("data.heldout_fraction", "no held-out data: set data.heldout or a heldout_fraction > 0");
     if (c->keys.pack3 != 10 && c->keys.pack3 != 11) return CFG_ERR("keys.pack3", "must be 10 or 11");
     if (c->values.pack3 != 10 && c->values.pack3 != 11) return CFG_ERR("values.pack3", "must be 10 or 11");
     /* bits 16 = an f16 stream (KV_FIT_F16_BITS): no quantizer, so no predictor or grid either */
     {
-        int f16 = c->keys.bits == KV_FIT_F16_BITS || c->values.bits == KV_FIT_F16_BITS;
-        const char *key = c->keys.bits == KV_FIT_F16_BITS ? "keys.bits" : "values.bits";
-        for (int i = 0; i < c->n_layer_overrides && !f16; i++) {
-            const kv_fit_layer_override *o = &c->layer_overrides[i];
-            if (((o->set & KV_FIT_LO_KEY_BITS) && o->key_bits == KV_FIT_F16_BITS) ||
-                ((o->set & KV_FIT_LO_VALUE_BITS) && o->value_bits == KV_FIT_F16_BITS))
-                f16 = 1, key = "layers.N.key_bits/value_bits";
-        }
-        if (f16 && c->method != KV_FIT_KIVI && c->method != KV_FIT_SQUAT)
+        /* a stream of the global method with the global bits, then every overridden stream */
+        const int plain = c->method == KV_FIT_KIVI || c->method == KV_FIT_SQUAT || c->method == KV_FIT_XQUANT;
+        if ((c->keys.bits == KV_FIT_F16_BITS || c->values.bits == KV_FIT_F16_BITS) && !plain)
             return KV_ERR(KV_EINVAL, "key '%s': 16 bits keeps the stream in f16 unquantized, which only method kivi "
-                          "does (method is '%s', set at %s): an AQUA-KV or HIGGS stream is always quantized", key,
+                          "does (method is '%s', set at %s): an AQUA-KV or HIGGS stream is always quantized",
+                          c->keys.bits == KV_FIT_F16_BITS ? "keys.bits" : "values.bits",
                           kv_fit_method_name(c->method), origin_of(c, "method"));
+        for (int i = 0; i < c->n_layer_overrides; i++) {
+            const kv_fit_layer_override *o = &c->layer_overrides[i];
+            for (int st = 0; st < 2; st++) {
+                const unsigned bit = st == 0 ? KV_FIT_LO_KEY_BITS : KV_FIT_LO_VALUE_BITS;
+                const int bits = !(o->set & bit) ? (st == 0 ? c->keys.bits : c->values.bits)
+                                 : st == 0 ? o->key_bits : o->value_bits;
+                const int m = kv_fit_config_stream_method(c, o->layer, st);
+                if (bits == KV_FIT_F16_BITS && m != KV_FIT_KIVI && m != KV_FIT_SQUAT && m != KV_FIT_XQUANT)
+                    return KV_ERR(KV_EINVAL, "%s: key 'layers.%d.%s_bits': 16 bits keeps the stream in f16 "
+                                  "unquantized, which only method kivi does (the stream's method is '%s'): an "
+                                  "AQUA-KV, HIGGS or float stream is always quantized", o->where, o->layer,
+                                  st ? "value" : "key", kv_fit_method_name(m));
+            }
+        }
     }
     if (higgs) {
         if (c->higgs.d != 1 && c->higgs.d != 2 && c->higgs.d != 4 && c->higgs.d != 8)
@@ -747,7 +791,10 @@ kv_status kv_fit_config_dump(char **out, const kv_fit_config *c) {
                 const struct layer_key *lk = &k_layer_keys[k];
                 if (!(o->set & lk->bit)) continue;
                 const void *f = (const char *)o + lk->offset;
-                json_t *v = lk->type == T_INT || lk->type == T_BITS ? json_integer(*(const int *)f) : jdouble(*(const double *)f);
+                json_t *v = lk->type == T_DOUBLE ? jdouble(*(const double *)f)
+                            : lk->type == T_BOOL ? json_boolean(*(const int *)f)
+                            : lk->type == T_ENUM ? json_string(lk->enum_names[*(const int *)f])
+                                                 : json_integer(*(const int *)f);
                 ok = v && json_object_set_new(row, lk->name, v) == 0;
             }
         }
@@ -755,6 +802,18 @@ kv_status kv_fit_config_dump(char **out, const kv_fit_config *c) {
     kv_status s = ok ? kv_yaml_from_json(out, root) : KV_ERR(KV_ENOMEM, "out of memory dumping the configuration");
     json_decref(root);
     return s;
+}
+
+int kv_fit_config_stream_method(const kv_fit_config *c, int layer, int stream) {
+    const kv_fit_layer_override *o = kv_fit_config_layer(c, layer);
+    if (o && stream == 0 && (o->set & KV_FIT_LO_KEY_METHOD)) return o->key_method;
+    if (o && stream == 1 && (o->set & KV_FIT_LO_VALUE_METHOD)) return o->value_method;
+    return (int)c->method;
+}
+
+int kv_fit_config_key_pre_rope(const kv_fit_config *c, int layer) {
+    const kv_fit_layer_override *o = kv_fit_config_layer(c, layer);
+    return o && (o->set & KV_FIT_LO_KEY_PRE_ROPE) ? o->key_pre_rope : c->cache.pre_rope;
 }
 
 const kv_fit_layer_override *kv_fit_config_layer(const kv_fit_config *c, int layer) {

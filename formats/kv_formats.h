@@ -652,6 +652,9 @@ typedef struct kv_fit_layer_override {
     double key_eta, value_eta;
     double prune_budget;
     double key_rpc_ratio, value_rpc_ratio; /* one stream (KVmix sets K and V apart); win over rpc_ratio */
+    int key_method, value_method; /* kv_fit_method of one stream (a mixed plan: kvcal search's refit); kivi,
+                                     higgs, aqua, aqua-uniform, fp8 or nvfp4 */
+    int key_pre_rope;        /* the layer's keys stored before RoPE (1) or after (0); wins over cache.pre_rope */
     char where[128];         /* where the override was first set ("file:line:col", "command line") */
 } kv_fit_layer_override;
 #define KV_FIT_LO_KEY_BITS 0x1u
@@ -662,6 +665,9 @@ typedef struct kv_fit_layer_override {
 #define KV_FIT_LO_PRUNE_BUDGET 0x20u
 #define KV_FIT_LO_KEY_RPC_RATIO 0x40u
 #define KV_FIT_LO_VALUE_RPC_RATIO 0x80u
+#define KV_FIT_LO_KEY_METHOD 0x100u
+#define KV_FIT_LO_VALUE_METHOD 0x200u
+#define KV_FIT_LO_KEY_PRE_ROPE 0x400u
 
 typedef struct kv_fit_config {
     kv_fit_method method;
@@ -765,6 +771,10 @@ kv_status kv_fit_config_validate(const kv_fit_config *c);
 kv_status kv_fit_config_dump(char **out, const kv_fit_config *c);
 /* The layer's override, or NULL. */
 const kv_fit_layer_override *kv_fit_config_layer(const kv_fit_config *c, int layer);
+/* The method of stream (0 K, 1 V) of a layer: its layers.N.key_method / value_method, else `method`. */
+int kv_fit_config_stream_method(const kv_fit_config *c, int layer, int stream);
+/* Whether the layer's keys are stored before RoPE: layers.N.key_pre_rope, else cache.pre_rope. */
+int kv_fit_config_key_pre_rope(const kv_fit_config *c, int layer);
 const char *kv_fit_method_name(int method);
 
 #ifdef __cplusplus

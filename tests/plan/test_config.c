@@ -181,6 +181,14 @@ typedef struct cross_case {
 } cross_case;
 
 static const cross_case k_cross[] = {
+    /* per-stream methods (layers.N.key_method / value_method: kvcal search's mixed refit) */
+    {"method: kivi\nlayers:\n  2: {key_method: xquant}\n",
+     "cfg.yaml:3:19: key 'layers.2.key_method': xquant is a method of the whole plan"},
+    {"method: kivi\nlayers:\n  1: {value_method: higgs, value_bits: 16}\n",
+     "key 'layers.1.value_bits': 16 bits keeps the stream in f16 unquantized, which only method kivi does (the "
+     "stream's method is 'higgs')"},
+    {"method: kivi\ncache: {pre_rope: false}\nsquat: {enabled: true}\nlayers:\n  0: {key_method: higgs}\n",
+     "key 'layers.0.key_method': SQuat (squat.enabled, set at cfg.yaml:3:18) is not combined with per-stream methods"},
     {"method: aqua\nsquat:\n  enabled: true\n",
      "cfg.yaml:3:12: key 'squat.enabled': SQuat quantizes keys with the uniform quantizer: method must be squat, "
      "kivi or aqua-uniform (method is 'aqua', set at cfg.yaml:1:9)"},
@@ -221,6 +229,35 @@ START_TEST(test_cross_origin_command_line) {
     ck_assert_ptr_nonnull(strstr(kv_error_last(), "command line: key 'squat.enabled'"));
     ck_assert_ptr_nonnull(strstr(kv_error_last(), "set at default"));
     kv_fit_config_free(&c);
+}
+END_TEST
+
+/* Per-stream method overrides: parsed, resolved per stream, dumped readably and loaded back. */
+START_TEST(test_stream_methods) {
+    kv_fit_config c, d;
+    init(&c);
+    init(&d);
+    ck_assert_kv_ok(load(&c, "method: xquant\nlayers:\n  1: {key_method: aqua, key_bits: 3, key_pre_rope: true}\n"
+                             "  2: {value_method: nvfp4}\n"));
+    ck_assert_kv_ok(kv_fit_config_validate(&c));
+    ck_assert_int_eq(kv_fit_config_stream_method(&c, 1, 0), KV_FIT_AQUA);
+    ck_assert_int_eq(kv_fit_config_stream_method(&c, 1, 1), KV_FIT_XQUANT);
+    ck_assert_int_eq(kv_fit_config_stream_method(&c, 2, 1), KV_FIT_NVFP4);
+    ck_assert_int_eq(kv_fit_config_stream_method(&c, 0, 0), KV_FIT_XQUANT);
+    ck_assert_int_eq(kv_fit_config_key_pre_rope(&c, 1), 1);
+    ck_assert_int_eq(kv_fit_config_key_pre_rope(&c, 2), c.cache.pre_rope);
+    char *a = NULL, *b = NULL;
+    ck_assert_kv_ok(kv_fit_config_dump(&a, &c));
+    ck_assert_ptr_nonnull(strstr(a, "  1: {key_bits: 3, key_method: aqua, key_pre_rope: true}\n"));
+    ck_assert_kv_ok(kv_fit_config_load_string(&d, a, strlen(a), "dump"));
+    ck_assert_kv_ok(kv_fit_config_dump(&b, &d));
+    ck_assert_str_eq(a, b);
+    ck_assert_int_eq(kv_fit_config_load_string(&d, "layers: {3: {key_method: lloyd}}\n", 33, "x"), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "expected one of aqua, aqua-uniform, higgs, kivi"));
+    free(a);
+    free(b);
+    kv_fit_config_free(&c);
+    kv_fit_config_free(&d);
 }
 END_TEST
 
@@ -357,6 +394,7 @@ int main(void) {
     tcase_add_loop_test(tc, test_cross_validation, 0, N_CROSS);
     tcase_add_test(tc, test_cross_origin_command_line);
     tcase_add_test(tc, test_dump_roundtrip);
+    tcase_add_test(tc, test_stream_methods);
     tcase_add_test(tc, test_missing_file);
     tcase_add_test(tc, test_origins);
     tcase_add_test(tc, test_file_bounds);
