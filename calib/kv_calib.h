@@ -284,10 +284,11 @@ kv_status kv_fit_forward_baseline(double *seconds, kv_model *m, const kv_fit_dat
 kv_status kv_fit_report_format(char **out, const kv_fit_report *r, int json);
 
 /* ---- kvcal search: per-(layer, stream) choice of method under an honest bit budget (search.c) -------
- * calib/SEARCH.md. Phase 1: only candidates whose stream is fitted from that layer's own K/V of the exact
- * model (no AQUA-KV predictor, no XQuant shared codes): kv_fit_run advances the hidden states with the
- * ORIGINAL K/V, so such a stream's parameters do not depend on any other stream's choice, and the plan a
- * mixed fit would write is the per-stream assembly ("surgery") of single-method plans fitted once each. */
+ * calib/SEARCH.md. A stream fitted from its own layer's K/V of the exact model (no predictor, no shared
+ * codes) does not depend on any other stream's choice (kv_fit_run advances the hidden states with the
+ * ORIGINAL K/V): the plan a mixed fit would write is the per-stream assembly ("surgery") of single-method
+ * plans fitted once each. A choice with AQUA-KV streams is refitted layer-sequentially instead
+ * (kv_search_refit_config), so that each predictor reads the reconstructions the mix produces. */
 
 /* A candidate: one row of the table (kv_search_candidates). A fit configuration built from defaults,
  * the method preset, then `sets` (NULL-terminated), then the caller's common assignments. */
@@ -340,6 +341,20 @@ typedef struct kv_search_sens_options {
 kv_status kv_search_sensitivity(double *kl, kv_model *m, const kv_plan *const *plans, int n_plans,
                                 const int32_t *tokens, size_t n_tokens, const kv_search_sens_options *opt,
                                 double *seconds);
+
+/* 1 when a choice takes a candidate with a predictor (AQUA-KV): its plan must be refitted, not assembled. */
+int kv_search_needs_refit(const kv_search_candidate *const *cands, const int *choice, int n_items);
+/* The configuration of the layer-sequential refit of a choice (SEARCH.md §1c): method xquant with a
+ * calibrated eta as the base, every stream overridden (layers.N.key_method / value_method / key_bits /
+ * value_bits / key_pre_rope) to its candidate's; cands[k] is the candidate of choice value k. kv_fit_run on
+ * it fits each predictor on the reconstructions the mix produces. KV_EUNSUPPORTED names a chosen candidate
+ * whose settings a per-stream override cannot carry (SQuat, another uniform layout, other global keys). */
+kv_status kv_search_refit_config(kv_fit_config *cfg, const kv_search_candidate *const *cands, int n_cands,
+                                 const int *choice, int n_layers, const char *const *common, int n_common);
+/* KV_OK when every one of the candidates can take part in a refit (kvcal search checks this before any fit
+ * when the list holds an AQUA-KV candidate); else kv_search_refit_config's KV_EUNSUPPORTED. */
+kv_status kv_search_refit_check(const kv_search_candidate *const *cands, int n_cands, const char *const *common,
+                                int n_common);
 
 /* The global choice: minimize sum_i value[i*n_choices + choice[i]] subject to sum_i cost[i*n_choices +
  * choice[i]] <= budget (costs in bytes, >= 0). Exact 0/1 multiple-choice knapsack by dynamic programming

@@ -32,6 +32,12 @@ static const kv_search_candidate k_cands[] = {
     {"higgs2", KV_FIT_HIGGS, {"keys.bits=2", "values.bits=2", NULL}, "HIGGS 2 bits per dimension (d 2)"},
     {"higgs3", KV_FIT_HIGGS, {"keys.bits=3", "values.bits=3", NULL}, "HIGGS 3 bits per dimension (d 2)"},
     {"higgs4", KV_FIT_HIGGS, {"keys.bits=4", "values.bits=4", NULL}, "HIGGS 4 bits per dimension (d 2)"},
+    /* AQUA-KV: a ridge predictor from the previous layer's reconstructions + HIGGS on the residual (layer 0:
+     * HIGGS at aqua.first_layer_bits, no predictor). A mixed plan that takes one is refitted layer-sequentially
+     * (kv_search_refit_config), so its predictors read the reconstructions the mix produces. */
+    {"aqua2", KV_FIT_AQUA, {"keys.bits=2", "values.bits=2", NULL}, "AQUA-KV predictors + HIGGS 2 bits"},
+    {"aqua3", KV_FIT_AQUA, {"keys.bits=3", "values.bits=3", NULL}, "AQUA-KV predictors + HIGGS 3 bits"},
+    {"aqua4", KV_FIT_AQUA, {"keys.bits=4", "values.bits=4", NULL}, "AQUA-KV predictors + HIGGS 4 bits"},
     {"fp8", KV_FIT_FP8, {NULL}, "FP8 E4M3, calibrated tensor scale"},
     {"nvfp4", KV_FIT_NVFP4, {NULL}, "NVFP4, calibrated second-level scale"},
 };
@@ -83,7 +89,8 @@ static int same_global(const kv_plan_global *a, const kv_plan_global *b) {
 
 static const char *sname(int stream) { return stream == KV_PLAN_K ? "K" : "V"; }
 
-kv_status kv_search_copy_stream(kv_plan *dst, const kv_plan *src, int layer, int stream) {
+/* with_predictor: also copy src's predictor (the one-stream plans of the sensitivity, whose inputs are f16) */
+static kv_status copy_stream(kv_plan *dst, const kv_plan *src, int layer, int stream, int with_predictor) {
     if (!dst || !src || layer < 0 || layer >= dst->n_layers || layer >= src->n_layers || stream < 0 || stream > 1)
         return KV_ERR(KV_EINVAL, "kv_search_copy_stream: bad arguments (layer %d, stream %d)", layer, stream);
     if (dst->n_layers != src->n_layers || dst->fingerprint.n_kv_heads != src->fingerprint.n_kv_heads ||
@@ -96,7 +103,7 @@ kv_status kv_search_copy_stream(kv_plan *dst, const kv_plan *src, int layer, int
                       dst->global.sinks, src->global.sinks, dst->global.recent, src->global.recent);
     const kv_plan_stream *ss = &src->layers[layer].stream[stream];
     kv_plan_stream *ds = &dst->layers[layer].stream[stream];
-    if (ss->predictor || ss->squat || ss->share_codes_with_layer >= 0)
+    if ((ss->predictor && !with_predictor) || ss->squat || ss->share_codes_with_layer >= 0)
         return KV_ERR(KV_EUNSUPPORTED, "plan surgery: layer %d %s: a stream with %s depends on other streams' "
                       "reconstructions or codes and needs a layer-sequential refit (search phase 2)", layer,
                       sname(stream), ss->predictor ? "an AQUA-KV predictor" : ss->squat ? "SQuat parameters"
@@ -134,7 +141,17 @@ kv_status kv_search_copy_stream(kv_plan *dst, const kv_plan *src, int layer, int
         ds->fp_scales = NULL;
         ds->n_fp_scales = 0;
     }
+    if (with_predictor && ss->predictor) {
+        const kv_plan_predictor *pr = ss->predictor;
+        kv_status s = kv_plan_set_predictor(dst, layer, stream, pr->n_inputs, pr->inputs, pr->weight, pr->bias);
+        if (s == KV_OK) s = kv_plan_set_predictor_dtype(dst, layer, stream, pr->dtype); /* already rounded: exact */
+        return s;
+    }
     return KV_OK;
+}
+
+kv_status kv_search_copy_stream(kv_plan *dst, const kv_plan *src, int layer, int stream) {
+    return copy_stream(dst, src, layer, stream, 0);
 }
 
 kv_status kv_search_assemble(kv_plan **out, const kv_plan *const *srcs, int n_srcs, const int *choice, int n_layers) {
@@ -241,6 +258,33 @@ static double row_kl(const float *p, const float *q, int V) {
 
 #define SENS_ROWS 32
 
+/* The one-stream plan of a sensitivity: f16 everywhere, (l, st) from src. A predicted stream (AQUA-KV) comes
+ * with its predictor, and the f16 streams it reads keep src's side of RoPE (a key predictor was fitted on
+ * keys before or after RoPE and must be fed the same). *first_layer: the lowest layer it reads (l when
+ * none), from where the layers run through the cache together, step by step, as the runtime rebuilds a
+ * predicted stream from the reconstructions of the layers just attended (RUNTIME.md §6). */
+static kv_status one_stream_plan(kv_plan **out, const kv_plan *src, int l, int st, int *first_layer) {
+    kv_plan *one = NULL;
+    kv_status s = kv_plan_create(&one, &src->fingerprint);
+    if (s != KV_OK) return s;
+    one->global = src->global;
+    *first_layer = l;
+    const kv_plan_predictor *pr = src->layers[l].stream[st].predictor;
+    for (int i = 0; pr && i < pr->n_inputs; i++) {
+        const kv_plan_pred_input in = pr->inputs[i];
+        if (in.stream == KV_PLAN_K) one->layers[in.layer].stream[KV_PLAN_K].pre_rope = src->layers[in.layer].stream[KV_PLAN_K].pre_rope;
+        *first_layer = in.layer < *first_layer ? in.layer : *first_layer;
+    }
+    s = copy_stream(one, src, l, st, 1);
+    if (s == KV_OK) s = kv_plan_validate(one);
+    if (s != KV_OK) {
+        kv_plan_free(one);
+        return s;
+    }
+    *out = one;
+    return KV_OK;
+}
+
 kv_status kv_search_sensitivity(double *kl, kv_model *m, const kv_plan *const *plans, int n_plans,
                                 const int32_t *tokens, size_t n_tokens, const kv_search_sens_options *opt,
                                 double *seconds) {
@@ -299,16 +343,15 @@ kv_status kv_search_sensitivity(double *kl, kv_model *m, const kv_plan *const *p
         for (int l = 0; l < L && s == KV_OK; l++)
             for (int st = 0; st < 2 && s == KV_OK; st++)
                 for (int p = 0; p < n_plans && s == KV_OK; p++) {
-                    /* the one-stream plan: f16 everywhere, (l, st) from plans[p] */
-                    if ((s = kv_plan_create(&one, &plans[p]->fingerprint)) != KV_OK) break;
-                    one->global = plans[p]->global;
-                    if ((s = kv_search_copy_stream(one, plans[p], l, st)) != KV_OK) break;
+                    int l0;
+                    if ((s = one_stream_plan(&one, plans[p], l, st, &l0)) != KV_OK) break;
                     if ((s = kv_cache_rt_create(&cache, one, m, 1, ctx, 0, 0)) != KV_OK) break;
-                    memcpy(h, H + (size_t)l * ctx * d, (size_t)ctx * d * sizeof(float));
+                    memcpy(h, H + (size_t)l0 * ctx * d, (size_t)ctx * d * sizeof(float));
                     const int first = one->global.sinks + one->global.recent, step = one->global.recent;
                     for (int t = 0; t < ctx && s == KV_OK;) {
                         const int n = t == 0 ? first : step, len = n < ctx - t ? n : ctx - t;
-                        s = kv_model_layer_forward(m, l, h + (size_t)t * d, 1, len, pos + t, cache, NULL, NULL);
+                        for (int lay = l0; lay <= l && s == KV_OK; lay++) /* in place: the rows of this step */
+                            s = kv_model_layer_forward(m, lay, h + (size_t)t * d, 1, len, pos + t, cache, NULL, NULL);
                         if (s == KV_OK && t == 0) s = kv_cache_end_prompt(cache, 0);
                         t += len;
                     }
@@ -436,5 +479,136 @@ done:
     free(best);
     free(next);
     free(pick);
+    return s;
+}
+
+/* ---- the layer-sequential refit of a plan with AQUA-KV streams ----------------------------------------
+ * A predictor fitted in a single-method AQUA-KV fit read that fit's reconstructions; in a mixed plan its
+ * inputs are whatever the chosen mix reconstructs. So a plan that takes an AQUA-KV stream is fitted again as
+ * one kv_fit_run with per-stream overrides (layers.N.key_method / value_method / key_bits / value_bits /
+ * key_pre_rope): the fit walks the layers in order and fits each predictor on the reconstructions the mix
+ * produced below it, as the runtime will feed them. The base is method xquant with a calibrated eta (the
+ * kivi rows); every other stream is overridden to its candidate's method, bits and side of RoPE. A stream
+ * without a predictor depends on its own layer's K/V only (§1), so it comes out as in its single fit; the
+ * tests check both that and that the refit of an all-AQUA-KV choice is the AQUA-KV fit, byte for byte. */
+static int cand_is_aqua(const kv_search_candidate *c) { return c->method == KV_FIT_AQUA || c->method == KV_FIT_AQUA_UNIFORM; }
+
+int kv_search_needs_refit(const kv_search_candidate *const *cands, const int *choice, int n_items) {
+    for (int i = 0; i < n_items; i++)
+        if (cand_is_aqua(cands[choice[i]])) return 1;
+    return 0;
+}
+
+/* What the per-stream overrides cannot carry must be the same in the candidate and the base. */
+static kv_status refit_compatible(const kv_fit_config *b, const kv_fit_config *c, const char *name) {
+    const int uniform = c->method == KV_FIT_XQUANT || (c->method == KV_FIT_KIVI && c->keys.bits != KV_FIT_F16_BITS);
+    const char *what = NULL;
+    if (c->method == KV_FIT_SQUAT || c->squat.enabled) what = "SQuat keys";
+    else if (c->cache.sinks != b->cache.sinks || c->cache.recent != b->cache.recent || c->cache.rpc_ratio != b->cache.rpc_ratio)
+        what = "cache.sinks / recent / rpc_ratio";
+    else if (c->seed != b->seed || c->pruning.method != b->pruning.method || c->pruning.budget != b->pruning.budget)
+        what = "seed or pruning";
+    else if (c->higgs.d != b->higgs.d || c->higgs.n != b->higgs.n || c->higgs.group_size != b->higgs.group_size ||
+             c->higgs.grid_samples != b->higgs.grid_samples || c->higgs.grid_iters != b->higgs.grid_iters)
+        what = "higgs.*";
+    else if (c->aqua.ridge != b->aqua.ridge || c->aqua.predict_keys != b->aqua.predict_keys ||
+             c->aqua.predict_values != b->aqua.predict_values || c->aqua.value_uses_keys != b->aqua.value_uses_keys ||
+             c->aqua.predictor_dtype != b->aqua.predictor_dtype)
+        what = "aqua.* (ridge, predicted streams, predictor dtype)";
+    else if (c->fp.fp8_format != b->fp.fp8_format || c->fp.scale_granularity != b->fp.scale_granularity ||
+             c->fp.scale != b->fp.scale)
+        what = "fp.*";
+    else if (uniform && (c->method != KV_FIT_XQUANT || !c->xquant.calibrate_eta || c->xquant.km >= 0 || c->xquant.vm >= 0 ||
+                         c->xquant.kq >= 0 || c->xquant.vq >= 0 || c->xquant.target_bits > 0 ||
+                         c->keys.group_size != b->keys.group_size || c->keys.group_axis != b->keys.group_axis ||
+                         c->keys.scale_dtype != b->keys.scale_dtype || c->keys.pack3 != b->keys.pack3 ||
+                         c->values.group_size != b->values.group_size || c->values.group_axis != b->values.group_axis ||
+                         c->values.scale_dtype != b->values.scale_dtype || c->values.pack3 != b->values.pack3))
+        what = "the uniform layout (KIVI groups, codes per word) or XQuant settings other than a calibrated eta";
+    if (what)
+        return KV_ERR(KV_EUNSUPPORTED, "candidate %s differs from the mixed refit's base in %s, which a per-stream "
+                      "override cannot carry: it cannot be combined with AQUA-KV candidates", name, what);
+    return KV_OK;
+}
+
+static const char *override_method(kv_fit_method m) {
+    return m == KV_FIT_XQUANT ? "kivi" : kv_fit_method_name((int)m); /* a uniform stream of the xquant base */
+}
+
+static const char *const k_refit_where = "kvcal search (mixed refit)";
+
+/* The refit's base: the kivi rows' configuration (method xquant, calibrated eta) with the common keys. */
+static kv_status refit_base(kv_fit_config *cfg, const char *const *common, int n_common) {
+    kv_status s = kv_fit_config_init(cfg);
+    if (s != KV_OK) return s;
+    if ((s = kv_fit_config_method_preset(cfg, KV_FIT_XQUANT)) == KV_OK)
+        s = kv_fit_config_set_from(cfg, "xquant.calibrate_eta=true", k_refit_where);
+    for (int i = 0; i < n_common && s == KV_OK; i++) s = kv_fit_config_set(cfg, common[i]);
+    if (s != KV_OK) kv_fit_config_free(cfg);
+    return s;
+}
+
+kv_status kv_search_refit_check(const kv_search_candidate *const *cands, int n_cands, const char *const *common,
+                                int n_common) {
+    kv_fit_config base, cc;
+    kv_status s = refit_base(&base, common, n_common);
+    for (int k = 0; k < n_cands && s == KV_OK; k++) {
+        if ((s = kv_search_candidate_config(&cc, cands[k], common, n_common)) != KV_OK) break;
+        s = refit_compatible(&base, &cc, cands[k]->name);
+        kv_fit_config_free(&cc);
+    }
+    kv_fit_config_free(&base); /* zeroed by refit_base when it failed: freeing it again is a no-op */
+    return s;
+}
+
+kv_status kv_search_refit_config(kv_fit_config *cfg, const kv_search_candidate *const *cands, int n_cands,
+                                 const int *choice, int n_layers, const char *const *common, int n_common) {
+    if (!cfg || !cands || n_cands < 1 || !choice || n_layers < 1)
+        return KV_ERR(KV_EINVAL, "kv_search_refit_config: bad arguments");
+    kv_fit_config *cc = calloc((size_t)n_cands, sizeof *cc);
+    int *have = calloc((size_t)n_cands, sizeof *have);
+    kv_status s = cc && have ? refit_base(cfg, common, n_common) : KV_ERR(KV_ENOMEM, "out of memory");
+    if (s != KV_OK) {
+        free(cc);
+        free(have);
+        return s;
+    }
+    const char *where = k_refit_where;
+    for (int l = 0; l < n_layers && s == KV_OK; l++)
+        for (int st = 0; st < 2 && s == KV_OK; st++) {
+            const int k = choice[2 * l + st];
+            if (k < 0 || k >= n_cands) {
+                s = KV_ERR(KV_EINVAL, "refit: layer %d %s: choice %d of %d candidates", l, sname(st), k, n_cands);
+                break;
+            }
+            if (!have[k]) {
+                if ((s = kv_search_candidate_config(&cc[k], cands[k], common, n_common)) != KV_OK) break;
+                have[k] = 1;
+                if ((s = refit_compatible(cfg, &cc[k], cands[k]->name)) != KV_OK) break;
+            }
+            const kv_fit_config *c = &cc[k];
+            const char *field = st == KV_PLAN_K ? "key" : "value";
+            int bits = st == KV_PLAN_K ? c->keys.bits : c->values.bits;
+            if (cand_is_aqua(cands[k]) && l == 0) bits = c->aqua.first_layer_bits; /* as its single fit */
+            char set[96];
+            snprintf(set, sizeof set, "layers.%d.%s_method=%s", l, field, override_method(c->method));
+            s = kv_fit_config_set_from(cfg, set, where);
+            if (s == KV_OK && c->method != KV_FIT_FP8 && c->method != KV_FIT_NVFP4) {
+                snprintf(set, sizeof set, "layers.%d.%s_bits=%d", l, field, bits);
+                s = kv_fit_config_set_from(cfg, set, where);
+            }
+            if (s == KV_OK && st == KV_PLAN_K) {
+                snprintf(set, sizeof set, "layers.%d.key_pre_rope=%s", l, c->cache.pre_rope ? "true" : "false");
+                s = kv_fit_config_set_from(cfg, set, where);
+            }
+        }
+    for (int k = 0; k < n_cands; k++)
+        if (have[k]) kv_fit_config_free(&cc[k]);
+    free(cc);
+    free(have);
+    if (s != KV_OK) {
+        kv_fit_config_free(cfg);
+        kv_error_wrap(s, "the mixed refit: ");
+    }
     return s;
 }

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #define MAX_CANDS 32
+static const char *const k_default_cands = "f16,kivi2,kivi3,kivi4,higgs2,higgs3,aqua2,aqua3,fp8,nvfp4";
 #define MAX_BUDGETS 32
 #define MAX_CONTEXTS 8
 
@@ -29,6 +30,8 @@ typedef struct search_point {
     int *choice;                 /* n_items candidate positions */
     uint64_t budget_bytes, unit;
     double predicted_kl, predicted_bits;
+    int refit;                   /* the plan has AQUA-KV streams: refitted layer-sequentially, not assembled */
+    double seconds_refit;
     size_t eval_chunks;
     kv_tool_plan_eval ev_same, ev;
     double seconds_eval;
@@ -80,6 +83,31 @@ static kv_status parse_candidates(int *idx, int *n, const char *list) {
 }
 
 /* The text report of one point: per stream (one point) or a count of the choices (several). */
+/* The calibration inputs every fit of one run shares: the candidates' and a mixed plan's refit. */
+typedef struct fit_inputs {
+    kv_model *m;
+    const kv_model_file *mf;
+    const kv_arch *arch;
+    const int32_t *ids;
+    long fit_tokens;
+    int32_t bos;                 /* -1: the tokenizer adds none */
+    const char *corpus_sha, *grid_cache;
+} fit_inputs;
+
+static kv_status fit_with(kv_plan **out, const fit_inputs *in, const kv_fit_config *cfg) {
+    kv_fit_data data;
+    memset(&data, 0, sizeof data);
+    data.tokens = in->ids;
+    data.n_tokens = (size_t)in->fit_tokens;
+    data.bos_id = in->bos;
+    kv_fit_options fo;
+    kv_fit_options_init(&fo);
+    fo.corpus_sha256 = in->corpus_sha;
+    fo.grid_cache_dir = in->grid_cache;
+    kv_status s = kv_fit_check(cfg, in->arch);
+    return s == KV_OK ? kv_fit_run(out, NULL, in->m, in->mf, &data, cfg, &fo) : s;
+}
+
 static void print_point_text(const search_point *pt, long context, const kv_search_candidate *table, const int *cidx,
                              int nc, int n_items, const double *kl, const uint64_t *bytes, const uint64_t *values,
                              int per_stream, long sens_ctx, long sens_samples) {
@@ -90,6 +118,9 @@ static void print_point_text(const search_point *pt, long context, const kv_sear
     }
     printf(" (%llu bytes, unit %llu): %s\n", (unsigned long long)pt->budget_bytes, (unsigned long long)pt->unit,
            pt->path);
+    if (pt->refit)
+        printf("AQUA-KV streams chosen: the plan was refitted layer-sequentially on the mix's reconstructions (%.1f s)\n",
+               pt->seconds_refit);
     if (per_stream) {
         printf("%-6s %-2s %-8s %12s %8s   KL per candidate\n", "layer", "s", "choice", "kl", "bits");
         for (int i = 0; i < n_items; i++) {
@@ -143,7 +174,8 @@ int kvcal_search(int argc, char **argv) {
         {"out-dir", 0, KV_OPT_STRING, &out_dir, "DIR", "instead of --out, for any number of points: the plans as "
                                                        "DIR/search-ctxN-Bbits.kvplan", 0},
         {"candidates", 0, KV_OPT_STRING, &cand_list, "LIST", "comma-separated candidates (default: f16,kivi2,kivi3,"
-                                                             "kivi4,higgs2,higgs3,fp8,nvfp4)", 0},
+                                                             "kivi4,higgs2,higgs3,aqua2,aqua3,fp8,nvfp4; AQUA-KV "
+                                                             "ones make a chosen mix be refitted)", 0},
         {"fit-tokens", 0, KV_OPT_INT, &fit_tokens, "N", "calibration tokens for each candidate's fit (default 16384)", 0},
         {"fit-seq-len", 0, KV_OPT_INT, &fit_seq, "N", "tokens per fit sequence (default min(context, 512))", 0},
         {"sens-ctx", 0, KV_OPT_INT, &sens_ctx, "N", "tokens per sensitivity chunk (default min(context, 512))", 0},
@@ -194,6 +226,7 @@ int kvcal_search(int argc, char **argv) {
     int32_t *ids = NULL, *ho = NULL;
     size_t n_ids = 0, n_ho = 0;
     kv_plan *plans[MAX_CANDS] = {NULL};
+    const char **common = NULL; /* the fit keys every candidate and a refit share */
     uint64_t *bytes = NULL, *values = NULL; /* [context][item][candidate] */
     double *kl = NULL, *fit_s = NULL, *rho = NULL;
     kv_importance imp;
@@ -283,7 +316,7 @@ int kvcal_search(int argc, char **argv) {
         if (sens_ctx != contexts[k])
             kv_log(KV_LOG_INFO, "search: sensitivities on chunks of %ld tokens, the budget and the validation at %ld: "
                    "the predicted KL is that of %ld-token chunks (--sens-ctx)", sens_ctx, contexts[k], sens_ctx);
-    if ((s = parse_candidates(cidx, &nc, cand_list ? cand_list : "f16,kivi2,kivi3,kivi4,higgs2,higgs3,fp8,nvfp4")) !=
+    if ((s = parse_candidates(cidx, &nc, cand_list ? cand_list : k_default_cands)) !=
         KV_OK) {
         rc = kv_cli_usage_error(tool, "%s", kv_error_last());
         goto end;
@@ -354,35 +387,36 @@ int kvcal_search(int argc, char **argv) {
     char seq_set[64], tok_set[64];
     snprintf(seq_set, sizeof seq_set, "data.seq_len=%ld", fit_seq);
     snprintf(tok_set, sizeof tok_set, "data.max_tokens=%ld", fit_tokens);
-    const char **common = calloc((size_t)n_sets + 2, sizeof *common);
+    common = calloc((size_t)n_sets + 2, sizeof *common);
     if (!common) {
         s = KV_ERR(KV_ENOMEM, "out of memory");
         goto fail;
     }
     common[0] = seq_set, common[1] = tok_set;
     for (int i = 0; i < n_sets; i++) common[2 + i] = sets[i];
+    const int n_common = n_sets + 2;
+    const kv_search_candidate *cands[MAX_CANDS]; /* by position in --candidates */
+    int any_aqua = 0;
+    for (int c = 0; c < nc; c++) {
+        cands[c] = &table[cidx[c]];
+        any_aqua |= cands[c]->method == KV_FIT_AQUA || cands[c]->method == KV_FIT_AQUA_UNIFORM;
+    }
+    /* with AQUA-KV candidates a chosen mix is refitted: refuse what a refit cannot carry before any fit */
+    if (any_aqua && (s = kv_search_refit_check(cands, nc, common, n_common)) != KV_OK) goto fail;
+    const fit_inputs fin = {m, mf, arch, ids, fit_tokens, kv_tokenizer_add_bos_default(tok) ? bos : -1, corpus_sha,
+                            gcache};
     double seconds_fit = 0;
     for (int c = 0; c < nc && s == KV_OK; c++) {
         kv_fit_config cfg;
-        if ((s = kv_search_candidate_config(&cfg, &table[cidx[c]], common, n_sets + 2)) != KV_OK) break;
-        kv_fit_data data;
-        memset(&data, 0, sizeof data);
-        data.tokens = ids;
-        data.n_tokens = (size_t)fit_tokens;
-        data.bos_id = kv_tokenizer_add_bos_default(tok) ? bos : -1;
-        kv_fit_options fo;
-        kv_fit_options_init(&fo);
-        fo.corpus_sha256 = corpus_sha;
-        fo.grid_cache_dir = gcache;
+        if ((s = kv_search_candidate_config(&cfg, cands[c], common, n_common)) != KV_OK) break;
         const double tf = kv_now_seconds();
-        kv_log(KV_LOG_INFO, "search: fitting candidate %s (%s)", table[cidx[c]].name, table[cidx[c]].what);
-        if ((s = kv_fit_check(&cfg, arch)) == KV_OK) s = kv_fit_run(&plans[c], NULL, m, mf, &data, &cfg, &fo);
+        kv_log(KV_LOG_INFO, "search: fitting candidate %s (%s)", cands[c]->name, cands[c]->what);
+        s = fit_with(&plans[c], &fin, &cfg);
         fit_s[c] = kv_now_seconds() - tf;
         seconds_fit += fit_s[c];
         kv_fit_config_free(&cfg);
-        if (s != KV_OK) kv_error_wrap(s, "candidate %s: ", table[cidx[c]].name);
+        if (s != KV_OK) kv_error_wrap(s, "candidate %s: ", cands[c]->name);
     }
-    free(common);
     if (s != KV_OK) goto fail;
     /* ---- 2. honest bytes per (context, layer, stream, candidate) ---- */
     double tb = kv_now_seconds();
@@ -484,7 +518,23 @@ int kvcal_search(int argc, char **argv) {
         }
         pt->predicted_bits = 8.0 * (double)chosen_bytes / (double)total_values;
         kv_plan *plan = NULL;
-        if ((s = kv_search_assemble(&plan, (const kv_plan *const *)plans, nc, pt->choice, L)) != KV_OK) goto fail;
+        pt->refit = kv_search_needs_refit(cands, pt->choice, n_items);
+        if (pt->refit) { /* AQUA-KV streams: one fit of the mix, layer by layer, on its own reconstructions */
+            const double tr = kv_now_seconds();
+            kv_fit_config rcfg;
+            kv_log(KV_LOG_INFO, "search: budget %g at context %ld takes AQUA-KV streams: refitting the mix "
+                   "layer-sequentially", pt->budget_bits, context);
+            if ((s = kv_search_refit_config(&rcfg, cands, nc, pt->choice, L, common, n_common)) != KV_OK) goto fail;
+            s = fit_with(&plan, &fin, &rcfg);
+            kv_fit_config_free(&rcfg);
+            pt->seconds_refit = kv_now_seconds() - tr;
+            if (s != KV_OK) {
+                kv_error_wrap(s, "the refit for --budget-bits %g at --context %ld: ", pt->budget_bits, context);
+                goto fail;
+            }
+        } else if ((s = kv_search_assemble(&plan, (const kv_plan *const *)plans, nc, pt->choice, L)) != KV_OK) {
+            goto fail;
+        }
         kv_plan_provenance pv;
         memset(&pv, 0, sizeof pv);
         char ver[64], yaml[8192];
@@ -557,7 +607,9 @@ int kvcal_search(int argc, char **argv) {
             printf(",\n     \"budget_bytes\": %llu, \"unit_bytes\": %llu, \"choices\": [",
                    (unsigned long long)pt->budget_bytes, (unsigned long long)pt->unit);
             for (int i = 0; i < n_items; i++) printf("%s\"%s\"", i ? ", " : "", table[cidx[pt->choice[i]]].name);
-            printf("],\n     \"predicted\": {\"kl_sum\": %.6g, \"bits_per_value_total\": %.9f},\n", pt->predicted_kl,
+            printf("],\n     \"refit\": %s, \"seconds_refit\": %.3f,\n", pt->refit ? "true" : "false",
+                   pt->seconds_refit);
+            printf("     \"predicted\": {\"kl_sum\": %.6g, \"bits_per_value_total\": %.9f},\n", pt->predicted_kl,
                    pt->predicted_bits);
             printf("     \"measured_same_tokens\": {\"kl_mean\": %.6g, \"ppl\": %.6g, \"ppl_ref\": %.6g, "
                    "\"bits_per_value_total\": %.9f, \"ctx\": %ld, \"chunks\": %ld},\n", pt->ev_same.cmp.kl_mean,
@@ -587,6 +639,7 @@ int kvcal_search(int argc, char **argv) {
 fail:
     rc = kv_cli_fail(tool, s);
 end:
+    free(common);
     for (int c = 0; c < MAX_CANDS; c++) kv_plan_free(plans[c]);
     for (int p = 0; points && p < MAX_BUDGETS * MAX_CONTEXTS; p++) free(points[p].choice);
     free(points);

@@ -312,6 +312,175 @@ START_TEST(test_surgery_refuses_predictor) {
 }
 END_TEST
 
+/* The candidate table index of each name, as pointers (what kv_search_refit_config takes). */
+static void cand_ptrs(const kv_search_candidate **out, const char *const *names, int n) {
+    for (int i = 0; i < n; i++) {
+        int k;
+        ck_assert_kv_ok(kv_search_candidate_find(&k, names[i]));
+        out[i] = &kv_search_candidates(NULL)[k];
+    }
+}
+
+static kv_plan *refit(const char *const *names, int n, const int *choice, int L) {
+    const kv_search_candidate *c[8];
+    cand_ptrs(c, names, n);
+    kv_fit_config cfg;
+    ck_assert_kv_ok(kv_search_refit_config(&cfg, c, n, choice, L, k_common, 5));
+    ck_assert_kv_ok(kv_fit_check(&cfg, kv_model_arch(g_model)));
+    kv_plan *p = fit_cfg(&cfg);
+    kv_fit_config_free(&cfg);
+    return p;
+}
+
+static void assert_same_plan(kv_plan *x, kv_plan *y, const char *what) {
+    uint8_t *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    plan_bytes(&a, &na, x);
+    plan_bytes(&b, &nb, y);
+    ck_assert_msg(na == nb && memcmp(a, b, na) == 0, "%s (%zu vs %zu bytes)", what, na, nb);
+    free(a);
+    free(b);
+}
+
+/* The refit (SEARCH.md §1c) of a choice that is AQUA-KV everywhere is the AQUA-KV fit itself, byte for
+ * byte: per-stream overrides on the xquant base reproduce the method, its first-layer bits, its keys before
+ * RoPE, its predictors fitted on its own reconstructions, its grids in the same order. */
+START_TEST(test_refit_equals_aqua) {
+    const char *names[] = {"aqua2"};
+    kv_plan *single = fit_candidate("aqua2");
+    const int L = single->n_layers;
+    int choice[64] = {0};
+    kv_plan *re = refit(names, 1, choice, L);
+    assert_same_plan(single, re, "the refit of an all-AQUA-KV-2 choice differs from the AQUA-KV-2 fit");
+    kv_plan_free(re);
+    kv_plan_free(single);
+}
+END_TEST
+
+/* Streams without a predictor come out of the refit as out of their single fits (they read their own
+ * layer's exact K/V): the refit of a mix of f16, KIVI-2 (calibrated eta), HIGGS-3 and FP8 equals the
+ * surgery of those fits, byte for byte. With AQUA-KV-3 added, its layers >= 1 carry predictors (their inputs
+ * the mix's reconstructions, whatever method made them), every other stream is still its single fit's, and
+ * the plan evaluates end to end. */
+START_TEST(test_refit_mixed) {
+    const char *names[] = {"f16", "kivi2", "higgs3", "fp8", "aqua3"};
+    enum { NC = 5 };
+    kv_plan *plans[NC];
+    for (int c = 0; c < NC; c++) plans[c] = fit_candidate(names[c]);
+    const int L = plans[0]->n_layers;
+    int choice[64];
+    for (int i = 0; i < 2 * L; i++) choice[i] = (i * 3 + 1) % 4; /* K and V of a layer differ */
+    kv_plan *re = refit(names, NC - 1, choice, L), *surg = NULL;
+    ck_assert_kv_ok(kv_search_assemble(&surg, (const kv_plan *const *)plans, NC - 1, choice, L));
+    assert_same_plan(re, surg, "the refit of a mix without AQUA-KV differs from the surgery");
+    kv_plan_free(re);
+    kv_plan_free(surg);
+    /* AQUA-KV-3 on K of every odd layer and V of every layer >= 2 */
+    for (int l = 1; l < L; l++) {
+        if (l % 2) choice[2 * l] = 4;
+        if (l >= 2) choice[2 * l + 1] = 4;
+    }
+    re = refit(names, NC, choice, L);
+    for (int l = 0; l < L; l++)
+        for (int st = 0; st < 2; st++) {
+            const kv_plan_stream *rs = &re->layers[l].stream[st];
+            if (choice[2 * l + st] == 4) {
+                ck_assert_msg(rs->predictor != NULL, "layer %d %s: no predictor", l, st ? "V" : "K");
+                ck_assert_int_eq(rs->method, KV_PLAN_HIGGS);
+                ck_assert_int_eq(rs->pre_rope, st == KV_PLAN_K);
+                continue;
+            }
+            /* not predicted: the single fit's stream, copied into a plan of its own to compare */
+            kv_plan *a = NULL, *b = NULL;
+            ck_assert_kv_ok(kv_plan_create(&a, &re->fingerprint));
+            ck_assert_kv_ok(kv_plan_create(&b, &re->fingerprint));
+            a->global = b->global = re->global;
+            ck_assert_kv_ok(kv_search_copy_stream(a, re, l, st));
+            ck_assert_kv_ok(kv_search_copy_stream(b, plans[choice[2 * l + st]], l, st));
+            char what[96];
+            snprintf(what, sizeof what, "layer %d %s (%s) differs from its single fit", l, st ? "V" : "K",
+                     names[choice[2 * l + st]]);
+            assert_same_plan(a, b, what);
+            kv_plan_free(a);
+            kv_plan_free(b);
+        }
+    char dir[256], path[512];
+    kv_test_tmpdir(dir, sizeof dir);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/mixed.kvplan", dir);
+    ck_assert_kv_ok(kv_plan_write(re, path, NULL));
+    kv_tool_plan_eval ev;
+    ck_assert_kv_ok(kv_tool_eval_plan(&ev, g_model, g_model_path, path, g_ids + 4096, g_n - 4096, 200, g_bos, 2, 0, 0,
+                                      NULL));
+    ck_assert(isfinite(ev.cmp.kl_mean) && ev.cmp.kl_mean >= 0);
+    unlink(path);
+    rmdir(dir);
+    kv_plan_free(re);
+    for (int c = 0; c < NC; c++) kv_plan_free(plans[c]);
+}
+END_TEST
+
+/* The sensitivity of a predicted stream runs layers l-1 and l through the cache together, step by step
+ * (SEARCH.md §2). Checks: AQUA-KV-2's layer 0 (HIGGS at first_layer_bits, no predictor) measures exactly
+ * what HIGGS-4 measures there; a predicted stream's shortcut KL agrees with the one-stream plan run through
+ * the whole model by `kvrun eval --plan`'s function (which also rounds every other stream to f16: that
+ * floor, ~1e-6 per stream on this model, is what the tolerance allows), and the predictor pays: AQUA-KV-2 errs
+ * less than HIGGS-2 in the sum over layers >= 1. */
+START_TEST(test_sensitivity_predicted) {
+    const char *names[] = {"aqua2", "higgs4", "higgs2"};
+    kv_plan *plans[3];
+    for (int c = 0; c < 3; c++) plans[c] = fit_candidate(names[c]);
+    const int L = plans[0]->n_layers;
+    double kl[64 * 3];
+    kv_search_sens_options so = {100, 2, g_bos, NULL};
+    ck_assert_kv_ok(kv_search_sensitivity(kl, g_model, (const kv_plan *const *)plans, 3, g_ids + 4096, g_n - 4096, &so,
+                                          NULL));
+    for (int st = 0; st < 2; st++)
+        ck_assert_msg(kl[st * 3 + 0] == kl[st * 3 + 1], "layer 0 %s: aqua2 %.17g, higgs4 %.17g", st ? "V" : "K",
+                      kl[st * 3], kl[st * 3 + 1]);
+    double aq = 0, hg = 0;
+    for (int i = 2; i < 2 * L; i++) aq += kl[i * 3 + 0], hg += kl[i * 3 + 2];
+    ck_assert_msg(aq < hg, "AQUA-KV-2 %g >= HIGGS-2 %g over layers >= 1", aq, hg);
+    /* layer 2 V (inputs: layer 1 V and layer 2 K) through the whole model */
+    const int l = 2 < L ? 2 : L - 1, st = KV_PLAN_V;
+    ck_assert_ptr_nonnull(plans[0]->layers[l].stream[st].predictor);
+    kv_plan *one = NULL;
+    ck_assert_kv_ok(kv_plan_create(&one, &plans[0]->fingerprint));
+    one->global = plans[0]->global;
+    one->layers[l].stream[KV_PLAN_K].pre_rope = plans[0]->layers[l].stream[KV_PLAN_K].pre_rope;
+    one->layers[l - 1].stream[KV_PLAN_K].pre_rope = plans[0]->layers[l - 1].stream[KV_PLAN_K].pre_rope;
+    kv_plan_stream *ds = &one->layers[l].stream[st];
+    const kv_plan_stream *ss = &plans[0]->layers[l].stream[st];
+    int grid;
+    const kv_plan_grid *g = &plans[0]->grids[ss->higgs_grid];
+    ck_assert_kv_ok(kv_plan_add_grid(one, g->d, g->n, g->points, &grid));
+    *ds = *ss;
+    ds->predictor = NULL;
+    ds->fp_scales = NULL;
+    ds->higgs_grid = grid;
+    const kv_plan_predictor *pr = ss->predictor;
+    ck_assert_kv_ok(kv_plan_set_predictor(one, l, st, pr->n_inputs, pr->inputs, pr->weight, pr->bias));
+    ck_assert_kv_ok(kv_plan_set_predictor_dtype(one, l, st, pr->dtype));
+    char dir[256], path[512];
+    kv_test_tmpdir(dir, sizeof dir);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/one.kvplan", dir);
+    ck_assert_kv_ok(kv_plan_write(one, path, NULL));
+    kv_tool_plan_eval ev;
+    ck_assert_kv_ok(kv_tool_eval_plan(&ev, g_model, g_model_path, path, g_ids + 4096, g_n - 4096, 100, g_bos, 2, 0, 0,
+                                      NULL));
+    const double shortcut = kl[(2 * l + st) * 3];
+    fprintf(stderr, "layer %d V: AQUA-KV-2 sensitivity %.6g, whole model through the plan %.6g\n", l, shortcut,
+            ev.cmp.kl_mean);
+    ck_assert_msg(fabs(ev.cmp.kl_mean - shortcut) < 0.02 * shortcut + 2 * L * 2e-6,
+                  "shortcut %.6g vs whole model %.6g", shortcut, ev.cmp.kl_mean);
+    unlink(path);
+    rmdir(dir);
+    kv_plan_free(one);
+    for (int c = 0; c < 3; c++) kv_plan_free(plans[c]);
+}
+END_TEST
+
 /* Honest bytes: the per-stream counts of a mixed plan add up to the bits_per_value_total `kvrun eval --plan`
  * reports at the same context (kv_tool_eval_plan, the tool's own function), exactly. The sensitivities:
  * finite, the f16 candidate far below 2-bit KIVI in every stream, and the summed KL falls with more bits. */
@@ -382,6 +551,9 @@ static Suite *search_suite(int with_data) {
         tcase_add_test(td, test_surgery_equals_fit_higgs);
         tcase_add_test(td, test_surgery_refuses_predictor);
         tcase_add_test(td, test_bytes_and_sensitivity);
+        tcase_add_test(td, test_refit_equals_aqua);
+        tcase_add_test(td, test_refit_mixed);
+        tcase_add_test(td, test_sensitivity_predicted);
         suite_add_tcase(s, td);
     }
     return s;

@@ -11,6 +11,17 @@ base=(--model "$model" --tokenizer "$tok" --corpus "$calib" --heldout "$heldout"
       --sens-ctx 128 --prompts 4 --set cache.recent=64 --set higgs.grid_samples=32768 --set higgs.grid_iters=30)
 common=("${base[@]}" --context 256 --eval-chunks 2)
 
+# kvrun eval's JSON ($1) against the search's measurement of the point (budget $3, context $4) in its JSON ($2)
+check_same="$tmp/check_same.py"
+cat > "$check_same" <<'PY'
+import json, sys
+e = json.load(open(sys.argv[1])); r = json.load(open(sys.argv[2])); b = float(sys.argv[3]); c = int(sys.argv[4])
+p = [p for p in r["plans"] if p["budget_bits"] == b and p["context"] == c][0]["measured_heldout"]
+# the same tokens (--eval-tokens N is kvrun eval --max-tokens N) and the same code: the same numbers
+assert abs(e["bits_per_value_total"] - p["bits_per_value_total"]) < 1e-4 and abs(e["kl_mean"] - p["kl_mean"]) < 1e-5 * max(1, p["kl_mean"]), (e, p)
+print("ok: kvrun eval at %d: KL %.5g bits %.4f, as the search measured" % (c, e["kl_mean"], e["bits_per_value_total"]))
+PY
+
 # refusals: usage errors (2) before anything is loaded; a budget below the cheapest assembly (runtime error 1,
 # after the fits and the byte counts, before the sensitivities)
 expect 2 "unknown candidate 'kivi9'" "unknown candidate" -- "$kvcal" search "${common[@]}" --budget-bits 4 \
@@ -96,13 +107,27 @@ PY
 for c in 256 512; do
   expect 0 "" "kvrun eval reads the ctx $c 7-bit plan" -- "$kvrun" eval --model "$model" --tokenizer "$tok" \
     --plan "$tmp/frontier/search-ctx$c-7bits.kvplan" --text "$heldout" --ctx $c --max-tokens 1024 --json
-  python3 - "$tmp/out" "$tmp/f.json" $c <<'PY' || fail=1
-import json, sys
-e = json.load(open(sys.argv[1])); r = json.load(open(sys.argv[2])); c = int(sys.argv[3])
-p = [p for p in r["plans"] if p["budget_bits"] == 7 and p["context"] == c][0]["measured_heldout"]
-# the same tokens (--eval-tokens N is kvrun eval --max-tokens N) and the same code: the same numbers
-assert abs(e["bits_per_value_total"] - p["bits_per_value_total"]) < 1e-4 and abs(e["kl_mean"] - p["kl_mean"]) < 1e-5 * max(1, p["kl_mean"]), (e, p)
-print("ok: kvrun eval at %d: KL %.5g bits %.4f, as the search measured" % (c, e["kl_mean"], e["bits_per_value_total"]))
-PY
+  python3 "$check_same" "$tmp/out" "$tmp/f.json" 7 $c || fail=1
 done
+
+# AQUA-KV candidates: a choice that takes one is refitted layer-sequentially (SEARCH.md §1c); candidates a
+# refit cannot carry (KIVI-3 at 10 codes per word: another uniform layout) are refused before any fit
+expect 1 "cannot be combined with AQUA-KV" "a candidate the refit cannot carry" -- "$kvcal" search "${common[@]}" \
+  --budget-bits 12 --candidates aqua2,kivi3w10 --out "$tmp/x.kvplan"
+expect 0 "" "search with AQUA-KV" -- "$kvcal" search "${base[@]}" --context 256 --eval-tokens 1024 --budget-bits 12 \
+  --candidates kivi2,aqua2 --out "$tmp/aq.kvplan" --json
+cp "$tmp/out" "$tmp/aq.json"
+python3 - "$tmp/aq.json" <<'PY' || fail=1
+import json, sys
+p = json.load(open(sys.argv[1]))["plans"][0]
+# on stories260K, AQUA-KV-2 errs less than KIVI-2 on every V stream (about 10x in the sensitivities): at 12 bits
+# (room for all of them) the choice takes it there, and so the plan is refitted
+assert p["refit"] is True and "aqua2" in p["choices"], p
+m = p["measured_heldout"]
+assert m["bits_per_value_total"] <= 12 + 1e-9 and abs(m["bits_per_value_total"] - p["predicted"]["bits_per_value_total"]) < 1e-9, p
+print("ok: AQUA-KV refit: choices %s, bits %.4f" % (",".join(p["choices"]), m["bits_per_value_total"]))
+PY
+expect 0 "" "kvrun eval reads the refitted plan" -- "$kvrun" eval --model "$model" --tokenizer "$tok" \
+  --plan "$tmp/aq.kvplan" --text "$heldout" --ctx 256 --max-tokens 1024 --json
+python3 "$check_same" "$tmp/out" "$tmp/aq.json" 12 256 || fail=1
 exit $fail
