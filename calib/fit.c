@@ -615,6 +615,8 @@ static kv_status fit_predictor(fit_run *r, int l, int stream, int n_inputs, cons
                                const int *in_roles, kv_fit_layer_report *lr) {
     const int kvd = r->kv_dim, n_in = n_inputs * kvd;
     const size_t na = (size_t)n_in + 1, len = stats_len(n_in, kvd);
+    int rank = kv_fit_config_pred_rank(r->cfg, l, stream); /* 0: full */
+    if (rank > kvd) rank = kvd;                             /* min(kv_dim, n_in) = kv_dim */
     stats_job job;
     memset(&job, 0, sizeof job);
     job.r = r;
@@ -625,10 +627,13 @@ static kv_status fit_predictor(fit_run *r, int l, int stream, int n_inputs, cons
     memset(&fit, 0, sizeof fit);
     double *acc = malloc(len * sizeof(double));
     float *wt = malloc((size_t)n_in * (size_t)kvd * sizeof(float)), *b = malloc((size_t)kvd * sizeof(float));
+    float *left = rank ? malloc((size_t)kvd * (size_t)rank * sizeof(float)) : NULL;
+    float *right = rank ? malloc((size_t)rank * (size_t)n_in * sizeof(float)) : NULL;
     kv_status s = kv_ridge_stats_init(&job.st, n_in, kvd);
     if (s == KV_OK && n_inputs > 1 && !(job.xb = malloc((size_t)XB * (size_t)n_in * sizeof(float))))
         s = KV_ERR(KV_ENOMEM, "out of memory");
-    if (s == KV_OK && (!acc || !wt || !b)) s = KV_ERR(KV_ENOMEM, "out of memory for the normal equations");
+    if (s == KV_OK && (!acc || !wt || !b || (rank && (!left || !right))))
+        s = KV_ERR(KV_ENOMEM, "out of memory for the normal equations");
     if ((s = kv_dist_agree(r->dist, s)) != KV_OK) goto done;
     if ((s = kv_dist_fold(r->dist, acc, len, r->n_shards, stats_part, &job)) != KV_OK) goto done;
     kv_status solved = KV_OK;
@@ -658,6 +663,14 @@ static kv_status fit_predictor(fit_run *r, int l, int stream, int n_inputs, cons
                 for (int o = 0; o < kvd; o++)
                     wt[(size_t)o * (size_t)n_in + (size_t)i] = fit.W[(size_t)i * (size_t)kvd + (size_t)o];
             memcpy(b, fit.b, (size_t)kvd * sizeof(float));
+            if (rank) { /* the rank-r map closest to the full one's predictions (ridge.c), bias refitted */
+                double lost = 0;
+                solved = kv_ridge_reduce_rank(left, right, b, &lost, &fit, &sum, rank);
+                if (solved != KV_OK) solved = kv_error_wrap(solved, "layer %d %s predictor, rank %d: ", l, stream ? "V" : "K", rank);
+                else
+                    kv_log(KV_LOG_DEBUG, "fit: layer %d %s predictor at rank %d: %.4g of the predictions' variance lost",
+                           l, stream ? "V" : "K", rank, lost);
+            }
         }
     }
     if ((s = kv_dist_agree(r->dist, solved)) != KV_OK) goto done;
@@ -665,9 +678,13 @@ static kv_status fit_predictor(fit_run *r, int l, int stream, int n_inputs, cons
         (s = kv_dist_bcast(r->dist, b, (size_t)kvd * sizeof(float), 0)) != KV_OK ||
         (s = kv_dist_bcast(r->dist, solve_info, sizeof solve_info, 0)) != KV_OK)
         goto done;
+    if (rank && ((s = kv_dist_bcast(r->dist, left, (size_t)kvd * (size_t)rank * sizeof(float), 0)) != KV_OK ||
+                 (s = kv_dist_bcast(r->dist, right, (size_t)rank * (size_t)n_in * sizeof(float), 0)) != KV_OK))
+        goto done;
     lr->ridge_rcond[stream] = solve_info[0];
     lr->ridge_fallback[stream] = solve_info[1];
     s = kv_plan_set_predictor(r->plan, l, stream, n_inputs, in_ids, wt, b);
+    if (s == KV_OK && rank) s = kv_plan_set_predictor_factors(r->plan, l, stream, rank, left, right); /* W = left right */
     /* rounded to the stored dtype now: the residuals below are quantized against the predictor the
      * runtime will read, not the f32 solution */
     if (s == KV_OK) s = kv_plan_set_predictor_dtype(r->plan, l, stream, r->cfg->aqua.predictor_dtype);
@@ -675,6 +692,8 @@ done:
     free(acc);
     free(wt);
     free(b);
+    free(left);
+    free(right);
     free(job.xb);
     kv_ridge_fit_free(&fit);
     kv_ridge_stats_free(&job.st);

@@ -102,6 +102,12 @@ typedef struct kv_ridge_fit {
  * Errors: KV_EINVAL (no samples, bad lambda), KV_ENUMERIC (non-finite statistics, i.e. NaN or Inf
  * activations; a coefficient that does not fit a float), KV_ENOMEM. */
 kv_status kv_ridge_solve(kv_ridge_fit *out, const kv_ridge_stats *s, double rel_lambda);
+/* A rank-r version of a fitted map (format 1.3's low-rank predictors, ridge.c says the choice): the rank-r map
+ * closest to f's predictions on the inputs summarized by s, as factors in the plan's layout (y = W' x + b):
+ * left n_out x r, right r x n_in, and the bias that keeps the mean prediction. *lost (may be NULL): the mean
+ * squared distance per sample between f's and the rank-r predictions. 1 <= r <= min(n_in, n_out). */
+kv_status kv_ridge_reduce_rank(float *left, float *right, float *bias, double *lost, const kv_ridge_fit *f,
+                               const kv_ridge_stats *s, int rank);
 /* The rcond threshold for n_in inputs (+ bias): (n_in + 1) * DBL_EPSILON * 2^12 (ridge.c says why). */
 double kv_ridge_rcond_threshold(int n_in);
 void kv_ridge_fit_free(kv_ridge_fit *f);

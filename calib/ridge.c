@@ -265,3 +265,73 @@ void kv_fit_error_free(kv_fit_error *e) {
     free(e->sum);
     memset(e, 0, sizeof *e);
 }
+
+/* Reduced rank (PLAN_FORMAT.md §6.5, format 1.3). Choice: the rank-r map whose predictions on the calibration
+ * inputs are closest, in squared error, to the full ridge map's: with P = (X - mean x) W the centred
+ * predictions, the best rank-r approximation of P (Eckart-Young) projects it onto the top r eigenvectors V_r
+ * of P^T P / n = W^T Cxx W, so W_r = W V_r V_r^T. This is reduced-rank regression applied to the ridge fit
+ * (for an OLS W it is exactly the least-squares optimum under the rank constraint, Izenman 1975); the bias is
+ * refitted so that the mean prediction is unchanged. The plan's layout (y = W' x + b, W' = W^T) gets
+ * left = V_r (n_out x r) and right = V_r^T W^T (r x n_in). *lost: the mean squared distance per sample
+ * between the full and the rank-r predictions, the sum of the n_out - r smallest eigenvalues. */
+kv_status kv_ridge_reduce_rank(float *left, float *right, float *bias, double *lost, const kv_ridge_fit *f,
+                               const kv_ridge_stats *s, int rank) {
+    const int ni = f->n_in, no = f->n_out, na = ni + 1;
+    if (!left || !right || !bias || !f->W || !s || s->n_in != ni || s->n_out != no || rank < 1 ||
+        rank > (ni < no ? ni : no))
+        return KV_ERR(KV_EINVAL, "ridge: rank %d for a %d -> %d map (1..%d)", rank, ni, no, ni < no ? ni : no);
+    const double n = s->G[(size_t)ni * na + ni]; /* the bias column's sum of squares: the sample count */
+    if (!(n > 0)) return KV_ERR(KV_EINVAL, "ridge: no samples to reduce the rank on");
+    double *mx = malloc((size_t)ni * sizeof(double)), *C = malloc((size_t)ni * ni * sizeof(double));
+    double *Wd = malloc((size_t)ni * no * sizeof(double)), *T = malloc((size_t)ni * no * sizeof(double));
+    double *M = malloc((size_t)no * no * sizeof(double)), *ev = malloc((size_t)no * sizeof(double));
+    kv_status st = KV_OK;
+    if (!mx || !C || !Wd || !T || !M || !ev) {
+        st = KV_ERR(KV_ENOMEM, "ridge: out of memory reducing a %d x %d map", ni, no);
+        goto done;
+    }
+    for (int i = 0; i < ni; i++) mx[i] = s->G[(size_t)i * na + ni] / n;
+    for (int i = 0; i < ni; i++) /* centred covariance of the inputs, from the upper triangle */
+        for (int j = 0; j < ni; j++) {
+            const double g = i <= j ? s->G[(size_t)i * na + j] : s->G[(size_t)j * na + i];
+            C[(size_t)i * ni + j] = g / n - mx[i] * mx[j];
+        }
+    for (size_t k = 0; k < (size_t)ni * no; k++) Wd[k] = f->W[k];
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ni, no, ni, 1.0, C, ni, Wd, no, 0.0, T, no);
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, no, no, ni, 1.0, Wd, no, T, no, 0.0, M, no);
+    for (int i = 0; i < no; i++) /* exactly symmetric for the eigensolver */
+        for (int j = 0; j < i; j++) M[(size_t)i * no + j] = M[(size_t)j * no + i] = 0.5 * (M[(size_t)i * no + j] + M[(size_t)j * no + i]);
+    lapack_int info = LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'U', no, M, no, ev); /* ascending; columns */
+    if (info != 0) {
+        st = KV_ERR(KV_ENUMERIC, "ridge: the eigensolver failed (LAPACKE_dsyevd info %d)", (int)info);
+        goto done;
+    }
+    double drop = 0;
+    for (int k = 0; k < no - rank; k++) drop += ev[k] > 0 ? ev[k] : 0.0;
+    if (lost) *lost = drop;
+    for (int o = 0; o < no; o++) /* left = V_r, the eigenvectors of the r largest eigenvalues, largest first */
+        for (int j = 0; j < rank; j++) left[(size_t)o * rank + j] = (float)M[(size_t)o * no + (no - 1 - j)];
+    for (int j = 0; j < rank; j++) /* right = V_r^T W^T */
+        for (int i = 0; i < ni; i++) {
+            double acc = 0;
+            for (int o = 0; o < no; o++) acc += M[(size_t)o * no + (no - 1 - j)] * Wd[(size_t)i * no + o];
+            right[(size_t)j * ni + i] = (float)acc;
+        }
+    for (int o = 0; o < no; o++) { /* b_r = b + mean_x (W - W_r): the mean prediction kept */
+        double acc = f->b[o];
+        for (int i = 0; i < ni; i++) {
+            double wr = 0;
+            for (int j = 0; j < rank; j++) wr += (double)left[(size_t)o * rank + j] * right[(size_t)j * ni + i];
+            acc += mx[i] * (Wd[(size_t)i * no + o] - wr);
+        }
+        bias[o] = (float)acc;
+    }
+done:
+    free(mx);
+    free(C);
+    free(Wd);
+    free(T);
+    free(M);
+    free(ev);
+    return st;
+}

@@ -38,6 +38,16 @@ static const kv_search_candidate k_cands[] = {
     {"aqua2", KV_FIT_AQUA, {"keys.bits=2", "values.bits=2", NULL}, "AQUA-KV predictors + HIGGS 2 bits"},
     {"aqua3", KV_FIT_AQUA, {"keys.bits=3", "values.bits=3", NULL}, "AQUA-KV predictors + HIGGS 3 bits"},
     {"aqua4", KV_FIT_AQUA, {"keys.bits=4", "values.bits=4", NULL}, "AQUA-KV predictors + HIGGS 4 bits"},
+    /* low-rank predictors (plan format 1.3): the rank is chosen by the same budget, as one more candidate per
+     * rank; on SmolLM2 (kv_dim 192) rank 32 stores 1/3 of a K and 1/4 of a V predictor, rank 64 2/3 and 1/2 */
+    {"aqua2r32", KV_FIT_AQUA, {"keys.bits=2", "values.bits=2", "aqua.rank=32", NULL},
+     "AQUA-KV rank-32 predictors + HIGGS 2 bits"},
+    {"aqua2r64", KV_FIT_AQUA, {"keys.bits=2", "values.bits=2", "aqua.rank=64", NULL},
+     "AQUA-KV rank-64 predictors + HIGGS 2 bits"},
+    {"aqua3r32", KV_FIT_AQUA, {"keys.bits=3", "values.bits=3", "aqua.rank=32", NULL},
+     "AQUA-KV rank-32 predictors + HIGGS 3 bits"},
+    {"aqua3r64", KV_FIT_AQUA, {"keys.bits=3", "values.bits=3", "aqua.rank=64", NULL},
+     "AQUA-KV rank-64 predictors + HIGGS 3 bits"},
     {"fp8", KV_FIT_FP8, {NULL}, "FP8 E4M3, calibrated tensor scale"},
     {"nvfp4", KV_FIT_NVFP4, {NULL}, "NVFP4, calibrated second-level scale"},
 };
@@ -144,6 +154,7 @@ static kv_status copy_stream(kv_plan *dst, const kv_plan *src, int layer, int st
     if (with_predictor && ss->predictor) {
         const kv_plan_predictor *pr = ss->predictor;
         kv_status s = kv_plan_set_predictor(dst, layer, stream, pr->n_inputs, pr->inputs, pr->weight, pr->bias);
+        if (s == KV_OK && pr->rank >= 1) s = kv_plan_set_predictor_factors(dst, layer, stream, pr->rank, pr->left, pr->right);
         if (s == KV_OK) s = kv_plan_set_predictor_dtype(dst, layer, stream, pr->dtype); /* already rounded: exact */
         return s;
     }
@@ -599,6 +610,10 @@ kv_status kv_search_refit_config(kv_fit_config *cfg, const kv_search_candidate *
             }
             if (s == KV_OK && st == KV_PLAN_K) {
                 snprintf(set, sizeof set, "layers.%d.key_pre_rope=%s", l, c->cache.pre_rope ? "true" : "false");
+                s = kv_fit_config_set_from(cfg, set, where);
+            }
+            if (s == KV_OK && cand_is_aqua(cands[k]) && c->aqua.rank != cfg->aqua.rank) {
+                snprintf(set, sizeof set, "layers.%d.%s_rank=%d", l, field, c->aqua.rank);
                 s = kv_fit_config_set_from(cfg, set, where);
             }
         }

@@ -69,6 +69,7 @@ static const key_desc k_keys[] = {
     {"aqua.value_uses_keys", T_BOOL, OFF(aqua.value_uses_keys), 0, 1, NULL},
     {"aqua.first_layer_bits", T_INT, OFF(aqua.first_layer_bits), 1, 16, NULL},
     {"aqua.predictor_dtype", T_ENUM, OFF(aqua.predictor_dtype), 0, 0, k_dtypes},
+    {"aqua.rank", T_INT, OFF(aqua.rank), 0, 65536, NULL},
     {"higgs.d", T_INT, OFF(higgs.d), 1, 8, NULL},
     {"higgs.n", T_INT, OFF(higgs.n), 0, 65536, NULL},
     {"higgs.group_size", T_INT, OFF(higgs.group_size), 0, 1 << 20, NULL},
@@ -125,6 +126,8 @@ static const struct layer_key {
     {"key_method", T_ENUM, LOFF(key_method), 0, 0, KV_FIT_LO_KEY_METHOD, k_methods},
     {"value_method", T_ENUM, LOFF(value_method), 0, 0, KV_FIT_LO_VALUE_METHOD, k_methods},
     {"key_pre_rope", T_BOOL, LOFF(key_pre_rope), 0, 1, KV_FIT_LO_KEY_PRE_ROPE, NULL},
+    {"key_rank", T_INT, LOFF(key_rank), 0, 65536, KV_FIT_LO_KEY_RANK, NULL},
+    {"value_rank", T_INT, LOFF(value_rank), 0, 65536, KV_FIT_LO_VALUE_RANK, NULL},
 };
 #undef LOFF
 enum { N_LAYER_KEYS = sizeof k_layer_keys / sizeof *k_layer_keys, MAX_LAYER = 4095 };
@@ -364,7 +367,7 @@ static kv_status set_path(kv_fit_config *c, const char *path, const char *text, 
         }
         return KV_ERR(KV_EINVAL,
                       "%s: unknown key '%s' (a layer override has key_bits, value_bits, rpc_ratio, key_rpc_ratio, value_rpc_ratio, key_eta, value_eta, "
-                      "prune_budget, key_method, value_method, key_pre_rope)", where, path);
+                      "prune_budget, key_method, value_method, key_pre_rope, key_rank, value_rank)", where, path);
     }
     char known[512];
     const char *dot = strrchr(path, '.');
@@ -814,6 +817,13 @@ int kv_fit_config_stream_method(const kv_fit_config *c, int layer, int stream) {
 int kv_fit_config_key_pre_rope(const kv_fit_config *c, int layer) {
     const kv_fit_layer_override *o = kv_fit_config_layer(c, layer);
     return o && (o->set & KV_FIT_LO_KEY_PRE_ROPE) ? o->key_pre_rope : c->cache.pre_rope;
+}
+
+int kv_fit_config_pred_rank(const kv_fit_config *c, int layer, int stream) {
+    const kv_fit_layer_override *o = kv_fit_config_layer(c, layer);
+    if (o && stream == 0 && (o->set & KV_FIT_LO_KEY_RANK)) return o->key_rank;
+    if (o && stream == 1 && (o->set & KV_FIT_LO_VALUE_RANK)) return o->value_rank;
+    return c->aqua.rank;
 }
 
 const kv_fit_layer_override *kv_fit_config_layer(const kv_fit_config *c, int layer) {

@@ -340,7 +340,7 @@ void kv_vocab_free(kv_vocab_data *v);
  * Indices: layers 0..n_layers-1; streams KV_PLAN_K (0) and KV_PLAN_V (1). kv_dim below means
  * fingerprint.n_kv_heads * fingerprint.head_dim. */
 #define KV_PLAN_VERSION_MAJOR 1
-#define KV_PLAN_VERSION_MINOR 2
+#define KV_PLAN_VERSION_MINOR 3
 #define KV_PLAN_MAX_PRED_INPUTS 8  /* PLAN_FORMAT.md §6.5 */
 
 typedef enum kv_plan_stream_id { KV_PLAN_K = 0, KV_PLAN_V = 1 } kv_plan_stream_id;
@@ -419,6 +419,10 @@ typedef struct kv_plan_predictor {
     int dtype;               /* (1.2) how the file stores weight and bias: KV_DTYPE_F32, or KV_DTYPE_F16
                                 (then every value in memory is an f16 value: kv_plan_set_predictor_dtype
                                 rounds them, so what the fit and the runtime use is what the file holds) */
+    int rank;                /* (1.3) 0: weight is what the file holds; r >= 1: the file holds the factors
+                                left (out_dim x r) and right (r x in_dim), W = left right, and `weight` is
+                                their product (kv_plan_set_predictor_factors; f16 rules apply to the factors) */
+    float *left, *right;     /* rank >= 1 only, row-major */
 } kv_plan_predictor;
 
 /* SQuat key quantization parameters (key streams only). */
@@ -504,7 +508,8 @@ typedef struct kv_plan_file_info {
 #define KV_PLAN_FEAT_PRED_F16 0x200ull  /* required (1.2): a predictor is stored in f16 */
 #define KV_PLAN_FEAT_SQUAT_STATIC 0x100ull /* required (1.2): a SQuat stream uses its stored basis for
                                               every sequence (older readers would compute the prompt's) */
-#define KV_PLAN_REQUIRED_KNOWN 0x3ffull
+#define KV_PLAN_FEAT_PRED_LOWRANK 0x400ull /* required (1.3): a predictor is stored as two low-rank factors */
+#define KV_PLAN_REQUIRED_KNOWN 0x7ffull
 #define KV_PLAN_OPT_REPORT 0x1ull        /* optional: calibration report section present */
 #define KV_PLAN_OPT_SQUAT_BASIS 0x2ull   /* optional: a static SQuat basis is stored */
 #define KV_PLAN_OPT_PROVENANCE 0x4ull    /* optional: provenance section present */
@@ -539,6 +544,14 @@ kv_status kv_plan_set_squat(kv_plan *p, int layer, int r, float lambda, int g, c
 /* How the predictor of (layer, stream) is stored: KV_DTYPE_F32 or KV_DTYPE_F16. F16 rounds its weight
  * and bias to the nearest f16 in place; a value beyond the f16 range (|x| > 65504) is KV_EINVAL. */
 kv_status kv_plan_set_predictor_dtype(kv_plan *p, int layer, int stream, int dtype);
+/* (1.3) Store the predictor of (layer, stream) as rank-r factors: W = left (out_dim x r) right (r x in_dim),
+ * copied; `weight` becomes their product (double sums over k in order, rounded once to f32, the same on
+ * every machine: validation recomputes it). 1 <= r <= min(out_dim, in_dim). A predictor stored in f16 has
+ * its factors rounded (kv_plan_set_predictor_dtype, before or after). */
+kv_status kv_plan_set_predictor_factors(kv_plan *p, int layer, int stream, int rank, const float *left,
+                                        const float *right);
+/* The product of a low-rank predictor's factors into its weight (no-op for rank 0). */
+void kv_plan_predictor_expand(kv_plan_predictor *pr);
 kv_status kv_plan_set_fp_scales(kv_plan *p, int layer, int stream, int n, const float *scales);
 /* 1 when the method is one of the float formats (FP8 E4M3, E5M2, NVFP4). */
 int kv_plan_method_is_float(int method);
@@ -655,6 +668,7 @@ typedef struct kv_fit_layer_override {
     int key_method, value_method; /* kv_fit_method of one stream (a mixed plan: kvcal search's refit); kivi,
                                      higgs, aqua, aqua-uniform, fp8 or nvfp4 */
     int key_pre_rope;        /* the layer's keys stored before RoPE (1) or after (0); wins over cache.pre_rope */
+    int key_rank, value_rank; /* a predicted stream's predictor rank (0 full); win over aqua.rank */
     char where[128];         /* where the override was first set ("file:line:col", "command line") */
 } kv_fit_layer_override;
 #define KV_FIT_LO_KEY_BITS 0x1u
@@ -668,6 +682,8 @@ typedef struct kv_fit_layer_override {
 #define KV_FIT_LO_KEY_METHOD 0x100u
 #define KV_FIT_LO_VALUE_METHOD 0x200u
 #define KV_FIT_LO_KEY_PRE_ROPE 0x400u
+#define KV_FIT_LO_KEY_RANK 0x800u
+#define KV_FIT_LO_VALUE_RANK 0x1000u
 
 typedef struct kv_fit_config {
     kv_fit_method method;
@@ -694,6 +710,8 @@ typedef struct kv_fit_config {
         int value_uses_keys;     /* V predictor input [V_prev; K_hat] (1) or V_prev (0) */
         int first_layer_bits;    /* bits of layer 0 (quantized directly) */
         int predictor_dtype;     /* KV_DTYPE_F16 (default) or KV_DTYPE_F32: how the plan stores predictors */
+        int rank;                /* 0: full predictors; r >= 1: rank-r factors (plan format 1.3), capped at
+                                    kv_dim (a rank that would not save bytes is still honoured) */
     } aqua;
     struct {
         int d;                   /* grid dimension: 1, 2, 4 or 8 */
@@ -775,6 +793,8 @@ const kv_fit_layer_override *kv_fit_config_layer(const kv_fit_config *c, int lay
 int kv_fit_config_stream_method(const kv_fit_config *c, int layer, int stream);
 /* Whether the layer's keys are stored before RoPE: layers.N.key_pre_rope, else cache.pre_rope. */
 int kv_fit_config_key_pre_rope(const kv_fit_config *c, int layer);
+/* The predictor rank of a stream: layers.N.key_rank / value_rank, else aqua.rank (0 = full). */
+int kv_fit_config_pred_rank(const kv_fit_config *c, int layer, int stream);
 const char *kv_fit_method_name(int method);
 
 #ifdef __cplusplus

@@ -174,6 +174,8 @@ kv_status kv_plan_create(kv_plan **out, const kv_plan_fingerprint *fp) {
 
 static void predictor_free(kv_plan_predictor *pr) {
     if (!pr) return;
+    free(pr->left);
+    free(pr->right);
     free(pr->weight);
     free(pr->bias);
     free(pr);
@@ -287,6 +289,19 @@ kv_status kv_plan_set_predictor(kv_plan *p, int layer, int stream, int n_inputs,
     return KV_OK;
 }
 
+/* The arrays the file holds for a predictor (§6.5): weight and bias, or (1.3) left, right and bias. */
+static int stored_arrays(kv_plan_predictor *pr, float **arr, size_t *len) {
+    if (pr->rank >= 1) {
+        arr[0] = pr->left, len[0] = (size_t)pr->out_dim * (size_t)pr->rank;
+        arr[1] = pr->right, len[1] = (size_t)pr->rank * (size_t)pr->in_dim;
+        arr[2] = pr->bias, len[2] = (size_t)pr->out_dim;
+        return 3;
+    }
+    arr[0] = pr->weight, len[0] = (size_t)pr->out_dim * (size_t)pr->in_dim;
+    arr[1] = pr->bias, len[1] = (size_t)pr->out_dim;
+    return 2;
+}
+
 kv_status kv_plan_set_predictor_dtype(kv_plan *p, int layer, int stream, int dtype) {
     kv_status s = check_layer_stream(p, layer, stream, "kv_plan_set_predictor_dtype");
     if (s != KV_OK) return s;
@@ -296,20 +311,63 @@ kv_status kv_plan_set_predictor_dtype(kv_plan *p, int layer, int stream, int dty
                       kv_plan_stream_name(stream));
     if (dtype != KV_DTYPE_F32 && dtype != KV_DTYPE_F16)
         return KV_ERR(KV_EINVAL, "kv_plan_set_predictor_dtype: dtype %d is neither f32 nor f16", dtype);
-    if (dtype == KV_DTYPE_F16) {
-        const size_t nw = (size_t)pr->out_dim * (size_t)pr->in_dim;
-        for (size_t i = 0; i < nw + (size_t)pr->out_dim; i++) {
-            float *v = i < nw ? &pr->weight[i] : &pr->bias[i - nw];
-            if (!(fabsf(*v) <= 65504.0f))
-                return KV_ERR(KV_EINVAL, "kv_plan_set_predictor_dtype: layer %d %s predictor value %g does not fit f16",
-                              layer, kv_plan_stream_name(stream), (double)*v);
-        }
-        for (size_t i = 0; i < nw + (size_t)pr->out_dim; i++) {
-            float *v = i < nw ? &pr->weight[i] : &pr->bias[i - nw];
-            *v = kv_f16_to_f32(kv_f32_to_f16(*v));
-        }
+    if (dtype == KV_DTYPE_F16) { /* what the file holds: the weight, or (1.3) the two factors; and the bias */
+        float *arr[3];
+        size_t len[3];
+        const int n = stored_arrays(pr, arr, len);
+        for (int a = 0; a < n; a++)
+            for (size_t i = 0; i < len[a]; i++)
+                if (!(fabsf(arr[a][i]) <= 65504.0f))
+                    return KV_ERR(KV_EINVAL, "kv_plan_set_predictor_dtype: layer %d %s predictor value %g does not fit "
+                                  "f16", layer, kv_plan_stream_name(stream), (double)arr[a][i]);
+        for (int a = 0; a < n; a++)
+            for (size_t i = 0; i < len[a]; i++) arr[a][i] = kv_f16_to_f32(kv_f32_to_f16(arr[a][i]));
+        kv_plan_predictor_expand(pr);
     }
     pr->dtype = dtype;
+    return KV_OK;
+}
+
+/* W[o][i] of a low-rank predictor: the sum over k in order, in double, rounded once (§6.5: every reader's) */
+static float factor_product(const kv_plan_predictor *pr, int o, int i) {
+    double acc = 0;
+    for (int k = 0; k < pr->rank; k++)
+        acc += (double)pr->left[(size_t)o * pr->rank + k] * (double)pr->right[(size_t)k * pr->in_dim + i];
+    return (float)acc;
+}
+
+void kv_plan_predictor_expand(kv_plan_predictor *pr) {
+    if (!pr || pr->rank < 1 || !pr->left || !pr->right || !pr->weight) return;
+    for (int o = 0; o < pr->out_dim; o++)
+        for (int i = 0; i < pr->in_dim; i++) pr->weight[(size_t)o * pr->in_dim + i] = factor_product(pr, o, i);
+}
+
+kv_status kv_plan_set_predictor_factors(kv_plan *p, int layer, int stream, int rank, const float *left,
+                                        const float *right) {
+    kv_status s = check_layer_stream(p, layer, stream, "kv_plan_set_predictor_factors");
+    if (s != KV_OK) return s;
+    kv_plan_predictor *pr = p->layers[layer].stream[stream].predictor;
+    if (!pr)
+        return KV_ERR(KV_EINVAL, "kv_plan_set_predictor_factors: layer %d %s has no predictor", layer,
+                      kv_plan_stream_name(stream));
+    const int max_rank = pr->out_dim < pr->in_dim ? pr->out_dim : pr->in_dim;
+    if (rank < 1 || rank > max_rank || !left || !right)
+        return KV_ERR(KV_EINVAL, "kv_plan_set_predictor_factors: layer %d %s: rank %d (1..%d) and both factors are "
+                      "required", layer, kv_plan_stream_name(stream), rank, max_rank);
+    float *l = dup_floats(left, (size_t)pr->out_dim * (size_t)rank);
+    float *r = dup_floats(right, (size_t)rank * (size_t)pr->in_dim);
+    if (!l || !r) {
+        free(l);
+        free(r);
+        return KV_ERR(KV_ENOMEM, "out of memory copying rank-%d factors", rank);
+    }
+    free(pr->left);
+    free(pr->right);
+    pr->left = l;
+    pr->right = r;
+    pr->rank = rank;
+    if (pr->dtype == KV_DTYPE_F16) return kv_plan_set_predictor_dtype(p, layer, stream, KV_DTYPE_F16);
+    kv_plan_predictor_expand(pr);
     return KV_OK;
 }
 
@@ -556,13 +614,28 @@ static kv_status validate_stream(const kv_plan *p, int l, int stream) {
             return SERR("predictor has a NaN or infinite weight");
         if (pr->dtype != KV_DTYPE_F32 && pr->dtype != KV_DTYPE_F16)
             return SERR("predictor dtype %d is neither f32 nor f16", pr->dtype);
+        if (pr->rank != 0) { /* 1.3: the weight must be the product of the stored factors */
+            const int max_rank = pr->out_dim < pr->in_dim ? pr->out_dim : pr->in_dim;
+            if (pr->rank < 1 || pr->rank > max_rank || !pr->left || !pr->right)
+                return SERR("low-rank predictor of rank %d (1..%d) without both factors", pr->rank, max_rank);
+            if (!all_finite(pr->left, (size_t)pr->out_dim * (size_t)pr->rank) ||
+                !all_finite(pr->right, (size_t)pr->rank * (size_t)pr->in_dim))
+                return SERR("predictor has a NaN or infinite factor");
+            for (int o = 0; o < pr->out_dim; o++)
+                for (int i = 0; i < pr->in_dim; i++)
+                    if (factor_product(pr, o, i) != pr->weight[(size_t)o * pr->in_dim + i])
+                        return SERR("predictor weight [%d, %d] is not the product of its rank-%d factors", o, i,
+                                    pr->rank);
+        }
         if (pr->dtype == KV_DTYPE_F16) { /* the file would hold other values than memory */
-            const size_t nw = (size_t)pr->out_dim * (size_t)pr->in_dim;
-            for (size_t i = 0; i < nw + (size_t)pr->out_dim; i++) {
-                const float v = i < nw ? pr->weight[i] : pr->bias[i - nw];
-                if (kv_f16_to_f32(kv_f32_to_f16(v)) != v)
-                    return SERR("predictor is stored in f16 but value %zu (%g) is not an f16 value", i, (double)v);
-            }
+            float *arr[3];
+            size_t len[3];
+            const int n = stored_arrays((kv_plan_predictor *)pr, arr, len);
+            for (int a = 0; a < n; a++)
+                for (size_t i = 0; i < len[a]; i++)
+                    if (kv_f16_to_f32(kv_f32_to_f16(arr[a][i])) != arr[a][i])
+                        return SERR("predictor is stored in f16 but value %zu (%g) is not an f16 value", i,
+                                    (double)arr[a][i]);
         }
     }
     if (s->squat) {
@@ -671,6 +744,7 @@ uint64_t kv_plan_required_features(const kv_plan *p) {
             if (s->squat) f |= KV_PLAN_FEAT_SQUAT;
             if (s->squat && s->squat->static_subspace) f |= KV_PLAN_FEAT_SQUAT_STATIC;
             if (s->predictor && s->predictor->dtype == KV_DTYPE_F16) f |= KV_PLAN_FEAT_PRED_F16;
+            if (s->predictor && s->predictor->rank >= 1) f |= KV_PLAN_FEAT_PRED_LOWRANK;
             if (s->pack == KV_PLAN_PACK_3BIT_11) f |= KV_PLAN_FEAT_PACK3_11;
             if (kv_plan_method_is_float(s->method)) f |= KV_PLAN_FEAT_FLOAT;
         }
@@ -723,8 +797,10 @@ double kv_plan_stream_bits(const kv_plan *p, int layer, int stream) {
 uint64_t kv_plan_stream_predictor_bytes(const kv_plan *p, int layer, int stream) {
     if (!p || layer < 0 || layer >= p->n_layers || stream < 0 || stream > 1) return 0;
     const kv_plan_predictor *pr = p->layers[layer].stream[stream].predictor;
-    return pr ? (pr->dtype == KV_DTYPE_F16 ? 2u : 4u) * ((uint64_t)pr->out_dim * (uint64_t)pr->in_dim + (uint64_t)pr->out_dim)
-              : 0u;
+    if (!pr) return 0u;
+    const uint64_t w = pr->rank >= 1 ? (uint64_t)pr->rank * ((uint64_t)pr->out_dim + (uint64_t)pr->in_dim)
+                                     : (uint64_t)pr->out_dim * (uint64_t)pr->in_dim;
+    return (pr->dtype == KV_DTYPE_F16 ? 2u : 4u) * (w + (uint64_t)pr->out_dim);
 }
 
 uint64_t kv_plan_predictor_bytes(const kv_plan *p) {

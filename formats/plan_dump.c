@@ -56,7 +56,8 @@ static double l2norm(const float *v, size_t n) {
 
 static json_t *feature_list(uint64_t bits, int required, int *ok) {
     static const char *const req[] = {"ZLIB",    "HIGGS",    "PREDICTOR", "SHARED_CODES", "SQUAT",
-                                      "PRUNING", "PACK3_11", "FLOAT",     "SQUAT_STATIC", "PRED_F16"};
+                                      "PRUNING", "PACK3_11", "FLOAT",     "SQUAT_STATIC", "PRED_F16",
+                                      "PRED_LOWRANK"};
     static const char *const opt[] = {"REPORT", "SQUAT_BASIS", "PROVENANCE"};
     const char *const *names = required ? req : opt;
     const int n_names = required ? (int)(sizeof req / sizeof *req) : (int)(sizeof opt / sizeof *opt);
@@ -201,9 +202,14 @@ static json_t *dump_stream(const kv_plan *p, int l, int st, int full, int *ok) {
         push(shape, jint(pr->out_dim), ok);
         push(shape, jint(pr->in_dim), ok);
         put(po, "shape", shape, ok);
+        if (pr->rank >= 1) put(po, "rank", jint(pr->rank), ok);
         const size_t nw = (size_t)pr->out_dim * (size_t)pr->in_dim;
         put(po, "weight_norm", json_real(l2norm(pr->weight, nw)), ok);
         put(po, "bias_norm", json_real(l2norm(pr->bias, (size_t)pr->out_dim)), ok);
+        if (full && pr->rank >= 1) {
+            put(po, "left", float_array(pr->left, (size_t)pr->out_dim * (size_t)pr->rank, ok), ok);
+            put(po, "right", float_array(pr->right, (size_t)pr->rank * (size_t)pr->in_dim, ok), ok);
+        }
         if (full) {
             put(po, "weight", float_array(pr->weight, nw, ok), ok);
             put(po, "bias", float_array(pr->bias, (size_t)pr->out_dim, ok), ok);

@@ -223,11 +223,14 @@ static kv_status read_stream(reader *r, cursor *c, int l, int st) {
     const uint32_t reserved = rd_u32(c, "stream reserved");
     if (c->err != KV_OK) return c->err;
     if (flags & ~(KV_PLAN_SF_PRE_ROPE | KV_PLAN_SF_PREDICTOR | KV_PLAN_SF_SQUAT | KV_PLAN_SF_FP_SCALES |
-                  KV_PLAN_SF_SQUAT_STATIC | KV_PLAN_SF_PRED_F16))
+                  KV_PLAN_SF_SQUAT_STATIC | KV_PLAN_SF_PRED_F16 | KV_PLAN_SF_PRED_LOWRANK))
         return KV_ERR(KV_EFORMAT, "layer %d %s: unknown stream flags 0x%x", l, kv_plan_stream_name(st), flags);
     if (reserved != 0) return KV_ERR(KV_EFORMAT, "layer %d %s: reserved field is %u, not 0", l, kv_plan_stream_name(st), reserved);
     if ((flags & KV_PLAN_SF_PRED_F16) && !(flags & KV_PLAN_SF_PREDICTOR))
         return KV_ERR(KV_EFORMAT, "layer %d %s: PRED_F16 flag without the PREDICTOR flag", l, kv_plan_stream_name(st));
+    if ((flags & KV_PLAN_SF_PRED_LOWRANK) && !(flags & KV_PLAN_SF_PREDICTOR))
+        return KV_ERR(KV_EFORMAT, "layer %d %s: PRED_LOWRANK flag without the PREDICTOR flag", l,
+                      kv_plan_stream_name(st));
     if ((flags & KV_PLAN_SF_SQUAT_STATIC) && !(flags & KV_PLAN_SF_SQUAT))
         return KV_ERR(KV_EFORMAT, "layer %d %s: SQUAT_STATIC flag without the SQUAT flag", l, kv_plan_stream_name(st));
     s->pre_rope = (flags & KV_PLAN_SF_PRE_ROPE) ? 1 : 0;
@@ -301,15 +304,23 @@ static kv_status read_pred(reader *r, cursor *c) {
         if (pr->out_dim != kv_dim || pr->in_dim != (int)n_in * kv_dim)
             return KV_ERR(KV_EFORMAT, "layer %u %s: predictor is %ux%u, expected %dx%d", l, kv_plan_stream_name((int)st),
                           (unsigned)pr->out_dim, (unsigned)pr->in_dim, kv_dim, (int)n_in * kv_dim);
-        if (r->stream_flags[key] & KV_PLAN_SF_PRED_F16) {
-            pr->dtype = KV_DTYPE_F16;
-            pr->weight = rd_f16s(c, (uint64_t)pr->out_dim * (uint64_t)pr->in_dim, "predictor weight");
-            pr->bias = rd_f16s(c, (uint64_t)pr->out_dim, "predictor bias");
+        const int f16 = (r->stream_flags[key] & KV_PLAN_SF_PRED_F16) != 0;
+        pr->dtype = f16 ? KV_DTYPE_F16 : KV_DTYPE_F32;
+        if (r->stream_flags[key] & KV_PLAN_SF_PRED_LOWRANK) { /* 1.3: rank, left, right, bias */
+            const int max_rank = pr->out_dim < pr->in_dim ? pr->out_dim : pr->in_dim;
+            pr->rank = (int)rd_range(c, 1, (uint32_t)max_rank, "predictor rank");
+            if (c->err != KV_OK) return c->err;
+            const uint64_t nl = (uint64_t)pr->out_dim * (uint64_t)pr->rank, nr = (uint64_t)pr->rank * (uint64_t)pr->in_dim;
+            pr->left = f16 ? rd_f16s(c, nl, "predictor left factor") : rd_f32s(c, nl, "predictor left factor");
+            pr->right = f16 ? rd_f16s(c, nr, "predictor right factor") : rd_f32s(c, nr, "predictor right factor");
+            if (c->err == KV_OK && !(pr->weight = malloc((size_t)pr->out_dim * (size_t)pr->in_dim * sizeof(float))))
+                return KV_ERR(KV_ENOMEM, "out of memory for a %dx%d predictor", pr->out_dim, pr->in_dim);
+            kv_plan_predictor_expand(pr);
         } else {
-            pr->dtype = KV_DTYPE_F32;
-            pr->weight = rd_f32s(c, (uint64_t)pr->out_dim * (uint64_t)pr->in_dim, "predictor weight");
-            pr->bias = rd_f32s(c, (uint64_t)pr->out_dim, "predictor bias");
+            pr->weight = f16 ? rd_f16s(c, (uint64_t)pr->out_dim * (uint64_t)pr->in_dim, "predictor weight")
+                             : rd_f32s(c, (uint64_t)pr->out_dim * (uint64_t)pr->in_dim, "predictor weight");
         }
+        pr->bias = f16 ? rd_f16s(c, (uint64_t)pr->out_dim, "predictor bias") : rd_f32s(c, (uint64_t)pr->out_dim, "predictor bias");
         if (c->err != KV_OK) return c->err;
     }
     return finish(r, c);
@@ -595,6 +606,7 @@ static const char *feature_name(uint64_t bit) {
     case KV_PLAN_FEAT_FLOAT: return "FLOAT";
     case KV_PLAN_FEAT_SQUAT_STATIC: return "SQUAT_STATIC";
     case KV_PLAN_FEAT_PRED_F16: return "PRED_F16";
+    case KV_PLAN_FEAT_PRED_LOWRANK: return "PRED_LOWRANK";
     }
     return "?";
 }

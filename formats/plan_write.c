@@ -141,6 +141,7 @@ static void put_stream(kv_buf *b, const kv_plan_stream *s) { /* §6.4 stream rec
     if (s->squat) flags |= KV_PLAN_SF_SQUAT;
     if (s->squat && s->squat->static_subspace) flags |= KV_PLAN_SF_SQUAT_STATIC;
     if (s->predictor && s->predictor->dtype == KV_DTYPE_F16) flags |= KV_PLAN_SF_PRED_F16;
+    if (s->predictor && s->predictor->rank >= 1) flags |= KV_PLAN_SF_PRED_LOWRANK;
     if (s->fp_scales) flags |= KV_PLAN_SF_FP_SCALES;
     kv_buf_u32(b, (uint32_t)s->method);
     kv_buf_u32(b, (uint32_t)s->bits);
@@ -185,13 +186,16 @@ static void put_pred(kv_buf *b, const kv_plan *p) { /* §6.5 */
             }
             kv_buf_u32(b, (uint32_t)pr->out_dim);
             kv_buf_u32(b, (uint32_t)pr->in_dim);
-            if (pr->dtype == KV_DTYPE_F16) { /* 1.2, stream flag PRED_F16; exact: validation checked */
-                kv_buf_f16s(b, pr->weight, (size_t)pr->out_dim * (size_t)pr->in_dim);
-                kv_buf_f16s(b, pr->bias, (size_t)pr->out_dim);
+            /* 1.2, stream flag PRED_F16: f16 values (exact: validation checked); 1.3, PRED_LOWRANK: the factors */
+            void (*put)(kv_buf *, const float *, size_t) = pr->dtype == KV_DTYPE_F16 ? kv_buf_f16s : kv_buf_f32s;
+            if (pr->rank >= 1) {
+                kv_buf_u32(b, (uint32_t)pr->rank);
+                put(b, pr->left, (size_t)pr->out_dim * (size_t)pr->rank);
+                put(b, pr->right, (size_t)pr->rank * (size_t)pr->in_dim);
             } else {
-                kv_buf_f32s(b, pr->weight, (size_t)pr->out_dim * (size_t)pr->in_dim);
-                kv_buf_f32s(b, pr->bias, (size_t)pr->out_dim);
+                put(b, pr->weight, (size_t)pr->out_dim * (size_t)pr->in_dim);
             }
+            put(b, pr->bias, (size_t)pr->out_dim);
         }
 }
 

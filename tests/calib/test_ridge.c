@@ -5,7 +5,9 @@
 #include "kv_test.h"
 #include "kv_calib.h"
 
+#include <lapacke.h>
 #include <math.h>
+#include <string.h>
 
 static void fill_normal(float *x, size_t n, kv_rng *r) {
     for (size_t i = 0; i < n; i++) x[i] = (float)kv_rng_next_normal(r);
@@ -281,6 +283,92 @@ START_TEST(test_non_finite_and_bad_calls) {
 }
 END_TEST
 
+/* Reduced rank: checked against an independent computation of the same optimum. Eckart-Young: the best
+ * rank-r approximation of the centred full-rank predictions P (n x dout) leaves the sum of its trailing
+ * squared singular values (LAPACKE_dgesvd on P itself, not the eigensolver of W^T Cxx W the code uses);
+ * the rank-r map's predictions, computed here on the data, must be exactly that far from the full map's
+ * (mean per sample), *lost must say so, the mean prediction is kept, and rank = dout gives back W. */
+START_TEST(test_reduced_rank) {
+    const int n = 600, din = 12, dout = 6;
+    float *x = malloc(sizeof(float) * n * din), *y = malloc(sizeof(float) * n * dout);
+    double *P = malloc(sizeof(double) * n * dout), *Pr = malloc(sizeof(double) * n * dout);
+    kv_rng r;
+    kv_rng_init(&r, 23);
+    fill_normal(x, (size_t)n * din, &r);
+    for (int i = 0; i < n * din; i++) x[i] += 0.5f * (float)(i % din); /* non-zero means: the bias matters */
+    for (int t = 0; t < n; t++) /* y = rank-3 map of x + a little noise + offsets */
+        for (int o = 0; o < dout; o++) {
+            double acc = 0.3 * o;
+            for (int k = 0; k < 3; k++) {
+                double u = 0;
+                for (int i = 0; i < din; i++) u += x[t * din + i] * sin(1.0 + i * 0.7 + k * 1.3);
+                acc += u * cos(0.4 + o * 0.9 + k * 2.1);
+            }
+            y[t * dout + o] = (float)(acc + 0.05 * kv_rng_next_normal(&r));
+        }
+    kv_ridge_stats s;
+    ck_assert_kv_ok(kv_ridge_stats_init(&s, din, dout));
+    ck_assert_kv_ok(kv_ridge_stats_add(&s, x, din, y, dout, n));
+    kv_ridge_fit f;
+    ck_assert_kv_ok(kv_ridge_solve(&f, &s, 1e-3));
+    double mx[12] = {0};
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < din; i++) mx[i] += x[t * din + i] / (double)n;
+    for (int t = 0; t < n; t++) /* centred full-rank predictions */
+        for (int o = 0; o < dout; o++) {
+            double acc = 0;
+            for (int i = 0; i < din; i++) acc += (x[t * din + i] - mx[i]) * f.W[i * dout + o];
+            P[t * dout + o] = acc;
+        }
+    double sv[6], U1, VT1, superb[6];
+    memcpy(Pr, P, sizeof(double) * n * dout);
+    ck_assert_int_eq(LAPACKE_dgesvd(LAPACK_ROW_MAJOR, 'N', 'N', n, dout, Pr, dout, sv, &U1, 1, &VT1, 1, superb), 0);
+    for (int rank = 1; rank <= dout; rank++) {
+        float left[6 * 6], right[6 * 12], bias[6];
+        double lost = -1;
+        ck_assert_kv_ok(kv_ridge_reduce_rank(left, right, bias, &lost, &f, &s, rank));
+        double eckart = 0, dist = 0;
+        for (int k = rank; k < dout; k++) eckart += sv[k] * sv[k] / n;
+        double mean_full[6] = {0}, mean_r[6] = {0};
+        for (int t = 0; t < n; t++)
+            for (int o = 0; o < dout; o++) {
+                double full = f.b[o], red = bias[o];
+                for (int i = 0; i < din; i++) {
+                    double w = 0;
+                    for (int j = 0; j < rank; j++) w += (double)left[o * rank + j] * right[j * din + i];
+                    full += x[t * din + i] * (double)f.W[i * dout + o];
+                    red += x[t * din + i] * w;
+                }
+                dist += (full - red) * (full - red) / n;
+                mean_full[o] += full / n;
+                mean_r[o] += red / n;
+            }
+        /* float factors and float data: 1e-4 relative to the predictions' scale covers their rounding */
+        const double scale = sv[0] * sv[0] / n;
+        ck_assert_msg(fabs(dist - eckart) <= 1e-4 * scale, "rank %d: distance %.9g, Eckart-Young %.9g", rank, dist, eckart);
+        ck_assert_msg(fabs(lost - eckart) <= 1e-6 * scale, "rank %d: lost %.9g, Eckart-Young %.9g", rank, lost, eckart);
+        for (int o = 0; o < dout; o++) ck_assert_double_eq_tol(mean_r[o], mean_full[o], 1e-4 * sqrt(scale));
+        if (rank == 3) ck_assert_msg(eckart < 1e-3 * scale, "the data are rank 3 + noise: %g of %g", eckart, scale);
+        if (rank == dout)
+            for (int i = 0; i < din; i++)
+                for (int o = 0; o < dout; o++) {
+                    double w = 0;
+                    for (int j = 0; j < rank; j++) w += (double)left[o * rank + j] * right[j * din + i];
+                    ck_assert_double_eq_tol(w, f.W[i * dout + o], 1e-5 * (1 + fabs(f.W[i * dout + o])));
+                }
+    }
+    float l1[6], r1[12], b1[6];
+    ck_assert_int_eq(kv_ridge_reduce_rank(l1, r1, b1, NULL, &f, &s, 0), KV_EINVAL);
+    ck_assert_int_eq(kv_ridge_reduce_rank(l1, r1, b1, NULL, &f, &s, 7), KV_EINVAL);
+    kv_ridge_fit_free(&f);
+    kv_ridge_stats_free(&s);
+    free(x);
+    free(y);
+    free(P);
+    free(Pr);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("calib-ridge");
     TCase *tc = tcase_create("ridge");
@@ -290,6 +378,7 @@ int main(void) {
     tcase_add_loop_test(tc, test_collinear_min_norm, 0, (int)(sizeof k_collinear / sizeof *k_collinear));
     tcase_add_test(tc, test_constant_and_zero_columns);
     tcase_add_test(tc, test_non_finite_and_bad_calls);
+    tcase_add_test(tc, test_reduced_rank);
     suite_add_tcase(s, tc);
     return kv_test_run(s);
 }

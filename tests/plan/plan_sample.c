@@ -130,6 +130,24 @@ kv_status plan_sample_make_v1_2(kv_plan **out) {
     return KV_OK;
 }
 
+kv_status plan_sample_make_v1_3(kv_plan **out) {
+    kv_plan *p = NULL;
+    kv_status s = plan_sample_make_v1_2(&p);
+    if (s != KV_OK) return s;
+    /* factors on a 1/8 grid (f16 values, small products: the product is exact in f32 as well) */
+    float lk[8 * 2], rk[2 * 8], lv[8 * 3], rv[3 * 16];
+    for (int i = 0; i < 16; i++) lk[i] = (float)((i * 5) % 9 - 4) / 8.0f, rk[i] = (float)((i * 3) % 7 - 3) / 8.0f;
+    for (int i = 0; i < 24; i++) lv[i] = (float)((i * 7) % 11 - 5) / 8.0f;
+    for (int i = 0; i < 48; i++) rv[i] = (float)((i * 5) % 13 - 6) / 8.0f;
+    if ((s = kv_plan_set_predictor_factors(p, 1, KV_PLAN_K, 2, lk, rk)) != KV_OK ||
+        (s = kv_plan_set_predictor_factors(p, 1, KV_PLAN_V, 3, lv, rv)) != KV_OK) {
+        kv_plan_free(p);
+        return s;
+    }
+    *out = p;
+    return KV_OK;
+}
+
 /* ---- comparison ---------------------------------------------------------------------------- */
 static int feq(float a, float b) { return (isnan(a) && isnan(b)) || memcmp(&a, &b, sizeof a) == 0; }
 static int farr_eq(const float *a, const float *b, size_t n) {
@@ -186,6 +204,9 @@ int plan_equal(const kv_plan *a, const kv_plan *b, char *why, size_t why_n) {
                     !farr_eq(pa->bias, pb->bias, (size_t)pa->out_dim))
                     DIFF("layer %d stream %d predictor values", l, st);
                 if (pa->dtype != pb->dtype) DIFF("layer %d stream %d predictor dtype", l, st);
+                if (pa->rank != pb->rank || (pa->rank >= 1 && (!farr_eq(pa->left, pb->left, (size_t)pa->out_dim * (size_t)pa->rank) ||
+                                                               !farr_eq(pa->right, pb->right, (size_t)pa->rank * (size_t)pa->in_dim))))
+                    DIFF("layer %d stream %d predictor factors", l, st);
             }
             if (x->n_fp_scales != y->n_fp_scales || !farr_eq(x->fp_scales, y->fp_scales, (size_t)x->n_fp_scales))
                 DIFF("layer %d stream %d tensor scales differ", l, st);

@@ -879,7 +879,7 @@ START_TEST(test_dump_json) {
     json_t *root = json_loads(text, 0, &err);
     ck_assert_msg(root != NULL, "JSON: %s at line %d", err.text, err.line);
     ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(root, "fingerprint"), "n_layers")), 3);
-    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(root, "format"), "version")), "1.2");
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(root, "format"), "version")), "1.3");
     json_t *layers = json_object_get(root, "layers");
     ck_assert_uint_eq(json_array_size(layers), 3);
     json_t *k1 = json_object_get(json_array_get(layers, 1), "K");
@@ -973,6 +973,19 @@ START_TEST(test_golden_v1_1) {
 }
 END_TEST
 
+/* A plan serialized with a required feature bit cleared (CRCs repaired) is refused, naming the feature. */
+static void assert_refused_without_feature(const kv_plan *p, uint64_t bit, const char *name) {
+    uint8_t *b = NULL;
+    size_t n = 0;
+    kv_plan *q = NULL;
+    serialize(&b, &n, p, &k_plain);
+    kv_store_u64le(b + 32, kv_load_u64le(b + 32) & ~bit);
+    plan_bytes_repair_crcs(b, n);
+    ck_assert_int_eq(kv_plan_read_memory(&q, b, n), KV_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), name));
+    free(b);
+}
+
 /* ---- format 1.2: the SQuat static subspace (stream flag SQUAT_STATIC, feature bit 8) ---------------- */
 /* The frozen 1.2 file (written once by `test_plan --write-golden-1.2`, never regenerated); a plan
  * with the static subspace round-trips, declares SQUAT_STATIC, and without the bit is refused. */
@@ -1007,12 +1020,67 @@ START_TEST(test_golden_v1_2) {
     free(b);
     kv_plan_free(s);
     /* a reader must not apply the prompt subspace to a static plan: the bit cleared is refused */
+    assert_refused_without_feature(p, KV_PLAN_FEAT_SQUAT_STATIC, "SQUAT_STATIC");
+    kv_plan_free(p);
+}
+END_TEST
+
+/* ---- format 1.3: low-rank predictors (stream flag PRED_LOWRANK, feature bit 10) ------------------- */
+/* The frozen 1.3 file (written once by `test_plan --write-golden-1.3`, never regenerated): the factors read
+ * back, the weight is their product, the bytes count the factors; without the feature bit it is refused. */
+START_TEST(test_golden_v1_3) {
+    char path[1024];
+    golden_path(path, sizeof path, "1.3");
+    kv_plan *p = NULL;
+    ck_assert_kv_ok(kv_plan_read(&p, path));
+    ck_assert_int_eq(p->file.version_minor, 3);
+    ck_assert(p->file.required_features & KV_PLAN_FEAT_PRED_LOWRANK);
+    const kv_plan_predictor *pk = p->layers[1].stream[KV_PLAN_K].predictor, *pv = p->layers[1].stream[KV_PLAN_V].predictor;
+    ck_assert_int_eq(pk->rank, 2);
+    ck_assert_int_eq(pv->rank, 3);
+    ck_assert_int_eq(pv->dtype, KV_DTYPE_F16);
+    /* the product, by hand for one entry: W[1][2] of K = sum_k left[1][k] right[k][2] */
+    ck_assert(pk->weight[1 * 8 + 2] == pk->left[2] * pk->right[2] + pk->left[3] * pk->right[8 + 2]);
+    /* K: rank 2 (8 + 8) + 8 bias in f32; V: rank 3 (8 + 16) + 8 bias in f16 */
+    ck_assert_uint_eq(kv_plan_predictor_bytes(p), 4u * (2u * 16u + 8u) + 2u * (3u * 24u + 8u));
+    kv_plan *s = NULL;
+    ck_assert_kv_ok(plan_sample_make_v1_3(&s));
+    char why[256];
+    ck_assert_msg(plan_equal(p, s, why, sizeof why), "golden 1.3 vs sample: %s", why);
+    kv_plan_free(s);
+    assert_refused_without_feature(p, KV_PLAN_FEAT_PRED_LOWRANK, "PRED_LOWRANK");
+    kv_plan_free(p);
+}
+END_TEST
+
+/* Low-rank predictors: the setter's refusals, f16 rounding of the factors (not of the product), validation
+ * of a weight that is not the factors' product, and a round trip through the file. */
+START_TEST(test_predictor_lowrank) {
+    kv_plan *p = sample(), *q = NULL;
+    float l[8 * 2], r[2 * 8];
+    for (int i = 0; i < 16; i++) l[i] = 0.1f * (float)(i + 1), r[i] = 0.3f - 0.05f * (float)i;
+    ck_assert_int_eq(kv_plan_set_predictor_factors(p, 1, KV_PLAN_K, 9, l, r), KV_EINVAL); /* rank > 8 */
+    ck_assert_int_eq(kv_plan_set_predictor_factors(p, 0, KV_PLAN_K, 2, l, r), KV_EINVAL); /* no predictor */
+    ck_assert_kv_ok(kv_plan_set_predictor_factors(p, 1, KV_PLAN_K, 2, l, r));
+    kv_plan_predictor *pr = p->layers[1].stream[KV_PLAN_K].predictor;
+    ck_assert(pr->weight[3 * 8 + 5] == (float)((double)l[6] * r[5] + (double)l[7] * r[8 + 5]));
+    ck_assert_kv_ok(kv_plan_set_predictor_dtype(p, 1, KV_PLAN_K, KV_DTYPE_F16));
+    ck_assert(pr->left[0] == kv_f16_to_f32(kv_f32_to_f16(0.1f)));
+    ck_assert(pr->weight[0] == (float)((double)pr->left[0] * pr->right[0] + (double)pr->left[1] * pr->right[8]));
+    ck_assert_kv_ok(kv_plan_validate(p));
+    const float keep = pr->weight[7];
+    pr->weight[7] = keep + 1.0f;
+    ck_assert_int_eq(kv_plan_validate(p), KV_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "not the product"));
+    pr->weight[7] = keep;
+    uint8_t *b = NULL;
+    size_t n = 0;
     serialize(&b, &n, p, &k_plain);
-    kv_store_u64le(b + 32, kv_load_u64le(b + 32) & ~KV_PLAN_FEAT_SQUAT_STATIC);
-    plan_bytes_repair_crcs(b, n);
-    ck_assert_int_eq(kv_plan_read_memory(&q, b, n), KV_EFORMAT);
-    ck_assert_ptr_nonnull(strstr(kv_error_last(), "SQUAT_STATIC"));
+    ck_assert_kv_ok(kv_plan_read_memory(&q, b, n));
+    char why[256];
+    ck_assert_msg(plan_equal(p, q, why, sizeof why), "round trip: %s", why);
     free(b);
+    kv_plan_free(q);
     kv_plan_free(p);
 }
 END_TEST
@@ -1204,6 +1272,8 @@ int main(int argc, char **argv) {
         return write_golden(argv[2], plan_sample_make_v1_1, "write-golden-1.1");
     if (argc == 3 && strcmp(argv[1], "--write-golden-1.2") == 0)
         return write_golden(argv[2], plan_sample_make_v1_2, "write-golden-1.2");
+    if (argc == 3 && strcmp(argv[1], "--write-golden-1.3") == 0)
+        return write_golden(argv[2], plan_sample_make_v1_3, "write-golden-1.3");
     if (argc == 3 && strcmp(argv[1], "--write-corpus") == 0) return write_corpus(argv[2]);
     Suite *s = suite_create("plan");
     TCase *tc = tcase_create("format");
@@ -1216,6 +1286,8 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_golden_v1_0);
     tcase_add_test(tc, test_golden_v1_1);
     tcase_add_test(tc, test_golden_v1_2);
+    tcase_add_test(tc, test_golden_v1_3);
+    tcase_add_test(tc, test_predictor_lowrank);
     tcase_add_test(tc, test_predictor_f16);
     tcase_add_test(tc, test_float_methods);
     tcase_add_loop_test(tc, test_corrupt_list, 0, N_CORRUPT);

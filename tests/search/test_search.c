@@ -420,6 +420,57 @@ START_TEST(test_refit_mixed) {
 }
 END_TEST
 
+/* Low-rank predictors (format 1.3) through the fit and the refit: AQUA-KV-2 at aqua.rank 4 stores every
+ * predictor as rank-4 factors (4 (kv_dim + in) + kv_dim f16 values), reads back as written, and the refit of
+ * a choice mixing full and rank-4 AQUA-KV-2 gives each stream its candidate's rank; all at rank 4 is the
+ * rank-4 fit itself, byte for byte (the rank travels as layers.N.key_rank / value_rank). */
+START_TEST(test_lowrank_predictors) {
+    static const kv_search_candidate r4 = {"aqua2r4", KV_FIT_AQUA, {"keys.bits=2", "values.bits=2", "aqua.rank=4", NULL},
+                                           "AQUA-KV rank-4 predictors + HIGGS 2 bits"};
+    kv_fit_config cfg;
+    ck_assert_kv_ok(kv_search_candidate_config(&cfg, &r4, k_common, 5));
+    kv_plan *low = fit_cfg(&cfg);
+    kv_fit_config_free(&cfg);
+    const int L = low->n_layers, kvd = low->fingerprint.n_kv_heads * low->fingerprint.head_dim;
+    for (int l = 1; l < L; l++)
+        for (int st = 0; st < 2; st++) {
+            const kv_plan_predictor *pr = low->layers[l].stream[st].predictor;
+            ck_assert_ptr_nonnull(pr);
+            ck_assert_int_eq(pr->rank, 4);
+            ck_assert_uint_eq(kv_plan_stream_predictor_bytes(low, l, st), 2u * (4u * (uint64_t)(kvd + pr->in_dim) + (uint64_t)kvd));
+        }
+    uint8_t *a = NULL;
+    size_t na = 0;
+    kv_plan_write_options wo = {0, 0};
+    ck_assert_kv_ok(kv_plan_write_memory(&a, &na, low, &wo));
+    kv_plan *back = NULL;
+    ck_assert_kv_ok(kv_plan_read_memory(&back, a, na));
+    ck_assert(back->file.required_features & KV_PLAN_FEAT_PRED_LOWRANK);
+    free(a);
+    assert_same_plan(low, back, "a rank-4 plan read back differs");
+    kv_plan_free(back);
+    int k;
+    ck_assert_kv_ok(kv_search_candidate_find(&k, "aqua2"));
+    const kv_search_candidate *c[2] = {&kv_search_candidates(NULL)[k], &r4};
+    int choice[64] = {0};
+    for (int i = 0; i < 2 * L; i++) choice[i] = 1;
+    ck_assert_kv_ok(kv_search_refit_config(&cfg, c, 2, choice, L, k_common, 5));
+    kv_plan *re = fit_cfg(&cfg);
+    kv_fit_config_free(&cfg);
+    assert_same_plan(low, re, "the refit of an all-rank-4 choice differs from the rank-4 fit");
+    kv_plan_free(re);
+    for (int i = 0; i < 2 * L; i++) choice[i] = i % 3 == 0;
+    ck_assert_kv_ok(kv_search_refit_config(&cfg, c, 2, choice, L, k_common, 5));
+    re = fit_cfg(&cfg);
+    kv_fit_config_free(&cfg);
+    for (int l = 1; l < L; l++)
+        for (int st = 0; st < 2; st++)
+            ck_assert_int_eq(re->layers[l].stream[st].predictor->rank, choice[2 * l + st] ? 4 : 0);
+    kv_plan_free(re);
+    kv_plan_free(low);
+}
+END_TEST
+
 /* The sensitivity of a predicted stream runs layers l-1 and l through the cache together, step by step
  * (SEARCH.md §2). Checks: AQUA-KV-2's layer 0 (HIGGS at first_layer_bits, no predictor) measures exactly
  * what HIGGS-4 measures there; a predicted stream's shortcut KL agrees with the one-stream plan run through
@@ -554,6 +605,7 @@ static Suite *search_suite(int with_data) {
         tcase_add_test(td, test_refit_equals_aqua);
         tcase_add_test(td, test_refit_mixed);
         tcase_add_test(td, test_sensitivity_predicted);
+        tcase_add_test(td, test_lowrank_predictors);
         suite_add_tcase(s, td);
     }
     return s;
