@@ -332,6 +332,20 @@ static kv_plan *refit(const char *const *names, int n, const int *choice, int L)
     return p;
 }
 
+/* `kvrun eval --plan`'s own code on the plan, written to a temporary file: 2 chunks of ctx tokens past the
+ * fits' 4096. */
+static void eval_plan_file(kv_tool_plan_eval *ev, const kv_plan *p, int ctx) {
+    char dir[256], path[512];
+    kv_test_tmpdir(dir, sizeof dir);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/plan.kvplan", dir);
+    ck_assert_kv_ok(kv_plan_write(p, path, NULL));
+    ck_assert_kv_ok(kv_tool_eval_plan(ev, g_model, g_model_path, path, g_ids + 4096, g_n - 4096, ctx, g_bos, 2, 0, 0,
+                                      NULL));
+    unlink(path);
+    rmdir(dir);
+}
+
 static void assert_same_plan(kv_plan *x, kv_plan *y, const char *what) {
     uint8_t *a = NULL, *b = NULL;
     size_t na = 0, nb = 0;
@@ -404,17 +418,9 @@ START_TEST(test_refit_mixed) {
             kv_plan_free(a);
             kv_plan_free(b);
         }
-    char dir[256], path[512];
-    kv_test_tmpdir(dir, sizeof dir);
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/mixed.kvplan", dir);
-    ck_assert_kv_ok(kv_plan_write(re, path, NULL));
     kv_tool_plan_eval ev;
-    ck_assert_kv_ok(kv_tool_eval_plan(&ev, g_model, g_model_path, path, g_ids + 4096, g_n - 4096, 200, g_bos, 2, 0, 0,
-                                      NULL));
+    eval_plan_file(&ev, re, 200);
     ck_assert(isfinite(ev.cmp.kl_mean) && ev.cmp.kl_mean >= 0);
-    unlink(path);
-    rmdir(dir);
     kv_plan_free(re);
     for (int c = 0; c < NC; c++) kv_plan_free(plans[c]);
 }
@@ -512,21 +518,13 @@ START_TEST(test_sensitivity_predicted) {
     const kv_plan_predictor *pr = ss->predictor;
     ck_assert_kv_ok(kv_plan_set_predictor(one, l, st, pr->n_inputs, pr->inputs, pr->weight, pr->bias));
     ck_assert_kv_ok(kv_plan_set_predictor_dtype(one, l, st, pr->dtype));
-    char dir[256], path[512];
-    kv_test_tmpdir(dir, sizeof dir);
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/one.kvplan", dir);
-    ck_assert_kv_ok(kv_plan_write(one, path, NULL));
     kv_tool_plan_eval ev;
-    ck_assert_kv_ok(kv_tool_eval_plan(&ev, g_model, g_model_path, path, g_ids + 4096, g_n - 4096, 100, g_bos, 2, 0, 0,
-                                      NULL));
+    eval_plan_file(&ev, one, 100);
     const double shortcut = kl[(2 * l + st) * 3];
     fprintf(stderr, "layer %d V: AQUA-KV-2 sensitivity %.6g, whole model through the plan %.6g\n", l, shortcut,
             ev.cmp.kl_mean);
     ck_assert_msg(fabs(ev.cmp.kl_mean - shortcut) < 0.02 * shortcut + 2 * L * 2e-6,
                   "shortcut %.6g vs whole model %.6g", shortcut, ev.cmp.kl_mean);
-    unlink(path);
-    rmdir(dir);
     kv_plan_free(one);
     for (int c = 0; c < 3; c++) kv_plan_free(plans[c]);
 }
@@ -548,20 +546,12 @@ START_TEST(test_bytes_and_sensitivity) {
     uint64_t bytes[64], values[64], tb = 0, tv = 0;
     ck_assert_kv_ok(kv_search_stream_bytes(bytes, values, mix, g_model, ctx));
     for (int i = 0; i < 2 * L; i++) tb += bytes[i], tv += values[i];
-    char dir[256], path[512];
-    kv_test_tmpdir(dir, sizeof dir);
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/mix.kvplan", dir);
-    ck_assert_kv_ok(kv_plan_write(mix, path, NULL));
     kv_tool_plan_eval ev;
-    ck_assert_kv_ok(kv_tool_eval_plan(&ev, g_model, g_model_path, path, g_ids + 4096, g_n - 4096, ctx, g_bos, 2, 0, 0,
-                                      NULL));
+    eval_plan_file(&ev, mix, ctx);
     /* the same byte counts divided the same way: equal up to the last bit of the division */
     ck_assert_msg(fabs(ev.bits_per_value_total - 8.0 * (double)tb / (double)tv) < 1e-12,
                   "kvrun eval counts %.15g bits, the per-stream sum %.15g", ev.bits_per_value_total,
                   8.0 * (double)tb / (double)tv);
-    unlink(path);
-    rmdir(dir);
     /* sensitivities on two chunks of 100 tokens past the fits' tokens */
     double kl[64 * NC];
     kv_search_sens_options so = {100, 2, g_bos, NULL};
