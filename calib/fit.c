@@ -1205,7 +1205,7 @@ kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a) {
                       cfg->xquant.target_bits);
     if (cfg->pruning.method != KV_PLAN_PRUNE_NONE) { /* what the runtime's token policy cannot combine with */
         const char *pw = kv_fit_config_origin(cfg, "pruning.method"), *pm = kv_plan_prune_name(cfg->pruning.method);
-        int any_aqua = is_aqua(cfg->method);
+        int any_aqua = 0; /* per stream: overrides may take every stream away from method aqua, or add one */
         for (int l = 0; l < a->n_layers; l++) any_aqua |= is_aqua(smethod(cfg, l, 0)) || is_aqua(smethod(cfg, l, 1));
         if (any_aqua && (cfg->aqua.predict_keys || cfg->aqua.predict_values))
             return KV_ERR(KV_EUNSUPPORTED, "%s: key 'pruning.method': token pruning (%s) keeps different tokens per KV "

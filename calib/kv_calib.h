@@ -362,16 +362,48 @@ kv_status kv_search_refit_config(kv_fit_config *cfg, const kv_search_candidate *
 kv_status kv_search_refit_check(const kv_search_candidate *const *cands, int n_cands, const char *const *common,
                                 int n_common);
 
+/* Chained choices. A predicted stream (AQUA-KV) reads other streams' reconstructions, and its predictor was
+ * fitted on inputs on its own side of RoPE (keys before RoPE). In the item order of the search (item 2l + s:
+ * layer l's K, then its V) the inputs are the items one back (layer l's K, read by its V predictor) and two
+ * back (layer l-1's K, read by layer l's K predictor). A chain says which choices are members (their
+ * reconstruction is a valid predictor input: an AQUA-KV stream) and, per item and choice, which of the two
+ * previous items must hold a member for the choice to be taken. */
+#define KV_SEARCH_NEEDS_PREV1 1u /* item i-1's choice must be a member */
+#define KV_SEARCH_NEEDS_PREV2 2u /* item i-2's choice must be a member */
+typedef struct kv_search_chain {
+    const unsigned char *member; /* [n_choices]: 1 = a valid predictor input */
+    const unsigned char *needs;  /* [n_items * n_choices]: KV_SEARCH_NEEDS_* bits */
+} kv_search_chain;
+
+/* 1 when candidate c carries a predictor past layer 0 (AQUA-KV, any bits or rank). */
+int kv_search_candidate_predicted(const kv_search_candidate *c);
+/* The chain of AQUA-KV candidates over n_layers layers (member n_cands, needs 2 * n_layers * n_cands, the
+ * caller's arrays): every AQUA-KV candidate is a member (its keys are before RoPE, as its predictors were
+ * fitted on); at layer l >= 1 an AQUA-KV K needs layer l-1's K to be AQUA-KV and an AQUA-KV V needs layer l's
+ * K to be AQUA-KV (the V predictor reads [V(l-1); K(l)] with aqua.value_uses_keys, the default; V(l-1) has no
+ * RoPE and may be any stream). A key predictor fed post-RoPE keys is a position-dependent map fitted at the
+ * fit's positions only; SEARCH.md §1d measures what it costs at 8K. */
+void kv_search_aqua_chain(unsigned char *member, unsigned char *needs, const kv_search_candidate *const *cands,
+                          int n_cands, int n_layers);
+
+/* The cheapest assembly that respects allowed and chain (both may be NULL): *sum its cost; choice (may be
+ * NULL) its choices (ties: the lower index). KV_EINVAL when no assembly respects them. */
+kv_status kv_search_cheapest(uint64_t *sum, int *choice, const uint64_t *cost, const unsigned char *allowed,
+                             const kv_search_chain *chain, int n_items, int n_choices);
+
 /* The global choice: minimize sum_i value[i*n_choices + choice[i]] subject to sum_i cost[i*n_choices +
- * choice[i]] <= budget (costs in bytes, >= 0). Exact 0/1 multiple-choice knapsack by dynamic programming
- * over each choice's cost above its item's cheapest, in units of `unit` bytes, rounded UP (so the choice is
- * feasible at the true costs, the cheapest assembly is feasible whenever it fits the budget, and the choice
- * is optimal among choices whose rounded extras fit; the rounding forgoes at most n_items * unit bytes):
- * unit = max(1, ceil((budget - cheapest assembly) / max_units)) (max_units 0: 20000). Ties: the smaller cost, then the lower
- * index. allowed (may be NULL): 0 marks a choice that may not be taken. KV_EINVAL when even the cheapest
- * choices exceed the budget (the message gives their sum). */
+ * choice[i]] <= budget (costs in bytes, >= 0), among the choices allowed (may be NULL: 0 marks a choice that
+ * may not be taken) and respecting chain (may be NULL). Exact 0/1 multiple-choice knapsack by dynamic
+ * programming (with a chain, over states = whether the last two items hold members) over each choice's cost
+ * above its choice in the cheapest assembly (kv_search_cheapest), in units of `unit` bytes, rounded UP (a
+ * choice cheaper than that one counts as 0 extra): so the choice is feasible at the true costs, the cheapest
+ * assembly is feasible whenever it fits the budget, and the choice is optimal among choices whose rounded
+ * extras fit; the rounding forgoes at most n_items * unit bytes. unit = max(1, ceil((budget - cheapest
+ * assembly) / max_units)) (max_units 0: 20000). Ties: the smaller cost, then the lower index. KV_EINVAL when
+ * even the cheapest assembly exceeds the budget (the message gives its cost). */
 kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *value, const unsigned char *allowed,
-                             int n_items, int n_choices, uint64_t budget, int max_units, uint64_t *unit_out);
+                             const kv_search_chain *chain, int n_items, int n_choices, uint64_t budget,
+                             int max_units, uint64_t *unit_out);
 #ifdef __cplusplus
 }
 #endif

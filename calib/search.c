@@ -408,82 +408,151 @@ done:
     return s;
 }
 
-/* ---- the global choice ------------------------------------------------------------------------------ */
+/* ---- the global choice ------------------------------------------------------------------------------
+ * A state of the chained DP says whether items i-1 (bit 0) and i-2 (bit 1) hold chain members; without a
+ * chain every choice is a non-member and only state 0 occurs. */
+static int chain_ok(const kv_search_chain *chain, int i, int n_choices, int j, int prev_state) {
+    if (!chain) return 1;
+    const unsigned need = chain->needs[(size_t)i * n_choices + j];
+    return !((need & KV_SEARCH_NEEDS_PREV1) && !(prev_state & 1)) && !((need & KV_SEARCH_NEEDS_PREV2) && !(prev_state & 2));
+}
+static int chain_next(const kv_search_chain *chain, int j, int prev_state) {
+    return (chain && chain->member[j] ? 1 : 0) | (prev_state & 1) << 1;
+}
+static int is_allowed(const unsigned char *allowed, int i, int n_choices, int j) {
+    return !allowed || allowed[(size_t)i * n_choices + j];
+}
+
+kv_status kv_search_cheapest(uint64_t *sum, int *choice, const uint64_t *cost, const unsigned char *allowed,
+                             const kv_search_chain *chain, int n_items, int n_choices) {
+    if (!sum || !cost || n_items < 1 || n_choices < 1 || n_choices > 255 || (chain && (!chain->member || !chain->needs)))
+        return KV_ERR(KV_EINVAL, "kv_search_cheapest: bad arguments");
+    const int n_states = chain ? 4 : 1;
+    uint64_t least[4], next[4];
+    unsigned char *pick = malloc((size_t)n_items * 4 * 2); /* [item][state]: choice, previous state */
+    if (!pick) return KV_ERR(KV_ENOMEM, "out of memory");
+    for (int st = 0; st < 4; st++) least[st] = st == 0 ? 0 : UINT64_MAX;
+    for (int i = 0; i < n_items; i++) {
+        for (int st = 0; st < 4; st++) next[st] = UINT64_MAX;
+        for (int ps = 0; ps < n_states; ps++) {
+            if (least[ps] == UINT64_MAX) continue;
+            for (int j = 0; j < n_choices; j++) {
+                if (!is_allowed(allowed, i, n_choices, j) || !chain_ok(chain, i, n_choices, j, ps)) continue;
+                const int ns = chain_next(chain, j, ps);
+                const uint64_t c = least[ps] + cost[(size_t)i * n_choices + j];
+                if (c < next[ns]) {
+                    next[ns] = c;
+                    pick[((size_t)i * 4 + ns) * 2] = (unsigned char)j;
+                    pick[((size_t)i * 4 + ns) * 2 + 1] = (unsigned char)ps;
+                }
+            }
+        }
+        memcpy(least, next, sizeof least);
+    }
+    int end = -1;
+    for (int st = 0; st < n_states; st++)
+        if (least[st] != UINT64_MAX && (end < 0 || least[st] < least[end])) end = st;
+    if (end < 0) {
+        free(pick);
+        return KV_ERR(KV_EINVAL, "no assembly respects the allowed choices and the predictor chain");
+    }
+    *sum = least[end];
+    for (int i = n_items - 1, st = end; i >= 0; i--) {
+        if (choice) choice[i] = pick[((size_t)i * 4 + st) * 2];
+        st = pick[((size_t)i * 4 + st) * 2 + 1];
+    }
+    free(pick);
+    return KV_OK;
+}
+
 kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *value, const unsigned char *allowed,
-                             int n_items, int n_choices, uint64_t budget, int max_units, uint64_t *unit_out) {
+                             const kv_search_chain *chain, int n_items, int n_choices, uint64_t budget,
+                             int max_units, uint64_t *unit_out) {
     if (!choice || !cost || !value || n_items < 1 || n_choices < 1 || n_choices > 255)
         return KV_ERR(KV_EINVAL, "kv_search_allocate: bad arguments");
-    /* the cheapest choice of every item must fit, else nothing does */
+    /* the cheapest assembly must fit, else nothing does; its choices are the base each cost is counted above */
+    int *cheap = malloc((size_t)n_items * sizeof *cheap);
+    uint64_t *base = malloc((size_t)n_items * sizeof *base);
     uint64_t min_sum = 0;
-    uint64_t *base = malloc((size_t)n_items * sizeof *base); /* each item's cheapest allowed cost */
-    if (!base) return KV_ERR(KV_ENOMEM, "out of memory");
-    for (int i = 0; i < n_items; i++) {
-        uint64_t mc = UINT64_MAX;
-        for (int j = 0; j < n_choices; j++)
-            if ((!allowed || allowed[(size_t)i * n_choices + j]) && cost[(size_t)i * n_choices + j] < mc)
-                mc = cost[(size_t)i * n_choices + j];
-        if (mc == UINT64_MAX) {
-            free(base);
-            return KV_ERR(KV_EINVAL, "item %d has no allowed choice", i);
-        }
-        base[i] = mc;
-        min_sum += mc;
-    }
-    if (min_sum > budget) {
+    kv_status s = !cheap || !base ? KV_ERR(KV_ENOMEM, "out of memory")
+                                  : kv_search_cheapest(&min_sum, cheap, cost, allowed, chain, n_items, n_choices);
+    if (s == KV_OK && min_sum > budget)
+        s = KV_ERR(KV_EINVAL, "the budget of %llu bytes is below the cheapest assembly (%llu bytes)",
+                   (unsigned long long)budget, (unsigned long long)min_sum);
+    if (s != KV_OK) {
+        free(cheap);
         free(base);
-        return KV_ERR(KV_EINVAL, "the budget of %llu bytes is below the cheapest assembly (%llu bytes)",
-                      (unsigned long long)budget, (unsigned long long)min_sum);
+        return s;
     }
-    /* The DP runs over what each choice costs ABOVE its item's cheapest, within what the budget leaves above
-     * the cheapest assembly: rounding those extras up to units keeps the cheapest assembly feasible however
-     * tight the budget (a budget at a single method's own bits is exactly that tight), and the units are finer */
+    for (int i = 0; i < n_items; i++) base[i] = cost[(size_t)i * n_choices + cheap[i]];
+    free(cheap);
+    /* The DP runs over what each choice costs ABOVE its choice in the cheapest assembly, within what the budget
+     * leaves above that assembly: rounding those extras up to units keeps the cheapest assembly feasible however
+     * tight the budget (a budget at a single method's own bits is exactly that tight), and the units are finer.
+     * A choice cheaper than the base (possible only under a chain) counts as 0 extra: its true cost is less. */
     const uint64_t mu = max_units > 0 ? (uint64_t)max_units : 20000u, extra = budget - min_sum;
     uint64_t unit = extra / mu + (extra % mu != 0); /* ceil(extra / max_units) */
     if (unit < 1) unit = 1;
     if (unit_out) *unit_out = unit;
-    const size_t cap = (size_t)(extra / unit);
-    /* best[u]: least value of items 0..i using at most u units; pick[i][u]: the choice made for item i */
-    double *best = malloc((cap + 1) * sizeof(double));
-    double *next = malloc((cap + 1) * sizeof(double));
-    unsigned char *pick = malloc((size_t)n_items * (cap + 1));
-    kv_status s = KV_OK;
+    const size_t cap = (size_t)(extra / unit), n_states = chain ? 4 : 1, row = cap + 1;
+    /* best[st][u]: least value of items 0..i ending in state st using at most u units; pick[i][st][u]: the
+     * choice made for item i (low byte) and bit 1 of the previous state (high byte; its bit 0 is st's bit 1) */
+    double *best = malloc(n_states * row * sizeof(double));
+    double *next = malloc(n_states * row * sizeof(double));
+    uint16_t *pick = malloc((size_t)n_items * n_states * row * sizeof(uint16_t));
     if (!best || !next || !pick) {
-        s = KV_ERR(KV_ENOMEM, "out of memory for the allocation (%d items x %zu units)", n_items, cap + 1);
+        s = KV_ERR(KV_ENOMEM, "out of memory for the allocation (%d items x %zu states x %zu units)", n_items,
+                   n_states, row);
         goto done;
     }
-    for (size_t u = 0; u <= cap; u++) best[u] = 0.0;
+    for (size_t st = 0; st < n_states; st++)
+        for (size_t u = 0; u <= cap; u++) best[st * row + u] = st == 0 ? 0.0 : INFINITY;
     for (int i = 0; i < n_items; i++) {
-        unsigned char *pk = pick + (size_t)i * (cap + 1);
-        for (size_t u = 0; u <= cap; u++) {
-            double bv = INFINITY;
-            int bj = 255;
-            uint64_t bc = 0;
-            for (int j = 0; j < n_choices; j++) {
-                const size_t k = (size_t)i * n_choices + j;
-                if (allowed && !allowed[k]) continue;
-                const uint64_t e = cost[k] - base[i], w = e / unit + (e % unit != 0);
-                if (w > u || !isfinite(best[u - w])) continue;
-                const double v = best[u - w] + value[k];
-                if (v < bv || (v == bv && cost[k] < bc)) bv = v, bj = j, bc = cost[k];
+        for (size_t ns = 0; ns < n_states; ns++) {
+            uint16_t *pk = pick + ((size_t)i * n_states + ns) * row;
+            for (size_t u = 0; u <= cap; u++) {
+                double bv = INFINITY;
+                int bj = 255, bp = 0;
+                uint64_t bc = 0;
+                for (int p1 = 0; p1 < 2; p1++) { /* the previous state: bit 0 = ns's bit 1, bit 1 = p1 */
+                    const int ps = (int)(ns >> 1 & 1) | p1 << 1;
+                    if ((size_t)ps >= n_states) continue;
+                    const double *bprev = best + (size_t)ps * row;
+                    for (int j = 0; j < n_choices; j++) {
+                        const size_t k = (size_t)i * n_choices + j;
+                        if (!is_allowed(allowed, i, n_choices, j) || !chain_ok(chain, i, n_choices, j, ps) ||
+                            (size_t)chain_next(chain, j, ps) != ns)
+                            continue;
+                        const uint64_t e = cost[k] > base[i] ? cost[k] - base[i] : 0, w = e / unit + (e % unit != 0);
+                        if (w > u || !isfinite(bprev[u - w])) continue;
+                        const double v = bprev[u - w] + value[k];
+                        if (v < bv || (v == bv && cost[k] < bc)) bv = v, bj = j, bp = p1, bc = cost[k];
+                    }
+                }
+                next[ns * row + u] = bv;
+                pk[u] = (uint16_t)(bj | bp << 8);
             }
-            next[u] = bv;
-            pk[u] = (unsigned char)bj;
         }
         double *t = best;
         best = next;
         next = t;
     }
-    if (!isfinite(best[cap])) {
+    size_t end = 0;
+    for (size_t st = 1; st < n_states; st++)
+        if (best[st * row + cap] < best[end * row + cap]) end = st;
+    if (!isfinite(best[end * row + cap])) {
         s = KV_ERR(KV_EINVAL, "no assembly fits the budget of %llu bytes once costs are rounded up to units of %llu "
                    "bytes", (unsigned long long)budget, (unsigned long long)unit);
         goto done;
     }
-    size_t u = cap;
+    size_t u = cap, st = end;
     for (int i = n_items - 1; i >= 0; i--) {
-        const int j = pick[(size_t)i * (cap + 1) + u];
+        const uint16_t pk = pick[((size_t)i * n_states + st) * row + u];
+        const int j = pk & 0xff;
         choice[i] = j;
-        const uint64_t e = cost[(size_t)i * n_choices + j] - base[i];
+        const uint64_t c = cost[(size_t)i * n_choices + j], e = c > base[i] ? c - base[i] : 0;
         u -= (size_t)(e / unit + (e % unit != 0));
+        st = (st >> 1 & 1) | (size_t)(pk >> 8) << 1;
     }
 done:
     free(base);
@@ -502,11 +571,24 @@ done:
  * kivi rows); every other stream is overridden to its candidate's method, bits and side of RoPE. A stream
  * without a predictor depends on its own layer's K/V only (§1), so it comes out as in its single fit; the
  * tests check both that and that the refit of an all-AQUA-KV choice is the AQUA-KV fit, byte for byte. */
-static int cand_is_aqua(const kv_search_candidate *c) { return c->method == KV_FIT_AQUA || c->method == KV_FIT_AQUA_UNIFORM; }
+int kv_search_candidate_predicted(const kv_search_candidate *c) {
+    return c->method == KV_FIT_AQUA || c->method == KV_FIT_AQUA_UNIFORM;
+}
+
+void kv_search_aqua_chain(unsigned char *member, unsigned char *needs, const kv_search_candidate *const *cands,
+                          int n_cands, int n_layers) {
+    for (int c = 0; c < n_cands; c++) member[c] = (unsigned char)kv_search_candidate_predicted(cands[c]);
+    for (int l = 0; l < n_layers; l++)
+        for (int c = 0; c < n_cands; c++) {
+            const int pred = l > 0 && member[c];
+            needs[(size_t)(2 * l + KV_PLAN_K) * n_cands + c] = pred ? KV_SEARCH_NEEDS_PREV2 : 0;  /* K(l-1) */
+            needs[(size_t)(2 * l + KV_PLAN_V) * n_cands + c] = pred ? KV_SEARCH_NEEDS_PREV1 : 0;  /* K(l) */
+        }
+}
 
 int kv_search_needs_refit(const kv_search_candidate *const *cands, const int *choice, int n_items) {
     for (int i = 0; i < n_items; i++)
-        if (cand_is_aqua(cands[choice[i]])) return 1;
+        if (kv_search_candidate_predicted(cands[choice[i]])) return 1;
     return 0;
 }
 
@@ -600,7 +682,7 @@ kv_status kv_search_refit_config(kv_fit_config *cfg, const kv_search_candidate *
             const kv_fit_config *c = &cc[k];
             const char *field = st == KV_PLAN_K ? "key" : "value";
             int bits = st == KV_PLAN_K ? c->keys.bits : c->values.bits;
-            if (cand_is_aqua(cands[k]) && l == 0) bits = c->aqua.first_layer_bits; /* as its single fit */
+            if (kv_search_candidate_predicted(cands[k]) && l == 0) bits = c->aqua.first_layer_bits; /* as its single fit */
             char set[96];
             snprintf(set, sizeof set, "layers.%d.%s_method=%s", l, field, override_method(c->method));
             s = kv_fit_config_set_from(cfg, set, where);
@@ -612,7 +694,7 @@ kv_status kv_search_refit_config(kv_fit_config *cfg, const kv_search_candidate *
                 snprintf(set, sizeof set, "layers.%d.key_pre_rope=%s", l, c->cache.pre_rope ? "true" : "false");
                 s = kv_fit_config_set_from(cfg, set, where);
             }
-            if (s == KV_OK && cand_is_aqua(cands[k]) && c->aqua.rank != cfg->aqua.rank) {
+            if (s == KV_OK && kv_search_candidate_predicted(cands[k]) && c->aqua.rank != cfg->aqua.rank) {
                 snprintf(set, sizeof set, "layers.%d.%s_rank=%d", l, field, c->aqua.rank);
                 s = kv_fit_config_set_from(cfg, set, where);
             }

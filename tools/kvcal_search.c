@@ -158,6 +158,7 @@ int kvcal_search(int argc, char **argv) {
     long fit_tokens = 16384, fit_seq = 0, sens_ctx = 0, sens_samples = 2, eval_chunks = 4, eval_tokens = 0,
          prompts = 8, threads = 0;
     int json = 0;
+    const char *pred_inputs = "chained";
     const kv_opt opts[] = {
         {"model", 'm', KV_OPT_STRING, &model, "M", "model: GGUF, safetensors directory or llama2.c checkpoint", 1},
         {"tokenizer", 0, KV_OPT_STRING, &tokenizer, "T", "tokenizer (default: the model's own)", 0},
@@ -183,6 +184,10 @@ int kvcal_search(int argc, char **argv) {
         {"eval-chunks", 0, KV_OPT_INT, &eval_chunks, "N", "validation chunks of --context tokens (default 4)", 0},
         {"eval-tokens", 0, KV_OPT_INT, &eval_tokens, "N", "instead of --eval-chunks: N / context chunks at each "
                                                           "context, the tokens `kvrun eval --max-tokens N` scores", 0},
+        {"predictor-inputs", 0, KV_OPT_STRING, &pred_inputs, "chained|free", "chained (default): an AQUA-KV "
+                                                                              "stream only where its inputs are "
+                                                                              "AQUA-KV streams (keys before RoPE, "
+                                                                              "SEARCH.md §1d); free: anywhere", 0},
         {"prompts", 0, KV_OPT_INT, &prompts, "N", "KVmix importance prompts for the proxy (default 8; 0: none)", 0},
         {"set", 0, KV_OPT_STRING, &set_last, "KEY=VALUE", "a fit configuration key for every candidate (repeatable), "
                                                           "e.g. cache.recent=64", 0},
@@ -229,6 +234,8 @@ int kvcal_search(int argc, char **argv) {
     const char **common = NULL; /* the fit keys every candidate and a refit share */
     uint64_t *bytes = NULL, *values = NULL; /* [context][item][candidate] */
     double *kl = NULL, *fit_s = NULL, *rho = NULL;
+    unsigned char *chain_member = NULL, *chain_needs = NULL; /* the predictor chain, with AQUA-KV candidates */
+    kv_search_chain chain, *chain_p = NULL;
     kv_importance imp;
     memset(&imp, 0, sizeof imp);
     char corpus_sha[65] = "", *gcache = kv_tool_grid_cache_dir();
@@ -260,6 +267,10 @@ int kvcal_search(int argc, char **argv) {
         (kv_cli_given(&a, opts, "fit-seq-len") && fit_seq < 2) || (kv_cli_given(&a, opts, "sens-ctx") && sens_ctx < 2)) {
         rc = kv_cli_usage_error(tool, "--fit-tokens, --fit-seq-len and --sens-ctx must be >= 2, --sens-samples and "
                                 "--eval-chunks >= 1, --eval-tokens and --prompts >= 0");
+        goto end;
+    }
+    if (strcmp(pred_inputs, "chained") != 0 && strcmp(pred_inputs, "free") != 0) {
+        rc = kv_cli_usage_error(tool, "--predictor-inputs must be chained or free (got '%s')", pred_inputs);
         goto end;
     }
     if (eval_tokens && kv_cli_given(&a, opts, "eval-chunks")) {
@@ -399,7 +410,17 @@ int kvcal_search(int argc, char **argv) {
     int any_aqua = 0;
     for (int c = 0; c < nc; c++) {
         cands[c] = &table[cidx[c]];
-        any_aqua |= cands[c]->method == KV_FIT_AQUA || cands[c]->method == KV_FIT_AQUA_UNIFORM;
+        any_aqua |= kv_search_candidate_predicted(cands[c]);
+    }
+    /* the predictor chain: with AQUA-KV candidates (and unless --predictor-inputs free) a predicted stream is
+     * taken only above AQUA-KV inputs */
+    if (any_aqua && strcmp(pred_inputs, "chained") == 0) {
+        if (!(chain_member = malloc((size_t)nc)) || !(chain_needs = malloc((size_t)n_items * (size_t)nc))) {
+            s = KV_ERR(KV_ENOMEM, "out of memory");
+            goto fail;
+        }
+        kv_search_aqua_chain(chain_member, chain_needs, cands, nc, L);
+        chain.member = chain_member, chain.needs = chain_needs, chain_p = &chain;
     }
     /* with AQUA-KV candidates a chosen mix is refitted: refuse what a refit cannot carry before any fit */
     if (any_aqua && (s = kv_search_refit_check(cands, nc, common, n_common)) != KV_OK) goto fail;
@@ -450,12 +471,8 @@ int kvcal_search(int argc, char **argv) {
         search_point *pt = &points[p];
         const uint64_t *by = bytes + table_len * pt->ctx_index, *va = values + table_len * pt->ctx_index;
         uint64_t total_values = 0, cheapest = 0;
-        for (int i = 0; i < n_items; i++) {
-            total_values += va[(size_t)i * nc];
-            uint64_t mn = UINT64_MAX;
-            for (int c = 0; c < nc; c++) mn = by[(size_t)i * nc + c] < mn ? by[(size_t)i * nc + c] : mn;
-            cheapest += mn;
-        }
+        for (int i = 0; i < n_items; i++) total_values += va[(size_t)i * nc];
+        if ((s = kv_search_cheapest(&cheapest, NULL, by, NULL, chain_p, n_items, nc)) != KV_OK) goto fail;
         pt->budget_bytes = (uint64_t)floor(pt->budget_bits * (double)total_values / 8.0);
         pt->cheapest_bits = 8.0 * (double)cheapest / (double)total_values;
         pt->feasible = cheapest <= pt->budget_bytes;
@@ -506,7 +523,7 @@ int kvcal_search(int argc, char **argv) {
         if (!pt->feasible) continue;
         const long context = contexts[pt->ctx_index];
         const uint64_t *by = bytes + table_len * pt->ctx_index, *va = values + table_len * pt->ctx_index;
-        if ((s = kv_search_allocate(pt->choice, by, kl, NULL, n_items, nc, pt->budget_bytes, 0, &pt->unit)) != KV_OK) {
+        if ((s = kv_search_allocate(pt->choice, by, kl, NULL, chain_p, n_items, nc, pt->budget_bytes, 0, &pt->unit)) != KV_OK) {
             kv_error_wrap(s, "--budget-bits %g at --context %ld: ", pt->budget_bits, context);
             goto fail;
         }
@@ -620,10 +637,12 @@ int kvcal_search(int argc, char **argv) {
                    pt->ev.bits_per_value_total, contexts[pt->ctx_index], pt->ev.cmp.n_chunks, pt->seconds_eval);
         }
         printf("\n  ],\n  \"seconds\": {\"fits\": %.3f, \"bytes\": %.3f, \"sensitivity\": %.3f, \"proxy\": %.3f, "
-               "\"validation\": %.3f, \"total\": %.3f},\n  \"sensitivity_tokens\": %zu\n}\n", seconds_fit,
-               seconds_bytes, seconds_sens, seconds_proxy, seconds_eval, kv_now_seconds() - t0, sens_need);
+               "\"validation\": %.3f, \"total\": %.3f},\n  \"sensitivity_tokens\": %zu,\n  \"predictor_inputs\": "
+               "\"%s\"\n}\n", seconds_fit, seconds_bytes, seconds_sens, seconds_proxy, seconds_eval,
+               kv_now_seconds() - t0, sens_need, chain_p ? "chained" : "free");
     } else {
-        printf("kvcal search: %d candidate(s), %d point(s) (budget, context)\n", nc, n_points);
+        printf("kvcal search: %d candidate(s), %d point(s) (budget, context)%s\n", nc, n_points,
+               chain_p ? "; AQUA-KV streams only above AQUA-KV inputs (--predictor-inputs chained)" : "");
         printf("proxy (KVmix importance) vs measured KL, Spearman per candidate:");
         for (int c = 0; c < nc; c++) printf(" %s K %.3f V %.3f;", table[cidx[c]].name, rho[c], rho[nc + c]);
         printf("\n");
@@ -647,6 +666,8 @@ end:
     free(bytes);
     free(values);
     free(kl);
+    free(chain_member);
+    free(chain_needs);
     free(fit_s);
     free(rho);
     free(ids);

@@ -847,6 +847,20 @@ START_TEST(test_config_refusals_named) {
                       strstr(kv_error_last(), "AQUA-KV predictor") &&
                       strstr(kv_error_last(), "command line"), "message: %s", kv_error_last());
     kv_fit_config_free(&cfg);
+    /* per stream: one AQUA-KV stream under method kivi is refused too; method aqua with every stream
+     * overridden to kivi has no predictor and passes the check */
+    const char *prune_one[] = {"pruning.method=h2o", "pruning.budget=0.5", "layers.1.value_method=aqua", NULL};
+    make_cfg(&cfg, KV_FIT_KIVI, prune_one);
+    ck_assert_int_eq(kv_fit_check(&cfg, kv_model_arch(g_model)), KV_EUNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "AQUA-KV predictor"));
+    kv_fit_config_free(&cfg);
+    const char *prune_none[] = {"pruning.method=h2o", "pruning.budget=0.5", "layers.0.key_method=kivi",
+                                "layers.0.value_method=kivi", "layers.1.key_method=kivi", "layers.1.value_method=kivi",
+                                "layers.2.key_method=kivi", "layers.2.value_method=kivi", NULL};
+    make_cfg(&cfg, KV_FIT_AQUA, prune_none);
+    ck_assert_int_eq(kv_model_arch(g_model)->n_layers, 3);
+    ck_assert_kv_ok(kv_fit_check(&cfg, kv_model_arch(g_model)));
+    kv_fit_config_free(&cfg);
     const char *layer77[] = {"layers.77.key_bits=4", NULL};
     make_cfg(&cfg, KV_FIT_KIVI, layer77);
     ck_assert_int_eq(kv_fit_run(&plan, NULL, g_model, NULL, &d, &cfg, &o), KV_EINVAL);

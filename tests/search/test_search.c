@@ -15,23 +15,42 @@
 #include "stories_fixture.h"
 
 /* ---- allocator ------------------------------------------------------------------------------------ */
-/* Brute force over every assignment (n_choices^n_items): the least value whose cost fits. */
-static double brute(const uint64_t *cost, const double *value, int n, int k, uint64_t budget) {
+/* Does an assignment respect the chain (NULL: always)? Written from the definition in kv_calib.h, item by
+ * item, independently of the allocator's states. */
+static int chain_respected(const kv_search_chain *chain, const int *pick, int n, int k) {
+    for (int i = 0; chain && i < n; i++) {
+        const unsigned need = chain->needs[i * k + pick[i]];
+        if ((need & KV_SEARCH_NEEDS_PREV1) && (i < 1 || !chain->member[pick[i - 1]])) return 0;
+        if ((need & KV_SEARCH_NEEDS_PREV2) && (i < 2 || !chain->member[pick[i - 2]])) return 0;
+    }
+    return 1;
+}
+
+/* Brute force over every assignment (n_choices^n_items): the least value whose cost fits (and that respects
+ * allowed and chain, both may be NULL); INFINITY when none. */
+static double brute_chain(const uint64_t *cost, const double *value, const unsigned char *allowed,
+                          const kv_search_chain *chain, int n, int k, uint64_t budget) {
     double best = INFINITY;
     int pick[8] = {0};
     for (;;) {
         uint64_t c = 0;
         double v = 0;
+        int ok = chain_respected(chain, pick, n, k);
         for (int i = 0; i < n; i++) {
             c += cost[i * k + pick[i]];
             v += value[i * k + pick[i]];
+            ok &= !allowed || allowed[i * k + pick[i]];
         }
-        if (c <= budget && v < best) best = v;
+        if (ok && c <= budget && v < best) best = v;
         int i = 0;
         while (i < n && ++pick[i] == k) pick[i++] = 0;
         if (i == n) break;
     }
     return best;
+}
+
+static double brute(const uint64_t *cost, const double *value, int n, int k, uint64_t budget) {
+    return brute_chain(cost, value, NULL, NULL, n, k, budget);
 }
 
 START_TEST(test_allocate_brute) {
@@ -56,7 +75,7 @@ START_TEST(test_allocate_brute) {
         int choice[6];
         uint64_t unit = 0;
         /* max_units >= every budget here (<= 120): unit 1, so the DP is exact */
-        ck_assert_kv_ok(kv_search_allocate(choice, cost, value, NULL, n, k, budget, 1000, &unit));
+        ck_assert_kv_ok(kv_search_allocate(choice, cost, value, NULL, NULL, n, k, budget, 1000, &unit));
         ck_assert_uint_eq(unit, 1);
         uint64_t c = 0;
         double v = 0;
@@ -94,7 +113,7 @@ START_TEST(test_allocate_units) {
         const uint64_t budget = min_sum + 1500 + kv_rng_u64(79, (uint64_t)trial) % 2000;
         int choice[5];
         uint64_t unit = 0;
-        ck_assert_kv_ok(kv_search_allocate(choice, cost, value, NULL, n, k, budget, 50, &unit));
+        ck_assert_kv_ok(kv_search_allocate(choice, cost, value, NULL, NULL, n, k, budget, 50, &unit));
         ck_assert(unit > 1);
         uint64_t c = 0;
         double v = 0;
@@ -131,7 +150,7 @@ START_TEST(test_allocate_tight) {
         for (uint64_t over = 0; over < 2; over++) {
             int choice[60];
             uint64_t unit = 0;
-            ck_assert_kv_ok(kv_search_allocate(choice, cost, value, NULL, n, k, min_sum + over, 0, &unit));
+            ck_assert_kv_ok(kv_search_allocate(choice, cost, value, NULL, NULL, n, k, min_sum + over, 0, &unit));
             ck_assert_uint_eq(unit, 1);
             uint64_t c = 0;
             for (int i = 0; i < n; i++) c += cost[i * k + choice[i]];
@@ -145,11 +164,100 @@ START_TEST(test_allocate_tight) {
         int choice[60];
         uint64_t unit = 0, c = 0;
         const uint64_t budget = min_sum + 3000000;
-        ck_assert_kv_ok(kv_search_allocate(choice, cost, value, NULL, n, k, budget, 2000, &unit));
+        ck_assert_kv_ok(kv_search_allocate(choice, cost, value, NULL, NULL, n, k, budget, 2000, &unit));
         ck_assert(unit > 1);
         for (int i = 0; i < n; i++) c += cost[i * k + choice[i]];
         ck_assert(c <= budget);
     }
+}
+END_TEST
+
+/* The chained allocator (AQUA-KV's predictor inputs) against brute force: random members, random needs per
+ * item and choice, random forbidden choices; the same optimum, a choice that respects the chain, the cheapest
+ * assembly feasible at its own cost, and "nothing respects the chain" reported when brute force finds none. */
+START_TEST(test_allocate_chain) {
+    int n_infeasible = 0, n_bound = 0;
+    for (int trial = 0; trial < 400; trial++) {
+        const uint64_t r = 5000 + (uint64_t)trial * 64;
+        const int n = 1 + (int)(kv_rng_u64(r, 0) % 6), k = 1 + (int)(kv_rng_u64(r, 1) % 4);
+        uint64_t cost[24];
+        double value[24];
+        unsigned char member[4], needs[24], allowed[24];
+        for (int j = 0; j < k; j++) member[j] = (unsigned char)(kv_rng_u64(r, 2 + j) % 2);
+        for (int q = 0; q < n * k; q++) {
+            cost[q] = kv_rng_u64(r + 1, (uint64_t)q) % 21;
+            value[q] = kv_rng_uniform(r + 2, (uint64_t)q);
+            needs[q] = (unsigned char)(kv_rng_u64(r + 3, (uint64_t)q) % 4);
+            allowed[q] = kv_rng_u64(r + 4, (uint64_t)q) % 5 != 0;
+        }
+        const kv_search_chain chain = {member, needs};
+        const double any = brute_chain(cost, value, allowed, &chain, n, k, UINT64_MAX);
+        uint64_t cheapest = 0;
+        int choice[6];
+        if (!isfinite(any)) { /* nothing respects the chain: both calls say so */
+            n_infeasible++;
+            ck_assert_int_eq(kv_search_cheapest(&cheapest, choice, cost, allowed, &chain, n, k), KV_EINVAL);
+            ck_assert_int_eq(kv_search_allocate(choice, cost, value, allowed, &chain, n, k, 1000, 1000, NULL), KV_EINVAL);
+            continue;
+        }
+        ck_assert_kv_ok(kv_search_cheapest(&cheapest, choice, cost, allowed, &chain, n, k));
+        ck_assert(chain_respected(&chain, choice, n, k));
+        uint64_t c0 = 0;
+        for (int i = 0; i < n; i++) c0 += cost[i * k + choice[i]];
+        ck_assert_uint_eq(c0, cheapest);
+        /* the least cost that respects the chain: brute force over costs as values */
+        double cost_as_value[24];
+        for (int q = 0; q < n * k; q++) cost_as_value[q] = (double)cost[q];
+        ck_assert(brute_chain(cost, cost_as_value, allowed, &chain, n, k, UINT64_MAX) == (double)cheapest);
+        if (cheapest > 0) /* a byte below the cheapest assembly: refused */
+            ck_assert_int_eq(kv_search_allocate(choice, cost, value, allowed, &chain, n, k, cheapest - 1, 1000, NULL),
+                             KV_EINVAL);
+        const uint64_t budget = cheapest + kv_rng_u64(r, 9) % 40;
+        uint64_t unit = 0;
+        ck_assert_kv_ok(kv_search_allocate(choice, cost, value, allowed, &chain, n, k, budget, 1000, &unit));
+        ck_assert_uint_eq(unit, 1);
+        uint64_t c = 0;
+        double v = 0;
+        for (int i = 0; i < n; i++) {
+            ck_assert(allowed[i * k + choice[i]]);
+            c += cost[i * k + choice[i]], v += value[i * k + choice[i]];
+        }
+        ck_assert(chain_respected(&chain, choice, n, k));
+        ck_assert_uint_le(c, budget);
+        const double b = brute_chain(cost, value, allowed, &chain, n, k, budget);
+        ck_assert_msg(fabs(v - b) <= 1e-12 * (1 + b), "trial %d: DP %.17g, brute force %.17g", trial, v, b);
+        /* the chain binds: the unconstrained optimum is strictly better in some trials (else this test could
+         * pass with the chain ignored) */
+        n_bound += brute_chain(cost, value, allowed, NULL, n, k, budget) < b - 1e-12;
+    }
+    ck_assert_int_gt(n_infeasible, 10);
+    ck_assert_int_gt(n_bound, 10);
+}
+END_TEST
+
+/* The AQUA-KV chain: members are the AQUA-KV candidates (any bits, any rank); at layer l >= 1 an AQUA-KV K
+ * needs K(l-1) (two items back), an AQUA-KV V needs K(l) (one back); layer 0 and the other candidates need
+ * nothing. */
+START_TEST(test_aqua_chain) {
+    const char *names[4] = {"kivi2", "aqua2", "higgs3", "aqua3r32"};
+    const kv_search_candidate *cands[4];
+    int n_table;
+    const kv_search_candidate *table = kv_search_candidates(&n_table);
+    for (int c = 0; c < 4; c++) {
+        int idx;
+        ck_assert_kv_ok(kv_search_candidate_find(&idx, names[c]));
+        cands[c] = &table[idx];
+    }
+    unsigned char member[4], needs[3 * 2 * 4];
+    kv_search_aqua_chain(member, needs, cands, 4, 3);
+    const unsigned char want_member[4] = {0, 1, 0, 1};
+    for (int c = 0; c < 4; c++) ck_assert_int_eq(member[c], want_member[c]);
+    for (int l = 0; l < 3; l++)
+        for (int c = 0; c < 4; c++) {
+            const int pred = l > 0 && want_member[c];
+            ck_assert_int_eq(needs[(2 * l) * 4 + c], pred ? KV_SEARCH_NEEDS_PREV2 : 0);
+            ck_assert_int_eq(needs[(2 * l + 1) * 4 + c], pred ? KV_SEARCH_NEEDS_PREV1 : 0);
+        }
 }
 END_TEST
 
@@ -158,17 +266,17 @@ START_TEST(test_allocate_refusals) {
     const double value[4] = {1, 0, 1, 0};
     int choice[2];
     /* the cheapest assembly costs 15 */
-    ck_assert_int_eq(kv_search_allocate(choice, cost, value, NULL, 2, 2, 14, 0, NULL), KV_EINVAL);
+    ck_assert_int_eq(kv_search_allocate(choice, cost, value, NULL, NULL, 2, 2, 14, 0, NULL), KV_EINVAL);
     ck_assert_ptr_nonnull(strstr(kv_error_last(), "15"));
-    ck_assert_kv_ok(kv_search_allocate(choice, cost, value, NULL, 2, 2, 15, 0, NULL));
+    ck_assert_kv_ok(kv_search_allocate(choice, cost, value, NULL, NULL, 2, 2, 15, 0, NULL));
     ck_assert_int_eq(choice[0], 0);
     ck_assert_int_eq(choice[1], 0);
-    ck_assert_kv_ok(kv_search_allocate(choice, cost, value, NULL, 2, 2, 50, 0, NULL));
+    ck_assert_kv_ok(kv_search_allocate(choice, cost, value, NULL, NULL, 2, 2, 50, 0, NULL));
     ck_assert_int_eq(choice[0], 1);
     ck_assert_int_eq(choice[1], 1);
     /* a forbidden choice is never taken */
     const unsigned char allowed[4] = {1, 0, 1, 1};
-    ck_assert_kv_ok(kv_search_allocate(choice, cost, value, allowed, 2, 2, 50, 0, NULL));
+    ck_assert_kv_ok(kv_search_allocate(choice, cost, value, allowed, NULL, 2, 2, 50, 0, NULL));
     ck_assert_int_eq(choice[0], 0);
 }
 END_TEST
@@ -581,6 +689,8 @@ static Suite *search_suite(int with_data) {
     tcase_add_test(tc, test_allocate_brute);
     tcase_add_test(tc, test_allocate_units);
     tcase_add_test(tc, test_allocate_tight);
+    tcase_add_test(tc, test_allocate_chain);
+    tcase_add_test(tc, test_aqua_chain);
     tcase_add_test(tc, test_allocate_refusals);
     tcase_add_test(tc, test_candidates);
     suite_add_tcase(s, tc);

@@ -114,6 +114,8 @@ done
 # refit cannot carry (KIVI-3 at 10 codes per word: another uniform layout) are refused before any fit
 expect 1 "cannot be combined with AQUA-KV" "a candidate the refit cannot carry" -- "$kvcal" search "${common[@]}" \
   --budget-bits 12 --candidates aqua2,kivi3w10 --out "$tmp/x.kvplan"
+expect 2 "must be chained or free" "a bad --predictor-inputs" -- "$kvcal" search "${common[@]}" \
+  --budget-bits 12 --candidates aqua2 --predictor-inputs any --out "$tmp/x.kvplan"
 expect 0 "" "search with AQUA-KV" -- "$kvcal" search "${base[@]}" --context 256 --eval-tokens 1024 --budget-bits 12 \
   --candidates kivi2,aqua2 --out "$tmp/aq.kvplan" --json
 cp "$tmp/out" "$tmp/aq.json"
@@ -123,6 +125,13 @@ p = json.load(open(sys.argv[1]))["plans"][0]
 # on stories260K, AQUA-KV-2 errs less than KIVI-2 on every V stream (about 10x in the sensitivities): at 12 bits
 # (room for all of them) the choice takes it there, and so the plan is refitted
 assert p["refit"] is True and "aqua2" in p["choices"], p
+# the predictor chain (SEARCH.md §1d): an AQUA-KV K at layer l >= 1 sits above an AQUA-KV K, an AQUA-KV V
+# beside one
+assert json.load(open(sys.argv[1]))["predictor_inputs"] == "chained"
+ch = p["choices"]
+for i, c in enumerate(ch):
+    if c == "aqua2" and i >= 2:
+        assert ch[i - 2 if i % 2 == 0 else i - 1] == "aqua2", (i, ch)
 m = p["measured_heldout"]
 assert m["bits_per_value_total"] <= 12 + 1e-9 and abs(m["bits_per_value_total"] - p["predicted"]["bits_per_value_total"]) < 1e-9, p
 print("ok: AQUA-KV refit: choices %s, bits %.4f" % (",".join(p["choices"]), m["bits_per_value_total"]))
