@@ -7,7 +7,8 @@ method and the searched plans, at each context; the table behind it; and the equ
 Writes DIR/pareto.svg (one row of two panels, KL and ppl, per context) and DIR/pareto.md (the table and the
 verdict), and prints pareto.md. The verdict compares each single method m at context N with the searched plan
 whose budget is m's own honest bits there (the B@N points pareto.sh asks for): the searched plan "beats" m when
-its KL and its perplexity are both lower at bits <= m's. Standard library only."""
+its KL and its perplexity are both lower at bits <= m's; without such a point, or when it does not beat m, a
+searched plan at fewer bits that does beat m is named. Standard library only."""
 import glob
 import json
 import math
@@ -52,19 +53,33 @@ def load(d):
 
 
 def verdicts(single, search):
-    """Per (context, single method): the searched plan at that method's own bits (budget within 1e-3 below)."""
+    """Per (context, single method): the searched plan at that method's own bits (budget within 1e-3 below), and
+    failing that any searched plan at fewer bits that is better on both KL and ppl (a plan within m's bits that
+    beats m is a plan the search would meet m's budget with)."""
     out = []
     for ctx in sorted(single):
         for r in sorted(single[ctx], key=lambda r: r["bits"]):
+            def wins(p):
+                return p["bits"] <= r["bits"] + 1e-9 and p["kl"] < r["kl"] and p["ppl"] < r["ppl"]
             match = [p for p in search.get(ctx, []) if r["bits"] - 1e-3 <= p["budget"] <= r["bits"] + 1e-9]
-            if not match:
-                out.append((ctx, r, None, "no searched plan at these bits"))
+            below = [p for p in search.get(ctx, []) if p["bits"] <= r["bits"] + 1e-9 and p not in match]
+            if match and wins(match[0]):
+                out.append((ctx, r, match[0], "beats"))
                 continue
-            p = match[0]
-            win = p["bits"] <= r["bits"] + 1e-9 and p["kl"] < r["kl"] and p["ppl"] < r["ppl"]
-            same = abs(p["kl"] - r["kl"]) <= 1e-9 * r["kl"] and abs(p["ppl"] - r["ppl"]) <= 1e-9 * r["ppl"]
-            # the method itself when it is the cheapest candidate: no other assembly fits its bits
-            out.append((ctx, r, p, "beats" if win else "ties (the same plan)" if same else "does not beat"))
+            cheaper = [p for p in below if wins(p)]
+            if cheaper:
+                p = min(cheaper, key=lambda p: p["bits"])
+                out.append((ctx, r, p, "beats (the searched plan at %.3f bits)" % p["bits"]))
+                continue
+            if match:
+                p = match[0]
+                same = abs(p["kl"] - r["kl"]) <= 1e-9 * r["kl"] and abs(p["ppl"] - r["ppl"]) <= 1e-9 * r["ppl"]
+                # the method itself when it is the cheapest candidate: no other assembly fits its bits
+                out.append((ctx, r, p, "ties (the same plan)" if same else "does not beat"))
+            elif below:
+                out.append((ctx, r, None, "not beaten by the searched plans below these bits"))
+            else:
+                out.append((ctx, r, None, "no searched plan at or below these bits"))
     return out
 
 

@@ -16,7 +16,8 @@
 #include <string.h>
 
 #define MAX_CANDS 32
-static const char *const k_default_cands = "f16,kivi2,kivi3,kivi4,higgs2,higgs3,aqua2,aqua3,fp8,nvfp4";
+static const char *const k_default_cands =
+    "f16,kivi2,kivi3,kivi4,higgs2,higgs3,aqua2,aqua3,aqua2r32,aqua2r64,aqua3r32,fp8,nvfp4";
 #define MAX_BUDGETS 32
 #define MAX_CONTEXTS 8
 
@@ -175,8 +176,9 @@ int kvcal_search(int argc, char **argv) {
         {"out-dir", 0, KV_OPT_STRING, &out_dir, "DIR", "instead of --out, for any number of points: the plans as "
                                                        "DIR/search-ctxN-Bbits.kvplan", 0},
         {"candidates", 0, KV_OPT_STRING, &cand_list, "LIST", "comma-separated candidates (default: f16,kivi2,kivi3,"
-                                                             "kivi4,higgs2,higgs3,aqua2,aqua3,fp8,nvfp4; AQUA-KV "
-                                                             "ones make a chosen mix be refitted)", 0},
+                                                             "kivi4,higgs2,higgs3,aqua2,aqua3,aqua2r32,aqua2r64,"
+                                                             "aqua3r32,fp8,nvfp4; AQUA-KV ones make a chosen mix be "
+                                                             "refitted)", 0},
         {"fit-tokens", 0, KV_OPT_INT, &fit_tokens, "N", "calibration tokens for each candidate's fit (default 16384)", 0},
         {"fit-seq-len", 0, KV_OPT_INT, &fit_seq, "N", "tokens per fit sequence (default min(context, 512))", 0},
         {"sens-ctx", 0, KV_OPT_INT, &sens_ctx, "N", "tokens per sensitivity chunk (default min(context, 512))", 0},

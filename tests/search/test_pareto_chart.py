@@ -2,8 +2,8 @@
 """scripts/pareto_chart.py on a constructed directory: the equal-bits verdict per (context, single method), the
 table rows, and a well-formed SVG with one point per plan. The numbers are made up so that every verdict branch
 is taken: a searched plan that beats the method (KL and ppl lower at no more bits), one that loses on KL, one
-that wins on KL but not on ppl, one that is the method itself (a tie), and a method without a searched plan at
-its bits."""
+that wins on KL but not on ppl, one that is the method itself (a tie), a method beaten by a searched plan at
+fewer bits, one that no searched plan below its bits beats, and one with no searched plan at or below its bits."""
 import json
 import os
 import subprocess
@@ -24,7 +24,8 @@ def main():
     os.makedirs(os.path.join(d, "single", "ctx8192"))
     single = {("ctx2048", "kivi-2"): ev(3.8125, 0.14, 12.0, 2048, 4), ("ctx2048", "higgs-2"): ev(3.1094, 0.05, 10.6, 2048, 4),
               ("ctx2048", "kivi-4"): ev(5.8125, 0.004, 10.05, 2048, 4), ("ctx8192", "kivi-2"): ev(3.2031, 0.18, 12.5, 8192, 1),
-              ("ctx8192", "higgs-2"): ev(2.4648, 0.18, 12.7, 8192, 1)}
+              ("ctx8192", "higgs-2"): ev(2.4648, 0.18, 12.7, 8192, 1), ("ctx2048", "kivi-3"): ev(4.6, 0.07, 11.0, 2048, 4),
+              ("ctx8192", "kivi-1"): ev(2.2, 0.5, 20.0, 8192, 1)}
     for (c, name), r in single.items():
         json.dump(r, open(os.path.join(d, "single", c, name + ".json"), "w"))
 
@@ -44,7 +45,9 @@ def main():
     verdict = {(r.split("|")[1].strip(), r.split("|")[2].strip()): r.split("|")[-2].strip() for r in rows}
     want = {("2048", "KIVI-2"): "beats", ("2048", "HIGGS-2"): "does not beat", ("8192", "KIVI-2"): "does not beat",
             ("8192", "HIGGS-2"): "ties (the same plan)",
-            ("2048", "KIVI-4"): "no searched plan at these bits"}
+            ("2048", "KIVI-4"): "not beaten by the searched plans below these bits",
+            ("2048", "KIVI-3"): "beats (the searched plan at 3.100 bits)",
+            ("8192", "KIVI-1"): "no searched plan at or below these bits"}
     assert verdict == want, (verdict, out)
     svg = ET.parse(os.path.join(d, "pareto.svg")).getroot()
     ns = "{http://www.w3.org/2000/svg}"
