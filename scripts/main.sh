@@ -38,7 +38,7 @@ if [ "$all" = 1 ]; then
 else
   echo "== searched plan at $budget honest bits (2048 tokens) vs KIVI-2, HIGGS-2 and the uncompressed model"
   bash scripts/pareto.sh --model "$model" --contexts 2048 --eval-tokens 4096 --methods "kivi-2 higgs-2" \
-    --budgets "$budget" --range "0 32" --candidates f16,kivi2,kivi3,kivi4,higgs2 --search-fit-tokens 4096 \
+    --budgets "$budget" --range "0 32" --candidates f16,kivi2,kivi4,higgs2,aqua2r32 --search-fit-tokens 4096 \
     --sens-ctx 256 --sens-samples 1 --prompts 0 --out "$here/build/main" "${args[@]}"
 fi
 end=$(date +%s)

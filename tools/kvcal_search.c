@@ -212,9 +212,10 @@ int kvcal_search(int argc, char **argv) {
                           "Choose, for every layer and stream, one of several single-method plans so that the "
                           "summed per-stream KL sensitivity is least under a budget of honest total bits per value "
                           "(codes, scales, zero points, norms, FP scales, predictors amortized, f16 sinks and "
-                          "window, at --context tokens). Each candidate is fitted once (kvcal fit); its streams "
-                          "are fitted from their own layer's exact K/V, so the assembled plan is what one mixed "
-                          "fit would write. Then the plan is written and evaluated end to end on held-out text "
+                          "window, at --context tokens). Each candidate is fitted once (kvcal fit); a stream without "
+                          "a predictor is fitted from its own layer's exact K/V, so the assembled plan is what one "
+                          "mixed fit would write; a choice with AQUA-KV streams (taken only above AQUA-KV inputs, "
+                          "--predictor-inputs) is refitted layer-sequentially on the mix's reconstructions. Then the plan is written and evaluated end to end on held-out text "
                           "(kvrun eval --plan's code): predicted vs measured KL, perplexity, honest bits. Several "
                           "budgets and contexts share the fits and the sensitivities: one plan per point.",
                           opts, 0, argc, argv);
