@@ -6,7 +6,7 @@
 # and HIGGS-2), with a searched plan at each baseline's own bits as well (equal-bits comparison); print the
 # table and the path of the Pareto chart. HIGGS-2 is the cheapest candidate, so at its bits the search can only
 # return HIGGS-2 itself (the verdict says "ties"); at KIVI-2's bits it chooses a mix (calib/SEARCH.md §8).
-# 13.6 minutes after the build on a 2-core machine running another job (calib/SEARCH.md §8).
+# 10.0 minutes after the build on a 2-core machine, HIGGS grids generated (calib/SEARCH.md §8).
 #   scripts/main.sh [--all] [--budget B] [extra arguments for scripts/pareto.sh]
 # --all: the full every-method comparison instead (scripts/results.sh: eight fits and evaluations, ~50 min);
 # its extra arguments go to scripts/results.sh (e.g. --eval-tokens 40960). The whole frontier at 2K and 8K is

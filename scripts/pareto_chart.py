@@ -59,9 +59,13 @@ def verdicts(single, search):
     out = []
     for ctx in sorted(single):
         for r in sorted(single[ctx], key=lambda r: r["bits"]):
+            # kvcal search's JSON prints KL and ppl to 6 significant digits: "lower" and "the same" are decided
+            # beyond that precision (a relative 1e-5), else the method itself rounded down would "beat" itself
             def wins(p):
-                return p["bits"] <= r["bits"] + 1e-9 and p["kl"] < r["kl"] and p["ppl"] < r["ppl"]
-            match = [p for p in search.get(ctx, []) if r["bits"] - 1e-3 <= p["budget"] <= r["bits"] + 1e-9]
+                return (p["bits"] <= r["bits"] + 1e-9 and p["kl"] < r["kl"] * (1 - 1e-5) and
+                        p["ppl"] < r["ppl"] * (1 - 1e-5))
+            # kvcal search's JSON before 2026-11-24 printed budgets to 6 significant digits (3.109375 as 3.10938)
+            match = [p for p in search.get(ctx, []) if r["bits"] - 1e-3 <= p["budget"] <= r["bits"] * (1 + 1e-5)]
             below = [p for p in search.get(ctx, []) if p["bits"] <= r["bits"] + 1e-9 and p not in match]
             if match and wins(match[0]):
                 out.append((ctx, r, match[0], "beats"))
@@ -73,7 +77,7 @@ def verdicts(single, search):
                 continue
             if match:
                 p = match[0]
-                same = abs(p["kl"] - r["kl"]) <= 1e-9 * r["kl"] and abs(p["ppl"] - r["ppl"]) <= 1e-9 * r["ppl"]
+                same = abs(p["kl"] - r["kl"]) <= 1e-5 * r["kl"] and abs(p["ppl"] - r["ppl"]) <= 1e-5 * r["ppl"]
                 # the method itself when it is the cheapest candidate: no other assembly fits its bits
                 out.append((ctx, r, p, "ties (the same plan)" if same else "does not beat"))
             elif below:

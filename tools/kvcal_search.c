@@ -618,7 +618,7 @@ int kvcal_search(int argc, char **argv) {
             const search_point *pt = &points[p];
             printf("%s\n    {\"plan\": ", p ? "," : "");
             if (pt->feasible) kv_tool_json_string(stdout, pt->path); else printf("null");
-            printf(", \"budget_bits\": %.6g, \"context\": %ld, \"feasible\": %s, \"cheapest_bits\": %.6f",
+            printf(", \"budget_bits\": %.9g, \"context\": %ld, \"feasible\": %s, \"cheapest_bits\": %.6f",
                    pt->budget_bits, contexts[pt->ctx_index], pt->feasible ? "true" : "false", pt->cheapest_bits);
             if (!pt->feasible) {
                 printf("}");
