@@ -116,27 +116,37 @@ expect 1 "cannot be combined with AQUA-KV" "a candidate the refit cannot carry" 
   --budget-bits 12 --candidates aqua2,kivi3w10 --out "$tmp/x.kvplan"
 expect 2 "must be chained or free" "a bad --predictor-inputs" -- "$kvcal" search "${common[@]}" \
   --budget-bits 12 --candidates aqua2 --predictor-inputs any --out "$tmp/x.kvplan"
-expect 0 "" "search with AQUA-KV" -- "$kvcal" search "${base[@]}" --context 256 --eval-tokens 1024 --budget-bits 12 \
-  --candidates kivi2,aqua2 --out "$tmp/aq.kvplan" --json
+expect 0 "" "search with AQUA-KV" -- "$kvcal" search "${base[@]}" --context 256 --eval-tokens 1024 --budget-bits 10 \
+  --candidates kivi2,aqua4 --out "$tmp/aq.kvplan" --json
 cp "$tmp/out" "$tmp/aq.json"
-python3 - "$tmp/aq.json" <<'PY' || fail=1
+expect 0 "" "search with AQUA-KV, free predictor inputs" -- "$kvcal" search "${base[@]}" --context 256 \
+  --eval-tokens 1024 --budget-bits 10 --candidates kivi2,aqua4 --predictor-inputs free --out "$tmp/aqf.kvplan" --json
+cp "$tmp/out" "$tmp/aqf.json"
+python3 - "$tmp/aq.json" "$tmp/aqf.json" <<'PY' || fail=1
 import json, sys
-p = json.load(open(sys.argv[1]))["plans"][0]
-# on stories260K, AQUA-KV-2 errs less than KIVI-2 on every V stream (about 10x in the sensitivities): at 12 bits
-# (room for all of them) the choice takes it there, and so the plan is refitted
-assert p["refit"] is True and "aqua2" in p["choices"], p
-# the predictor chain (SEARCH.md §1d): an AQUA-KV K at layer l >= 1 sits above an AQUA-KV K, an AQUA-KV V
-# beside one
-assert json.load(open(sys.argv[1]))["predictor_inputs"] == "chained"
+r, rf = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+p, pf = r["plans"][0], rf["plans"][0]
+assert r["predictor_inputs"] == "chained" and rf["predictor_inputs"] == "free", (r["predictor_inputs"], rf["predictor_inputs"])
+def breaks(ch):
+    """the streams that break the predictor chain (SEARCH.md §1d): an AQUA-KV K at layer l >= 1 not above an
+    AQUA-KV K, an AQUA-KV V at l >= 1 not beside one"""
+    return [i for i, c in enumerate(ch) if c == "aqua4" and i >= 2 and ch[i - 2 if i % 2 == 0 else i - 1] != "aqua4"]
+# on stories260K KIVI-2 errs less than AQUA-KV-4's layer 0 on K (HIGGS-4 before RoPE here) and far more above
+# it; 10 bits is room for most but not all AQUA-KV-4 streams: a mix, refitted, with predicted streams
 ch = p["choices"]
-for i, c in enumerate(ch):
-    if c == "aqua2" and i >= 2:
-        assert ch[i - 2 if i % 2 == 0 else i - 1] == "aqua2", (i, ch)
+assert p["refit"] is True and "kivi2" in ch and any(c == "aqua4" for c in ch[2:]), p
+assert not breaks(ch), (breaks(ch), ch)
+# free inputs take the cheaper KIVI-2 key at layer 0 under AQUA-KV-4 keys (the chain binds here), and the
+# chained plan measures a lower KL on held-out text (0.0145 vs 0.0376 when this was written: the post-RoPE
+# input of layer 1's key predictor)
+assert breaks(pf["choices"]), pf["choices"]
+assert p["measured_heldout"]["kl_mean"] < pf["measured_heldout"]["kl_mean"], (p["measured_heldout"], pf["measured_heldout"])
 m = p["measured_heldout"]
-assert m["bits_per_value_total"] <= 12 + 1e-9 and abs(m["bits_per_value_total"] - p["predicted"]["bits_per_value_total"]) < 1e-9, p
-print("ok: AQUA-KV refit: choices %s, bits %.4f" % (",".join(p["choices"]), m["bits_per_value_total"]))
+assert m["bits_per_value_total"] <= 10 + 1e-9 and abs(m["bits_per_value_total"] - p["predicted"]["bits_per_value_total"]) < 1e-9, p
+print("ok: AQUA-KV refit: choices %s, bits %.4f, KL %.4g (free inputs: %s, KL %.4g)" % (
+    ",".join(ch), m["bits_per_value_total"], m["kl_mean"], ",".join(pf["choices"]), pf["measured_heldout"]["kl_mean"]))
 PY
 expect 0 "" "kvrun eval reads the refitted plan" -- "$kvrun" eval --model "$model" --tokenizer "$tok" \
   --plan "$tmp/aq.kvplan" --text "$heldout" --ctx 256 --max-tokens 1024 --json
-python3 "$check_same" "$tmp/out" "$tmp/aq.json" 12 256 || fail=1
+python3 "$check_same" "$tmp/out" "$tmp/aq.json" 10 256 || fail=1
 exit $fail
