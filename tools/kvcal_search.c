@@ -215,9 +215,10 @@ int kvcal_search(int argc, char **argv) {
                           "window, at --context tokens). Each candidate is fitted once (kvcal fit); a stream without "
                           "a predictor is fitted from its own layer's exact K/V, so the assembled plan is what one "
                           "mixed fit would write; a choice with AQUA-KV streams (taken only above AQUA-KV inputs, "
-                          "--predictor-inputs) is refitted layer-sequentially on the mix's reconstructions. Then the plan is written and evaluated end to end on held-out text "
-                          "(kvrun eval --plan's code): predicted vs measured KL, perplexity, honest bits. Several "
-                          "budgets and contexts share the fits and the sensitivities: one plan per point.",
+                          "--predictor-inputs) is refitted layer-sequentially on the mix's reconstructions. Then "
+                          "the plan is written and evaluated end to end on held-out text (kvrun eval --plan's "
+                          "code): predicted vs measured KL, perplexity, honest bits. Several budgets and contexts "
+                          "share the fits and the sensitivities: one plan per point.",
                           opts, 0, argc, argv);
     if (rc != KV_EXIT_OK) {
         free(sets);
