@@ -500,7 +500,8 @@ kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *va
     double *best = malloc(n_states * row * sizeof(double));
     double *next = malloc(n_states * row * sizeof(double));
     uint16_t *pick = malloc((size_t)n_items * n_states * row * sizeof(uint16_t));
-    if (!best || !next || !pick) {
+    uint64_t *units = malloc((size_t)n_choices * sizeof *units); /* item i's extra units per choice (u-independent) */
+    if (!best || !next || !pick || !units) {
         s = KV_ERR(KV_ENOMEM, "out of memory for the allocation (%d items x %zu states x %zu units)", n_items,
                    n_states, row);
         goto done;
@@ -508,6 +509,10 @@ kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *va
     for (size_t st = 0; st < n_states; st++)
         for (size_t u = 0; u <= cap; u++) best[st * row + u] = st == 0 ? 0.0 : INFINITY;
     for (int i = 0; i < n_items; i++) {
+        for (int j = 0; j < n_choices; j++) {
+            const uint64_t c = cost[(size_t)i * n_choices + j], e = c > base[i] ? c - base[i] : 0;
+            units[j] = is_allowed(allowed, i, n_choices, j) ? e / unit + (e % unit != 0) : UINT64_MAX;
+        }
         for (size_t ns = 0; ns < n_states; ns++) {
             uint16_t *pk = pick + ((size_t)i * n_states + ns) * row;
             for (size_t u = 0; u <= cap; u++) {
@@ -520,11 +525,10 @@ kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *va
                     const double *bprev = best + (size_t)ps * row;
                     for (int j = 0; j < n_choices; j++) {
                         const size_t k = (size_t)i * n_choices + j;
-                        if (!is_allowed(allowed, i, n_choices, j) || !chain_ok(chain, i, n_choices, j, ps) ||
-                            (size_t)chain_next(chain, j, ps) != ns)
+                        const uint64_t w = units[j]; /* UINT64_MAX when not allowed */
+                        if (w > u || !chain_ok(chain, i, n_choices, j, ps) || (size_t)chain_next(chain, j, ps) != ns ||
+                            !isfinite(bprev[u - w]))
                             continue;
-                        const uint64_t e = cost[k] > base[i] ? cost[k] - base[i] : 0, w = e / unit + (e % unit != 0);
-                        if (w > u || !isfinite(bprev[u - w])) continue;
                         const double v = bprev[u - w] + value[k];
                         if (v < bv || (v == bv && cost[k] < bc)) bv = v, bj = j, bp = p1, bc = cost[k];
                     }
@@ -559,6 +563,7 @@ done:
     free(best);
     free(next);
     free(pick);
+    free(units);
     return s;
 }
 
