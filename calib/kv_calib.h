@@ -304,6 +304,7 @@ typedef struct kv_search_candidate {
     kv_fit_method method;
     const char *sets[KV_SEARCH_MAX_SETS]; /* "keys.bits=2", ...; NULL ends */
     const char *what;                    /* one line for --help and the report */
+    int keys_only;                       /* 1: a key-stream method (SQuat): never offered for a V stream */
 } kv_search_candidate;
 
 /* The table (static) and its size. */
@@ -316,9 +317,10 @@ kv_status kv_search_candidate_config(kv_fit_config *cfg, const kv_search_candida
                                      int n_common);
 
 /* Plan surgery: stream (layer, stream) of dst becomes src's (method, quantizer parameters, eta, its HIGGS
- * grid appended to dst's grid table unless an identical grid is there, FP scales). Refuses (KV_EUNSUPPORTED)
- * a src stream with a predictor, SQuat parameters or shared codes (they depend on other streams: phase 2),
- * and (KV_EINVAL) plans of different shapes or global settings. dst's stream must carry no predictor. */
+ * grid appended to dst's grid table unless an identical grid is there, FP scales, SQuat parameters and
+ * basis). Refuses (KV_EUNSUPPORTED) a src stream with a predictor or shared codes (they depend on other
+ * streams: the refit), and (KV_EINVAL) plans of different shapes or global settings. dst's stream must carry
+ * no predictor and no SQuat parameters. */
 kv_status kv_search_copy_stream(kv_plan *dst, const kv_plan *src, int layer, int stream);
 /* A new plan: global settings and fingerprint of srcs[0], stream (l, s) from srcs[choice[2l + s]], streams
  * copied in layer order, K before V (the order kv_fit_run adds grids in). No provenance, no report. */
@@ -343,20 +345,38 @@ typedef struct kv_search_sens_options {
     int n_samples;            /* chunks */
     int32_t bos_id;
     const char *progress_label; /* NULL: none */
+    const unsigned char *allowed; /* NULL, or [(2l + s) * n_plans + c]: 0 = not measured, kl is HUGE_VAL there
+                                     (a keys-only candidate's V streams) */
 } kv_search_sens_options;
 kv_status kv_search_sensitivity(double *kl, kv_model *m, const kv_plan *const *plans, int n_plans,
                                 const int32_t *tokens, size_t n_tokens, const kv_search_sens_options *opt,
                                 double *seconds);
+
+/* kv_search_sensitivity's allowed table for cands (allowed[(2l + s) * n_cands + c], n_layers layers): 0 for
+ * the V streams of a keys-only candidate, else 1. */
+void kv_search_allowed(unsigned char *allowed, const kv_search_candidate *const *cands, int n_cands, int n_layers);
 
 /* 1 when a choice takes a candidate with a predictor (AQUA-KV): its plan must be refitted, not assembled. */
 int kv_search_needs_refit(const kv_search_candidate *const *cands, const int *choice, int n_items);
 /* The configuration of the layer-sequential refit of a choice (SEARCH.md §1c): method xquant with a
  * calibrated eta as the base, every stream overridden (layers.N.key_method / value_method / key_bits /
  * value_bits / key_pre_rope) to its candidate's; cands[k] is the candidate of choice value k. kv_fit_run on
- * it fits each predictor on the reconstructions the mix produces. KV_EUNSUPPORTED names a chosen candidate
- * whose settings a per-stream override cannot carry (SQuat, another uniform layout, other global keys). */
+ * it fits each predictor on the reconstructions the mix produces; a spliced candidate's stream gets its
+ * placeholder (kv_search_candidate_spliced). KV_EUNSUPPORTED names a chosen candidate whose settings a
+ * per-stream override cannot carry (another uniform layout, other global keys), or a predictor that would
+ * read a spliced stream. */
 kv_status kv_search_refit_config(kv_fit_config *cfg, const kv_search_candidate *const *cands, int n_cands,
                                  const int *choice, int n_layers, const char *const *common, int n_common);
+/* 1 when candidate c's streams are spliced into a refitted plan (kv_search_splice) rather than carried by a
+ * per-stream override: SQuat keys (per-layer r, lambda and query subspaces that a fit of the whole plan
+ * chooses). The refit fits a placeholder there (a KIVI stream of the same bits after RoPE), which no
+ * predictor may read: kv_search_refit_config refuses a choice where one would (with the chain of
+ * kv_search_aqua_chain none does). */
+int kv_search_candidate_spliced(const kv_search_candidate *c);
+/* After the refit of a choice: every stream whose candidate is spliced becomes srcs[choice]'s (its
+ * single fit, as kv_search_copy_stream copies it); then the plan is validated. */
+kv_status kv_search_splice(kv_plan *plan, const kv_plan *const *srcs, const kv_search_candidate *const *cands,
+                           int n_cands, const int *choice, int n_layers);
 /* KV_OK when every one of the candidates can take part in a refit (kvcal search checks this before any fit
  * when the list holds an AQUA-KV candidate); else kv_search_refit_config's KV_EUNSUPPORTED. */
 kv_status kv_search_refit_check(const kv_search_candidate *const *cands, int n_cands, const char *const *common,

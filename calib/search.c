@@ -11,45 +11,53 @@
 #include <string.h>
 
 /* ---- the candidates ------------------------------------------------------------------------------------
- * One row per candidate; a new method (SQuat keys, XQuant pairs, pruning points) is one more row once its
- * stream can be copied (kv_search_copy_stream says what cannot yet). KIVI rows are method xquant without
+ * One row per candidate; a new method (XQuant pairs, pruning points) is one more row once its stream can be
+ * copied (kv_search_copy_stream says what cannot yet). KIVI rows are method xquant without
  * shared codes or 1-bit layers: the KIVI layout with XQuant's eta calibrated per layer and stream. */
 static const kv_search_candidate k_cands[] = {
-    {"f16", KV_FIT_KIVI, {"keys.bits=16", "values.bits=16", NULL}, "f16, not quantized"},
+    {"f16", KV_FIT_KIVI, {"keys.bits=16", "values.bits=16", NULL}, "f16, not quantized", 0},
     {"kivi1", KV_FIT_XQUANT, {"keys.bits=1", "values.bits=1", "xquant.calibrate_eta=true", NULL},
-     "KIVI 1-bit, XQuant calibrated eta"},
+     "KIVI 1-bit, XQuant calibrated eta", 0},
     {"kivi2", KV_FIT_XQUANT, {"keys.bits=2", "values.bits=2", "xquant.calibrate_eta=true", NULL},
-     "KIVI 2-bit, XQuant calibrated eta"},
+     "KIVI 2-bit, XQuant calibrated eta", 0},
     {"kivi3", KV_FIT_XQUANT, {"keys.bits=3", "values.bits=3", "xquant.calibrate_eta=true", NULL},
-     "KIVI 3-bit, XQuant calibrated eta"},
+     "KIVI 3-bit, XQuant calibrated eta", 0},
     /* the default 3-bit layout is KVmix's 11 codes per word (one slot of each word holds 2 bits); 10 per word
      * costs 0.3 bits more per value and, on stories260K, errs 4.5x less (layer 0 K: 0.0049 vs 0.0222) */
     {"kivi3w10", KV_FIT_XQUANT,
      {"keys.bits=3", "values.bits=3", "keys.pack3=10", "values.pack3=10", "xquant.calibrate_eta=true", NULL},
-     "KIVI 3-bit, 10 codes per word, XQuant calibrated eta"},
+     "KIVI 3-bit, 10 codes per word, XQuant calibrated eta", 0},
     {"kivi4", KV_FIT_XQUANT, {"keys.bits=4", "values.bits=4", "xquant.calibrate_eta=true", NULL},
-     "KIVI 4-bit, XQuant calibrated eta"},
-    {"higgs2", KV_FIT_HIGGS, {"keys.bits=2", "values.bits=2", NULL}, "HIGGS 2 bits per dimension (d 2)"},
-    {"higgs3", KV_FIT_HIGGS, {"keys.bits=3", "values.bits=3", NULL}, "HIGGS 3 bits per dimension (d 2)"},
-    {"higgs4", KV_FIT_HIGGS, {"keys.bits=4", "values.bits=4", NULL}, "HIGGS 4 bits per dimension (d 2)"},
+     "KIVI 4-bit, XQuant calibrated eta", 0},
+    {"higgs2", KV_FIT_HIGGS, {"keys.bits=2", "values.bits=2", NULL}, "HIGGS 2 bits per dimension (d 2)", 0},
+    {"higgs3", KV_FIT_HIGGS, {"keys.bits=3", "values.bits=3", NULL}, "HIGGS 3 bits per dimension (d 2)", 0},
+    {"higgs4", KV_FIT_HIGGS, {"keys.bits=4", "values.bits=4", NULL}, "HIGGS 4 bits per dimension (d 2)", 0},
     /* AQUA-KV: a ridge predictor from the previous layer's reconstructions + HIGGS on the residual (layer 0:
      * HIGGS at aqua.first_layer_bits, no predictor). A mixed plan that takes one is refitted layer-sequentially
      * (kv_search_refit_config), so its predictors read the reconstructions the mix produces. */
-    {"aqua2", KV_FIT_AQUA, {"keys.bits=2", "values.bits=2", NULL}, "AQUA-KV predictors + HIGGS 2 bits"},
-    {"aqua3", KV_FIT_AQUA, {"keys.bits=3", "values.bits=3", NULL}, "AQUA-KV predictors + HIGGS 3 bits"},
-    {"aqua4", KV_FIT_AQUA, {"keys.bits=4", "values.bits=4", NULL}, "AQUA-KV predictors + HIGGS 4 bits"},
+    {"aqua2", KV_FIT_AQUA, {"keys.bits=2", "values.bits=2", NULL}, "AQUA-KV predictors + HIGGS 2 bits", 0},
+    {"aqua3", KV_FIT_AQUA, {"keys.bits=3", "values.bits=3", NULL}, "AQUA-KV predictors + HIGGS 3 bits", 0},
+    {"aqua4", KV_FIT_AQUA, {"keys.bits=4", "values.bits=4", NULL}, "AQUA-KV predictors + HIGGS 4 bits", 0},
     /* low-rank predictors (plan format 1.3): the rank is chosen by the same budget, as one more candidate per
      * rank; on SmolLM2 (kv_dim 192) rank 32 stores 1/3 of a K and 1/4 of a V predictor, rank 64 2/3 and 1/2 */
     {"aqua2r32", KV_FIT_AQUA, {"keys.bits=2", "values.bits=2", "aqua.rank=32", NULL},
-     "AQUA-KV rank-32 predictors + HIGGS 2 bits"},
+     "AQUA-KV rank-32 predictors + HIGGS 2 bits", 0},
     {"aqua2r64", KV_FIT_AQUA, {"keys.bits=2", "values.bits=2", "aqua.rank=64", NULL},
-     "AQUA-KV rank-64 predictors + HIGGS 2 bits"},
+     "AQUA-KV rank-64 predictors + HIGGS 2 bits", 0},
     {"aqua3r32", KV_FIT_AQUA, {"keys.bits=3", "values.bits=3", "aqua.rank=32", NULL},
-     "AQUA-KV rank-32 predictors + HIGGS 3 bits"},
+     "AQUA-KV rank-32 predictors + HIGGS 3 bits", 0},
     {"aqua3r64", KV_FIT_AQUA, {"keys.bits=3", "values.bits=3", "aqua.rank=64", NULL},
-     "AQUA-KV rank-64 predictors + HIGGS 3 bits"},
-    {"fp8", KV_FIT_FP8, {NULL}, "FP8 E4M3, calibrated tensor scale"},
-    {"nvfp4", KV_FIT_NVFP4, {NULL}, "NVFP4, calibrated second-level scale"},
+     "AQUA-KV rank-64 predictors + HIGGS 3 bits", 0},
+    /* SQuat keys (squat.txt): KIVI keys whose quantization error is kept orthogonal to the subspace of the
+     * prompt's queries; r and lambda chosen per layer by the fit. Keys only (its values are plain KIVI). No
+     * stored basis: the subspace is each prompt's own (the paper's default), so the plan stores nothing more
+     * than KIVI's and the honest bits are KIVI's; a refit carries it by splicing (kv_search_splice). */
+    {"squat2", KV_FIT_SQUAT, {"keys.bits=2", "values.bits=2", "squat.static_basis=false", NULL},
+     "SQuat keys, 2 bits (KIVI layout, query subspace of the prompt)", 1},
+    {"squat3", KV_FIT_SQUAT, {"keys.bits=3", "values.bits=3", "squat.static_basis=false", NULL},
+     "SQuat keys, 3 bits (KIVI layout, query subspace of the prompt)", 1},
+    {"fp8", KV_FIT_FP8, {NULL}, "FP8 E4M3, calibrated tensor scale", 0},
+    {"nvfp4", KV_FIT_NVFP4, {NULL}, "NVFP4, calibrated second-level scale", 0},
 };
 
 const kv_search_candidate *kv_search_candidates(int *n) {
@@ -113,11 +121,10 @@ static kv_status copy_stream(kv_plan *dst, const kv_plan *src, int layer, int st
                       dst->global.sinks, src->global.sinks, dst->global.recent, src->global.recent);
     const kv_plan_stream *ss = &src->layers[layer].stream[stream];
     kv_plan_stream *ds = &dst->layers[layer].stream[stream];
-    if ((ss->predictor && !with_predictor) || ss->squat || ss->share_codes_with_layer >= 0)
+    if ((ss->predictor && !with_predictor) || ss->share_codes_with_layer >= 0)
         return KV_ERR(KV_EUNSUPPORTED, "plan surgery: layer %d %s: a stream with %s depends on other streams' "
-                      "reconstructions or codes and needs a layer-sequential refit (search phase 2)", layer,
-                      sname(stream), ss->predictor ? "an AQUA-KV predictor" : ss->squat ? "SQuat parameters"
-                                                                                     : "shared codes");
+                      "reconstructions or codes and needs a layer-sequential refit", layer, sname(stream),
+                      ss->predictor ? "an AQUA-KV predictor" : "shared codes");
     if (ds->predictor || ds->squat)
         return KV_ERR(KV_EINVAL, "plan surgery: layer %d %s of the destination carries a predictor or SQuat "
                       "parameters", layer, sname(stream));
@@ -150,6 +157,12 @@ static kv_status copy_stream(kv_plan *dst, const kv_plan *src, int layer, int st
         free(ds->fp_scales);
         ds->fp_scales = NULL;
         ds->n_fp_scales = 0;
+    }
+    if (ss->squat) {
+        const kv_plan_squat *q = ss->squat;
+        kv_status s = kv_plan_set_squat(dst, layer, q->r, q->lambda, q->g, q->basis);
+        if (s != KV_OK) return s;
+        ds->squat->static_subspace = q->static_subspace;
     }
     if (with_predictor && ss->predictor) {
         const kv_plan_predictor *pr = ss->predictor;
@@ -328,7 +341,9 @@ kv_status kv_search_sensitivity(double *kl, kv_model *m, const kv_plan *const *p
     }
     for (int t = 0; t < ctx; t++) pos[t] = t;
     kv_progress prog;
-    const double total = (double)opt->n_samples * L * 2 * n_plans;
+    size_t n_measured = 0;
+    for (size_t i = 0; i < (size_t)L * 2 * (size_t)n_plans; i++) n_measured += !opt->allowed || opt->allowed[i];
+    const double total = (double)opt->n_samples * (double)n_measured;
     if (opt->progress_label) kv_progress_begin(&prog, opt->progress_label, "eval", total);
     double done_evals = 0;
     for (int c = 0; c < opt->n_samples && s == KV_OK; c++) {
@@ -354,6 +369,7 @@ kv_status kv_search_sensitivity(double *kl, kv_model *m, const kv_plan *const *p
         for (int l = 0; l < L && s == KV_OK; l++)
             for (int st = 0; st < 2 && s == KV_OK; st++)
                 for (int p = 0; p < n_plans && s == KV_OK; p++) {
+                    if (opt->allowed && !opt->allowed[(size_t)(2 * l + st) * n_plans + p]) continue;
                     int l0;
                     if ((s = one_stream_plan(&one, plans[p], l, st, &l0)) != KV_OK) break;
                     if ((s = kv_cache_rt_create(&cache, one, m, 1, ctx, 0, 0)) != KV_OK) break;
@@ -386,6 +402,10 @@ kv_status kv_search_sensitivity(double *kl, kv_model *m, const kv_plan *const *p
     if (opt->progress_label) kv_progress_end(&prog);
     if (s == KV_OK)
         for (size_t i = 0; i < (size_t)L * 2 * (size_t)n_plans; i++) {
+            if (opt->allowed && !opt->allowed[i]) {
+                kl[i] = HUGE_VAL;
+                continue;
+            }
             kl[i] = sum[i] / ((double)opt->n_samples * rows);
             if (!isfinite(kl[i])) {
                 s = KV_ERR(KV_ENUMERIC, "sensitivity of layer %zu %s, candidate %zu is not finite", i / n_plans / 2,
@@ -591,6 +611,15 @@ void kv_search_aqua_chain(unsigned char *member, unsigned char *needs, const kv_
         }
 }
 
+void kv_search_allowed(unsigned char *allowed, const kv_search_candidate *const *cands, int n_cands, int n_layers) {
+    for (int l = 0; l < n_layers; l++)
+        for (int st = 0; st < 2; st++)
+            for (int c = 0; c < n_cands; c++)
+                allowed[(size_t)(2 * l + st) * n_cands + c] = !(st == KV_PLAN_V && cands[c]->keys_only);
+}
+
+int kv_search_candidate_spliced(const kv_search_candidate *c) { return c->method == KV_FIT_SQUAT; }
+
 int kv_search_needs_refit(const kv_search_candidate *const *cands, const int *choice, int n_items) {
     for (int i = 0; i < n_items; i++)
         if (kv_search_candidate_predicted(cands[choice[i]])) return 1;
@@ -601,7 +630,7 @@ int kv_search_needs_refit(const kv_search_candidate *const *cands, const int *ch
 static kv_status refit_compatible(const kv_fit_config *b, const kv_fit_config *c, const char *name) {
     const int uniform = c->method == KV_FIT_XQUANT || (c->method == KV_FIT_KIVI && c->keys.bits != KV_FIT_F16_BITS);
     const char *what = NULL;
-    if (c->method == KV_FIT_SQUAT || c->squat.enabled) what = "SQuat keys";
+    if (c->squat.enabled && c->method != KV_FIT_SQUAT) what = "SQuat keys on another method";
     else if (c->cache.sinks != b->cache.sinks || c->cache.recent != b->cache.recent || c->cache.rpc_ratio != b->cache.rpc_ratio)
         what = "cache.sinks / recent / rpc_ratio";
     else if (c->seed != b->seed || c->pruning.method != b->pruning.method || c->pruning.budget != b->pruning.budget)
@@ -630,7 +659,8 @@ static kv_status refit_compatible(const kv_fit_config *b, const kv_fit_config *c
 }
 
 static const char *override_method(kv_fit_method m) {
-    return m == KV_FIT_XQUANT ? "kivi" : kv_fit_method_name((int)m); /* a uniform stream of the xquant base */
+    /* a uniform stream of the xquant base; SQuat keys: their placeholder, spliced after the fit */
+    return m == KV_FIT_XQUANT || m == KV_FIT_SQUAT ? "kivi" : kv_fit_method_name((int)m);
 }
 
 static const char *const k_refit_where = "kvcal search (mixed refit)";
@@ -708,9 +738,43 @@ kv_status kv_search_refit_config(kv_fit_config *cfg, const kv_search_candidate *
         if (have[k]) kv_fit_config_free(&cc[k]);
     free(cc);
     free(have);
+    /* a predictor reads K(l-1) (keys) or [V(l-1); K(l)] (values): none of them may be a placeholder */
+    for (int l = 1; l < n_layers && s == KV_OK; l++)
+        for (int st = 0; st < 2 && s == KV_OK; st++) {
+            if (!kv_search_candidate_predicted(cands[choice[2 * l + st]])) continue;
+            const int in[2] = {st == KV_PLAN_K ? 2 * (l - 1) : 2 * l, st == KV_PLAN_K ? -1 : 2 * (l - 1) + 1};
+            for (int j = 0; j < 2 && s == KV_OK; j++)
+                if (in[j] >= 0 && kv_search_candidate_spliced(cands[choice[in[j]]]))
+                    s = KV_ERR(KV_EUNSUPPORTED, "layer %d %s is AQUA-KV and its predictor would read layer %d %s, a "
+                               "%s stream that the refit fits as a placeholder (use --predictor-inputs chained)", l,
+                               sname(st), in[j] / 2, sname(in[j] % 2), cands[choice[in[j]]]->name);
+        }
     if (s != KV_OK) {
         kv_fit_config_free(cfg);
         kv_error_wrap(s, "the mixed refit: ");
     }
+    return s;
+}
+
+kv_status kv_search_splice(kv_plan *plan, const kv_plan *const *srcs, const kv_search_candidate *const *cands,
+                           int n_cands, const int *choice, int n_layers) {
+    if (!plan || !srcs || !cands || n_cands < 1 || !choice || n_layers != plan->n_layers)
+        return KV_ERR(KV_EINVAL, "kv_search_splice: bad arguments");
+    kv_status s = KV_OK;
+    int spliced = 0;
+    for (int i = 0; i < 2 * n_layers && s == KV_OK; i++) {
+        const int k = choice[i];
+        if (k < 0 || k >= n_cands || !srcs[k]) return KV_ERR(KV_EINVAL, "splice: item %d: choice %d", i, k);
+        if (!kv_search_candidate_spliced(cands[k])) continue;
+        spliced = 1;
+        kv_plan_stream *ps = &plan->layers[i / 2].stream[i % 2];
+        if (ps->predictor || ps->squat)
+            return KV_ERR(KV_EINVAL, "splice: layer %d %s holds a predictor or SQuat parameters, not a placeholder",
+                          i / 2, sname(i % 2));
+        s = kv_search_copy_stream(plan, srcs[k], i / 2, i % 2);
+    }
+    /* the refit's report measured the placeholders: it no longer describes the plan (an assembled plan has none) */
+    if (s == KV_OK && spliced) s = kv_plan_set_report(plan, 0, NULL, NULL);
+    if (s == KV_OK) s = kv_plan_validate(plan);
     return s;
 }

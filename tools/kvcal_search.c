@@ -110,7 +110,8 @@ static kv_status fit_with(kv_plan **out, const fit_inputs *in, const kv_fit_conf
 }
 
 static void print_point_text(const search_point *pt, long context, const kv_search_candidate *table, const int *cidx,
-                             int nc, int n_items, const double *kl, const uint64_t *bytes, const uint64_t *values,
+                             int nc, int n_items, const double *kl, const unsigned char *allowed,
+                             const uint64_t *bytes, const uint64_t *values,
                              int per_stream, long sens_ctx, long sens_samples) {
     printf("\n== budget %.3f honest bits per value at context %ld", pt->budget_bits, context);
     if (!pt->feasible) {
@@ -128,7 +129,8 @@ static void print_point_text(const search_point *pt, long context, const kv_sear
             const size_t k = (size_t)i * nc + pt->choice[i];
             printf("%-6d %-2s %-8s %12.4g %8.3f  ", i / 2, i % 2 ? "V" : "K", table[cidx[pt->choice[i]]].name, kl[k],
                    8.0 * (double)bytes[k] / (double)values[k]);
-            for (int c = 0; c < nc; c++) printf(" %s=%.3g", table[cidx[c]].name, kl[(size_t)i * nc + c]);
+            for (int c = 0; c < nc; c++)
+                if (allowed[(size_t)i * nc + c]) printf(" %s=%.3g", table[cidx[c]].name, kl[(size_t)i * nc + c]);
             printf("\n");
         }
     } else {
@@ -238,6 +240,7 @@ int kvcal_search(int argc, char **argv) {
     const char **common = NULL; /* the fit keys every candidate and a refit share */
     uint64_t *bytes = NULL, *values = NULL; /* [context][item][candidate] */
     double *kl = NULL, *fit_s = NULL, *rho = NULL;
+    unsigned char *allowed = NULL; /* [item][candidate]: a keys-only candidate is not offered for V */
     unsigned char *chain_member = NULL, *chain_needs = NULL; /* the predictor chain, with AQUA-KV candidates */
     kv_search_chain chain, *chain_p = NULL;
     kv_importance imp;
@@ -385,9 +388,10 @@ int kvcal_search(int argc, char **argv) {
     bytes = calloc(table_len * n_ctx, sizeof *bytes);
     values = calloc(table_len * n_ctx, sizeof *values);
     kl = calloc(table_len, sizeof *kl);
+    allowed = malloc(table_len);
     fit_s = calloc((size_t)nc, sizeof *fit_s);
     rho = calloc((size_t)2 * nc, sizeof *rho);
-    if (!bytes || !values || !kl || !fit_s || !rho) {
+    if (!bytes || !values || !kl || !allowed || !fit_s || !rho) {
         s = KV_ERR(KV_ENOMEM, "out of memory");
         goto fail;
     }
@@ -411,10 +415,17 @@ int kvcal_search(int argc, char **argv) {
     for (int i = 0; i < n_sets; i++) common[2 + i] = sets[i];
     const int n_common = n_sets + 2;
     const kv_search_candidate *cands[MAX_CANDS]; /* by position in --candidates */
-    int any_aqua = 0;
+    int any_aqua = 0, any_spliced = 0;
     for (int c = 0; c < nc; c++) {
         cands[c] = &table[cidx[c]];
         any_aqua |= kv_search_candidate_predicted(cands[c]);
+        any_spliced |= kv_search_candidate_spliced(cands[c]);
+    }
+    kv_search_allowed(allowed, cands, nc, L);
+    if (any_aqua && any_spliced && strcmp(pred_inputs, "free") == 0) {
+        rc = kv_cli_usage_error(tool, "--predictor-inputs free with AQUA-KV and SQuat candidates: a predictor could "
+                                "read a SQuat key, which the mixed refit fits as a placeholder (use chained)");
+        goto end;
     }
     /* the predictor chain: with AQUA-KV candidates (and unless --predictor-inputs free) a predicted stream is
      * taken only above AQUA-KV inputs */
@@ -476,7 +487,7 @@ int kvcal_search(int argc, char **argv) {
         const uint64_t *by = bytes + table_len * pt->ctx_index, *va = values + table_len * pt->ctx_index;
         uint64_t total_values = 0, cheapest = 0;
         for (int i = 0; i < n_items; i++) total_values += va[(size_t)i * nc];
-        if ((s = kv_search_cheapest(&cheapest, NULL, by, NULL, chain_p, n_items, nc)) != KV_OK) goto fail;
+        if ((s = kv_search_cheapest(&cheapest, NULL, by, allowed, chain_p, n_items, nc)) != KV_OK) goto fail;
         pt->budget_bytes = (uint64_t)floor(pt->budget_bits * (double)total_values / 8.0);
         pt->cheapest_bits = 8.0 * (double)cheapest / (double)total_values;
         pt->feasible = cheapest <= pt->budget_bytes;
@@ -499,7 +510,7 @@ int kvcal_search(int argc, char **argv) {
     const int32_t *sens_tok = ids + fit_tokens;
     const size_t n_sens_tok = n_ids - (size_t)fit_tokens;
     {
-        kv_search_sens_options so = {(int)sens_ctx, (int)sens_samples, bos, "sensitivity"};
+        kv_search_sens_options so = {(int)sens_ctx, (int)sens_samples, bos, "sensitivity", allowed};
         if ((s = kv_search_sensitivity(kl, m, (const kv_plan *const *)plans, nc, sens_tok, n_sens_tok, &so,
                                        &seconds_sens)) != KV_OK)
             goto fail;
@@ -514,12 +525,15 @@ int kvcal_search(int argc, char **argv) {
         double *col = malloc((size_t)L * sizeof *col);
         for (int st = 0; col && st < 2; st++)
             for (int c = 0; c < nc; c++) {
+                if (st == KV_PLAN_V && cands[c]->keys_only) continue; /* not measured */
                 for (int l = 0; l < L; l++) col[l] = kl[(size_t)(2 * l + st) * nc + c];
                 double r;
                 if (L >= 2 && kv_rank_spearman(&r, st ? imp.v_mean : imp.k_mean, col, L) == KV_OK) rho[st * nc + c] = r;
             }
         free(col);
     }
+    int n_evals = 0;
+    for (size_t i = 0; i < table_len; i++) n_evals += allowed[i];
     /* ---- 5. per point: the choice under its budget, the plan assembled, written, validated ---- */
     double seconds_eval = 0;
     for (int p = 0; p < n_points; p++) {
@@ -527,7 +541,8 @@ int kvcal_search(int argc, char **argv) {
         if (!pt->feasible) continue;
         const long context = contexts[pt->ctx_index];
         const uint64_t *by = bytes + table_len * pt->ctx_index, *va = values + table_len * pt->ctx_index;
-        if ((s = kv_search_allocate(pt->choice, by, kl, NULL, chain_p, n_items, nc, pt->budget_bytes, 0, &pt->unit)) != KV_OK) {
+        if ((s = kv_search_allocate(pt->choice, by, kl, allowed, chain_p, n_items, nc, pt->budget_bytes, 0, &pt->unit)) !=
+            KV_OK) {
             kv_error_wrap(s, "--budget-bits %g at --context %ld: ", pt->budget_bits, context);
             goto fail;
         }
@@ -548,6 +563,7 @@ int kvcal_search(int argc, char **argv) {
             if ((s = kv_search_refit_config(&rcfg, cands, nc, pt->choice, L, common, n_common)) != KV_OK) goto fail;
             s = fit_with(&plan, &fin, &rcfg);
             kv_fit_config_free(&rcfg);
+            if (s == KV_OK) s = kv_search_splice(plan, (const kv_plan *const *)plans, cands, nc, pt->choice, L);
             pt->seconds_refit = kv_now_seconds() - tr;
             if (s != KV_OK) {
                 kv_error_wrap(s, "the refit for --budget-bits %g at --context %ld: ", pt->budget_bits, context);
@@ -600,7 +616,10 @@ int kvcal_search(int argc, char **argv) {
         printf("\n  ],\n  \"streams\": [");
         for (int i = 0; i < n_items; i++) {
             printf("%s\n    {\"layer\": %d, \"stream\": \"%s\", \"kl\": [", i ? "," : "", i / 2, i % 2 ? "V" : "K");
-            for (int c = 0; c < nc; c++) printf("%s%.6g", c ? ", " : "", kl[(size_t)i * nc + c]);
+            for (int c = 0; c < nc; c++) {
+                const double v = kl[(size_t)i * nc + c];
+                if (isfinite(v)) printf("%s%.6g", c ? ", " : "", v); else printf("%snull", c ? ", " : ""); /* not offered */
+            }
             printf("], \"bits\": [");
             for (int k = 0; k < n_ctx; k++) {
                 printf("%s[", k ? ", " : "");
@@ -651,11 +670,11 @@ int kvcal_search(int argc, char **argv) {
         for (int c = 0; c < nc; c++) printf(" %s K %.3f V %.3f;", table[cidx[c]].name, rho[c], rho[nc + c]);
         printf("\n");
         for (int p = 0; p < n_points; p++)
-            print_point_text(&points[p], contexts[points[p].ctx_index], table, cidx, nc, n_items, kl,
+            print_point_text(&points[p], contexts[points[p].ctx_index], table, cidx, nc, n_items, kl, allowed,
                              bytes + table_len * points[p].ctx_index, values + table_len * points[p].ctx_index,
                              n_points == 1, sens_ctx, sens_samples);
         printf("\ntime: fits %.1f s, bytes %.1f s, sensitivity %.1f s (%zu tokens x %d evaluations), proxy %.1f s, "
-               "validation %.1f s, total %.1f s\n", seconds_fit, seconds_bytes, seconds_sens, sens_need, n_items * nc,
+               "validation %.1f s, total %.1f s\n", seconds_fit, seconds_bytes, seconds_sens, sens_need, n_evals,
                seconds_proxy, seconds_eval, kv_now_seconds() - t0);
     }
     goto end;
@@ -670,6 +689,7 @@ end:
     free(bytes);
     free(values);
     free(kl);
+    free(allowed);
     free(chain_member);
     free(chain_needs);
     free(fit_s);

@@ -540,7 +540,7 @@ END_TEST
  * rank-4 fit itself, byte for byte (the rank travels as layers.N.key_rank / value_rank). */
 START_TEST(test_lowrank_predictors) {
     static const kv_search_candidate r4 = {"aqua2r4", KV_FIT_AQUA, {"keys.bits=2", "values.bits=2", "aqua.rank=4", NULL},
-                                           "AQUA-KV rank-4 predictors + HIGGS 2 bits"};
+                                           "AQUA-KV rank-4 predictors + HIGGS 2 bits", 0};
     kv_fit_config cfg;
     ck_assert_kv_ok(kv_search_candidate_config(&cfg, &r4, k_common, 5));
     kv_plan *low = fit_cfg(&cfg);
@@ -597,7 +597,7 @@ START_TEST(test_sensitivity_predicted) {
     for (int c = 0; c < 3; c++) plans[c] = fit_candidate(names[c]);
     const int L = plans[0]->n_layers;
     double kl[64 * 3];
-    kv_search_sens_options so = {100, 2, g_bos, NULL};
+    kv_search_sens_options so = {100, 2, g_bos, NULL, NULL};
     ck_assert_kv_ok(kv_search_sensitivity(kl, g_model, (const kv_plan *const *)plans, 3, g_ids + 4096, g_n - 4096, &so,
                                           NULL));
     for (int st = 0; st < 2; st++)
@@ -638,6 +638,65 @@ START_TEST(test_sensitivity_predicted) {
 }
 END_TEST
 
+/* SQuat keys as a candidate (keys only). The surgery copies a SQuat stream whole: the assembly of the squat2
+ * fit's every stream is that fit, byte for byte. Its V streams are not offered (kv_search_allowed) and not
+ * measured (HUGE_VAL); its K sensitivities are finite. In a refit with AQUA-KV streams a SQuat key is a
+ * placeholder KIVI-2 key (the kivi2 row's stream) that no predictor reads, then spliced: the result is the
+ * refit of the same choice with kivi2 there, with that one stream copied from the squat2 fit. A choice where
+ * a predictor would read the placeholder is refused. */
+START_TEST(test_squat_candidate) {
+    const char *names[] = {"squat2", "kivi2", "aqua2"};
+    enum { NC = 3 };
+    kv_plan *plans[NC];
+    for (int c = 0; c < NC; c++) plans[c] = fit_candidate(names[c]);
+    const int L = plans[0]->n_layers;
+    ck_assert_int_ge(L, 3);
+    ck_assert_ptr_nonnull(plans[0]->layers[1].stream[KV_PLAN_K].squat);
+    ck_assert_ptr_null(plans[0]->layers[1].stream[KV_PLAN_K].squat->basis); /* squat.static_basis=false */
+    int choice[64] = {0};
+    kv_plan *surg = NULL;
+    ck_assert_kv_ok(kv_search_assemble(&surg, (const kv_plan *const *)plans, 1, choice, L));
+    assert_same_plan(plans[0], surg, "the surgery of the squat2 fit differs from the fit");
+    kv_plan_free(surg);
+    const kv_search_candidate *c[NC];
+    cand_ptrs(c, names, NC);
+    ck_assert(kv_search_candidate_spliced(c[0]) && !kv_search_candidate_spliced(c[1]) && !kv_search_candidate_spliced(c[2]));
+    unsigned char allowed[64 * NC];
+    kv_search_allowed(allowed, c, NC, L);
+    for (int i = 0; i < 2 * L; i++)
+        for (int k = 0; k < NC; k++) ck_assert_int_eq(allowed[i * NC + k], !(k == 0 && i % 2 == 1));
+    double kl[64 * NC];
+    kv_search_sens_options so = {100, 1, g_bos, NULL, allowed};
+    ck_assert_kv_ok(kv_search_sensitivity(kl, g_model, (const kv_plan *const *)plans, NC, g_ids + 4096, g_n - 4096, &so,
+                                          NULL));
+    for (int i = 0; i < 2 * L; i++)
+        ck_assert_msg(i % 2 ? kl[i * NC] == HUGE_VAL : isfinite(kl[i * NC]) && kl[i * NC] >= 0, "item %d: squat2 %g", i,
+                      kl[i * NC]);
+    /* AQUA-KV-2 on layers 0..L-3 (K and V), SQuat at layer L-2 K, KIVI-2 above */
+    const int q = L - 2;
+    for (int l = 0; l < L; l++) choice[2 * l] = choice[2 * l + 1] = l < q ? 2 : 1;
+    int with_kivi[64];
+    memcpy(with_kivi, choice, sizeof with_kivi);
+    choice[2 * q] = 0;
+    kv_plan *re = refit(names, NC, choice, L), *expect = refit(names, NC, with_kivi, L);
+    ck_assert_kv_ok(kv_search_splice(re, (const kv_plan *const *)plans, c, NC, choice, L));
+    ck_assert_ptr_nonnull(re->layers[q].stream[KV_PLAN_K].squat);
+    ck_assert_kv_ok(kv_search_copy_stream(expect, plans[0], q, KV_PLAN_K));
+    assert_same_plan(re, expect, "the spliced refit differs from the kivi2 refit with the SQuat key copied in");
+    kv_tool_plan_eval ev;
+    eval_plan_file(&ev, re, 200);
+    ck_assert(isfinite(ev.cmp.kl_mean) && ev.cmp.kl_mean >= 0);
+    kv_plan_free(re);
+    kv_plan_free(expect);
+    /* AQUA-KV V at layer q reads K(q): a placeholder there is refused */
+    choice[2 * q + 1] = 2;
+    kv_fit_config cfg;
+    ck_assert_int_eq(kv_search_refit_config(&cfg, c, NC, choice, L, k_common, 5), KV_EUNSUPPORTED);
+    ck_assert_msg(strstr(kv_error_last(), "placeholder") != NULL, "%s", kv_error_last());
+    for (int k = 0; k < NC; k++) kv_plan_free(plans[k]);
+}
+END_TEST
+
 /* Honest bytes: the per-stream counts of a mixed plan add up to the bits_per_value_total `kvrun eval --plan`
  * reports at the same context (kv_tool_eval_plan, the tool's own function), exactly. The sensitivities:
  * finite, the f16 candidate far below 2-bit KIVI in every stream, and the summed KL falls with more bits. */
@@ -662,7 +721,7 @@ START_TEST(test_bytes_and_sensitivity) {
                   8.0 * (double)tb / (double)tv);
     /* sensitivities on two chunks of 100 tokens past the fits' tokens */
     double kl[64 * NC];
-    kv_search_sens_options so = {100, 2, g_bos, NULL};
+    kv_search_sens_options so = {100, 2, g_bos, NULL, NULL};
     ck_assert_kv_ok(kv_search_sensitivity(kl, g_model, (const kv_plan *const *)plans, NC, g_ids + 4096, g_n - 4096, &so,
                                           NULL));
     double sum[NC] = {0};
@@ -706,6 +765,7 @@ static Suite *search_suite(int with_data) {
         tcase_add_test(td, test_refit_mixed);
         tcase_add_test(td, test_sensitivity_predicted);
         tcase_add_test(td, test_lowrank_predictors);
+        tcase_add_test(td, test_squat_candidate);
         suite_add_tcase(s, td);
     }
     return s;
