@@ -305,6 +305,9 @@ typedef struct kv_search_candidate {
     const char *sets[KV_SEARCH_MAX_SETS]; /* "keys.bits=2", ...; NULL ends */
     const char *what;                    /* one line for --help and the report */
     int keys_only;                       /* 1: a key-stream method (SQuat): never offered for a V stream */
+    const char *codes_of;                /* XQuant cross-layer: the candidate whose layer l-1 codes this one reuses
+                                            (its fit shares at odd layers, xquant.km = vm = 0, so it is offered at
+                                            odd layers only, above that candidate); NULL: own codes */
 } kv_search_candidate;
 
 /* The table (static) and its size. */
@@ -318,9 +321,10 @@ kv_status kv_search_candidate_config(kv_fit_config *cfg, const kv_search_candida
 
 /* Plan surgery: stream (layer, stream) of dst becomes src's (method, quantizer parameters, eta, its HIGGS
  * grid appended to dst's grid table unless an identical grid is there, FP scales, SQuat parameters and
- * basis). Refuses (KV_EUNSUPPORTED) a src stream with a predictor or shared codes (they depend on other
- * streams: the refit), and (KV_EINVAL) plans of different shapes or global settings. dst's stream must carry
- * no predictor and no SQuat parameters. */
+ * basis, shared codes). Refuses (KV_EUNSUPPORTED) a src stream with a predictor (it depends on other
+ * streams' reconstructions: the refit) or with shared codes when dst's layer-1 stream is not a uniform stream
+ * of the same bits, groups and packing that owns its codes; and (KV_EINVAL) plans of different shapes or
+ * global settings. dst's stream must carry no predictor and no SQuat parameters. */
 kv_status kv_search_copy_stream(kv_plan *dst, const kv_plan *src, int layer, int stream);
 /* A new plan: global settings and fingerprint of srcs[0], stream (l, s) from srcs[choice[2l + s]], streams
  * copied in layer order, K before V (the order kv_fit_run adds grids in). No provenance, no report. */
@@ -353,8 +357,14 @@ kv_status kv_search_sensitivity(double *kl, kv_model *m, const kv_plan *const *p
                                 double *seconds);
 
 /* kv_search_sensitivity's allowed table for cands (allowed[(2l + s) * n_cands + c], n_layers layers): 0 for
- * the V streams of a keys-only candidate, else 1. */
+ * the V streams of a keys-only candidate and for a shared-codes candidate at even layers, else 1. */
 void kv_search_allowed(unsigned char *allowed, const kv_search_candidate *const *cands, int n_cands, int n_layers);
+/* A shared-codes stream's sensitivity is measured with its partner (layer l-1's stream of the same fit, the
+ * codes it reuses) in the plan: the pair's KL. Its value in the knapsack is what it adds above that partner,
+ * which the codes_of candidate's own sensitivity at layer l-1 measures (the same stream: the tests check the
+ * fits agree there): kl[shared] -= kl[codes_of at l-1], floored at 0. KV_EINVAL when a codes_of candidate is
+ * not among cands. */
+kv_status kv_search_pair_increments(double *kl, const kv_search_candidate *const *cands, int n_cands, int n_layers);
 
 /* 1 when a choice takes a candidate with a predictor (AQUA-KV): its plan must be refitted, not assembled. */
 int kv_search_needs_refit(const kv_search_candidate *const *cands, const int *choice, int n_items);
@@ -369,9 +379,9 @@ kv_status kv_search_refit_config(kv_fit_config *cfg, const kv_search_candidate *
                                  const int *choice, int n_layers, const char *const *common, int n_common);
 /* 1 when candidate c's streams are spliced into a refitted plan (kv_search_splice) rather than carried by a
  * per-stream override: SQuat keys (per-layer r, lambda and query subspaces that a fit of the whole plan
- * chooses). The refit fits a placeholder there (a KIVI stream of the same bits after RoPE), which no
- * predictor may read: kv_search_refit_config refuses a choice where one would (with the chain of
- * kv_search_aqua_chain none does). */
+ * chooses) and shared codes (XQuant pairs). The refit fits a placeholder there (a KIVI stream of the same
+ * bits after RoPE, owning its codes), which no predictor may read: kv_search_refit_config refuses a choice
+ * where one would (with the chain of kv_search_chain_init none does). */
 int kv_search_candidate_spliced(const kv_search_candidate *c);
 /* After the refit of a choice: every stream whose candidate is spliced becomes srcs[choice]'s (its
  * single fit, as kv_search_copy_stream copies it); then the plan is validated. */
@@ -382,29 +392,36 @@ kv_status kv_search_splice(kv_plan *plan, const kv_plan *const *srcs, const kv_s
 kv_status kv_search_refit_check(const kv_search_candidate *const *cands, int n_cands, const char *const *common,
                                 int n_common);
 
-/* Chained choices. A predicted stream (AQUA-KV) reads other streams' reconstructions, and its predictor was
- * fitted on inputs on its own side of RoPE (keys before RoPE). In the item order of the search (item 2l + s:
- * layer l's K, then its V) the inputs are the items one back (layer l's K, read by its V predictor) and two
- * back (layer l-1's K, read by layer l's K predictor). A chain says which choices are members (their
- * reconstruction is a valid predictor input: an AQUA-KV stream) and, per item and choice, which of the two
- * previous items must hold a member for the choice to be taken. */
-#define KV_SEARCH_NEEDS_PREV1 1u /* item i-1's choice must be a member */
-#define KV_SEARCH_NEEDS_PREV2 2u /* item i-2's choice must be a member */
+/* Chained choices. Some choices are valid only given the choices of the two items before them (in the item
+ * order of the search, item 2l + s: layer l's K, then its V, the items one back and two back are layer l's K
+ * (for a V) and layer l-1's same stream):
+ *   - a predicted stream (AQUA-KV) reads other streams' reconstructions, and its predictor was fitted on
+ *     inputs on its own side of RoPE (keys before RoPE): an AQUA-KV K at l >= 1 needs layer l-1's K to be
+ *     AQUA-KV, an AQUA-KV V needs layer l's K to be AQUA-KV (the V predictor reads [V(l-1); K(l)] with
+ *     aqua.value_uses_keys, the default) and V(l-1) not to be a spliced placeholder (V has no RoPE, so any
+ *     other stream is a valid input);
+ *   - a shared-codes stream (XQuant) reuses layer l-1's codes of the same stream: that item must hold its
+ *     codes_of candidate.
+ * A chain gives every choice a class and, per item and choice, the classes the items one and two back may
+ * hold. The DP's state is the classes of the last two items (n_classes^2 states). */
+#define KV_SEARCH_MAX_CLASSES 8
 typedef struct kv_search_chain {
-    const unsigned char *member; /* [n_choices]: 1 = a valid predictor input */
-    const unsigned char *needs;  /* [n_items * n_choices]: KV_SEARCH_NEEDS_* bits */
+    int n_classes;          /* 1..KV_SEARCH_MAX_CLASSES; class 0: no constraint reads it */
+    unsigned char *cls;     /* [n_choices]: the class of each choice */
+    unsigned char *ok1;     /* [n_items * n_choices]: bit c set = item i-1 may hold a choice of class c */
+    unsigned char *ok2;     /* the same for item i-2 (an item before item 0 holds class 0) */
 } kv_search_chain;
 
 /* 1 when candidate c carries a predictor past layer 0 (AQUA-KV, any bits or rank). */
 int kv_search_candidate_predicted(const kv_search_candidate *c);
-/* The chain of AQUA-KV candidates over n_layers layers (member n_cands, needs 2 * n_layers * n_cands, the
- * caller's arrays): every AQUA-KV candidate is a member (its keys are before RoPE, as its predictors were
- * fitted on); at layer l >= 1 an AQUA-KV K needs layer l-1's K to be AQUA-KV and an AQUA-KV V needs layer l's
- * K to be AQUA-KV (the V predictor reads [V(l-1); K(l)] with aqua.value_uses_keys, the default; V(l-1) has no
- * RoPE and may be any stream). A key predictor fed post-RoPE keys is a position-dependent map fitted at the
- * fit's positions only; SEARCH.md §1d measures what it costs at 8K. */
-void kv_search_aqua_chain(unsigned char *member, unsigned char *needs, const kv_search_candidate *const *cands,
-                          int n_cands, int n_layers);
+/* The chain of the rules above for cands over n_layers layers (arrays owned: kv_search_chain_free). The AQUA-KV
+ * rules only with predictors_chained (kvcal search --predictor-inputs chained); the shared-codes rules always
+ * (they say what a valid plan is). *out's n_classes is 1 when no rule applies: pass NULL then (the same
+ * choices, faster). A predictor fed post-RoPE keys is a position-dependent map fitted at the fit's positions
+ * only; SEARCH.md §1d measures what it costs at 8K. KV_EINVAL when a codes_of candidate is not in cands. */
+kv_status kv_search_chain_init(kv_search_chain *out, const kv_search_candidate *const *cands, int n_cands, int n_layers,
+                               int predictors_chained);
+void kv_search_chain_free(kv_search_chain *chain);
 
 /* The cheapest assembly that respects allowed and chain (both may be NULL): *sum its cost; choice (may be
  * NULL) its choices (ties: the lower index). KV_EINVAL when no assembly respects them. */
@@ -414,7 +431,7 @@ kv_status kv_search_cheapest(uint64_t *sum, int *choice, const uint64_t *cost, c
 /* The global choice: minimize sum_i value[i*n_choices + choice[i]] subject to sum_i cost[i*n_choices +
  * choice[i]] <= budget (costs in bytes, >= 0), among the choices allowed (may be NULL: 0 marks a choice that
  * may not be taken) and respecting chain (may be NULL). Exact 0/1 multiple-choice knapsack by dynamic
- * programming (with a chain, over states = whether the last two items hold members) over each choice's cost
+ * programming (with a chain, over states = the classes of the last two items) over each choice's cost
  * above its choice in the cheapest assembly (kv_search_cheapest), in units of `unit` bytes, rounded UP (a
  * choice cheaper than that one counts as 0 extra): so the choice is feasible at the true costs, the cheapest
  * assembly is feasible whenever it fits the budget, and the choice is optimal among choices whose rounded

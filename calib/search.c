@@ -11,53 +11,61 @@
 #include <string.h>
 
 /* ---- the candidates ------------------------------------------------------------------------------------
- * One row per candidate; a new method (XQuant pairs, pruning points) is one more row once its stream can be
- * copied (kv_search_copy_stream says what cannot yet). KIVI rows are method xquant without
+ * One row per candidate; a new method (pruning points) is one more row once its stream can be copied
+ * (kv_search_copy_stream says what cannot yet). KIVI rows are method xquant without
  * shared codes or 1-bit layers: the KIVI layout with XQuant's eta calibrated per layer and stream. */
 static const kv_search_candidate k_cands[] = {
-    {"f16", KV_FIT_KIVI, {"keys.bits=16", "values.bits=16", NULL}, "f16, not quantized", 0},
+    {"f16", KV_FIT_KIVI, {"keys.bits=16", "values.bits=16", NULL}, "f16, not quantized", 0, NULL},
     {"kivi1", KV_FIT_XQUANT, {"keys.bits=1", "values.bits=1", "xquant.calibrate_eta=true", NULL},
-     "KIVI 1-bit, XQuant calibrated eta", 0},
+     "KIVI 1-bit, XQuant calibrated eta", 0, NULL},
     {"kivi2", KV_FIT_XQUANT, {"keys.bits=2", "values.bits=2", "xquant.calibrate_eta=true", NULL},
-     "KIVI 2-bit, XQuant calibrated eta", 0},
+     "KIVI 2-bit, XQuant calibrated eta", 0, NULL},
     {"kivi3", KV_FIT_XQUANT, {"keys.bits=3", "values.bits=3", "xquant.calibrate_eta=true", NULL},
-     "KIVI 3-bit, XQuant calibrated eta", 0},
+     "KIVI 3-bit, XQuant calibrated eta", 0, NULL},
     /* the default 3-bit layout is KVmix's 11 codes per word (one slot of each word holds 2 bits); 10 per word
      * costs 0.3 bits more per value and, on stories260K, errs 4.5x less (layer 0 K: 0.0049 vs 0.0222) */
     {"kivi3w10", KV_FIT_XQUANT,
      {"keys.bits=3", "values.bits=3", "keys.pack3=10", "values.pack3=10", "xquant.calibrate_eta=true", NULL},
-     "KIVI 3-bit, 10 codes per word, XQuant calibrated eta", 0},
+     "KIVI 3-bit, 10 codes per word, XQuant calibrated eta", 0, NULL},
     {"kivi4", KV_FIT_XQUANT, {"keys.bits=4", "values.bits=4", "xquant.calibrate_eta=true", NULL},
-     "KIVI 4-bit, XQuant calibrated eta", 0},
-    {"higgs2", KV_FIT_HIGGS, {"keys.bits=2", "values.bits=2", NULL}, "HIGGS 2 bits per dimension (d 2)", 0},
-    {"higgs3", KV_FIT_HIGGS, {"keys.bits=3", "values.bits=3", NULL}, "HIGGS 3 bits per dimension (d 2)", 0},
-    {"higgs4", KV_FIT_HIGGS, {"keys.bits=4", "values.bits=4", NULL}, "HIGGS 4 bits per dimension (d 2)", 0},
+     "KIVI 4-bit, XQuant calibrated eta", 0, NULL},
+    /* XQuant cross-layer (xquant.txt Algorithm 1): at an odd layer, the codes of the layer below (which must be
+     * the codes_of candidate), with this layer's own scales and zero points; only those are stored */
+    {"kivi2s", KV_FIT_XQUANT,
+     {"keys.bits=2", "values.bits=2", "xquant.calibrate_eta=true", "xquant.km=0", "xquant.vm=0", NULL},
+     "XQuant: layer l-1's KIVI-2 codes, own scales (odd layers, above kivi2)", 0, "kivi2"},
+    {"kivi4s", KV_FIT_XQUANT,
+     {"keys.bits=4", "values.bits=4", "xquant.calibrate_eta=true", "xquant.km=0", "xquant.vm=0", NULL},
+     "XQuant: layer l-1's KIVI-4 codes, own scales (odd layers, above kivi4)", 0, "kivi4"},
+    {"higgs2", KV_FIT_HIGGS, {"keys.bits=2", "values.bits=2", NULL}, "HIGGS 2 bits per dimension (d 2)", 0, NULL},
+    {"higgs3", KV_FIT_HIGGS, {"keys.bits=3", "values.bits=3", NULL}, "HIGGS 3 bits per dimension (d 2)", 0, NULL},
+    {"higgs4", KV_FIT_HIGGS, {"keys.bits=4", "values.bits=4", NULL}, "HIGGS 4 bits per dimension (d 2)", 0, NULL},
     /* AQUA-KV: a ridge predictor from the previous layer's reconstructions + HIGGS on the residual (layer 0:
      * HIGGS at aqua.first_layer_bits, no predictor). A mixed plan that takes one is refitted layer-sequentially
      * (kv_search_refit_config), so its predictors read the reconstructions the mix produces. */
-    {"aqua2", KV_FIT_AQUA, {"keys.bits=2", "values.bits=2", NULL}, "AQUA-KV predictors + HIGGS 2 bits", 0},
-    {"aqua3", KV_FIT_AQUA, {"keys.bits=3", "values.bits=3", NULL}, "AQUA-KV predictors + HIGGS 3 bits", 0},
-    {"aqua4", KV_FIT_AQUA, {"keys.bits=4", "values.bits=4", NULL}, "AQUA-KV predictors + HIGGS 4 bits", 0},
+    {"aqua2", KV_FIT_AQUA, {"keys.bits=2", "values.bits=2", NULL}, "AQUA-KV predictors + HIGGS 2 bits", 0, NULL},
+    {"aqua3", KV_FIT_AQUA, {"keys.bits=3", "values.bits=3", NULL}, "AQUA-KV predictors + HIGGS 3 bits", 0, NULL},
+    {"aqua4", KV_FIT_AQUA, {"keys.bits=4", "values.bits=4", NULL}, "AQUA-KV predictors + HIGGS 4 bits", 0, NULL},
     /* low-rank predictors (plan format 1.3): the rank is chosen by the same budget, as one more candidate per
      * rank; on SmolLM2 (kv_dim 192) rank 32 stores 1/3 of a K and 1/4 of a V predictor, rank 64 2/3 and 1/2 */
     {"aqua2r32", KV_FIT_AQUA, {"keys.bits=2", "values.bits=2", "aqua.rank=32", NULL},
-     "AQUA-KV rank-32 predictors + HIGGS 2 bits", 0},
+     "AQUA-KV rank-32 predictors + HIGGS 2 bits", 0, NULL},
     {"aqua2r64", KV_FIT_AQUA, {"keys.bits=2", "values.bits=2", "aqua.rank=64", NULL},
-     "AQUA-KV rank-64 predictors + HIGGS 2 bits", 0},
+     "AQUA-KV rank-64 predictors + HIGGS 2 bits", 0, NULL},
     {"aqua3r32", KV_FIT_AQUA, {"keys.bits=3", "values.bits=3", "aqua.rank=32", NULL},
-     "AQUA-KV rank-32 predictors + HIGGS 3 bits", 0},
+     "AQUA-KV rank-32 predictors + HIGGS 3 bits", 0, NULL},
     {"aqua3r64", KV_FIT_AQUA, {"keys.bits=3", "values.bits=3", "aqua.rank=64", NULL},
-     "AQUA-KV rank-64 predictors + HIGGS 3 bits", 0},
+     "AQUA-KV rank-64 predictors + HIGGS 3 bits", 0, NULL},
     /* SQuat keys (squat.txt): KIVI keys whose quantization error is kept orthogonal to the subspace of the
      * prompt's queries; r and lambda chosen per layer by the fit. Keys only (its values are plain KIVI). No
      * stored basis: the subspace is each prompt's own (the paper's default), so the plan stores nothing more
      * than KIVI's and the honest bits are KIVI's; a refit carries it by splicing (kv_search_splice). */
     {"squat2", KV_FIT_SQUAT, {"keys.bits=2", "values.bits=2", "squat.static_basis=false", NULL},
-     "SQuat keys, 2 bits (KIVI layout, query subspace of the prompt)", 1},
+     "SQuat keys, 2 bits (KIVI layout, query subspace of the prompt)", 1, NULL},
     {"squat3", KV_FIT_SQUAT, {"keys.bits=3", "values.bits=3", "squat.static_basis=false", NULL},
-     "SQuat keys, 3 bits (KIVI layout, query subspace of the prompt)", 1},
-    {"fp8", KV_FIT_FP8, {NULL}, "FP8 E4M3, calibrated tensor scale", 0},
-    {"nvfp4", KV_FIT_NVFP4, {NULL}, "NVFP4, calibrated second-level scale", 0},
+     "SQuat keys, 3 bits (KIVI layout, query subspace of the prompt)", 1, NULL},
+    {"fp8", KV_FIT_FP8, {NULL}, "FP8 E4M3, calibrated tensor scale", 0, NULL},
+    {"nvfp4", KV_FIT_NVFP4, {NULL}, "NVFP4, calibrated second-level scale", 0, NULL},
 };
 
 const kv_search_candidate *kv_search_candidates(int *n) {
@@ -121,10 +129,18 @@ static kv_status copy_stream(kv_plan *dst, const kv_plan *src, int layer, int st
                       dst->global.sinks, src->global.sinks, dst->global.recent, src->global.recent);
     const kv_plan_stream *ss = &src->layers[layer].stream[stream];
     kv_plan_stream *ds = &dst->layers[layer].stream[stream];
-    if ((ss->predictor && !with_predictor) || ss->share_codes_with_layer >= 0)
-        return KV_ERR(KV_EUNSUPPORTED, "plan surgery: layer %d %s: a stream with %s depends on other streams' "
-                      "reconstructions or codes and needs a layer-sequential refit", layer, sname(stream),
-                      ss->predictor ? "an AQUA-KV predictor" : "shared codes");
+    if (ss->predictor && !with_predictor)
+        return KV_ERR(KV_EUNSUPPORTED, "plan surgery: layer %d %s: a stream with an AQUA-KV predictor depends on other "
+                      "streams' reconstructions and needs a layer-sequential refit", layer, sname(stream));
+    if (ss->share_codes_with_layer >= 0) { /* XQuant: the codes of dst's layer below, which must make the same codes */
+        const int t = ss->share_codes_with_layer;
+        const kv_plan_stream *o = t >= 0 && t < dst->n_layers ? &dst->layers[t].stream[stream] : NULL;
+        if (!o || o->method != KV_PLAN_UNIFORM || o->bits != ss->bits || o->group_size != ss->group_size ||
+            o->group_axis != ss->group_axis || o->pack != ss->pack || o->share_codes_with_layer >= 0 || o->squat)
+            return KV_ERR(KV_EUNSUPPORTED, "plan surgery: layer %d %s reuses the codes of layer %d, which in the "
+                          "destination is not a %d-bit uniform stream of the same groups owning its codes", layer,
+                          sname(stream), t, ss->bits);
+    }
     if (ds->predictor || ds->squat)
         return KV_ERR(KV_EINVAL, "plan surgery: layer %d %s of the destination carries a predictor or SQuat "
                       "parameters", layer, sname(stream));
@@ -286,20 +302,27 @@ static double row_kl(const float *p, const float *q, int V) {
  * with its predictor, and the f16 streams it reads keep src's side of RoPE (a key predictor was fitted on
  * keys before or after RoPE and must be fed the same). *first_layer: the lowest layer it reads (l when
  * none), from where the layers run through the cache together, step by step, as the runtime rebuilds a
- * predicted stream from the reconstructions of the layers just attended (RUNTIME.md §6). */
+ * predicted stream from the reconstructions of the layers just attended (RUNTIME.md §6). A shared-codes
+ * stream (XQuant) comes with its partner, src's stream of the layer whose codes it reuses: the KL measured is
+ * the pair's (kv_search_pair_increments takes the partner's share out). */
 static kv_status one_stream_plan(kv_plan **out, const kv_plan *src, int l, int st, int *first_layer) {
     kv_plan *one = NULL;
     kv_status s = kv_plan_create(&one, &src->fingerprint);
     if (s != KV_OK) return s;
     one->global = src->global;
     *first_layer = l;
+    const int partner = src->layers[l].stream[st].share_codes_with_layer; /* XQuant: the codes it reuses */
+    if (partner >= 0) {
+        s = copy_stream(one, src, partner, st, 0);
+        *first_layer = partner;
+    }
     const kv_plan_predictor *pr = src->layers[l].stream[st].predictor;
     for (int i = 0; pr && i < pr->n_inputs; i++) {
         const kv_plan_pred_input in = pr->inputs[i];
         if (in.stream == KV_PLAN_K) one->layers[in.layer].stream[KV_PLAN_K].pre_rope = src->layers[in.layer].stream[KV_PLAN_K].pre_rope;
         *first_layer = in.layer < *first_layer ? in.layer : *first_layer;
     }
-    s = copy_stream(one, src, l, st, 1);
+    if (s == KV_OK) s = copy_stream(one, src, l, st, 1);
     if (s == KV_OK) s = kv_plan_validate(one);
     if (s != KV_OK) {
         kv_plan_free(one);
@@ -429,31 +452,45 @@ done:
 }
 
 /* ---- the global choice ------------------------------------------------------------------------------
- * A state of the chained DP says whether items i-1 (bit 0) and i-2 (bit 1) hold chain members; without a
- * chain every choice is a non-member and only state 0 occurs. */
+ * A state of the chained DP is (class of item i-1) + C * (class of item i-2), C = n_classes; without a chain
+ * C = 1 and only state 0 occurs. Before item 0 both are class 0. */
+static int n_cls(const kv_search_chain *chain) { return chain ? chain->n_classes : 1; }
 static int chain_ok(const kv_search_chain *chain, int i, int n_choices, int j, int prev_state) {
     if (!chain) return 1;
-    const unsigned need = chain->needs[(size_t)i * n_choices + j];
-    return !((need & KV_SEARCH_NEEDS_PREV1) && !(prev_state & 1)) && !((need & KV_SEARCH_NEEDS_PREV2) && !(prev_state & 2));
+    const size_t k = (size_t)i * n_choices + j;
+    const int C = chain->n_classes;
+    return (chain->ok1[k] >> (prev_state % C) & 1) && (chain->ok2[k] >> (prev_state / C) & 1);
 }
 static int chain_next(const kv_search_chain *chain, int j, int prev_state) {
-    return (chain && chain->member[j] ? 1 : 0) | (prev_state & 1) << 1;
+    return chain ? chain->cls[j] + chain->n_classes * (prev_state % chain->n_classes) : 0;
 }
 static int is_allowed(const unsigned char *allowed, int i, int n_choices, int j) {
     return !allowed || allowed[(size_t)i * n_choices + j];
 }
+static kv_status check_chain(const kv_search_chain *chain, int n_choices, const char *fn) {
+    if (!chain) return KV_OK;
+    if (chain->n_classes < 1 || chain->n_classes > KV_SEARCH_MAX_CLASSES || !chain->cls || !chain->ok1 || !chain->ok2)
+        return KV_ERR(KV_EINVAL, "%s: bad chain (%d classes)", fn, chain->n_classes);
+    for (int j = 0; j < n_choices; j++)
+        if (chain->cls[j] >= chain->n_classes)
+            return KV_ERR(KV_EINVAL, "%s: choice %d has class %d of %d", fn, j, chain->cls[j], chain->n_classes);
+    return KV_OK;
+}
 
 kv_status kv_search_cheapest(uint64_t *sum, int *choice, const uint64_t *cost, const unsigned char *allowed,
                              const kv_search_chain *chain, int n_items, int n_choices) {
-    if (!sum || !cost || n_items < 1 || n_choices < 1 || n_choices > 255 || (chain && (!chain->member || !chain->needs)))
+    if (!sum || !cost || n_items < 1 || n_choices < 1 || n_choices > 255)
         return KV_ERR(KV_EINVAL, "kv_search_cheapest: bad arguments");
-    const int n_states = chain ? 4 : 1;
-    uint64_t least[4], next[4];
-    unsigned char *pick = malloc((size_t)n_items * 4 * 2); /* [item][state]: choice, previous state */
+    kv_status s = check_chain(chain, n_choices, "kv_search_cheapest");
+    if (s != KV_OK) return s;
+    enum { MS = KV_SEARCH_MAX_CLASSES * KV_SEARCH_MAX_CLASSES };
+    const int n_states = n_cls(chain) * n_cls(chain);
+    uint64_t least[MS], next[MS];
+    unsigned char *pick = malloc((size_t)n_items * MS * 2); /* [item][state]: choice, previous state */
     if (!pick) return KV_ERR(KV_ENOMEM, "out of memory");
-    for (int st = 0; st < 4; st++) least[st] = st == 0 ? 0 : UINT64_MAX;
+    for (int st = 0; st < n_states; st++) least[st] = st == 0 ? 0 : UINT64_MAX;
     for (int i = 0; i < n_items; i++) {
-        for (int st = 0; st < 4; st++) next[st] = UINT64_MAX;
+        for (int st = 0; st < n_states; st++) next[st] = UINT64_MAX;
         for (int ps = 0; ps < n_states; ps++) {
             if (least[ps] == UINT64_MAX) continue;
             for (int j = 0; j < n_choices; j++) {
@@ -462,27 +499,33 @@ kv_status kv_search_cheapest(uint64_t *sum, int *choice, const uint64_t *cost, c
                 const uint64_t c = least[ps] + cost[(size_t)i * n_choices + j];
                 if (c < next[ns]) {
                     next[ns] = c;
-                    pick[((size_t)i * 4 + ns) * 2] = (unsigned char)j;
-                    pick[((size_t)i * 4 + ns) * 2 + 1] = (unsigned char)ps;
+                    pick[((size_t)i * MS + ns) * 2] = (unsigned char)j;
+                    pick[((size_t)i * MS + ns) * 2 + 1] = (unsigned char)ps;
                 }
             }
         }
-        memcpy(least, next, sizeof least);
+        memcpy(least, next, (size_t)n_states * sizeof least[0]);
     }
     int end = -1;
     for (int st = 0; st < n_states; st++)
         if (least[st] != UINT64_MAX && (end < 0 || least[st] < least[end])) end = st;
     if (end < 0) {
         free(pick);
-        return KV_ERR(KV_EINVAL, "no assembly respects the allowed choices and the predictor chain");
+        return KV_ERR(KV_EINVAL, "no assembly respects the allowed choices and the chain (predictor inputs, shared "
+                      "codes)");
     }
     *sum = least[end];
     for (int i = n_items - 1, st = end; i >= 0; i--) {
-        if (choice) choice[i] = pick[((size_t)i * 4 + st) * 2];
-        st = pick[((size_t)i * 4 + st) * 2 + 1];
+        if (choice) choice[i] = pick[((size_t)i * MS + st) * 2];
+        st = pick[((size_t)i * MS + st) * 2 + 1];
     }
     free(pick);
     return KV_OK;
+}
+
+/* (c - base) / unit rounded up (toward +infinity, also when negative): never less than the true extra */
+static int64_t extra_units(uint64_t c, uint64_t base, uint64_t unit) {
+    return c >= base ? (int64_t)((c - base) / unit + ((c - base) % unit != 0)) : -(int64_t)((base - c) / unit);
 }
 
 kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *value, const unsigned char *allowed,
@@ -490,11 +533,13 @@ kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *va
                              int max_units, uint64_t *unit_out) {
     if (!choice || !cost || !value || n_items < 1 || n_choices < 1 || n_choices > 255)
         return KV_ERR(KV_EINVAL, "kv_search_allocate: bad arguments");
+    kv_status cs = check_chain(chain, n_choices, "kv_search_allocate");
+    if (cs != KV_OK) return cs;
     /* the cheapest assembly must fit, else nothing does; its choices are the base each cost is counted above */
     int *cheap = malloc((size_t)n_items * sizeof *cheap);
-    uint64_t *base = malloc((size_t)n_items * sizeof *base);
+    uint64_t *base = malloc((size_t)n_items * sizeof *base), *shift = malloc((size_t)n_items * sizeof *shift);
     uint64_t min_sum = 0;
-    kv_status s = !cheap || !base ? KV_ERR(KV_ENOMEM, "out of memory")
+    kv_status s = !cheap || !base || !shift ? KV_ERR(KV_ENOMEM, "out of memory")
                                   : kv_search_cheapest(&min_sum, cheap, cost, allowed, chain, n_items, n_choices);
     if (s == KV_OK && min_sum > budget)
         s = KV_ERR(KV_EINVAL, "the budget of %llu bytes is below the cheapest assembly (%llu bytes)",
@@ -502,21 +547,44 @@ kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *va
     if (s != KV_OK) {
         free(cheap);
         free(base);
+        free(shift);
         return s;
     }
-    for (int i = 0; i < n_items; i++) base[i] = cost[(size_t)i * n_choices + cheap[i]];
-    free(cheap);
-    /* The DP runs over what each choice costs ABOVE its choice in the cheapest assembly, within what the budget
+    /* The DP runs over what each choice costs above its choice in the cheapest assembly, within what the budget
      * leaves above that assembly: rounding those extras up to units keeps the cheapest assembly feasible however
      * tight the budget (a budget at a single method's own bits is exactly that tight), and the units are finer.
-     * A choice cheaper than the base (possible only under a chain) counts as 0 extra: its true cost is less. */
+     * Under a chain a choice may cost LESS than the base (the base item pays for its neighbours' constraints):
+     * its extra is negative, rounded up too (toward 0), and each item's units are shifted by its most negative
+     * extra so the DP's index stays >= 0; the capacity grows by the same shifts. */
+    uint64_t margin = 0; /* sum over items of how far the base lies above the item's cheapest allowed choice */
+    for (int i = 0; i < n_items; i++) {
+        base[i] = cost[(size_t)i * n_choices + cheap[i]];
+        uint64_t lo = base[i];
+        for (int j = 0; j < n_choices; j++)
+            if (is_allowed(allowed, i, n_choices, j) && cost[(size_t)i * n_choices + j] < lo) lo = cost[(size_t)i * n_choices + j];
+        margin += base[i] - lo;
+    }
+    free(cheap);
     const uint64_t mu = max_units > 0 ? (uint64_t)max_units : 20000u, extra = budget - min_sum;
-    uint64_t unit = extra / mu + (extra % mu != 0); /* ceil(extra / max_units) */
+    uint64_t unit = (extra + margin) / mu + ((extra + margin) % mu != 0); /* ceil((extra + margin) / max_units) */
     if (unit < 1) unit = 1;
     if (unit_out) *unit_out = unit;
-    const size_t cap = (size_t)(extra / unit), n_states = chain ? 4 : 1, row = cap + 1;
+    const size_t C = (size_t)n_cls(chain), n_states = C * C;
+    size_t cap = (size_t)(extra / unit);
+    for (int i = 0; i < n_items; i++) {
+        int64_t least = 0;
+        for (int j = 0; j < n_choices; j++)
+            if (is_allowed(allowed, i, n_choices, j)) {
+                const int64_t w = extra_units(cost[(size_t)i * n_choices + j], base[i], unit);
+                least = w < least ? w : least;
+            }
+        shift[i] = (uint64_t)-least;
+        cap += (size_t)shift[i];
+    }
+    const size_t row = cap + 1;
     /* best[st][u]: least value of items 0..i ending in state st using at most u units; pick[i][st][u]: the
-     * choice made for item i (low byte) and bit 1 of the previous state (high byte; its bit 0 is st's bit 1) */
+     * choice made for item i (low byte) and the class of item i-2 (high byte: the previous state is st / C +
+     * C * that class, the class of item i-1 being st / C) */
     double *best = malloc(n_states * row * sizeof(double));
     double *next = malloc(n_states * row * sizeof(double));
     uint16_t *pick = malloc((size_t)n_items * n_states * row * sizeof(uint16_t));
@@ -530,8 +598,9 @@ kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *va
         for (size_t u = 0; u <= cap; u++) best[st * row + u] = st == 0 ? 0.0 : INFINITY;
     for (int i = 0; i < n_items; i++) {
         for (int j = 0; j < n_choices; j++) {
-            const uint64_t c = cost[(size_t)i * n_choices + j], e = c > base[i] ? c - base[i] : 0;
-            units[j] = is_allowed(allowed, i, n_choices, j) ? e / unit + (e % unit != 0) : UINT64_MAX;
+            units[j] = is_allowed(allowed, i, n_choices, j)
+                           ? (uint64_t)(extra_units(cost[(size_t)i * n_choices + j], base[i], unit) + (int64_t)shift[i])
+                           : UINT64_MAX;
         }
         for (size_t ns = 0; ns < n_states; ns++) {
             uint16_t *pk = pick + ((size_t)i * n_states + ns) * row;
@@ -539,18 +608,17 @@ kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *va
                 double bv = INFINITY;
                 int bj = 255, bp = 0;
                 uint64_t bc = 0;
-                for (int p1 = 0; p1 < 2; p1++) { /* the previous state: bit 0 = ns's bit 1, bit 1 = p1 */
-                    const int ps = (int)(ns >> 1 & 1) | p1 << 1;
-                    if ((size_t)ps >= n_states) continue;
+                for (size_t c2 = 0; c2 < C; c2++) { /* the previous state: item i-1 of class ns / C, i-2 of c2 */
+                    const int ps = (int)(ns / C + C * c2);
                     const double *bprev = best + (size_t)ps * row;
                     for (int j = 0; j < n_choices; j++) {
                         const size_t k = (size_t)i * n_choices + j;
                         const uint64_t w = units[j]; /* UINT64_MAX when not allowed */
-                        if (w > u || !chain_ok(chain, i, n_choices, j, ps) || (size_t)chain_next(chain, j, ps) != ns ||
+                        if (w > u || (size_t)chain_next(chain, j, ps) != ns || !chain_ok(chain, i, n_choices, j, ps) ||
                             !isfinite(bprev[u - w]))
                             continue;
                         const double v = bprev[u - w] + value[k];
-                        if (v < bv || (v == bv && cost[k] < bc)) bv = v, bj = j, bp = p1, bc = cost[k];
+                        if (v < bv || (v == bv && cost[k] < bc)) bv = v, bj = j, bp = (int)c2, bc = cost[k];
                     }
                 }
                 next[ns * row + u] = bv;
@@ -574,12 +642,12 @@ kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *va
         const uint16_t pk = pick[((size_t)i * n_states + st) * row + u];
         const int j = pk & 0xff;
         choice[i] = j;
-        const uint64_t c = cost[(size_t)i * n_choices + j], e = c > base[i] ? c - base[i] : 0;
-        u -= (size_t)(e / unit + (e % unit != 0));
-        st = (st >> 1 & 1) | (size_t)(pk >> 8) << 1;
+        u -= (size_t)(extra_units(cost[(size_t)i * n_choices + j], base[i], unit) + (int64_t)shift[i]);
+        st = st / C + C * (size_t)(pk >> 8);
     }
 done:
     free(base);
+    free(shift);
     free(best);
     free(next);
     free(pick);
@@ -600,25 +668,100 @@ int kv_search_candidate_predicted(const kv_search_candidate *c) {
     return c->method == KV_FIT_AQUA || c->method == KV_FIT_AQUA_UNIFORM;
 }
 
-void kv_search_aqua_chain(unsigned char *member, unsigned char *needs, const kv_search_candidate *const *cands,
-                          int n_cands, int n_layers) {
-    for (int c = 0; c < n_cands; c++) member[c] = (unsigned char)kv_search_candidate_predicted(cands[c]);
-    for (int l = 0; l < n_layers; l++)
-        for (int c = 0; c < n_cands; c++) {
-            const int pred = l > 0 && member[c];
-            needs[(size_t)(2 * l + KV_PLAN_K) * n_cands + c] = pred ? KV_SEARCH_NEEDS_PREV2 : 0;  /* K(l-1) */
-            needs[(size_t)(2 * l + KV_PLAN_V) * n_cands + c] = pred ? KV_SEARCH_NEEDS_PREV1 : 0;  /* K(l) */
+/* Classes: 0 none; then, when used, AQUA-KV (a valid predictor input), spliced (a placeholder in the refit: no
+ * predictor may read it), and one class per codes_of candidate (the codes a shared stream reuses). */
+kv_status kv_search_chain_init(kv_search_chain *out, const kv_search_candidate *const *cands, int n_cands, int n_layers,
+                               int predictors_chained) {
+    memset(out, 0, sizeof *out);
+    if (!cands || n_cands < 1 || n_cands > 255 || n_layers < 1) return KV_ERR(KV_EINVAL, "kv_search_chain_init: bad arguments");
+    int any_pred = 0, any_spliced = 0, src_of[256], n_classes = 1;
+    for (int c = 0; c < n_cands; c++) {
+        any_pred |= kv_search_candidate_predicted(cands[c]);
+        any_spliced |= kv_search_candidate_spliced(cands[c]);
+    }
+    const int aqua = predictors_chained && any_pred ? n_classes++ : -1;
+    const int spliced = aqua >= 0 && any_spliced ? n_classes++ : -1;
+    unsigned char src_class[256] = {0};
+    for (int c = 0; c < n_cands; c++) {
+        src_of[c] = -1;
+        if (!cands[c]->codes_of) continue;
+        for (int k = 0; k < n_cands; k++)
+            if (strcmp(cands[k]->name, cands[c]->codes_of) == 0) src_of[c] = k;
+        if (src_of[c] < 0)
+            return KV_ERR(KV_EINVAL, "candidate %s reuses the codes of %s at the layer below: list %s among the "
+                          "candidates too", cands[c]->name, cands[c]->codes_of, cands[c]->codes_of);
+        if (!src_class[src_of[c]]) {
+            if (n_classes >= KV_SEARCH_MAX_CLASSES)
+                return KV_ERR(KV_EINVAL, "too many chained candidate classes (at most %d)", KV_SEARCH_MAX_CLASSES);
+            src_class[src_of[c]] = (unsigned char)n_classes++;
         }
+    }
+    out->n_classes = n_classes;
+    const size_t nk = (size_t)2 * n_layers * n_cands;
+    out->cls = malloc((size_t)n_cands);
+    out->ok1 = malloc(nk);
+    out->ok2 = malloc(nk);
+    if (!out->cls || !out->ok1 || !out->ok2) {
+        kv_search_chain_free(out);
+        return KV_ERR(KV_ENOMEM, "out of memory");
+    }
+    /* a choice's class: a source of codes keeps that role even if AQUA-KV (it never is: sources are KIVI) */
+    for (int c = 0; c < n_cands; c++)
+        out->cls[c] = src_class[c] ? src_class[c]
+                      : aqua >= 0 && kv_search_candidate_predicted(cands[c]) ? (unsigned char)aqua
+                      : spliced >= 0 && kv_search_candidate_spliced(cands[c]) ? (unsigned char)spliced : 0;
+    const unsigned char any = (unsigned char)((1u << n_classes) - 1);
+    for (int l = 0; l < n_layers; l++)
+        for (int st = 0; st < 2; st++)
+            for (int c = 0; c < n_cands; c++) {
+                const size_t k = (size_t)(2 * l + st) * n_cands + c;
+                unsigned char o1 = any, o2 = any;
+                if (l > 0 && aqua >= 0 && kv_search_candidate_predicted(cands[c])) {
+                    if (st == KV_PLAN_K) o2 = (unsigned char)(1u << aqua);     /* K(l-1) */
+                    else o1 = (unsigned char)(1u << aqua),                        /* K(l) */
+                         o2 = spliced >= 0 ? (unsigned char)(any & ~(1u << spliced)) : any; /* V(l-1): not a placeholder */
+                }
+                if (src_of[c] >= 0) o2 = l > 0 ? (unsigned char)(1u << src_class[src_of[c]]) : 0; /* same stream, l-1 */
+                out->ok1[k] = o1, out->ok2[k] = o2;
+            }
+    return KV_OK;
+}
+
+void kv_search_chain_free(kv_search_chain *chain) {
+    if (!chain) return;
+    free(chain->cls);
+    free(chain->ok1);
+    free(chain->ok2);
+    memset(chain, 0, sizeof *chain);
+}
+
+kv_status kv_search_pair_increments(double *kl, const kv_search_candidate *const *cands, int n_cands, int n_layers) {
+    for (int c = 0; c < n_cands; c++) {
+        if (!cands[c]->codes_of) continue;
+        int src = -1;
+        for (int k = 0; k < n_cands; k++)
+            if (strcmp(cands[k]->name, cands[c]->codes_of) == 0) src = k;
+        if (src < 0) return KV_ERR(KV_EINVAL, "candidate %s: %s is not a candidate", cands[c]->name, cands[c]->codes_of);
+        for (int l = 1; l < n_layers; l++)
+            for (int st = 0; st < 2; st++) {
+                double *v = &kl[(size_t)(2 * l + st) * n_cands + c];
+                if (!isfinite(*v)) continue; /* not offered here */
+                const double d = *v - kl[(size_t)(2 * (l - 1) + st) * n_cands + src];
+                *v = d > 0 ? d : 0.0;
+            }
+    }
+    return KV_OK;
 }
 
 void kv_search_allowed(unsigned char *allowed, const kv_search_candidate *const *cands, int n_cands, int n_layers) {
     for (int l = 0; l < n_layers; l++)
         for (int st = 0; st < 2; st++)
             for (int c = 0; c < n_cands; c++)
-                allowed[(size_t)(2 * l + st) * n_cands + c] = !(st == KV_PLAN_V && cands[c]->keys_only);
+                allowed[(size_t)(2 * l + st) * n_cands + c] =
+                    !(st == KV_PLAN_V && cands[c]->keys_only) && !(cands[c]->codes_of && l % 2 == 0);
 }
 
-int kv_search_candidate_spliced(const kv_search_candidate *c) { return c->method == KV_FIT_SQUAT; }
+int kv_search_candidate_spliced(const kv_search_candidate *c) { return c->method == KV_FIT_SQUAT || c->codes_of; }
 
 int kv_search_needs_refit(const kv_search_candidate *const *cands, const int *choice, int n_items) {
     for (int i = 0; i < n_items; i++)
@@ -626,9 +769,12 @@ int kv_search_needs_refit(const kv_search_candidate *const *cands, const int *ch
     return 0;
 }
 
-/* What the per-stream overrides cannot carry must be the same in the candidate and the base. */
-static kv_status refit_compatible(const kv_fit_config *b, const kv_fit_config *c, const char *name) {
-    const int uniform = c->method == KV_FIT_XQUANT || (c->method == KV_FIT_KIVI && c->keys.bits != KV_FIT_F16_BITS);
+/* What the per-stream overrides cannot carry must be the same in the candidate and the base; a spliced
+ * candidate's own quantizer settings travel with its stream (kv_search_splice), its global ones must agree. */
+static kv_status refit_compatible(const kv_fit_config *b, const kv_fit_config *c, const kv_search_candidate *cand) {
+    const char *name = cand->name;
+    const int uniform = !kv_search_candidate_spliced(cand) &&
+                        (c->method == KV_FIT_XQUANT || (c->method == KV_FIT_KIVI && c->keys.bits != KV_FIT_F16_BITS));
     const char *what = NULL;
     if (c->squat.enabled && c->method != KV_FIT_SQUAT) what = "SQuat keys on another method";
     else if (c->cache.sinks != b->cache.sinks || c->cache.recent != b->cache.recent || c->cache.rpc_ratio != b->cache.rpc_ratio)
@@ -682,7 +828,7 @@ kv_status kv_search_refit_check(const kv_search_candidate *const *cands, int n_c
     kv_status s = refit_base(&base, common, n_common);
     for (int k = 0; k < n_cands && s == KV_OK; k++) {
         if ((s = kv_search_candidate_config(&cc, cands[k], common, n_common)) != KV_OK) break;
-        s = refit_compatible(&base, &cc, cands[k]->name);
+        s = refit_compatible(&base, &cc, cands[k]);
         kv_fit_config_free(&cc);
     }
     kv_fit_config_free(&base); /* zeroed by refit_base when it failed: freeing it again is a no-op */
@@ -712,7 +858,7 @@ kv_status kv_search_refit_config(kv_fit_config *cfg, const kv_search_candidate *
             if (!have[k]) {
                 if ((s = kv_search_candidate_config(&cc[k], cands[k], common, n_common)) != KV_OK) break;
                 have[k] = 1;
-                if ((s = refit_compatible(cfg, &cc[k], cands[k]->name)) != KV_OK) break;
+                if ((s = refit_compatible(cfg, &cc[k], cands[k])) != KV_OK) break;
             }
             const kv_fit_config *c = &cc[k];
             const char *field = st == KV_PLAN_K ? "key" : "value";

@@ -241,8 +241,8 @@ int kvcal_search(int argc, char **argv) {
     uint64_t *bytes = NULL, *values = NULL; /* [context][item][candidate] */
     double *kl = NULL, *fit_s = NULL, *rho = NULL;
     unsigned char *allowed = NULL; /* [item][candidate]: a keys-only candidate is not offered for V */
-    unsigned char *chain_member = NULL, *chain_needs = NULL; /* the predictor chain, with AQUA-KV candidates */
-    kv_search_chain chain, *chain_p = NULL;
+    kv_search_chain chain, *chain_p = NULL; /* predictor inputs and shared codes (kv_search_chain_init) */
+    memset(&chain, 0, sizeof chain);
     kv_importance imp;
     memset(&imp, 0, sizeof imp);
     char corpus_sha[65] = "", *gcache = kv_tool_grid_cache_dir();
@@ -423,20 +423,18 @@ int kvcal_search(int argc, char **argv) {
     }
     kv_search_allowed(allowed, cands, nc, L);
     if (any_aqua && any_spliced && strcmp(pred_inputs, "free") == 0) {
-        rc = kv_cli_usage_error(tool, "--predictor-inputs free with AQUA-KV and SQuat candidates: a predictor could "
-                                "read a SQuat key, which the mixed refit fits as a placeholder (use chained)");
+        rc = kv_cli_usage_error(tool, "--predictor-inputs free with AQUA-KV and SQuat or shared-codes candidates: a "
+                                "predictor could read one of their streams, which the mixed refit fits as a "
+                                "placeholder (use chained)");
         goto end;
     }
-    /* the predictor chain: with AQUA-KV candidates (and unless --predictor-inputs free) a predicted stream is
-     * taken only above AQUA-KV inputs */
-    if (any_aqua && strcmp(pred_inputs, "chained") == 0) {
-        if (!(chain_member = malloc((size_t)nc)) || !(chain_needs = malloc((size_t)n_items * (size_t)nc))) {
-            s = KV_ERR(KV_ENOMEM, "out of memory");
-            goto fail;
-        }
-        kv_search_aqua_chain(chain_member, chain_needs, cands, nc, L);
-        chain.member = chain_member, chain.needs = chain_needs, chain_p = &chain;
+    /* the chain: with AQUA-KV candidates (and unless --predictor-inputs free) a predicted stream is taken only
+     * above AQUA-KV inputs; a shared-codes stream only above its codes */
+    if ((s = kv_search_chain_init(&chain, cands, nc, L, strcmp(pred_inputs, "chained") == 0)) != KV_OK) {
+        rc = kv_cli_usage_error(tool, "%s", kv_error_last());
+        goto end;
     }
+    if (chain.n_classes > 1) chain_p = &chain;
     /* with AQUA-KV candidates a chosen mix is refitted: refuse what a refit cannot carry before any fit */
     if (any_aqua && (s = kv_search_refit_check(cands, nc, common, n_common)) != KV_OK) goto fail;
     const fit_inputs fin = {m, mf, arch, ids, fit_tokens, kv_tokenizer_add_bos_default(tok) ? bos : -1, corpus_sha,
@@ -512,7 +510,8 @@ int kvcal_search(int argc, char **argv) {
     {
         kv_search_sens_options so = {(int)sens_ctx, (int)sens_samples, bos, "sensitivity", allowed};
         if ((s = kv_search_sensitivity(kl, m, (const kv_plan *const *)plans, nc, sens_tok, n_sens_tok, &so,
-                                       &seconds_sens)) != KV_OK)
+                                       &seconds_sens)) != KV_OK ||
+            (s = kv_search_pair_increments(kl, cands, nc, L)) != KV_OK)
             goto fail;
     }
     /* ---- 4. the proxy: KVmix gradient importance, Spearman vs measured KL per stream and candidate ---- */
@@ -662,10 +661,11 @@ int kvcal_search(int argc, char **argv) {
         printf("\n  ],\n  \"seconds\": {\"fits\": %.3f, \"bytes\": %.3f, \"sensitivity\": %.3f, \"proxy\": %.3f, "
                "\"validation\": %.3f, \"total\": %.3f},\n  \"sensitivity_tokens\": %zu,\n  \"predictor_inputs\": "
                "\"%s\"\n}\n", seconds_fit, seconds_bytes, seconds_sens, seconds_proxy, seconds_eval,
-               kv_now_seconds() - t0, sens_need, chain_p ? "chained" : "free");
+               kv_now_seconds() - t0, sens_need, any_aqua && strcmp(pred_inputs, "chained") == 0 ? "chained" : "free");
     } else {
         printf("kvcal search: %d candidate(s), %d point(s) (budget, context)%s\n", nc, n_points,
-               chain_p ? "; AQUA-KV streams only above AQUA-KV inputs (--predictor-inputs chained)" : "");
+               any_aqua && strcmp(pred_inputs, "chained") == 0
+                   ? "; AQUA-KV streams only above AQUA-KV inputs (--predictor-inputs chained)" : "");
         printf("proxy (KVmix importance) vs measured KL, Spearman per candidate:");
         for (int c = 0; c < nc; c++) printf(" %s K %.3f V %.3f;", table[cidx[c]].name, rho[c], rho[nc + c]);
         printf("\n");
@@ -690,8 +690,7 @@ end:
     free(values);
     free(kl);
     free(allowed);
-    free(chain_member);
-    free(chain_needs);
+    kv_search_chain_free(&chain);
     free(fit_s);
     free(rho);
     free(ids);

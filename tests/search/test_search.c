@@ -17,11 +17,12 @@
 /* ---- allocator ------------------------------------------------------------------------------------ */
 /* Does an assignment respect the chain (NULL: always)? Written from the definition in kv_calib.h, item by
  * item, independently of the allocator's states. */
+/* Every item's choice accepts the classes of the two items before it (class 0 before item 0), as written
+ * directly from the definition. */
 static int chain_respected(const kv_search_chain *chain, const int *pick, int n, int k) {
     for (int i = 0; chain && i < n; i++) {
-        const unsigned need = chain->needs[i * k + pick[i]];
-        if ((need & KV_SEARCH_NEEDS_PREV1) && (i < 1 || !chain->member[pick[i - 1]])) return 0;
-        if ((need & KV_SEARCH_NEEDS_PREV2) && (i < 2 || !chain->member[pick[i - 2]])) return 0;
+        const int c1 = i >= 1 ? chain->cls[pick[i - 1]] : 0, c2 = i >= 2 ? chain->cls[pick[i - 2]] : 0;
+        if (!(chain->ok1[i * k + pick[i]] & 1u << c1) || !(chain->ok2[i * k + pick[i]] & 1u << c2)) return 0;
     }
     return 1;
 }
@@ -172,25 +173,32 @@ START_TEST(test_allocate_tight) {
 }
 END_TEST
 
-/* The chained allocator (AQUA-KV's predictor inputs) against brute force: random members, random needs per
- * item and choice, random forbidden choices; the same optimum, a choice that respects the chain, the cheapest
- * assembly feasible at its own cost, and "nothing respects the chain" reported when brute force finds none. */
+/* The chained allocator (predictor inputs, shared codes) against brute force: 1-4 random classes, random
+ * accepted classes one and two items back per item and choice (each class accepted with probability 3/4),
+ * random forbidden choices; the same optimum, a choice that respects the chain, the cheapest assembly
+ * feasible at its own cost, and "nothing respects the chain" reported when brute force finds none. */
 START_TEST(test_allocate_chain) {
-    int n_infeasible = 0, n_bound = 0;
-    for (int trial = 0; trial < 400; trial++) {
+    int n_infeasible = 0, n_bound = 0, n_multi = 0;
+    for (int trial = 0; trial < 600; trial++) {
         const uint64_t r = 5000 + (uint64_t)trial * 64;
         const int n = 1 + (int)(kv_rng_u64(r, 0) % 6), k = 1 + (int)(kv_rng_u64(r, 1) % 4);
+        const int C = 1 + (int)(kv_rng_u64(r, 7) % 4);
         uint64_t cost[24];
         double value[24];
-        unsigned char member[4], needs[24], allowed[24];
-        for (int j = 0; j < k; j++) member[j] = (unsigned char)(kv_rng_u64(r, 2 + j) % 2);
+        unsigned char cls[4], ok1[24], ok2[24], allowed[24];
+        for (int j = 0; j < k; j++) cls[j] = (unsigned char)(kv_rng_u64(r, 2 + j) % (uint64_t)C);
         for (int q = 0; q < n * k; q++) {
             cost[q] = kv_rng_u64(r + 1, (uint64_t)q) % 21;
             value[q] = kv_rng_uniform(r + 2, (uint64_t)q);
-            needs[q] = (unsigned char)(kv_rng_u64(r + 3, (uint64_t)q) % 4);
+            ok1[q] = ok2[q] = 0;
+            for (int c = 0; c < C; c++) {
+                ok1[q] |= (unsigned char)((kv_rng_u64(r + 3, (uint64_t)(q * 8 + c)) % 4 != 0) << c);
+                ok2[q] |= (unsigned char)((kv_rng_u64(r + 5, (uint64_t)(q * 8 + c)) % 4 != 0) << c);
+            }
             allowed[q] = kv_rng_u64(r + 4, (uint64_t)q) % 5 != 0;
         }
-        const kv_search_chain chain = {member, needs};
+        n_multi += C >= 3;
+        const kv_search_chain chain = {C, cls, ok1, ok2};
         const double any = brute_chain(cost, value, allowed, &chain, n, k, UINT64_MAX);
         uint64_t cheapest = 0;
         int choice[6];
@@ -232,32 +240,78 @@ START_TEST(test_allocate_chain) {
     }
     ck_assert_int_gt(n_infeasible, 10);
     ck_assert_int_gt(n_bound, 10);
+    ck_assert_int_gt(n_multi, 100);
 }
 END_TEST
 
-/* The AQUA-KV chain: members are the AQUA-KV candidates (any bits, any rank); at layer l >= 1 an AQUA-KV K
- * needs K(l-1) (two items back), an AQUA-KV V needs K(l) (one back); layer 0 and the other candidates need
- * nothing. */
-START_TEST(test_aqua_chain) {
-    const char *names[4] = {"kivi2", "aqua2", "higgs3", "aqua3r32"};
-    const kv_search_candidate *cands[4];
-    int n_table;
-    const kv_search_candidate *table = kv_search_candidates(&n_table);
-    for (int c = 0; c < 4; c++) {
-        int idx;
-        ck_assert_kv_ok(kv_search_candidate_find(&idx, names[c]));
-        cands[c] = &table[idx];
+/* The chain of kv_search_chain_init. Chained predictors: the AQUA-KV candidates (any bits, any rank) share a
+ * class; at layer l >= 1 an AQUA-KV K accepts only that class two items back (K(l-1)), an AQUA-KV V only that
+ * class one back (K(l)) and anything but a spliced placeholder (SQuat, shared codes) two back (V(l-1)).
+ * kivi2s (shared codes) accepts only kivi2's class two back, and nothing at layer 0. Free predictors: only the
+ * shared-codes rule; without shared codes either, one class (no chain). A codes_of candidate missing from the
+ * list is refused. */
+static const kv_search_candidate *cand_named(const char *name) {
+    int idx;
+    ck_assert_kv_ok(kv_search_candidate_find(&idx, name));
+    return &kv_search_candidates(NULL)[idx];
+}
+
+START_TEST(test_chain_init) {
+    const char *names[6] = {"kivi2", "aqua2", "higgs3", "aqua3r32", "kivi2s", "squat2"};
+    enum { NC = 6, L = 3 };
+    const kv_search_candidate *cands[NC];
+    for (int c = 0; c < NC; c++) cands[c] = cand_named(names[c]);
+    for (int chained = 1; chained >= 0; chained--) {
+        kv_search_chain ch;
+        ck_assert_kv_ok(kv_search_chain_init(&ch, cands, NC, L, chained));
+        const int C = ch.n_classes, aq = ch.cls[1], src = ch.cls[0];
+        ck_assert_int_eq(C, chained ? 4 : 2); /* none, AQUA-KV, spliced, kivi2's codes / none, kivi2's codes */
+        ck_assert_int_eq(ch.cls[3], aq);
+        ck_assert(src != 0 && src != aq && ch.cls[2] == 0);
+        if (chained) ck_assert(ch.cls[4] == ch.cls[5] && ch.cls[4] != 0 && ch.cls[4] != aq && ch.cls[4] != src);
+        const unsigned any = (1u << C) - 1;
+        for (int l = 0; l < L; l++)
+            for (int c = 0; c < NC; c++) {
+                const unsigned k1 = ch.ok1[(2 * l) * NC + c], k2 = ch.ok2[(2 * l) * NC + c];
+                const unsigned v1 = ch.ok1[(2 * l + 1) * NC + c], v2 = ch.ok2[(2 * l + 1) * NC + c];
+                const int pred = chained && l > 0 && (c == 1 || c == 3);
+                if (c == 4) { /* kivi2s: kivi2 at layer l-1, the same stream */
+                    ck_assert_uint_eq(k2, l > 0 ? 1u << src : 0u);
+                    ck_assert_uint_eq(v2, l > 0 ? 1u << src : 0u);
+                    ck_assert_uint_eq(k1, any);
+                    ck_assert_uint_eq(v1, any);
+                    continue;
+                }
+                ck_assert_uint_eq(k1, any);
+                ck_assert_uint_eq(k2, pred ? 1u << aq : any);
+                ck_assert_uint_eq(v1, pred ? 1u << aq : any);
+                ck_assert_uint_eq(v2, pred ? any & ~(1u << ch.cls[4]) : any);
+            }
+        kv_search_chain_free(&ch);
     }
-    unsigned char member[4], needs[3 * 2 * 4];
-    kv_search_aqua_chain(member, needs, cands, 4, 3);
-    const unsigned char want_member[4] = {0, 1, 0, 1};
-    for (int c = 0; c < 4; c++) ck_assert_int_eq(member[c], want_member[c]);
-    for (int l = 0; l < 3; l++)
-        for (int c = 0; c < 4; c++) {
-            const int pred = l > 0 && want_member[c];
-            ck_assert_int_eq(needs[(2 * l) * 4 + c], pred ? KV_SEARCH_NEEDS_PREV2 : 0);
-            ck_assert_int_eq(needs[(2 * l + 1) * 4 + c], pred ? KV_SEARCH_NEEDS_PREV1 : 0);
-        }
+    kv_search_chain ch;
+    ck_assert_kv_ok(kv_search_chain_init(&ch, cands, 3, L, 0)); /* kivi2, aqua2, higgs3 with free inputs */
+    ck_assert_int_eq(ch.n_classes, 1);
+    kv_search_chain_free(&ch);
+    const kv_search_candidate *no_src[2] = {cand_named("kivi4"), cand_named("kivi2s")};
+    ck_assert_int_eq(kv_search_chain_init(&ch, no_src, 2, L, 1), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "kivi2"));
+    /* kv_search_allowed: kivi2s at odd layers only, squat2 on K only */
+    unsigned char allowed[2 * L * NC];
+    kv_search_allowed(allowed, cands, NC, L);
+    for (int i = 0; i < 2 * L; i++)
+        for (int c = 0; c < NC; c++)
+            ck_assert_int_eq(allowed[i * NC + c], c == 4 ? (i / 2) % 2 == 1 : c == 5 ? i % 2 == 0 : 1);
+    /* the pair's KL less kivi2's at the layer below, floored at 0 */
+    double kl[2 * L * NC];
+    for (int i = 0; i < 2 * L * NC; i++) kl[i] = allowed[i] ? 0.01 * (i + 1) : HUGE_VAL;
+    kl[(2 * 1 + 1) * NC + 4] = 0.0; /* layer 1 V: the pair measured below kivi2 alone (noise): 0 */
+    double want = kl[(2 * 1) * NC + 4] - kl[0 * NC + 0];
+    ck_assert_kv_ok(kv_search_pair_increments(kl, cands, NC, L));
+    ck_assert_double_eq_tol(kl[(2 * 1) * NC + 4], want, 1e-15);
+    ck_assert(kl[(2 * 1 + 1) * NC + 4] == 0.0);
+    ck_assert(kl[(2 * 2) * NC + 4] == HUGE_VAL);
+    ck_assert_double_eq_tol(kl[(2 * 1) * NC + 0], 0.01 * (2 * NC + 1), 1e-15); /* others untouched */
 }
 END_TEST
 
@@ -540,7 +594,7 @@ END_TEST
  * rank-4 fit itself, byte for byte (the rank travels as layers.N.key_rank / value_rank). */
 START_TEST(test_lowrank_predictors) {
     static const kv_search_candidate r4 = {"aqua2r4", KV_FIT_AQUA, {"keys.bits=2", "values.bits=2", "aqua.rank=4", NULL},
-                                           "AQUA-KV rank-4 predictors + HIGGS 2 bits", 0};
+                                           "AQUA-KV rank-4 predictors + HIGGS 2 bits", 0, NULL};
     kv_fit_config cfg;
     ck_assert_kv_ok(kv_search_candidate_config(&cfg, &r4, k_common, 5));
     kv_plan *low = fit_cfg(&cfg);
@@ -697,6 +751,97 @@ START_TEST(test_squat_candidate) {
 }
 END_TEST
 
+/* XQuant shared codes as a candidate (kivi2s: odd layers reuse layer l-1's KIVI-2 codes). Its fit's even
+ * layers are the kivi2 fit's streams, byte for byte (what kv_search_pair_increments relies on), and the
+ * assembly of kivi2 at even and kivi2s at odd layers is the kivi2s fit. The pair sensitivity (the one-stream
+ * plan carries the partner) agrees with the whole model run through that two-stream plan. In a refit with
+ * AQUA-KV below, a shared stream is a placeholder owning its codes, then spliced; a predictor reading it is
+ * refused. */
+START_TEST(test_shared_candidate) {
+    const char *names[] = {"kivi2", "kivi2s", "aqua2"};
+    enum { NC = 3 };
+    kv_plan *plans[NC];
+    for (int c = 0; c < NC; c++) plans[c] = fit_candidate(names[c]);
+    const int L = plans[0]->n_layers;
+    ck_assert_int_ge(L, 4);
+    int choice[64];
+    for (int l = 0; l < L; l++) choice[2 * l] = choice[2 * l + 1] = l % 2;
+    kv_plan *surg = NULL;
+    ck_assert_kv_ok(kv_search_assemble(&surg, (const kv_plan *const *)plans, 2, choice, L));
+    assert_same_plan(plans[1], surg, "kivi2 at even and kivi2s at odd layers differs from the kivi2s fit");
+    kv_plan_free(surg);
+    for (int i = 0; i < 2 * L; i++) choice[i] = 0;
+    ck_assert_kv_ok(kv_search_assemble(&surg, (const kv_plan *const *)&plans[1], 1, choice, L)); /* even layers */
+    kv_plan *even = NULL;
+    ck_assert_kv_ok(kv_plan_create(&even, &plans[0]->fingerprint));
+    even->global = plans[0]->global;
+    for (int l = 0; l < L; l++)
+        for (int st = 0; st < 2; st++) ck_assert_kv_ok(kv_search_copy_stream(even, l % 2 ? plans[0] : plans[1], l, st));
+    kv_plan_free(surg);
+    surg = NULL;
+    ck_assert_kv_ok(kv_search_assemble(&surg, (const kv_plan *const *)plans, 1, choice, L));
+    assert_same_plan(even, surg, "the kivi2s fit's even layers differ from the kivi2 fit's");
+    kv_plan_free(surg);
+    kv_plan_free(even);
+    /* a shared stream is not copied above a stream of other codes */
+    kv_plan *dst = NULL;
+    ck_assert_kv_ok(kv_plan_create(&dst, &plans[0]->fingerprint));
+    dst->global = plans[0]->global;
+    ck_assert_int_eq(kv_search_copy_stream(dst, plans[1], 1, KV_PLAN_K), KV_EUNSUPPORTED);
+    kv_plan_free(dst);
+    const kv_search_candidate *c[NC];
+    cand_ptrs(c, names, NC);
+    unsigned char allowed[64 * NC];
+    kv_search_allowed(allowed, c, NC, L);
+    double kl[64 * NC];
+    kv_search_sens_options so = {100, 2, g_bos, NULL, allowed};
+    ck_assert_kv_ok(kv_search_sensitivity(kl, g_model, (const kv_plan *const *)plans, NC, g_ids + 4096, g_n - 4096, &so,
+                                          NULL));
+    /* layer 1 V with its partner through the whole model */
+    const double pair = kl[(2 * 1 + 1) * NC + 1];
+    ck_assert(isfinite(pair) && kl[(2 * 2 + 1) * NC + 1] == HUGE_VAL);
+    kv_plan *two = NULL;
+    ck_assert_kv_ok(kv_plan_create(&two, &plans[1]->fingerprint));
+    two->global = plans[1]->global;
+    ck_assert_kv_ok(kv_search_copy_stream(two, plans[1], 0, KV_PLAN_V));
+    ck_assert_kv_ok(kv_search_copy_stream(two, plans[1], 1, KV_PLAN_V));
+    kv_tool_plan_eval ev;
+    eval_plan_file(&ev, two, 100);
+    fprintf(stderr, "layers 0-1 V, kivi2s pair: sensitivity %.6g, whole model %.6g; kivi2 layer 0 V alone %.6g\n", pair,
+            ev.cmp.kl_mean, kl[1 * NC + 0]);
+    ck_assert_msg(fabs(ev.cmp.kl_mean - pair) < 0.02 * pair + 2 * L * 2e-6, "pair %.6g vs whole model %.6g", pair,
+                  ev.cmp.kl_mean);
+    kv_plan_free(two);
+    ck_assert_kv_ok(kv_search_pair_increments(kl, c, NC, L));
+    ck_assert_double_eq_tol(kl[(2 * 1 + 1) * NC + 1], fmax(0.0, pair - kl[1 * NC + 0]), 1e-15);
+    /* AQUA-KV-2 on layers 0-1, KIVI-2 on layer 2, kivi2s on layer 3 (odd: above kivi2), KIVI-2 above */
+    for (int l = 0; l < L; l++) choice[2 * l] = choice[2 * l + 1] = l < 2 ? 2 : l == 3 ? 1 : 0;
+    int with_kivi[64];
+    memcpy(with_kivi, choice, sizeof with_kivi);
+    with_kivi[6] = with_kivi[7] = 0;
+    kv_plan *re = refit(names, NC, choice, L), *expect = refit(names, NC, with_kivi, L);
+    ck_assert_kv_ok(kv_search_splice(re, (const kv_plan *const *)plans, c, NC, choice, L));
+    ck_assert_int_eq(re->layers[3].stream[KV_PLAN_V].share_codes_with_layer, 2);
+    for (int st = 0; st < 2; st++) ck_assert_kv_ok(kv_search_copy_stream(expect, plans[1], 3, st));
+    ck_assert_kv_ok(kv_plan_set_report(expect, 0, NULL, NULL));
+    assert_same_plan(re, expect, "the spliced refit differs from the kivi2 refit with the shared streams copied in");
+    eval_plan_file(&ev, re, 200);
+    ck_assert(isfinite(ev.cmp.kl_mean) && ev.cmp.kl_mean >= 0);
+    kv_plan_free(re);
+    kv_plan_free(expect);
+    /* an AQUA-KV V at layer 4 would read V(3), a placeholder: refused */
+    if (L >= 5) {
+        choice[8] = choice[9] = 2;
+        choice[6] = 2; /* K(3) AQUA-KV... */
+        choice[4] = 2; /* ...above K(2) AQUA-KV */
+        kv_fit_config cfg;
+        ck_assert_int_eq(kv_search_refit_config(&cfg, c, NC, choice, L, k_common, 5), KV_EUNSUPPORTED);
+        ck_assert_msg(strstr(kv_error_last(), "layer 3 V") != NULL, "%s", kv_error_last());
+    }
+    for (int k = 0; k < NC; k++) kv_plan_free(plans[k]);
+}
+END_TEST
+
 /* Honest bytes: the per-stream counts of a mixed plan add up to the bits_per_value_total `kvrun eval --plan`
  * reports at the same context (kv_tool_eval_plan, the tool's own function), exactly. The sensitivities:
  * finite, the f16 candidate far below 2-bit KIVI in every stream, and the summed KL falls with more bits. */
@@ -749,7 +894,7 @@ static Suite *search_suite(int with_data) {
     tcase_add_test(tc, test_allocate_units);
     tcase_add_test(tc, test_allocate_tight);
     tcase_add_test(tc, test_allocate_chain);
-    tcase_add_test(tc, test_aqua_chain);
+    tcase_add_test(tc, test_chain_init);
     tcase_add_test(tc, test_allocate_refusals);
     tcase_add_test(tc, test_candidates);
     suite_add_tcase(s, tc);
@@ -766,6 +911,7 @@ static Suite *search_suite(int with_data) {
         tcase_add_test(td, test_sensitivity_predicted);
         tcase_add_test(td, test_lowrank_predictors);
         tcase_add_test(td, test_squat_candidate);
+        tcase_add_test(td, test_shared_candidate);
         suite_add_tcase(s, td);
     }
     return s;
