@@ -149,4 +149,47 @@ PY
 expect 0 "" "kvrun eval reads the refitted plan" -- "$kvrun" eval --model "$model" --tokenizer "$tok" \
   --plan "$tmp/aq.kvplan" --text "$heldout" --ctx 256 --max-tokens 1024 --json
 python3 "$check_same" "$tmp/out" "$tmp/aq.json" 10 256 || fail=1
+# SQuat keys and XQuant shared codes (SEARCH.md §1b, §1d): a shared-codes candidate needs its codes_of
+# candidate listed; free predictor inputs with them and AQUA-KV are refused (a predictor could read a spliced
+# placeholder); a search over all of them writes a plan that respects the chain and evaluates as predicted
+expect 2 "list kivi2 among the candidates" "kivi2s without kivi2" -- "$kvcal" search "${common[@]}" \
+  --budget-bits 8 --candidates kivi4,kivi2s --out "$tmp/x.kvplan"
+expect 2 "use chained" "SQuat with AQUA-KV and free inputs" -- "$kvcal" search "${common[@]}" \
+  --budget-bits 8 --candidates aqua2,squat2 --predictor-inputs free --out "$tmp/x.kvplan"
+expect 0 "" "search with SQuat and shared codes" -- "$kvcal" search "${base[@]}" --context 256 --eval-tokens 1024 \
+  --budget-bits 6.5,8 --candidates kivi2,kivi2s,squat2,aqua4 --out-dir "$tmp/sq" --json
+cp "$tmp/out" "$tmp/sq.json"
+python3 - "$tmp/sq.json" <<'PY' || fail=1
+import json, sys
+r = json.load(open(sys.argv[1]))
+names = [c["name"] for c in r["candidates"]]
+for i, s in enumerate(r["streams"]):
+    kl = dict(zip(names, s["kl"]))
+    assert (kl["squat2"] is None) == (s["stream"] == "V"), (i, kl)          # SQuat: keys only
+    assert (kl["kivi2s"] is None) == (s["layer"] % 2 == 0), (i, kl)         # shared codes: odd layers only
+n_sq = n_sh = 0
+for p in r["plans"]:
+    assert p["feasible"], p
+    ch = p["choices"]
+    for i, c in enumerate(ch):
+        if c == "kivi2s":
+            assert i % 4 >= 2 and ch[i - 2] == "kivi2", (i, ch)               # above KIVI-2 codes, odd layer
+        if c == "squat2":
+            assert i % 2 == 0, (i, ch)
+        if c == "aqua4" and i >= 2:                                           # the predictor chain
+            assert ch[i - 2 if i % 2 == 0 else i - 1] == "aqua4", (i, ch)
+            assert i % 2 == 0 or ch[i - 2] != "kivi2s", (i, ch)               # never reads a placeholder
+    n_sq += ch.count("squat2")
+    n_sh += ch.count("kivi2s")
+    m = p["measured_heldout"]
+    assert m["bits_per_value_total"] <= p["budget_bits"] + 1e-9, p
+    assert abs(m["bits_per_value_total"] - p["predicted"]["bits_per_value_total"]) < 1e-9, p
+    print("ok: %.4g bits: %s, KL %.4g" % (p["budget_bits"], ",".join(ch), m["kl_mean"]))
+print("ok: SQuat keys chosen %d times, shared codes %d times over the points" % (n_sq, n_sh))
+PY
+for b in 6.5 8; do
+  expect 0 "" "kvrun eval reads the $b-bit plan" -- "$kvrun" eval --model "$model" --tokenizer "$tok" \
+    --plan "$tmp/sq/search-ctx256-${b}bits.kvplan" --text "$heldout" --ctx 256 --max-tokens 1024 --json
+  python3 "$check_same" "$tmp/out" "$tmp/sq.json" $b 256 || fail=1
+done
 exit $fail
