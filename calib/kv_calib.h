@@ -432,11 +432,13 @@ kv_status kv_search_cheapest(uint64_t *sum, int *choice, const uint64_t *cost, c
  * choice[i]] <= budget (costs in bytes, >= 0), among the choices allowed (may be NULL: 0 marks a choice that
  * may not be taken) and respecting chain (may be NULL). Exact 0/1 multiple-choice knapsack by dynamic
  * programming (with a chain, over states = the classes of the last two items) over each choice's cost
- * above its choice in the cheapest assembly (kv_search_cheapest), in units of `unit` bytes, rounded UP (a
- * choice cheaper than that one counts as 0 extra): so the choice is feasible at the true costs, the cheapest
- * assembly is feasible whenever it fits the budget, and the choice is optimal among choices whose rounded
- * extras fit; the rounding forgoes at most n_items * unit bytes. unit = max(1, ceil((budget - cheapest
- * assembly) / max_units)) (max_units 0: 20000). Ties: the smaller cost, then the lower index. KV_EINVAL when
+ * above its choice in the cheapest assembly (kv_search_cheapest), in units of `unit` bytes, rounded UP
+ * (signed: under a chain a choice may cost less than that one; each item's units are shifted by its most
+ * negative extra): so the choice is feasible at the true costs, the cheapest assembly is feasible whenever it
+ * fits the budget, and the choice is optimal among choices whose rounded extras fit; the rounding forgoes at
+ * most n_items * unit bytes. unit = max(1, ceil((budget - cheapest assembly + margin) / max_units)), margin =
+ * the sum over items of the cheapest assembly's cost there less the item's cheapest allowed choice (0 without
+ * a chain) (max_units 0: 20000). Ties: the smaller cost, then the lower index. KV_EINVAL when
  * even the cheapest assembly exceeds the budget (the message gives its cost). */
 kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *value, const unsigned char *allowed,
                              const kv_search_chain *chain, int n_items, int n_choices, uint64_t budget,
