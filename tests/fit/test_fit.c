@@ -344,9 +344,12 @@ static kv_status xq_hook(void *user, const kv_capture *c) {
  * 2); the data-free eta is eta2 on the 2-bit streams and eta1 on the 1-bit ones. Then every
  * held-out sequence goes through the engine-facing runtime with the fitted plan (one more token
  * makes it compress both chunks), and the runtime's decoded cache gives the held-out relative
- * error the fit reported. Both sum the same decoded floats in double in different orders, so they
- * agree to ~1e-12 relative; 1e-6 allows for that while a different rounding of one code in a
- * 2-bit group (or a wrong partner layer) moves the error by far more than 1e-6 relative. */
+ * error the fit reported. The K/V differ in their last bits: the fit runs its sequences through the
+ * model batched, this test one at a time, and OpenBLAS's AVX-512 sgemm kernels (Cooperlake,
+ * SkylakeX) round by matrix shape; a value at a rounding boundary then takes the neighbouring code:
+ * 3.1e-6 relative measured there. 3e-5 allows ten such flips while a
+ * wrong eta moves the error far more (every eta off by 0.01: 2e-3 to 4e-2 relative in 11 of the 12
+ * streams, 1e-4 in the 12th), as does a wrong partner layer or bit width. */
 START_TEST(test_xquant_runtime_applies_fit) {
     /* _i = 0: the data-free eta; 1: eta calibrated on the data */
     const char *sets[] = {"xquant.km=0", "xquant.vm=0", "xquant.kq=2", "xquant.vq=2",
@@ -445,7 +448,7 @@ START_TEST(test_xquant_runtime_applies_fit) {
     for (int l = 0; l < SYN_LAYERS; l++)
         for (int st = 0; st < 2; st++) {
             const double mine = se[l][st] / ss[l][st], fit = rep.layers[l].quant_rel_err[st];
-            ck_assert_msg(fabs(mine - fit) <= 1e-6 * fit, "layer %d stream %d: runtime %.12g, fit %.12g", l, st, mine,
+            ck_assert_msg(fabs(mine - fit) <= 3e-5 * fit, "layer %d stream %d: runtime %.12g, fit %.12g", l, st, mine,
                           fit);
             ck_assert(fit > 1e-4); /* a real quantization error, not a vacuous match */
         }
