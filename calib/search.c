@@ -668,6 +668,13 @@ int kv_search_candidate_predicted(const kv_search_candidate *c) {
     return c->method == KV_FIT_AQUA || c->method == KV_FIT_AQUA_UNIFORM;
 }
 
+/* The index of candidate c's codes_of among cands: -1 when it has none or it is not listed. */
+static int codes_source(const kv_search_candidate *const *cands, int n_cands, int c) {
+    for (int k = 0; cands[c]->codes_of && k < n_cands; k++)
+        if (strcmp(cands[k]->name, cands[c]->codes_of) == 0) return k;
+    return -1;
+}
+
 /* Classes: 0 none; then, when used, AQUA-KV (a valid predictor input), spliced (a placeholder in the refit: no
  * predictor may read it), and one class per codes_of candidate (the codes a shared stream reuses). */
 kv_status kv_search_chain_init(kv_search_chain *out, const kv_search_candidate *const *cands, int n_cands, int n_layers,
@@ -683,10 +690,8 @@ kv_status kv_search_chain_init(kv_search_chain *out, const kv_search_candidate *
     const int spliced = aqua >= 0 && any_spliced ? n_classes++ : -1;
     unsigned char src_class[256] = {0};
     for (int c = 0; c < n_cands; c++) {
-        src_of[c] = -1;
+        src_of[c] = codes_source(cands, n_cands, c);
         if (!cands[c]->codes_of) continue;
-        for (int k = 0; k < n_cands; k++)
-            if (strcmp(cands[k]->name, cands[c]->codes_of) == 0) src_of[c] = k;
         if (src_of[c] < 0)
             return KV_ERR(KV_EINVAL, "candidate %s reuses the codes of %s at the layer below: list %s among the "
                           "candidates too", cands[c]->name, cands[c]->codes_of, cands[c]->codes_of);
@@ -738,9 +743,7 @@ void kv_search_chain_free(kv_search_chain *chain) {
 kv_status kv_search_pair_increments(double *kl, const kv_search_candidate *const *cands, int n_cands, int n_layers) {
     for (int c = 0; c < n_cands; c++) {
         if (!cands[c]->codes_of) continue;
-        int src = -1;
-        for (int k = 0; k < n_cands; k++)
-            if (strcmp(cands[k]->name, cands[c]->codes_of) == 0) src = k;
+        const int src = codes_source(cands, n_cands, c);
         if (src < 0) return KV_ERR(KV_EINVAL, "candidate %s: %s is not a candidate", cands[c]->name, cands[c]->codes_of);
         for (int l = 1; l < n_layers; l++)
             for (int st = 0; st < 2; st++) {
