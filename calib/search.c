@@ -589,7 +589,10 @@ kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *va
     double *next = malloc(n_states * row * sizeof(double));
     uint16_t *pick = malloc((size_t)n_items * n_states * row * sizeof(uint16_t));
     uint64_t *units = malloc((size_t)n_choices * sizeof *units); /* item i's extra units per choice (u-independent) */
-    if (!best || !next || !pick || !units) {
+    /* for one new state: the (choice, class of item i-2) pairs that lead to it under the chain, in the order the
+     * DP tries them (class outer, choice inner); u-independent, so found once per (item, state) */
+    int *trans = malloc((size_t)C * (size_t)n_choices * 2 * sizeof *trans);
+    if (!best || !next || !pick || !units || !trans) {
         s = KV_ERR(KV_ENOMEM, "out of memory for the allocation (%d items x %zu states x %zu units)", n_items,
                    n_states, row);
         goto done;
@@ -604,22 +607,26 @@ kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *va
         }
         for (size_t ns = 0; ns < n_states; ns++) {
             uint16_t *pk = pick + ((size_t)i * n_states + ns) * row;
+            int n_trans = 0;
+            for (size_t c2 = 0; c2 < C; c2++) { /* the previous state: item i-1 of class ns / C, i-2 of c2 */
+                const int ps = (int)(ns / C + C * c2);
+                for (int j = 0; j < n_choices; j++)
+                    if (units[j] != UINT64_MAX && (size_t)chain_next(chain, j, ps) == ns &&
+                        chain_ok(chain, i, n_choices, j, ps))
+                        trans[2 * n_trans] = j, trans[2 * n_trans++ + 1] = (int)c2;
+            }
             for (size_t u = 0; u <= cap; u++) {
                 double bv = INFINITY;
                 int bj = 255, bp = 0;
                 uint64_t bc = 0;
-                for (size_t c2 = 0; c2 < C; c2++) { /* the previous state: item i-1 of class ns / C, i-2 of c2 */
-                    const int ps = (int)(ns / C + C * c2);
-                    const double *bprev = best + (size_t)ps * row;
-                    for (int j = 0; j < n_choices; j++) {
-                        const size_t k = (size_t)i * n_choices + j;
-                        const uint64_t w = units[j]; /* UINT64_MAX when not allowed */
-                        if (w > u || (size_t)chain_next(chain, j, ps) != ns || !chain_ok(chain, i, n_choices, j, ps) ||
-                            !isfinite(bprev[u - w]))
-                            continue;
-                        const double v = bprev[u - w] + value[k];
-                        if (v < bv || (v == bv && cost[k] < bc)) bv = v, bj = j, bp = (int)c2, bc = cost[k];
-                    }
+                for (int t = 0; t < n_trans; t++) {
+                    const int j = trans[2 * t], c2 = trans[2 * t + 1];
+                    const size_t k = (size_t)i * n_choices + j;
+                    const uint64_t w = units[j];
+                    const double *bprev = best + (ns / C + C * (size_t)c2) * row;
+                    if (w > u || !isfinite(bprev[u - w])) continue;
+                    const double v = bprev[u - w] + value[k];
+                    if (v < bv || (v == bv && cost[k] < bc)) bv = v, bj = j, bp = c2, bc = cost[k];
                 }
                 next[ns * row + u] = bv;
                 pk[u] = (uint16_t)(bj | bp << 8);
@@ -652,6 +659,7 @@ done:
     free(next);
     free(pick);
     free(units);
+    free(trans);
     return s;
 }
 
@@ -916,10 +924,6 @@ kv_status kv_search_splice(kv_plan *plan, const kv_plan *const *srcs, const kv_s
         if (k < 0 || k >= n_cands || !srcs[k]) return KV_ERR(KV_EINVAL, "splice: item %d: choice %d", i, k);
         if (!kv_search_candidate_spliced(cands[k])) continue;
         spliced = 1;
-        kv_plan_stream *ps = &plan->layers[i / 2].stream[i % 2];
-        if (ps->predictor || ps->squat)
-            return KV_ERR(KV_EINVAL, "splice: layer %d %s holds a predictor or SQuat parameters, not a placeholder",
-                          i / 2, sname(i % 2));
         s = kv_search_copy_stream(plan, srcs[k], i / 2, i % 2);
     }
     /* the refit's report measured the placeholders: it no longer describes the plan (an assembled plan has none) */
