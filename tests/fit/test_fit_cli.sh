@@ -106,12 +106,15 @@ else echo "ok: no 'ev nan'"; fi
 # Not "${mine[@]}": its -q would hide the message the signal waits for, and the kill would then come after
 # a fixed 30 s, which a fast machine finishes the grid in. 100 iterations of 4M samples take minutes.
 for sig in INT TERM; do
+  # one file per signal: with a shared file, the wait below could read the INT run's message before the
+  # background shell truncated the file for the TERM run (CI saw exactly that)
+  err="$tmp/int-$sig.err"; rm -f "$err"
   KVCAL_GRID_CACHE= "$kvcal" fit --model "$tmp/m.bin" --seq-len 260 --max-tokens 6000 --corpus "$tmp/corpus.txt" \
     --out "$tmp/int.kvplan" --method higgs --bits 4 --set higgs.grid_samples=4000000 --set higgs.grid_iters=100 -v \
-    > /dev/null 2> "$tmp/int.err" &
+    > /dev/null 2> "$err" &
   pid=$!
-  for _ in $(seq 1 600); do grep -q "generating a HIGGS grid" "$tmp/int.err" 2>/dev/null && break; sleep 0.05; done
-  grep -q "generating a HIGGS grid" "$tmp/int.err" || { echo "FAIL: SIG$sig: no grid generation seen in 30 s"; fail=1; }
+  for _ in $(seq 1 600); do grep -q "generating a HIGGS grid" "$err" 2>/dev/null && break; sleep 0.05; done
+  grep -q "generating a HIGGS grid" "$err" || { echo "FAIL: SIG$sig: no grid generation seen in 30 s"; fail=1; }
   sleep 0.5
   kill -$sig $pid
   t0=$(date +%s)
@@ -120,9 +123,9 @@ for sig in INT TERM; do
     echo "FAIL: SIG$sig during grid generation: still running after 10 s"; kill -9 $pid; fail=1
   else
     wait $pid; rc=$?
-    if [ $rc -eq 1 ] && grep -q "interrupted while generating the HIGGS grid" "$tmp/int.err"; then
+    if [ $rc -eq 1 ] && grep -q "interrupted while generating the HIGGS grid" "$err"; then
       echo "ok: SIG$sig during grid generation stops within $(( $(date +%s) - t0 )) s"
-    else echo "FAIL: SIG$sig during grid generation: exit $rc"; cat "$tmp/int.err"; fail=1; fi
+    else echo "FAIL: SIG$sig during grid generation: exit $rc"; cat "$err"; fail=1; fi
   fi
   [ -e "$tmp/int.kvplan" ] && { echo "FAIL: an interrupted run left a plan"; fail=1; }
 done
