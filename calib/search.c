@@ -253,7 +253,7 @@ kv_status kv_search_stream_bytes(uint64_t *bytes, uint64_t *values, const kv_pla
         for (int st = 0; st < 2 && s == KV_OK; st++) {
             kv_rt_stats o;
             if ((s = kv_rt_get_stream_stats(rt, 0, l, st, &o)) != KV_OK) break;
-            bytes[2 * l + st] = o.accounted_bytes + o.predictor_bytes;
+            bytes[2 * l + st] = o.accounted_bytes + o.predictor_bytes + o.basis_bytes;
             values[2 * l + st] = o.values_total;
         }
 done:

@@ -574,6 +574,12 @@ double kv_plan_stream_bits(const kv_plan *p, int layer, int stream);
 uint64_t kv_plan_predictor_bytes(const kv_plan *p);
 /* ... of (layer, stream) alone, as stored (f16 or f32); 0 without a predictor. */
 uint64_t kv_plan_stream_predictor_bytes(const kv_plan *p, int layer, int stream);
+/* Bytes of stored SQuat bases (f32, n_kv_heads x r x head_dim per key stream that has one) over the whole
+ * plan: like predictor weights, the runtime holds them once, whatever the sequence length, and the honest
+ * bits count them (kv_rt_stats.basis_bytes). */
+uint64_t kv_plan_basis_bytes(const kv_plan *p);
+/* ... of (layer, stream) alone; 0 without a stored basis (and always for V). */
+uint64_t kv_plan_stream_basis_bytes(const kv_plan *p, int layer, int stream);
 
 /* ---- export to serving engines' checkpoint formats (export_hf.c, kvcal export) ---- */
 typedef enum kv_export_format { KV_EXPORT_COMPRESSED_TENSORS = 0, KV_EXPORT_MODELOPT = 1 } kv_export_format;

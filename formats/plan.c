@@ -803,6 +803,20 @@ uint64_t kv_plan_stream_predictor_bytes(const kv_plan *p, int layer, int stream)
     return (pr->dtype == KV_DTYPE_F16 ? 2u : 4u) * (w + (uint64_t)pr->out_dim);
 }
 
+uint64_t kv_plan_stream_basis_bytes(const kv_plan *p, int layer, int stream) {
+    if (!p || layer < 0 || layer >= p->n_layers || stream < 0 || stream > 1) return 0;
+    const kv_plan_squat *q = p->layers[layer].stream[stream].squat;
+    if (!q || !q->basis) return 0u;
+    return 4u * (uint64_t)p->fingerprint.n_kv_heads * (uint64_t)q->r * (uint64_t)p->fingerprint.head_dim;
+}
+
+uint64_t kv_plan_basis_bytes(const kv_plan *p) {
+    uint64_t n = 0;
+    for (int l = 0; p && l < p->n_layers; l++)
+        for (int st = 0; st < 2; st++) n += kv_plan_stream_basis_bytes(p, l, st);
+    return n;
+}
+
 uint64_t kv_plan_predictor_bytes(const kv_plan *p) {
     uint64_t n = 0;
     for (int l = 0; p && l < p->n_layers; l++)

@@ -261,7 +261,11 @@ static json_t *dump_totals(const kv_plan *p, int *ok) {
     /* Amortized over tokens: one token carries 2 * n_layers * kv_dim values. */
     const double values_per_token = 2.0 * kv * (double)p->fingerprint.n_kv_heads * (double)p->fingerprint.head_dim;
     put(o, "predictor_bits_per_value_at_4096_tokens", json_real((double)pb * 8.0 / (values_per_token * 4096.0)), ok);
-    put(o, "note", json_string("bits exclude full-precision sinks/recent tokens; predictors listed separately"), ok);
+    const uint64_t bb = kv_plan_basis_bytes(p);
+    put(o, "squat_basis_bytes", ju64(bb), ok);
+    put(o, "squat_basis_bits_per_value_at_4096_tokens", json_real((double)bb * 8.0 / (values_per_token * 4096.0)), ok);
+    put(o, "note", json_string("bits exclude full-precision sinks/recent tokens; predictors and SQuat bases listed "
+                               "separately"), ok);
     return o;
 }
 

@@ -394,7 +394,7 @@ void kv_rt_reset(kv_rt *rt, int seq);
 
 /* What a sequence holds (seq < 0: all sequences summed). Bits follow the papers' convention:
  * `payload` = codes + scales + zero points + norms of the compressed tokens, `fp` = the f16 tokens
- * (sinks, window, RPC), predictor weights once per runtime (f32 as the plan stores them). */
+ * (sinks, window, RPC), predictor weights and stored SQuat bases once per runtime (as the plan stores them). */
 typedef struct kv_rt_stats {
     uint64_t tokens;             /* tokens appended (the sequence lengths, summed over sequences) */
     uint64_t values_total;       /* values held: 2 streams x layers x (per KV head: tokens held x head_dim) */
@@ -402,6 +402,7 @@ typedef struct kv_rt_stats {
     uint64_t payload_bytes;      /* exact storage of the compressed tokens */
     uint64_t fp_bytes;           /* 2 bytes per uncompressed value */
     uint64_t predictor_bytes;    /* the plan's predictor weights and biases (once per runtime) */
+    uint64_t basis_bytes;        /* the plan's stored SQuat bases (once per runtime; kv_plan_basis_bytes) */
     uint64_t accounted_bytes;    /* payload + index + fp (the cache itself) */
     uint64_t allocated_bytes;    /* bytes the runtime allocated for these sequences' cache storage:
                                     accounted_bytes + index overhead (RUNTIME.md §5) */
@@ -409,15 +410,15 @@ typedef struct kv_rt_stats {
     uint64_t working_bytes;      /* scratch held at the moment (reconstruction working set, RoPE table, the
                                     token policy's scores and window queries) */
     double bits_per_value;       /* (payload + index) bits / compressed values (0 when none) */
-    double bits_per_value_total; /* (payload + index + fp + predictors) bits / all values held */
+    double bits_per_value_total; /* (payload + index + fp + predictors + bases) bits / all values held */
     /* token pruning */
     uint64_t index_bytes;        /* positions of kept tokens (4 bytes per token and KV head, when not consecutive) */
     uint64_t values_appended;    /* values an f16 cache of every appended token would hold (2 x layers x tokens x
                                     kv_dim): the denominator of a budget, accounted_bytes / (2 values_appended) */
 } kv_rt_stats;
 kv_status kv_rt_get_stats(const kv_rt *rt, int seq, kv_rt_stats *out);
-/* The same for one (layer, stream) alone: its payload, index, f16 tokens and its own predictor's bytes
- * (kv_plan_stream_predictor_bytes); tokens is the sequence length, allocated/overhead stay 0 (they are
+/* The same for one (layer, stream) alone: its payload, index, f16 tokens, its own predictor's bytes
+ * (kv_plan_stream_predictor_bytes) and stored SQuat basis (kv_plan_stream_basis_bytes); tokens is the sequence length, allocated/overhead stay 0 (they are
  * per sequence). Over every (layer, stream) the byte counts add up to kv_rt_get_stats' (one walk,
  * rt_runtime.c), so the honest bits of a plan are the value-weighted mean of its streams' (kvcal search). */
 kv_status kv_rt_get_stream_stats(const kv_rt *rt, int seq, int layer, int stream, kv_rt_stats *out);

@@ -12,7 +12,7 @@
 
 typedef struct chunk_totals {
     kv_rt *rt;
-    uint64_t payload_bytes, fp_bytes, values_compressed, values_total, predictor_bytes;
+    uint64_t payload_bytes, fp_bytes, values_compressed, values_total, predictor_bytes, basis_bytes;
     uint64_t last_bytes, last_values; /* one sequence (the last chunk), for cache_bytes */
     uint64_t last_allocated;          /* what the runtime allocated for it */
 } chunk_totals;
@@ -28,7 +28,8 @@ static kv_status on_chunk(void *user, kv_cache *cache, size_t chunk) {
     t->values_compressed += st.values_compressed;
     t->values_total += st.values_total;
     t->predictor_bytes = st.predictor_bytes;
-    t->last_bytes = st.accounted_bytes + st.predictor_bytes;
+    t->basis_bytes = st.basis_bytes;
+    t->last_bytes = st.accounted_bytes + st.predictor_bytes + st.basis_bytes;
     t->last_values = st.values_total;
     t->last_allocated = st.allocated_bytes;
     return KV_OK;
@@ -71,15 +72,19 @@ kv_status kv_tool_eval_plan(kv_tool_plan_eval *out, kv_model *m, const char *mod
     o.on_chunk = on_chunk;
     o.user = &tot;
     if ((s = kv_eval_compare(m, cache, tokens, n_tokens, &o, &out->cmp)) != KV_OK) goto done;
+    /* predictors and stored SQuat bases are held once per sequence's runtime: counted once per chunk */
+    const uint64_t side_bytes = tot.predictor_bytes + tot.basis_bytes;
     out->bits_per_value = tot.values_compressed
-                              ? 8.0 * (double)(tot.payload_bytes + tot.predictor_bytes) / (double)tot.values_compressed
+                              ? 8.0 * (double)(tot.payload_bytes + side_bytes) / (double)tot.values_compressed
                               : 0.0;
     out->bits_per_value_total =
-        tot.values_total ? 8.0 * (double)(tot.payload_bytes + tot.fp_bytes + tot.predictor_bytes * out->cmp.n_chunks) /
+        tot.values_total ? 8.0 * (double)(tot.payload_bytes + tot.fp_bytes + side_bytes * out->cmp.n_chunks) /
                                (double)tot.values_total
                          : 0.0;
     out->predictor_bits_per_value_sequence =
         tot.last_values ? 8.0 * (double)tot.predictor_bytes / (double)tot.last_values : 0.0;
+    out->basis_bits_per_value_sequence =
+        tot.last_values ? 8.0 * (double)tot.basis_bytes / (double)tot.last_values : 0.0;
     out->cache_bytes = tot.last_bytes;
     out->cache_bytes_allocated = tot.last_allocated;
     out->fp16_cache_bytes = tot.last_values * 2;
@@ -105,12 +110,12 @@ void kv_tool_eval_plan_print(const kv_tool_plan_eval *e, int json) {
     if (json) {
         printf("{\"ppl\": %.6f, \"ppl_uncompressed\": %.6f, \"ppl_relative_increase\": %.6f, \"nll_mean\": %.6f, "
                "\"kl_mean\": %.6g, \"top1_agreement\": %.6f, \"bits_per_value\": %.9f, \"bits_per_value_total\": %.9f, "
-               "\"predictor_bits_per_value_per_sequence\": %.4f, \"cache_bytes\": %llu, \"fp16_cache_bytes\": %llu, "
+               "\"predictor_bits_per_value_per_sequence\": %.4f, \"squat_basis_bits_per_value_per_sequence\": %.4f, \"cache_bytes\": %llu, \"fp16_cache_bytes\": %llu, "
                "\"cache_bytes_allocated\": %llu, \"compressed_fraction\": %.4f, \"tokens_total\": %zu, \"tokens_evaluated\": %zu, \"tokens_scored\": %zu, "
                "\"chunks\": %zu, \"tokens_per_second\": %.2f, \"tokens_per_second_uncompressed\": %.2f, "
                "\"sinks\": %d, \"recent\": %d, \"prefill\": %d, \"step\": %d}\n",
                r->ppl, r->ppl_ref, rel, r->nll_mean, r->kl_mean, r->top1_agreement, e->bits_per_value,
-               e->bits_per_value_total, e->predictor_bits_per_value_sequence, (unsigned long long)e->cache_bytes,
+               e->bits_per_value_total, e->predictor_bits_per_value_sequence, e->basis_bits_per_value_sequence, (unsigned long long)e->cache_bytes,
                (unsigned long long)e->fp16_cache_bytes, (unsigned long long)e->cache_bytes_allocated,
                e->compressed_fraction, r->tokens_total, r->tokens_evaluated,
                r->tokens_scored, r->n_chunks, r->tokens_per_second, r->tokens_per_second_ref, e->sinks, e->recent,
@@ -120,12 +125,15 @@ void kv_tool_eval_plan_print(const kv_tool_plan_eval *e, int json) {
     printf("ppl                    %.4f  (uncompressed %.4f, %+.2f%%)\n", r->ppl, r->ppl_ref, 100.0 * rel);
     printf("kl_mean                %.5g nats\n", r->kl_mean);
     printf("top1_agreement         %.4f\n", r->top1_agreement);
-    printf("bits_per_value         %.3f  (compressed tokens; predictors amortized over all evaluated tokens)\n",
+    printf("bits_per_value         %.3f  (compressed tokens; predictors, bases amortized over all evaluated tokens)\n",
            e->bits_per_value);
     printf("bits_per_value_total   %.3f  (everything held: sinks %d and recent %d tokens at 16 bits, predictors per "
-           "sequence)\n", e->bits_per_value_total, e->sinks, e->recent);
+           "sequence, SQuat bases per sequence)\n", e->bits_per_value_total, e->sinks, e->recent);
     printf("predictor bits/value   %.3f  (per %zu-token sequence)\n", e->predictor_bits_per_value_sequence,
            r->n_chunks ? r->tokens_evaluated / r->n_chunks : (size_t)0);
+    if (e->basis_bits_per_value_sequence > 0.0)
+        printf("SQuat basis bits/value %.3f  (per %zu-token sequence)\n", e->basis_bits_per_value_sequence,
+               r->n_chunks ? r->tokens_evaluated / r->n_chunks : (size_t)0);
     printf("cache_bytes            %llu per sequence (fp16: %llu; allocated by the runtime: %llu)\n",
            (unsigned long long)e->cache_bytes, (unsigned long long)e->fp16_cache_bytes,
            (unsigned long long)e->cache_bytes_allocated);

@@ -154,8 +154,8 @@ int kvrun_bench(int argc, char **argv) {
     if (rt) {
         kv_rt_stats st;
         if ((s = kv_rt_get_stats(rt, -1, &st)) != KV_OK) goto done;
-        br.cache_bytes = st.allocated_bytes + st.predictor_bytes;
-        br.cache_bytes_accounted = st.accounted_bytes + st.predictor_bytes;
+        br.cache_bytes = st.allocated_bytes + st.predictor_bytes + st.basis_bytes;
+        br.cache_bytes_accounted = st.accounted_bytes + st.predictor_bytes + st.basis_bytes;
         br.working_bytes = st.working_bytes;
         br.bits_per_value = st.bits_per_value;
         br.bits_per_value_total = st.bits_per_value_total;

@@ -306,7 +306,7 @@ static void stats_finish(kv_rt_stats *out) {
                               : 0.0;
     out->bits_per_value_total =
         out->values_total
-            ? 8.0 * (double)(out->accounted_bytes + out->predictor_bytes) / (double)out->values_total
+            ? 8.0 * (double)(out->accounted_bytes + out->predictor_bytes + out->basis_bytes) / (double)out->values_total
             : 0.0;
 }
 
@@ -316,6 +316,7 @@ kv_status kv_rt_get_stats(const kv_rt *rt, int seq, kv_rt_stats *out) {
     for (int q = 0; q < rt->opt.n_seqs; q++)
         if (seq < 0 || q == seq) seq_stats(rt, q, -1, -1, out);
     out->predictor_bytes = kv_plan_predictor_bytes(rt->plan);
+    out->basis_bytes = kv_plan_basis_bytes(rt->plan);
     out->working_bytes += (uint64_t)rt->rope_n * (uint64_t)rt->head_dim * sizeof(float);
     stats_finish(out);
     return KV_OK;
@@ -328,6 +329,7 @@ kv_status kv_rt_get_stream_stats(const kv_rt *rt, int seq, int layer, int stream
     for (int q = 0; q < rt->opt.n_seqs; q++)
         if (seq < 0 || q == seq) seq_stats(rt, q, layer, stream, out);
     out->predictor_bytes = kv_plan_stream_predictor_bytes(rt->plan, layer, stream);
+    out->basis_bytes = kv_plan_stream_basis_bytes(rt->plan, layer, stream);
     stats_finish(out);
     return KV_OK;
 }

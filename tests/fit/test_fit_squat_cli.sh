@@ -65,6 +65,24 @@ grep -q "squat_out_err" "$tmp/insp.txt" && grep -q "squat: {r:" "$tmp/insp.txt" 
 expect 0 "" "kivi + squat.enabled, static subspace, KVmix key bits" -- "$kvcal" fit "${common[@]}" --out "$tmp/st.kvplan" \
   --method kivi --set squat.enabled=true --set squat.subspace=static --set layers.2.key_bits=4
 check "$tmp/st.kvplan" static 2,2,4,2,2
+# the stored basis is plan bytes the runtime holds: kvrun eval counts it in the honest bits, once per sequence
+# (n_kv_heads x r x head_dim f32 per layer, from the plan's records), like predictor weights
+if "$kvrun" eval --model "$data/stories260K/stories260K.bin" --tokenizer "$data/stories260K/tok512.bin" \
+     --plan "$tmp/st.kvplan" --text "$tmp/corpus.txt" --ctx 256 --max-tokens 512 --json > "$tmp/ev.json" 2> "$tmp/err" &&
+   python3 - "$tmp/p.json" "$tmp/ev.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); e = json.load(open(sys.argv[2]))
+fp = d["fingerprint"]
+basis = sum(4 * fp["n_kv_heads"] * L["K"]["squat"]["r"] * fp["head_dim"] for L in d["layers"])
+assert basis > 0
+per_seq = 2 * len(d["layers"]) * fp["n_kv_heads"] * fp["head_dim"] * 256  # values one 256-token sequence holds
+want = 8.0 * basis / per_seq
+got = e["squat_basis_bits_per_value_per_sequence"]
+assert abs(got - want) <= 1e-4 * want + 1e-4, (got, want)  # the JSON prints 4 decimals
+assert e["bits_per_value_total"] > want, e
+print("ok: kvrun eval counts the stored basis: %.4f bits per value per sequence (%d bytes)" % (got, basis))
+PY
+then :; else echo "FAIL: kvrun eval of the static-basis plan"; cat "$tmp/err"; fail=1; fi
 expect 0 "" "aqua-uniform + squat.enabled (keys grouped along tokens)" -- "$kvcal" fit "${common[@]}" --out "$tmp/aq.kvplan" \
   --method aqua-uniform --set squat.enabled=true --set cache.pre_rope=false --set keys.group_axis=tokens --set keys.group_size=32
 check "$tmp/aq.kvplan" prompt

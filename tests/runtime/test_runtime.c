@@ -347,6 +347,19 @@ static void check_bytes(kv_rt *rt, int seq) {
     ck_assert_uint_eq(st.accounted_bytes, st.payload_bytes + st.index_bytes + st.fp_bytes);
     ck_assert_uint_eq(st.fp_bytes, 2u * (st.values_total - st.values_compressed));
     ck_assert_uint_le(st.values_total, st.values_appended);
+    /* a stored SQuat basis is held once per runtime and enters the honest bits like predictor weights */
+    uint64_t basis = 0;
+    for (int l = 0; l < rt->plan->n_layers; l++) {
+        const kv_plan_squat *q = rt->plan->layers[l].stream[KV_PLAN_K].squat;
+        if (q && q->basis)
+            basis += sizeof(float) * (uint64_t)rt->plan->fingerprint.n_kv_heads * (uint64_t)q->r *
+                     (uint64_t)rt->plan->fingerprint.head_dim;
+    }
+    ck_assert_uint_eq(st.basis_bytes, basis);
+    if (st.values_total)
+        ck_assert_double_eq_tol(st.bits_per_value_total,
+                                8.0 * (double)(st.accounted_bytes + st.predictor_bytes + basis) / (double)st.values_total,
+                                1e-12 * st.bits_per_value_total);
     /* descriptors: 16 per stream at first, doubling: at most 2 x blocks + 16 per stream */
     ck_assert_uint_le(st.overhead_bytes, (uint64_t)sizeof(rt_block) * (2u * st.values_total + 16u * 64u));
 }
