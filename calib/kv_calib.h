@@ -366,6 +366,16 @@ void kv_search_allowed(unsigned char *allowed, const kv_search_candidate *const 
  * not among cands. */
 kv_status kv_search_pair_increments(double *kl, const kv_search_candidate *const *cands, int n_cands, int n_layers);
 
+/* The context correction of the sensitivities (SEARCH.md §5c). measured[c] is the KL of candidate c's own
+ * plan (every stream c) at the target context on calibration text, NAN when not measured (a candidate not
+ * offered on every stream); predicted_c is the sum of its per-stream sensitivities kl[i * n_cands + c]. Then
+ * scale[c] = measured[c] / predicted_c: how much c's errors grow from the sensitivity chunks to the target
+ * context, interactions between its streams included. Where it cannot be formed (not measured, or either
+ * side <= 0) scale[c] is the median of the others (the median: an uncompressed candidate's ratio of two
+ * near-zero KLs is noise; 1 when there are none). scaled[i * n_cands + c]
+ * = kl[...] * scale[c], a non-finite kl (not offered) copied as it is. scaled may be kl. */
+kv_status kv_search_context_scale(double *scaled, double *scale, const double *kl, const double *measured,
+                                  int n_items, int n_cands);
 /* 1 when a choice takes a candidate with a predictor (AQUA-KV): its plan must be refitted, not assembled. */
 int kv_search_needs_refit(const kv_search_candidate *const *cands, const int *choice, int n_items);
 /* The configuration of the layer-sequential refit of a choice (SEARCH.md §1c): method xquant with a

@@ -774,6 +774,44 @@ void kv_search_allowed(unsigned char *allowed, const kv_search_candidate *const 
 
 int kv_search_candidate_spliced(const kv_search_candidate *c) { return c->method == KV_FIT_SQUAT || c->codes_of; }
 
+kv_status kv_search_context_scale(double *scaled, double *scale, const double *kl, const double *measured,
+                                  int n_items, int n_cands) {
+    if (!scaled || !scale || !kl || !measured || n_items < 1 || n_cands < 1)
+        return KV_ERR(KV_EINVAL, "kv_search_context_scale: bad arguments");
+    double formed[64];
+    int n_formed = 0;
+    for (int c = 0; c < n_cands; c++) {
+        double predicted = 0.0;
+        int offered = 1;
+        for (int i = 0; i < n_items; i++) {
+            const double v = kl[(size_t)i * n_cands + c];
+            if (isfinite(v)) predicted += v;
+            else offered = 0;
+        }
+        scale[c] = NAN;
+        if (offered && isfinite(measured[c]) && measured[c] > 0.0 && predicted > 0.0) {
+            scale[c] = measured[c] / predicted;
+            if (n_formed < (int)(sizeof formed / sizeof formed[0])) formed[n_formed++] = scale[c];
+        }
+    }
+    for (int a = 1; a < n_formed; a++) /* insertion sort: a few dozen candidates at most */
+        for (int b = a; b > 0 && formed[b - 1] > formed[b]; b--) {
+            const double t = formed[b];
+            formed[b] = formed[b - 1], formed[b - 1] = t;
+        }
+    const double fallback = n_formed == 0       ? 1.0
+                            : n_formed % 2 == 1 ? formed[n_formed / 2]
+                                                : 0.5 * (formed[n_formed / 2 - 1] + formed[n_formed / 2]);
+    for (int c = 0; c < n_cands; c++) {
+        if (!isfinite(scale[c])) scale[c] = fallback;
+        for (int i = 0; i < n_items; i++) {
+            const size_t k = (size_t)i * n_cands + c;
+            scaled[k] = isfinite(kl[k]) ? kl[k] * scale[c] : kl[k];
+        }
+    }
+    return KV_OK;
+}
+
 int kv_search_needs_refit(const kv_search_candidate *const *cands, const int *choice, int n_items) {
     for (int i = 0; i < n_items; i++)
         if (kv_search_candidate_predicted(cands[choice[i]])) return 1;

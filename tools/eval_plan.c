@@ -41,7 +41,6 @@ kv_status kv_tool_eval_plan(kv_tool_plan_eval *out, kv_model *m, const char *mod
     memset(out, 0, sizeof *out);
     kv_plan *plan = NULL;
     kv_model_file *mf = NULL;
-    kv_cache *cache = NULL;
     kv_status s = kv_plan_read(&plan, plan_path);
     if (s != KV_OK) return s;
     /* refuse a plan made for another model before running anything */
@@ -52,10 +51,22 @@ kv_status kv_tool_eval_plan(kv_tool_plan_eval *out, kv_model *m, const char *mod
         kv_error_wrap(s, "plan '%s' does not belong to model '%s': ", plan_path, model_path);
         goto done;
     }
-    if ((s = kv_cache_rt_create(&cache, plan, m, 1, ctx, 0, 0)) != KV_OK) {
+    if ((s = kv_tool_eval_plan_loaded(out, m, plan, tokens, n_tokens, ctx, bos, max_chunks, prefill, step,
+                                      progress_label)) != KV_OK)
         kv_error_wrap(s, "plan '%s': ", plan_path);
-        goto done;
-    }
+done:
+    kv_model_file_close(mf);
+    kv_plan_free(plan);
+    return s;
+}
+
+kv_status kv_tool_eval_plan_loaded(kv_tool_plan_eval *out, kv_model *m, const kv_plan *plan, const int32_t *tokens,
+                                   size_t n_tokens, int ctx, int bos, size_t max_chunks, int prefill, int step,
+                                   const char *progress_label) {
+    memset(out, 0, sizeof *out);
+    kv_cache *cache = NULL;
+    kv_status s = kv_cache_rt_create(&cache, plan, m, 1, ctx, 0, 0);
+    if (s != KV_OK) return s;
     chunk_totals tot;
     memset(&tot, 0, sizeof tot);
     tot.rt = kv_cache_rt_runtime(cache);
@@ -99,8 +110,6 @@ kv_status kv_tool_eval_plan(kv_tool_plan_eval *out, kv_model *m, const char *mod
                "buffer)", ctx, plan->global.sinks, plan->global.recent);
 done:
     kv_cache_free(cache);
-    kv_model_file_close(mf);
-    kv_plan_free(plan);
     return s;
 }
 

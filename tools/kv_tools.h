@@ -83,6 +83,11 @@ typedef struct kv_tool_plan_eval {
 kv_status kv_tool_eval_plan(kv_tool_plan_eval *out, kv_model *m, const char *model_path, const char *plan_path,
                             const int32_t *tokens, size_t n_tokens, int ctx, int bos, size_t max_chunks,
                             int prefill, int step, const char *progress_label);
+/* The same for a plan in memory that the caller has checked belongs to m (kvcal search's selection: the
+ * candidates' own fits and the chosen mixes before one is written). plan is not modified or freed. */
+kv_status kv_tool_eval_plan_loaded(kv_tool_plan_eval *out, kv_model *m, const kv_plan *plan, const int32_t *tokens,
+                                   size_t n_tokens, int ctx, int bos, size_t max_chunks, int prefill, int step,
+                                   const char *progress_label);
 void kv_tool_eval_plan_print(const kv_tool_plan_eval *e, int json);
 
 /* `kvrun eval --protocol continuation` and `--task passkey` (eval_long.c; DESIGN.md §9). */

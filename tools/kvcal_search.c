@@ -2,8 +2,10 @@
  * bits per value (calib/SEARCH.md). Thin: parse, fit each candidate once (kv_fit_run), measure honest bytes
  * (kv_search_stream_bytes, per context) and sensitivities (kv_search_sensitivity, once), KVmix importance as
  * the proxy (kv_importance_run, Spearman per stream); then for every (budget, context) point asked for:
- * allocate (kv_search_allocate), assemble, write, and validate the plan end to end with `kvrun eval --plan`'s
- * own code (kv_tool_eval_plan). Several points share the fits and the sensitivities: that is how one run
+ * allocate (kv_search_allocate), assemble, keep the least-KL plan on calibration text at the point's
+ * context among the knapsack's, a context-corrected choice and the single methods within the budget (the
+ * selection, SEARCH.md §5c), write, and validate the plan end to end with `kvrun eval --plan`'s own code
+ * (kv_tool_eval_plan). Several points share the fits and the sensitivities: that is how one run
  * draws a frontier (scripts/pareto.sh). */
 #define _POSIX_C_SOURCE 200809L
 #include "kv_calib.h"
@@ -36,7 +38,17 @@ typedef struct search_point {
     size_t eval_chunks;
     kv_tool_plan_eval ev_same, ev;
     double seconds_eval;
+    /* the selection (--select-chunks, SEARCH.md §5c): the measured KL on calibration tokens at the point's
+     * context of the knapsack's choice, of the choice on context-corrected sensitivities (NAN: the same
+     * choice, or no selection), and which plan was kept */
+    int selected;                /* SEL_KNAPSACK, SEL_CORRECTED, SEL_SINGLE */
+    int single;                  /* SEL_SINGLE: the candidate whose own fit is the plan */
+    double sel_kl[2];
+    double seconds_select;
 } search_point;
+
+enum { SEL_KNAPSACK = 0, SEL_CORRECTED = 1, SEL_SINGLE = 2 };
+static const char *const k_sel_names[] = {"knapsack", "corrected", "single"};
 
 /* "a,b,c" -> numbers (each checked by the caller); at most max. With `at` (--budget-bits), an entry may be
  * "B@N": budget B at context N only (at[i] = N; 0 = at every context), so that one run can put a point at
@@ -109,6 +121,43 @@ static kv_status fit_with(kv_plan **out, const fit_inputs *in, const kv_fit_conf
     return s == KV_OK ? kv_fit_run(out, NULL, in->m, in->mf, &data, cfg, &fo) : s;
 }
 
+/* What a choice needs to become a plan: the candidates' fits and, for a refit, the fit inputs. */
+typedef struct mix_inputs {
+    const fit_inputs *fin;
+    const kv_search_candidate *const *cands;
+    kv_plan *const *plans;
+    int nc, L;
+    const char *const *common;
+    int n_common;
+} mix_inputs;
+
+/* The plan of a choice: assembled from the candidates' fits, or (AQUA-KV streams) refitted layer-sequentially
+ * on the mix's reconstructions with the spliced streams copied in after (*refit = 1, *seconds its time). */
+static kv_status build_mix(kv_plan **out, int *refit, double *seconds, const mix_inputs *mi, const int *choice,
+                           double budget, long context) {
+    *out = NULL;
+    *refit = kv_search_needs_refit(mi->cands, choice, 2 * mi->L);
+    *seconds = 0;
+    if (!*refit) return kv_search_assemble(out, (const kv_plan *const *)mi->plans, mi->nc, choice, mi->L);
+    const double tr = kv_now_seconds();
+    kv_fit_config rcfg;
+    kv_log(KV_LOG_INFO, "search: budget %g at context %ld takes AQUA-KV streams: refitting the mix layer-sequentially",
+           budget, context);
+    kv_status s = kv_search_refit_config(&rcfg, mi->cands, mi->nc, choice, mi->L, mi->common, mi->n_common);
+    if (s == KV_OK) {
+        s = fit_with(out, mi->fin, &rcfg);
+        kv_fit_config_free(&rcfg);
+    }
+    if (s == KV_OK) s = kv_search_splice(*out, (const kv_plan *const *)mi->plans, mi->cands, mi->nc, choice, mi->L);
+    *seconds = kv_now_seconds() - tr;
+    if (s != KV_OK) {
+        kv_plan_free(*out);
+        *out = NULL;
+        kv_error_wrap(s, "the refit for --budget-bits %g at --context %ld: ", budget, context);
+    }
+    return s;
+}
+
 static void print_point_text(const search_point *pt, long context, const kv_search_candidate *table, const int *cidx,
                              int nc, int n_items, const double *kl, const unsigned char *allowed,
                              const uint64_t *bytes, const uint64_t *values,
@@ -145,6 +194,12 @@ static void print_point_text(const search_point *pt, long context, const kv_sear
         }
     }
     printf("predicted: KL sum %.5g, honest bits %.4f\n", pt->predicted_kl, pt->predicted_bits);
+    if (isfinite(pt->sel_kl[0])) {
+        printf("selection on calibration text (ctx %ld): knapsack KL %.5g", context, pt->sel_kl[0]);
+        if (isfinite(pt->sel_kl[1])) printf(", context-corrected choice %.5g", pt->sel_kl[1]);
+        printf("; kept: %s%s\n", pt->selected == SEL_SINGLE ? "the single method " : k_sel_names[pt->selected],
+               pt->selected == SEL_SINGLE ? table[cidx[pt->single]].name : "");
+    }
     printf("measured on the sensitivity tokens (ctx %ld, %ld chunks): KL %.5g, ppl %.4f (exact %.4f), bits %.4f\n",
            sens_ctx, sens_samples, pt->ev_same.cmp.kl_mean, pt->ev_same.cmp.ppl, pt->ev_same.cmp.ppl_ref,
            pt->ev_same.bits_per_value_total);
@@ -159,7 +214,7 @@ int kvcal_search(int argc, char **argv) {
     const char *model = NULL, *tokenizer = NULL, *corpus = NULL, *heldout = NULL, *out = NULL, *out_dir = NULL,
                *cand_list = NULL, *set_last = NULL, *budget_list = NULL, *context_list = NULL;
     long fit_tokens = 16384, fit_seq = 0, sens_ctx = 0, sens_samples = 2, eval_chunks = 4, eval_tokens = 0,
-         prompts = 8, threads = 0;
+         prompts = 8, threads = 0, select_chunks = 1;
     int json = 0;
     const char *pred_inputs = "chained";
     const kv_opt opts[] = {
@@ -192,6 +247,11 @@ int kvcal_search(int argc, char **argv) {
                                                                               "stream only where its inputs are "
                                                                               "AQUA-KV streams (keys before RoPE, "
                                                                               "SEARCH.md §1d); free: anywhere", 0},
+        {"select-chunks", 0, KV_OPT_INT, &select_chunks, "N", "selection (default 1; 0: none): per point, keep the "
+                                                              "plan of least KL on N chunks of calibration text "
+                                                              "at its context among the knapsack's choice, the "
+                                                              "choice on context-corrected sensitivities and every "
+                                                              "single method within the budget", 0},
         {"prompts", 0, KV_OPT_INT, &prompts, "N", "KVmix importance prompts for the proxy (default 8; 0: none)", 0},
         {"set", 0, KV_OPT_STRING, &set_last, "KEY=VALUE", "a fit configuration key for every candidate (repeatable), "
                                                           "e.g. cache.recent=64", 0},
@@ -217,8 +277,10 @@ int kvcal_search(int argc, char **argv) {
                           "window, at --context tokens). Each candidate is fitted once (kvcal fit); a stream without "
                           "a predictor is fitted from its own layer's exact K/V, so the assembled plan is what one "
                           "mixed fit would write; a choice with AQUA-KV streams (taken only above AQUA-KV inputs, "
-                          "--predictor-inputs) is refitted layer-sequentially on the mix's reconstructions. Then "
-                          "the plan is written and evaluated end to end on held-out text (kvrun eval --plan's "
+                          "--predictor-inputs) is refitted layer-sequentially on the mix's reconstructions. The "
+                          "selection (--select-chunks) measures that choice, a choice on context-corrected "
+                          "sensitivities and the single methods within the budget on calibration text at the "
+                          "context and keeps the least KL. Then the plan is written and evaluated end to end on held-out text (kvrun eval --plan's "
                           "code): predicted vs measured KL, perplexity, honest bits. Several budgets and contexts "
                           "share the fits and the sensitivities: one plan per point.",
                           opts, 0, argc, argv);
@@ -240,6 +302,11 @@ int kvcal_search(int argc, char **argv) {
     const char **common = NULL; /* the fit keys every candidate and a refit share */
     uint64_t *bytes = NULL, *values = NULL; /* [context][item][candidate] */
     double *kl = NULL, *fit_s = NULL, *rho = NULL;
+    /* the selection: per context, each single method's measured KL (NAN: not one) and honest bytes, the
+     * context scale per candidate and the sensitivities it corrects; a second choice per point */
+    double *sel_single = NULL, *scale = NULL, *kl_scaled = NULL;
+    uint64_t *single_bytes = NULL;
+    int *choice2 = NULL;
     unsigned char *allowed = NULL; /* [item][candidate]: a keys-only candidate is not offered for V */
     kv_search_chain chain, *chain_p = NULL; /* predictor inputs and shared codes (kv_search_chain_init) */
     memset(&chain, 0, sizeof chain);
@@ -270,10 +337,10 @@ int kvcal_search(int argc, char **argv) {
         contexts[k] = (long)ctx_d[k];
         min_ctx = k == 0 || contexts[k] < min_ctx ? contexts[k] : min_ctx;
     }
-    if (fit_tokens < 2 || sens_samples < 1 || eval_chunks < 1 || eval_tokens < 0 || prompts < 0 ||
+    if (fit_tokens < 2 || sens_samples < 1 || eval_chunks < 1 || eval_tokens < 0 || prompts < 0 || select_chunks < 0 ||
         (kv_cli_given(&a, opts, "fit-seq-len") && fit_seq < 2) || (kv_cli_given(&a, opts, "sens-ctx") && sens_ctx < 2)) {
         rc = kv_cli_usage_error(tool, "--fit-tokens, --fit-seq-len and --sens-ctx must be >= 2, --sens-samples and "
-                                "--eval-chunks >= 1, --eval-tokens and --prompts >= 0");
+                                "--eval-chunks >= 1, --eval-tokens, --prompts and --select-chunks >= 0");
         goto end;
     }
     if (strcmp(pred_inputs, "chained") != 0 && strcmp(pred_inputs, "free") != 0) {
@@ -366,11 +433,21 @@ int kvcal_search(int argc, char **argv) {
     const size_t sens_need = (size_t)sens_samples * (size_t)(sens_ctx - 1);
     const size_t prompt_need = prompts > 0 ? (size_t)(2 * prompts) * (size_t)sens_ctx : 0; /* room to sample windows */
     const size_t extra = sens_need > prompt_need ? sens_need : prompt_need;
-    if ((s = kv_tool_tokenize_file_max(&ids, &n_ids, corpus_sha, tok, corpus, (size_t)fit_tokens + extra)) != KV_OK)
+    long max_ctx = 0;
+    for (int k = 0; k < n_ctx; k++) max_ctx = contexts[k] > max_ctx ? contexts[k] : max_ctx;
+    const size_t select_need = (size_t)select_chunks * (size_t)(max_ctx - 1); /* after the fits' and the proxy's */
+    if ((s = kv_tool_tokenize_file_max(&ids, &n_ids, corpus_sha, tok, corpus,
+                                       (size_t)fit_tokens + extra + select_need)) != KV_OK)
         goto fail;
     if (n_ids < (size_t)fit_tokens + sens_need) {
         s = KV_ERR(KV_EINVAL, "corpus '%s' has %zu tokens; the fits take %ld and the sensitivities %zu more", corpus,
                    n_ids, fit_tokens, sens_need);
+        goto fail;
+    }
+    if (select_chunks > 0 && n_ids < (size_t)fit_tokens + extra + select_need) {
+        s = KV_ERR(KV_EINVAL, "corpus '%s' has %zu tokens; the fits take %ld, the sensitivities and the proxy %zu, and "
+                   "the selection %zu more (%ld chunks of %ld tokens; --select-chunks 0: no selection)", corpus, n_ids,
+                   fit_tokens, extra, select_need, select_chunks, max_ctx);
         goto fail;
     }
     {
@@ -506,7 +583,9 @@ int kvcal_search(int argc, char **argv) {
     /* ---- 3. sensitivities on calibration tokens the fits did not see ---- */
     double seconds_sens = 0;
     const int32_t *sens_tok = ids + fit_tokens;
-    const size_t n_sens_tok = n_ids - (size_t)fit_tokens;
+    const size_t n_sens_tok = n_ids - (size_t)fit_tokens < extra ? n_ids - (size_t)fit_tokens : extra;
+    const int32_t *sel_tok = ids + fit_tokens + extra; /* the selection's: disjoint from both (select_chunks > 0) */
+    const size_t n_sel_tok = select_chunks > 0 ? n_ids - (size_t)fit_tokens - extra : 0;
     {
         kv_search_sens_options so = {(int)sens_ctx, (int)sens_samples, bos, "sensitivity", allowed};
         if ((s = kv_search_sensitivity(kl, m, (const kv_plan *const *)plans, nc, sens_tok, n_sens_tok, &so,
@@ -533,6 +612,45 @@ int kvcal_search(int argc, char **argv) {
     }
     int n_evals = 0;
     for (size_t i = 0; i < table_len; i++) n_evals += allowed[i];
+    /* ---- 4b. the selection's measurements: each single method (a candidate offered on every stream) through
+     * its own fit at each context on calibration tokens, and the context scale of every candidate's
+     * sensitivities (kv_search_context_scale, SEARCH.md §5c) ---- */
+    double seconds_select = 0;
+    const mix_inputs mix = {&fin, cands, plans, nc, L, common, n_common};
+    if (select_chunks > 0) {
+        const double ts = kv_now_seconds();
+        sel_single = malloc((size_t)n_ctx * nc * sizeof *sel_single);
+        scale = malloc((size_t)n_ctx * nc * sizeof *scale);
+        kl_scaled = malloc(table_len * n_ctx * sizeof *kl_scaled);
+        single_bytes = calloc((size_t)n_ctx * nc, sizeof *single_bytes);
+        choice2 = malloc((size_t)n_items * sizeof *choice2);
+        if (!sel_single || !scale || !kl_scaled || !single_bytes || !choice2) {
+            s = KV_ERR(KV_ENOMEM, "out of memory");
+            goto fail;
+        }
+        for (int k = 0; k < n_ctx && s == KV_OK; k++) {
+            for (int c = 0; c < nc && s == KV_OK; c++) {
+                int everywhere = 1;
+                for (int i = 0; i < n_items; i++) {
+                    everywhere &= allowed[(size_t)i * nc + c];
+                    single_bytes[k * nc + c] += bytes[table_len * k + (size_t)i * nc + c];
+                }
+                sel_single[k * nc + c] = NAN;
+                if (!everywhere) continue;
+                kv_tool_plan_eval e;
+                char label[96];
+                snprintf(label, sizeof label, "selection %s ctx %ld", cands[c]->name, contexts[k]);
+                if ((s = kv_tool_eval_plan_loaded(&e, m, plans[c], sel_tok, n_sel_tok, (int)contexts[k], bos,
+                                                  (size_t)select_chunks, 0, 0, label)) == KV_OK)
+                    sel_single[k * nc + c] = e.cmp.kl_mean;
+            }
+            if (s == KV_OK)
+                s = kv_search_context_scale(kl_scaled + table_len * k, scale + (size_t)k * nc, kl,
+                                            sel_single + (size_t)k * nc, n_items, nc);
+        }
+        seconds_select = kv_now_seconds() - ts;
+        if (s != KV_OK) goto fail;
+    }
     /* ---- 5. per point: the choice under its budget, the plan assembled, written, validated ---- */
     double seconds_eval = 0;
     for (int p = 0; p < n_points; p++) {
@@ -545,6 +663,57 @@ int kvcal_search(int argc, char **argv) {
             kv_error_wrap(s, "--budget-bits %g at --context %ld: ", pt->budget_bits, context);
             goto fail;
         }
+        kv_plan *plan = NULL;
+        int plan_owned = 1; /* 0: plans[c] itself (a single method kept by the selection) */
+        if ((s = build_mix(&plan, &pt->refit, &pt->seconds_refit, &mix, pt->choice, pt->budget_bits, context)) != KV_OK)
+            goto fail;
+        pt->selected = SEL_KNAPSACK;
+        pt->sel_kl[0] = pt->sel_kl[1] = NAN;
+        if (select_chunks > 0) { /* measure, on calibration tokens at this context, what to keep (SEARCH.md §5c) */
+            const double ts = kv_now_seconds();
+            const int k = pt->ctx_index;
+            double best;
+            kv_tool_plan_eval e;
+            if ((s = kv_tool_eval_plan_loaded(&e, m, plan, sel_tok, n_sel_tok, (int)context, bos, (size_t)select_chunks,
+                                              0, 0, NULL)) != KV_OK)
+                goto fail;
+            best = pt->sel_kl[0] = e.cmp.kl_mean;
+            if ((s = kv_search_allocate(choice2, by, kl_scaled + table_len * k, allowed, chain_p, n_items, nc,
+                                        pt->budget_bytes, 0, NULL)) != KV_OK)
+                goto fail;
+            if (memcmp(choice2, pt->choice, (size_t)n_items * sizeof *choice2) != 0) {
+                kv_plan *plan2 = NULL;
+                int refit2;
+                double sec2;
+                if ((s = build_mix(&plan2, &refit2, &sec2, &mix, choice2, pt->budget_bits, context)) != KV_OK) goto fail;
+                pt->seconds_refit += sec2;
+                s = kv_tool_eval_plan_loaded(&e, m, plan2, sel_tok, n_sel_tok, (int)context, bos, (size_t)select_chunks,
+                                             0, 0, NULL);
+                if (s != KV_OK) {
+                    kv_plan_free(plan2);
+                    goto fail;
+                }
+                pt->sel_kl[1] = e.cmp.kl_mean;
+                if (pt->sel_kl[1] < best) {
+                    kv_plan_free(plan);
+                    plan = plan2, best = pt->sel_kl[1], pt->refit = refit2, pt->selected = SEL_CORRECTED;
+                    memcpy(pt->choice, choice2, (size_t)n_items * sizeof *choice2);
+                } else {
+                    kv_plan_free(plan2);
+                }
+            }
+            for (int c = 0; c < nc; c++) /* a single method within the budget that measured less */
+                if (isfinite(sel_single[k * nc + c]) && single_bytes[k * nc + c] <= pt->budget_bytes &&
+                    sel_single[k * nc + c] < best)
+                    best = sel_single[k * nc + c], pt->selected = SEL_SINGLE, pt->single = c;
+            if (pt->selected == SEL_SINGLE) {
+                kv_plan_free(plan);
+                plan = plans[pt->single], plan_owned = 0, pt->refit = 0;
+                for (int i = 0; i < n_items; i++) pt->choice[i] = pt->single;
+            }
+            pt->seconds_select = kv_now_seconds() - ts;
+            seconds_select += pt->seconds_select;
+        }
         uint64_t chosen_bytes = 0, total_values = 0;
         for (int i = 0; i < n_items; i++) {
             pt->predicted_kl += kl[(size_t)i * nc + pt->choice[i]];
@@ -552,25 +721,6 @@ int kvcal_search(int argc, char **argv) {
             total_values += va[(size_t)i * nc];
         }
         pt->predicted_bits = 8.0 * (double)chosen_bytes / (double)total_values;
-        kv_plan *plan = NULL;
-        pt->refit = kv_search_needs_refit(cands, pt->choice, n_items);
-        if (pt->refit) { /* AQUA-KV streams: one fit of the mix, layer by layer, on its own reconstructions */
-            const double tr = kv_now_seconds();
-            kv_fit_config rcfg;
-            kv_log(KV_LOG_INFO, "search: budget %g at context %ld takes AQUA-KV streams: refitting the mix "
-                   "layer-sequentially", pt->budget_bits, context);
-            if ((s = kv_search_refit_config(&rcfg, cands, nc, pt->choice, L, common, n_common)) != KV_OK) goto fail;
-            s = fit_with(&plan, &fin, &rcfg);
-            kv_fit_config_free(&rcfg);
-            if (s == KV_OK) s = kv_search_splice(plan, (const kv_plan *const *)plans, cands, nc, pt->choice, L);
-            pt->seconds_refit = kv_now_seconds() - tr;
-            if (s != KV_OK) {
-                kv_error_wrap(s, "the refit for --budget-bits %g at --context %ld: ", pt->budget_bits, context);
-                goto fail;
-            }
-        } else if ((s = kv_search_assemble(&plan, (const kv_plan *const *)plans, nc, pt->choice, L)) != KV_OK) {
-            goto fail;
-        }
         kv_plan_provenance pv;
         memset(&pv, 0, sizeof pv);
         char ver[64], yaml[8192];
@@ -583,10 +733,12 @@ int kvcal_search(int argc, char **argv) {
         for (int l = 0; l < L && len < sizeof yaml; l++)
             len += (size_t)snprintf(yaml + len, sizeof yaml - len, "    - {layer: %d, key: %s, value: %s}\n", l,
                                     table[cidx[pt->choice[2 * l]]].name, table[cidx[pt->choice[2 * l + 1]]].name);
+        if (select_chunks > 0 && len < sizeof yaml)
+            snprintf(yaml + len, sizeof yaml - len, "  selected: %s\n", k_sel_names[pt->selected]);
         pv.config_yaml = yaml;
         if ((s = kv_plan_creation_time(&pv.created)) == KV_OK) s = kv_plan_set_provenance(plan, &pv);
         if (s == KV_OK) s = kv_plan_write(plan, pt->path, NULL);
-        kv_plan_free(plan);
+        if (plan_owned) kv_plan_free(plan);
         if (s != KV_OK) goto fail;
         /* the additivity gap on the very tokens the sensitivities saw, then the end-to-end validation */
         const double tv = kv_now_seconds();
@@ -610,6 +762,15 @@ int kvcal_search(int argc, char **argv) {
             if (isfinite(rho[c])) printf("%.4f", rho[c]); else printf("null");
             printf(", \"rho_v\": ");
             if (isfinite(rho[nc + c])) printf("%.4f", rho[nc + c]); else printf("null");
+            if (select_chunks > 0) { /* per context: its own plan's selection KL (null: not a single method), scale */
+                printf(", \"select_kl\": [");
+                for (int k = 0; k < n_ctx; k++)
+                    if (isfinite(sel_single[k * nc + c])) printf("%s%.6g", k ? ", " : "", sel_single[k * nc + c]);
+                    else printf("%snull", k ? ", " : "");
+                printf("], \"context_scale\": [");
+                for (int k = 0; k < n_ctx; k++) printf("%s%.6g", k ? ", " : "", scale[k * nc + c]);
+                printf("]");
+            }
             printf("}");
         }
         printf("\n  ],\n  \"streams\": [");
@@ -650,6 +811,21 @@ int kvcal_search(int argc, char **argv) {
                    pt->seconds_refit);
             printf("     \"predicted\": {\"kl_sum\": %.6g, \"bits_per_value_total\": %.9f},\n", pt->predicted_kl,
                    pt->predicted_bits);
+            if (select_chunks > 0) {
+                printf("     \"selection\": {\"kept\": \"%s\", \"single\": ", k_sel_names[pt->selected]);
+                if (pt->selected == SEL_SINGLE) printf("\"%s\"", cands[pt->single]->name); else printf("null");
+                printf(", \"ctx\": %ld, \"chunks\": %ld, \"kl_knapsack\": %.6g, \"kl_corrected\": ",
+                       contexts[pt->ctx_index], select_chunks, pt->sel_kl[0]);
+                if (isfinite(pt->sel_kl[1])) printf("%.6g", pt->sel_kl[1]); else printf("null");
+                printf(", \"singles_within_budget\": [");
+                for (int c = 0, first = 1; c < nc; c++) {
+                    const int q = pt->ctx_index * nc + c;
+                    if (!isfinite(sel_single[q]) || single_bytes[q] > pt->budget_bytes) continue;
+                    printf("%s{\"name\": \"%s\", \"kl\": %.6g}", first ? "" : ", ", cands[c]->name, sel_single[q]);
+                    first = 0;
+                }
+                printf("], \"seconds\": %.3f},\n", pt->seconds_select);
+            }
             printf("     \"measured_same_tokens\": {\"kl_mean\": %.6g, \"ppl\": %.6g, \"ppl_ref\": %.6g, "
                    "\"bits_per_value_total\": %.9f, \"ctx\": %ld, \"chunks\": %ld},\n", pt->ev_same.cmp.kl_mean,
                    pt->ev_same.cmp.ppl, pt->ev_same.cmp.ppl_ref, pt->ev_same.bits_per_value_total, sens_ctx, sens_samples);
@@ -659,8 +835,9 @@ int kvcal_search(int argc, char **argv) {
                    pt->ev.bits_per_value_total, contexts[pt->ctx_index], pt->ev.cmp.n_chunks, pt->seconds_eval);
         }
         printf("\n  ],\n  \"seconds\": {\"fits\": %.3f, \"bytes\": %.3f, \"sensitivity\": %.3f, \"proxy\": %.3f, "
-               "\"validation\": %.3f, \"total\": %.3f},\n  \"sensitivity_tokens\": %zu,\n  \"predictor_inputs\": "
-               "\"%s\"\n}\n", seconds_fit, seconds_bytes, seconds_sens, seconds_proxy, seconds_eval,
+               "\"selection\": %.3f, \"validation\": %.3f, \"total\": %.3f},\n  \"sensitivity_tokens\": %zu,\n  "
+               "\"predictor_inputs\": \"%s\"\n}\n", seconds_fit, seconds_bytes, seconds_sens, seconds_proxy,
+               seconds_select, seconds_eval,
                kv_now_seconds() - t0, sens_need, any_aqua && strcmp(pred_inputs, "chained") == 0 ? "chained" : "free");
     } else {
         printf("kvcal search: %d candidate(s), %d point(s) (budget, context)%s\n", nc, n_points,
@@ -674,8 +851,8 @@ int kvcal_search(int argc, char **argv) {
                              bytes + table_len * points[p].ctx_index, values + table_len * points[p].ctx_index,
                              n_points == 1, sens_ctx, sens_samples);
         printf("\ntime: fits %.1f s, bytes %.1f s, sensitivity %.1f s (%zu tokens x %d evaluations), proxy %.1f s, "
-               "validation %.1f s, total %.1f s\n", seconds_fit, seconds_bytes, seconds_sens, sens_need, n_evals,
-               seconds_proxy, seconds_eval, kv_now_seconds() - t0);
+               "selection %.1f s, validation %.1f s, total %.1f s\n", seconds_fit, seconds_bytes, seconds_sens,
+               sens_need, n_evals, seconds_proxy, seconds_select, seconds_eval, kv_now_seconds() - t0);
     }
     goto end;
 fail:
@@ -693,6 +870,11 @@ end:
     kv_search_chain_free(&chain);
     free(fit_s);
     free(rho);
+    free(sel_single);
+    free(scale);
+    free(kl_scaled);
+    free(single_bytes);
+    free(choice2);
     free(ids);
     free(ho);
     kv_tokenizer_free(tok);

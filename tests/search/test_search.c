@@ -335,6 +335,42 @@ START_TEST(test_allocate_refusals) {
 }
 END_TEST
 
+/* The context scale (SEARCH.md §5c) against numbers worked by hand: 3 items, 5 candidates. c0: measured 0.3
+ * over a sum of 0.1 -> 3; c4: 0.2 / 0.1 -> 2; the others take the median of {2, 3} = 2.5: c1 not measured,
+ * c2 not offered on one item (HUGE_VAL, kept as it is), c3 with a zero sum (uncompressed). */
+START_TEST(test_context_scale) {
+    enum { N_ITEMS = 3, N_C = 5 };
+    const double H = HUGE_VAL;
+    const double kl[N_ITEMS * N_C] = {0.05, 0.1, 0.2, 0.0, 0.02, /* item 0: c0..c4 */
+                                      0.03, 0.2, H,   0.0, 0.03,
+                                      0.02, 0.3, 0.1, 0.0, 0.05};
+    const double measured[N_C] = {0.3, NAN, 5.0, 0.0, 0.2};
+    double scaled[N_ITEMS * N_C], scale[N_C];
+    ck_assert_kv_ok(kv_search_context_scale(scaled, scale, kl, measured, N_ITEMS, N_C));
+    const double want[N_C] = {3.0, 2.5, 2.5, 2.5, 2.0};
+    for (int c = 0; c < N_C; c++) {
+        ck_assert_double_eq_tol(scale[c], want[c], 1e-12);
+        for (int i = 0; i < N_ITEMS; i++) {
+            const double v = kl[i * N_C + c];
+            if (isfinite(v)) ck_assert_double_eq_tol(scaled[i * N_C + c], v * want[c], 1e-15);
+            else ck_assert(scaled[i * N_C + c] == HUGE_VAL);
+        }
+    }
+    /* one formed scale: the median is itself; none at all: 1 */
+    const double one[N_C] = {0.3, NAN, NAN, NAN, NAN}, none[N_C] = {NAN, NAN, NAN, NAN, NAN};
+    ck_assert_kv_ok(kv_search_context_scale(scaled, scale, kl, one, N_ITEMS, N_C));
+    for (int c = 0; c < N_C; c++) ck_assert_double_eq_tol(scale[c], 3.0, 1e-12);
+    ck_assert_kv_ok(kv_search_context_scale(scaled, scale, kl, none, N_ITEMS, N_C));
+    for (int c = 0; c < N_C; c++) ck_assert(scale[c] == 1.0);
+    /* in place */
+    double inplace[N_ITEMS * N_C];
+    memcpy(inplace, kl, sizeof kl);
+    ck_assert_kv_ok(kv_search_context_scale(inplace, scale, inplace, measured, N_ITEMS, N_C));
+    ck_assert_double_eq_tol(inplace[0], 0.15, 1e-15);
+    ck_assert_int_eq(kv_search_context_scale(NULL, scale, kl, measured, N_ITEMS, N_C), KV_EINVAL);
+}
+END_TEST
+
 START_TEST(test_candidates) {
     int n, k;
     const kv_search_candidate *c = kv_search_candidates(&n);
@@ -897,6 +933,7 @@ static Suite *search_suite(int with_data) {
     tcase_add_test(tc, test_chain_init);
     tcase_add_test(tc, test_allocate_refusals);
     tcase_add_test(tc, test_candidates);
+    tcase_add_test(tc, test_context_scale);
     suite_add_tcase(s, tc);
     if (with_data) {
         TCase *td = tcase_create("stories260K");
