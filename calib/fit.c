@@ -374,8 +374,10 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
                                   bits);
                 s->method = KV_PLAN_UNIFORM;
                 s->bits = bits;
-                s->group_size = sc->group_size;
-                s->group_axis = sc->group_axis;
+                int axis, size;
+                kv_fit_config_stream_groups(cfg, l, st, &axis, &size);
+                s->group_axis = (kv_plan_group_axis)axis;
+                s->group_size = size;
                 s->eta = (float)sc->eta;
                 if (lo && st == KV_PLAN_K && (lo->set & KV_FIT_LO_KEY_ETA)) s->eta = (float)lo->key_eta;
                 if (lo && st == KV_PLAN_V && (lo->set & KV_FIT_LO_VALUE_ETA)) s->eta = (float)lo->value_eta;
@@ -384,8 +386,8 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
                 kv_status xs = kv_fit_xq_stream(p, cfg, l, st); /* 1-bit layers, eta, shared codes */
                 if (xs != KV_OK) return xs;
                 if (s->group_axis == KV_PLAN_GROUP_TOKENS && cfg->cache.recent % s->group_size != 0)
-                    return KV_ERR(KV_EINVAL, "%s.group_size %d: groups along tokens must divide cache.recent (%d), "
-                                  "the chunk of tokens the cache compresses at once", st ? "values" : "keys",
+                    return KV_ERR(KV_EINVAL, "layer %d: %s.group_size %d: groups along tokens must divide cache.recent "
+                                  "(%d), the chunk of tokens the cache compresses at once", l, st ? "values" : "keys",
                                   s->group_size, cfg->cache.recent);
                 if (cfg->squat.enabled && st == KV_PLAN_K) { /* r and lambda: chosen per layer (fit_squat.c) */
                     const int g = kv_fit_sq_g(cfg, head_dim), r0 = cfg->squat.r < head_dim ? cfg->squat.r : head_dim;
@@ -740,9 +742,10 @@ static kv_status quant_pass(fit_run *r, int l, int stream, const kv_plan_predict
     uint32_t *keep = r->xq.cur[stream];
     const uint32_t *partner = q.shared_codes ? r->xq.prev[stream] : NULL;
     const size_t wpc = r->xq.words[stream];
-    /* (uniform streams only: in a mixed plan, kvcal search's refit, the HIGGS / float streams of an xquant base
-     * are fitted as their own methods fit them) */
-    const int xq_f16 = kv_fit_xq_active(r->cfg) && !pred && r->plan->layers[l].stream[stream].method == KV_PLAN_UNIFORM;
+    /* (KIVI streams only: in a mixed plan, kvcal search's refit, the HIGGS / float / AQUA-KV-uniform streams of
+     * an xquant base are fitted as their own methods fit them) */
+    const int xq_f16 = kv_fit_xq_active(r->cfg) && !pred && r->plan->layers[l].stream[stream].method == KV_PLAN_UNIFORM &&
+                       smethod(r->cfg, l, stream) != KV_FIT_AQUA_UNIFORM;
     const int sq = stream == KV_PLAN_K && r->sq_layer; /* SQuat keys: per head, the layer's chosen encoders */
     for (int64_t j = 0; j < r->n_local && s == KV_OK; j++) {
         const float *inputs[KV_PLAN_MAX_PRED_INPUTS] = {NULL};
@@ -933,6 +936,10 @@ static kv_status eta_search(fit_run *r, int l, int st, kv_fit_layer_report *lr) 
     lr->eta_gain_vs_0[st] = lr->eta_gain_vs_datafree[st] = NAN;
     kv_plan_stream *ps = &r->plan->layers[l].stream[st];
     if (!r->xqe.on || ps->method != KV_PLAN_UNIFORM || ps->predictor) return KV_OK;
+    /* an explicit layers.N.key_eta / value_eta is kept, not calibrated over (kvcal search's refit gives an
+     * AQUA-KV stream with uniform residuals the eta of its own fit that way) */
+    const kv_fit_layer_override *lo = kv_fit_config_layer(r->cfg, l);
+    if (lo && (lo->set & (st == KV_PLAN_K ? KV_FIT_LO_KEY_ETA : KV_FIT_LO_VALUE_ETA))) return KV_OK;
     eta_job job;
     memset(&job, 0, sizeof job);
     job.r = r;

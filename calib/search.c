@@ -46,6 +46,14 @@ static const kv_search_candidate k_cands[] = {
     {"aqua2", KV_FIT_AQUA, {"keys.bits=2", "values.bits=2", NULL}, "AQUA-KV predictors + HIGGS 2 bits", 0, NULL},
     {"aqua3", KV_FIT_AQUA, {"keys.bits=3", "values.bits=3", NULL}, "AQUA-KV predictors + HIGGS 3 bits", 0, NULL},
     {"aqua4", KV_FIT_AQUA, {"keys.bits=4", "values.bits=4", NULL}, "AQUA-KV predictors + HIGGS 4 bits", 0, NULL},
+    /* AQUA-KV with uniform residuals (aqua.txt §3.3's "Quant" variant: per-token groups of 64, the aqua-uniform
+     * preset); in a refit its streams keep that layout and eta through per-layer overrides */
+    {"aquau2", KV_FIT_AQUA_UNIFORM, {"keys.bits=2", "values.bits=2", NULL},
+     "AQUA-KV predictors + uniform 2 bits (per-token groups of 64)", 0, NULL},
+    {"aquau3", KV_FIT_AQUA_UNIFORM, {"keys.bits=3", "values.bits=3", NULL},
+     "AQUA-KV predictors + uniform 3 bits (per-token groups of 64)", 0, NULL},
+    {"aquau4", KV_FIT_AQUA_UNIFORM, {"keys.bits=4", "values.bits=4", NULL},
+     "AQUA-KV predictors + uniform 4 bits (per-token groups of 64)", 0, NULL},
     /* low-rank predictors (plan format 1.3): the rank is chosen by the same budget, as one more candidate per
      * rank; on SmolLM2 (kv_dim 192) rank 32 stores 1/3 of a K and 1/4 of a V predictor, rank 64 2/3 and 1/2 */
     {"aqua2r32", KV_FIT_AQUA, {"keys.bits=2", "values.bits=2", "aqua.rank=32", NULL},
@@ -847,6 +855,10 @@ static kv_status refit_compatible(const kv_fit_config *b, const kv_fit_config *c
                          c->values.group_size != b->values.group_size || c->values.group_axis != b->values.group_axis ||
                          c->values.scale_dtype != b->values.scale_dtype || c->values.pack3 != b->values.pack3))
         what = "the uniform layout (KIVI groups, codes per word) or XQuant settings other than a calibrated eta";
+    else if (c->method == KV_FIT_AQUA_UNIFORM &&
+             (c->keys.scale_dtype != b->keys.scale_dtype || c->values.scale_dtype != b->values.scale_dtype ||
+              c->keys.pack3 != b->keys.pack3 || c->values.pack3 != b->values.pack3))
+        what = "the uniform residual's scale dtype or codes per word (its groups and eta are per-layer keys)";
     if (what)
         return KV_ERR(KV_EUNSUPPORTED, "candidate %s differs from the mixed refit's base in %s, which a per-stream "
                       "override cannot carry: it cannot be combined with AQUA-KV candidates", name, what);
@@ -927,6 +939,19 @@ kv_status kv_search_refit_config(kv_fit_config *cfg, const kv_search_candidate *
             if (s == KV_OK && kv_search_candidate_predicted(cands[k]) && c->aqua.rank != cfg->aqua.rank) {
                 snprintf(set, sizeof set, "layers.%d.%s_rank=%d", l, field, c->aqua.rank);
                 s = kv_fit_config_set_from(cfg, set, where);
+            }
+            if (s == KV_OK && c->method == KV_FIT_AQUA_UNIFORM) { /* its own groups and eta, not the base's KIVI ones */
+                const kv_fit_stream_config *sc = st == KV_PLAN_K ? &c->keys : &c->values;
+                const char *sets[3][2] = {{"group_axis", sc->group_axis == KV_PLAN_GROUP_TOKENS ? "tokens" : "channels"},
+                                          {"group_size", NULL}, {"eta", NULL}};
+                char num[2][32];
+                snprintf(num[0], sizeof num[0], "%d", sc->group_size);
+                snprintf(num[1], sizeof num[1], "%.17g", sc->eta);
+                sets[1][1] = num[0], sets[2][1] = num[1];
+                for (int q = 0; q < 3 && s == KV_OK; q++) {
+                    snprintf(set, sizeof set, "layers.%d.%s_%s=%s", l, field, sets[q][0], sets[q][1]);
+                    s = kv_fit_config_set_from(cfg, set, where);
+                }
             }
         }
     for (int k = 0; k < n_cands; k++)

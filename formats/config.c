@@ -128,6 +128,10 @@ static const struct layer_key {
     {"key_pre_rope", T_BOOL, LOFF(key_pre_rope), 0, 1, KV_FIT_LO_KEY_PRE_ROPE, NULL},
     {"key_rank", T_INT, LOFF(key_rank), 0, 65536, KV_FIT_LO_KEY_RANK, NULL},
     {"value_rank", T_INT, LOFF(value_rank), 0, 65536, KV_FIT_LO_VALUE_RANK, NULL},
+    {"key_group_axis", T_ENUM, LOFF(key_group_axis), 0, 0, KV_FIT_LO_KEY_GROUP_AXIS, k_axes},
+    {"key_group_size", T_INT, LOFF(key_group_size), 1, 65536, KV_FIT_LO_KEY_GROUP_SIZE, NULL},
+    {"value_group_axis", T_ENUM, LOFF(value_group_axis), 0, 0, KV_FIT_LO_VALUE_GROUP_AXIS, k_axes},
+    {"value_group_size", T_INT, LOFF(value_group_size), 1, 65536, KV_FIT_LO_VALUE_GROUP_SIZE, NULL},
 };
 #undef LOFF
 enum { N_LAYER_KEYS = sizeof k_layer_keys / sizeof *k_layer_keys, MAX_LAYER = 4095 };
@@ -367,7 +371,8 @@ static kv_status set_path(kv_fit_config *c, const char *path, const char *text, 
         }
         return KV_ERR(KV_EINVAL,
                       "%s: unknown key '%s' (a layer override has key_bits, value_bits, rpc_ratio, key_rpc_ratio, value_rpc_ratio, key_eta, value_eta, "
-                      "prune_budget, key_method, value_method, key_pre_rope, key_rank, value_rank)", where, path);
+                      "prune_budget, key_method, value_method, key_pre_rope, key_rank, value_rank, key_group_axis, key_group_size, "
+                      "value_group_axis, value_group_size)", where, path);
     }
     char known[512];
     const char *dot = strrchr(path, '.');
@@ -612,6 +617,9 @@ static kv_status validate_method_overrides(const kv_fit_config *c) {
         if ((o->set & KV_FIT_LO_KEY_PRE_ROPE) && c->squat.enabled)
             return KV_ERR(KV_EINVAL, "%s: key 'layers.%d.key_pre_rope': SQuat keys are quantized after RoPE "
                           "(squat.enabled, set at %s)", o->where, o->layer, origin_of(c, "squat.enabled"));
+        if ((o->set & (KV_FIT_LO_KEY_GROUP_AXIS | KV_FIT_LO_KEY_GROUP_SIZE)) && c->squat.enabled)
+            return KV_ERR(KV_EINVAL, "%s: key 'layers.%d.key_group_*': SQuat keys take KIVI's layout (keys.*) on "
+                          "every layer (squat.enabled, set at %s)", o->where, o->layer, origin_of(c, "squat.enabled"));
     }
     return KV_OK;
 }
@@ -824,6 +832,15 @@ int kv_fit_config_pred_rank(const kv_fit_config *c, int layer, int stream) {
     if (o && stream == 0 && (o->set & KV_FIT_LO_KEY_RANK)) return o->key_rank;
     if (o && stream == 1 && (o->set & KV_FIT_LO_VALUE_RANK)) return o->value_rank;
     return c->aqua.rank;
+}
+
+void kv_fit_config_stream_groups(const kv_fit_config *c, int layer, int stream, int *axis, int *size) {
+    const kv_fit_layer_override *o = kv_fit_config_layer(c, layer);
+    const kv_fit_stream_config *sc = stream == 0 ? &c->keys : &c->values;
+    const unsigned ab = stream == 0 ? KV_FIT_LO_KEY_GROUP_AXIS : KV_FIT_LO_VALUE_GROUP_AXIS;
+    const unsigned sb = stream == 0 ? KV_FIT_LO_KEY_GROUP_SIZE : KV_FIT_LO_VALUE_GROUP_SIZE;
+    *axis = o && (o->set & ab) ? (stream == 0 ? o->key_group_axis : o->value_group_axis) : (int)sc->group_axis;
+    *size = o && (o->set & sb) ? (stream == 0 ? o->key_group_size : o->value_group_size) : sc->group_size;
 }
 
 const kv_fit_layer_override *kv_fit_config_layer(const kv_fit_config *c, int layer) {

@@ -675,6 +675,9 @@ typedef struct kv_fit_layer_override {
                                      higgs, aqua, aqua-uniform, fp8 or nvfp4 */
     int key_pre_rope;        /* the layer's keys stored before RoPE (1) or after (0); wins over cache.pre_rope */
     int key_rank, value_rank; /* a predicted stream's predictor rank (0 full); win over aqua.rank */
+    int key_group_axis, key_group_size;     /* a uniform stream's groups (KV_PLAN_GROUP_*, values per group); */
+    int value_group_axis, value_group_size; /* win over keys.* / values.* (kvcal search's refit of AQUA-KV with
+                                               uniform residuals beside KIVI streams) */
     char where[128];         /* where the override was first set ("file:line:col", "command line") */
 } kv_fit_layer_override;
 #define KV_FIT_LO_KEY_BITS 0x1u
@@ -690,6 +693,10 @@ typedef struct kv_fit_layer_override {
 #define KV_FIT_LO_KEY_PRE_ROPE 0x400u
 #define KV_FIT_LO_KEY_RANK 0x800u
 #define KV_FIT_LO_VALUE_RANK 0x1000u
+#define KV_FIT_LO_KEY_GROUP_AXIS 0x2000u
+#define KV_FIT_LO_KEY_GROUP_SIZE 0x4000u
+#define KV_FIT_LO_VALUE_GROUP_AXIS 0x8000u
+#define KV_FIT_LO_VALUE_GROUP_SIZE 0x10000u
 
 typedef struct kv_fit_config {
     kv_fit_method method;
@@ -801,6 +808,8 @@ int kv_fit_config_stream_method(const kv_fit_config *c, int layer, int stream);
 int kv_fit_config_key_pre_rope(const kv_fit_config *c, int layer);
 /* The predictor rank of a stream: layers.N.key_rank / value_rank, else aqua.rank (0 = full). */
 int kv_fit_config_pred_rank(const kv_fit_config *c, int layer, int stream);
+/* A uniform stream's group layout: layers.N.key_group_axis / key_group_size (value_*), else keys.* / values.*. */
+void kv_fit_config_stream_groups(const kv_fit_config *c, int layer, int stream, int *axis, int *size);
 const char *kv_fit_method_name(int method);
 
 #ifdef __cplusplus

@@ -261,6 +261,51 @@ START_TEST(test_stream_methods) {
 }
 END_TEST
 
+/* Per-stream group layouts (kvcal search's refit of AQUA-KV with uniform residuals): resolved per stream, the
+ * rest of the plan keeps keys.* / values.*; dumped and loaded back; SQuat keys refuse them. */
+START_TEST(test_stream_groups) {
+    kv_fit_config c, d;
+    init(&c);
+    init(&d);
+    ck_assert_kv_ok(load(&c, "method: xquant\nlayers:\n  1: {key_method: aqua-uniform, key_group_axis: channels, "
+                             "key_group_size: 64}\n  2: {value_group_size: 16}\n"));
+    ck_assert_kv_ok(kv_fit_config_validate(&c));
+    int axis, size;
+    kv_fit_config_stream_groups(&c, 1, 0, &axis, &size);
+    ck_assert_int_eq(axis, KV_PLAN_GROUP_CHANNELS);
+    ck_assert_int_eq(size, 64);
+    kv_fit_config_stream_groups(&c, 1, 1, &axis, &size); /* V of layer 1: the values' */
+    ck_assert_int_eq(axis, (int)c.values.group_axis);
+    ck_assert_int_eq(size, c.values.group_size);
+    kv_fit_config_stream_groups(&c, 2, 1, &axis, &size); /* only the size given */
+    ck_assert_int_eq(axis, (int)c.values.group_axis);
+    ck_assert_int_eq(size, 16);
+    kv_fit_config_stream_groups(&c, 0, 0, &axis, &size);
+    ck_assert_int_eq(axis, (int)c.keys.group_axis);
+    ck_assert_int_eq(size, c.keys.group_size);
+    char *a = NULL, *b = NULL;
+    ck_assert_kv_ok(kv_fit_config_dump(&a, &c));
+    ck_assert_ptr_nonnull(strstr(a, "key_group_axis: channels"));
+    ck_assert_kv_ok(kv_fit_config_load_string(&d, a, strlen(a), "dump"));
+    ck_assert_kv_ok(kv_fit_config_dump(&b, &d));
+    ck_assert_str_eq(a, b);
+    free(a);
+    free(b);
+    kv_fit_config_free(&c);
+    kv_fit_config_free(&d);
+    init(&c);
+    ck_assert_int_eq(load(&c, "layers: {3: {value_group_axis: heads}}\n"), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "expected one of tokens, channels"));
+    kv_fit_config_free(&c);
+    init(&c);
+    ck_assert_kv_ok(load(&c, "method: kivi\ncache: {pre_rope: false}\nkeys: {group_axis: tokens}\nsquat: {enabled: true}\n"
+                             "layers: {2: {key_group_size: 64}}\n"));
+    ck_assert_int_eq(kv_fit_config_validate(&c), KV_EINVAL);
+    ck_assert_msg(strstr(kv_error_last(), "layers.2.key_group_*") != NULL, "%s", kv_error_last());
+    kv_fit_config_free(&c);
+}
+END_TEST
+
 /* dump -> load gives the same configuration, field for field (and the same dump). */
 START_TEST(test_dump_roundtrip) {
     kv_fit_config c, d;
@@ -395,6 +440,7 @@ int main(void) {
     tcase_add_test(tc, test_cross_origin_command_line);
     tcase_add_test(tc, test_dump_roundtrip);
     tcase_add_test(tc, test_stream_methods);
+    tcase_add_test(tc, test_stream_groups);
     tcase_add_test(tc, test_missing_file);
     tcase_add_test(tc, test_origins);
     tcase_add_test(tc, test_file_bounds);

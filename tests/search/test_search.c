@@ -569,6 +569,46 @@ START_TEST(test_refit_equals_aqua) {
 }
 END_TEST
 
+/* The same for AQUA-KV with uniform residuals: the refit's per-layer group and eta keys give its streams the
+ * aqua-uniform layout (per-token groups of 64) and eta (0) on the KIVI base, so an all-aquau2 choice is the
+ * aquau2 fit byte for byte. In a mix with KIVI-3 (calibrated eta, KIVI's groups) every stream keeps its own
+ * candidate's layout and eta, so its honest bytes are the ones the knapsack counted from the single fits. */
+START_TEST(test_refit_equals_aqua_uniform) {
+    const char *names[] = {"aquau2", "kivi3"};
+    kv_plan *single = fit_candidate("aquau2"), *kivi = fit_candidate("kivi3");
+    const int L = single->n_layers;
+    int choice[64] = {0};
+    kv_plan *re = refit(names, 1, choice, L);
+    assert_same_plan(single, re, "the refit of an all-AQUA-KV-uniform-2 choice differs from its fit");
+    kv_plan_free(re);
+    /* KIVI-3 on the K of even layers >= 2 and the V of layer 1; AQUA-KV-uniform-2 elsewhere */
+    for (int l = 0; l < L; l++) choice[2 * l] = l >= 2 && l % 2 == 0, choice[2 * l + 1] = l == 1;
+    re = refit(names, 2, choice, L);
+    const kv_plan *src[2] = {single, kivi};
+    enum { CTX = 256 };
+    uint64_t b_re[64], v_re[64], b_src[2][64], v_src[2][64];
+    ck_assert_kv_ok(kv_search_stream_bytes(b_re, v_re, re, g_model, CTX));
+    for (int c = 0; c < 2; c++) ck_assert_kv_ok(kv_search_stream_bytes(b_src[c], v_src[c], src[c], g_model, CTX));
+    for (int l = 0; l < L; l++)
+        for (int st = 0; st < 2; st++) {
+            const int i = 2 * l + st, c = choice[i];
+            const kv_plan_stream *rs = &re->layers[l].stream[st], *ss = &src[c]->layers[l].stream[st];
+            ck_assert_msg(rs->method == ss->method && rs->bits == ss->bits && rs->group_axis == ss->group_axis &&
+                              rs->group_size == ss->group_size && rs->eta == ss->eta && rs->pack == ss->pack,
+                          "layer %d %s (%s): method %d/%d bits %d/%d axis %d/%d size %d/%d eta %g/%g", l,
+                          st ? "V" : "K", names[c], rs->method, ss->method, rs->bits, ss->bits, rs->group_axis,
+                          ss->group_axis, rs->group_size, ss->group_size, rs->eta, ss->eta);
+            ck_assert_msg((rs->predictor != NULL) == (c == 0 && l >= 1), "layer %d %s: predictor", l, st ? "V" : "K");
+            ck_assert_uint_eq(b_re[i], b_src[c][i]);
+        }
+    ck_assert_msg(kivi->layers[2].stream[KV_PLAN_K].group_axis != single->layers[2].stream[KV_PLAN_K].group_axis,
+                  "the test needs the two layouts to differ");
+    kv_plan_free(re);
+    kv_plan_free(kivi);
+    kv_plan_free(single);
+}
+END_TEST
+
 /* Streams without a predictor come out of the refit as out of their single fits (they read their own
  * layer's exact K/V): the refit of a mix of f16, KIVI-2 (calibrated eta), HIGGS-3 and FP8 equals the
  * surgery of those fits, byte for byte. With AQUA-KV-3 added, its layers >= 1 carry predictors (their inputs
@@ -944,6 +984,7 @@ static Suite *search_suite(int with_data) {
         tcase_add_test(td, test_surgery_refuses_predictor);
         tcase_add_test(td, test_bytes_and_sensitivity);
         tcase_add_test(td, test_refit_equals_aqua);
+        tcase_add_test(td, test_refit_equals_aqua_uniform);
         tcase_add_test(td, test_refit_mixed);
         tcase_add_test(td, test_sensitivity_predicted);
         tcase_add_test(td, test_lowrank_predictors);
