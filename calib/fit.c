@@ -325,8 +325,6 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
             if (lo && st == KV_PLAN_K && (lo->set & KV_FIT_LO_KEY_RPC_RATIO)) s->rpc_ratio = (float)lo->key_rpc_ratio;
             if (lo && st == KV_PLAN_V && (lo->set & KV_FIT_LO_VALUE_RPC_RATIO))
                 s->rpc_ratio = (float)lo->value_rpc_ratio;
-            if (lo && st == KV_PLAN_K && (lo->set & KV_FIT_LO_KEY_RPC_RATIO)) s->rpc_ratio = (float)lo->key_rpc_ratio;
-            if (lo && st == KV_PLAN_V && (lo->set & KV_FIT_LO_VALUE_RPC_RATIO)) s->rpc_ratio = (float)lo->value_rpc_ratio;
             s->pre_rope = st == KV_PLAN_K ? kv_fit_config_key_pre_rope(cfg, l) : 0;
             s->pack = KV_PLAN_PACK_WORD;
             if (is_float(method)) { /* scales 1.0 until calibrated (fit_float.c) before the layer's pass */
