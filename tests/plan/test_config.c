@@ -232,6 +232,18 @@ START_TEST(test_cross_origin_command_line) {
 }
 END_TEST
 
+/* c's dump holds `expect`, and loaded into d it dumps the same text again. */
+static void dump_reloads(const kv_fit_config *c, kv_fit_config *d, const char *expect) {
+    char *a = NULL, *b = NULL;
+    ck_assert_kv_ok(kv_fit_config_dump(&a, c));
+    ck_assert_msg(strstr(a, expect) != NULL, "the dump lacks '%s':\n%s", expect, a);
+    ck_assert_kv_ok(kv_fit_config_load_string(d, a, strlen(a), "dump"));
+    ck_assert_kv_ok(kv_fit_config_dump(&b, d));
+    ck_assert_str_eq(a, b);
+    free(a);
+    free(b);
+}
+
 /* Per-stream method overrides: parsed, resolved per stream, dumped readably and loaded back. */
 START_TEST(test_stream_methods) {
     kv_fit_config c, d;
@@ -246,16 +258,9 @@ START_TEST(test_stream_methods) {
     ck_assert_int_eq(kv_fit_config_stream_method(&c, 0, 0), KV_FIT_XQUANT);
     ck_assert_int_eq(kv_fit_config_key_pre_rope(&c, 1), 1);
     ck_assert_int_eq(kv_fit_config_key_pre_rope(&c, 2), c.cache.pre_rope);
-    char *a = NULL, *b = NULL;
-    ck_assert_kv_ok(kv_fit_config_dump(&a, &c));
-    ck_assert_ptr_nonnull(strstr(a, "  1: {key_bits: 3, key_method: aqua, key_pre_rope: true}\n"));
-    ck_assert_kv_ok(kv_fit_config_load_string(&d, a, strlen(a), "dump"));
-    ck_assert_kv_ok(kv_fit_config_dump(&b, &d));
-    ck_assert_str_eq(a, b);
+    dump_reloads(&c, &d, "  1: {key_bits: 3, key_method: aqua, key_pre_rope: true}\n");
     ck_assert_int_eq(kv_fit_config_load_string(&d, "layers: {3: {key_method: lloyd}}\n", 33, "x"), KV_EINVAL);
     ck_assert_ptr_nonnull(strstr(kv_error_last(), "expected one of aqua, aqua-uniform, higgs, kivi"));
-    free(a);
-    free(b);
     kv_fit_config_free(&c);
     kv_fit_config_free(&d);
 }
@@ -283,14 +288,7 @@ START_TEST(test_stream_groups) {
     kv_fit_config_stream_groups(&c, 0, 0, &axis, &size);
     ck_assert_int_eq(axis, (int)c.keys.group_axis);
     ck_assert_int_eq(size, c.keys.group_size);
-    char *a = NULL, *b = NULL;
-    ck_assert_kv_ok(kv_fit_config_dump(&a, &c));
-    ck_assert_ptr_nonnull(strstr(a, "key_group_axis: channels"));
-    ck_assert_kv_ok(kv_fit_config_load_string(&d, a, strlen(a), "dump"));
-    ck_assert_kv_ok(kv_fit_config_dump(&b, &d));
-    ck_assert_str_eq(a, b);
-    free(a);
-    free(b);
+    dump_reloads(&c, &d, "key_group_axis: channels");
     kv_fit_config_free(&c);
     kv_fit_config_free(&d);
     init(&c);
