@@ -376,9 +376,9 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
                 kv_fit_config_stream_groups(cfg, l, st, &axis, &size);
                 s->group_axis = (kv_plan_group_axis)axis;
                 s->group_size = size;
-                s->eta = (float)sc->eta;
-                if (lo && st == KV_PLAN_K && (lo->set & KV_FIT_LO_KEY_ETA)) s->eta = (float)lo->key_eta;
-                if (lo && st == KV_PLAN_V && (lo->set & KV_FIT_LO_VALUE_ETA)) s->eta = (float)lo->value_eta;
+                double eta = sc->eta;
+                kv_fit_config_stream_eta(cfg, l, st, &eta); /* layers.N.key_eta / value_eta win */
+                s->eta = (float)eta;
                 s->pack = bits == 3 && sc->pack3 == 11 ? KV_PLAN_PACK_3BIT_11 : KV_PLAN_PACK_WORD;
                 s->higgs_grid = -1;
                 kv_status xs = kv_fit_xq_stream(p, cfg, l, st); /* 1-bit layers, eta, shared codes */
@@ -936,8 +936,7 @@ static kv_status eta_search(fit_run *r, int l, int st, kv_fit_layer_report *lr) 
     if (!r->xqe.on || ps->method != KV_PLAN_UNIFORM || ps->predictor) return KV_OK;
     /* an explicit layers.N.key_eta / value_eta is kept, not calibrated over (kvcal search's refit gives an
      * AQUA-KV stream with uniform residuals the eta of its own fit that way) */
-    const kv_fit_layer_override *lo = kv_fit_config_layer(r->cfg, l);
-    if (lo && (lo->set & (st == KV_PLAN_K ? KV_FIT_LO_KEY_ETA : KV_FIT_LO_VALUE_ETA))) return KV_OK;
+    if (kv_fit_config_stream_eta(r->cfg, l, st, NULL)) return KV_OK;
     eta_job job;
     memset(&job, 0, sizeof job);
     job.r = r;

@@ -33,8 +33,7 @@ kv_status kv_fit_xq_stream(kv_plan *p, const kv_fit_config *cfg, int l, int st) 
         s->bits = 1;
         s->pack = KV_PLAN_PACK_WORD; /* the only 1-bit packing (PLAN_FORMAT.md §6.4) */
     }
-    const kv_fit_layer_override *lo = kv_fit_config_layer(cfg, l);
-    const int eta_set = lo && (lo->set & (st == KV_PLAN_K ? KV_FIT_LO_KEY_ETA : KV_FIT_LO_VALUE_ETA));
+    const int eta_set = kv_fit_config_stream_eta(cfg, l, st, NULL);
     if (!eta_set && s->bits == 1) s->eta = (float)cfg->xquant.eta1;
     if (!eta_set && s->bits == 2) s->eta = (float)cfg->xquant.eta2;
     s->share_codes_with_layer = -1;

@@ -373,7 +373,7 @@ kv_status kv_search_pair_increments(double *kl, const kv_search_candidate *const
  * context, interactions between its streams included. Where it cannot be formed (not measured, or either
  * side <= 0) scale[c] is the median of the others (the median: an uncompressed candidate's ratio of two
  * near-zero KLs is noise; 1 when there are none). scaled[i * n_cands + c]
- * = kl[...] * scale[c], a non-finite kl (not offered) copied as it is. scaled may be kl. */
+ * = kl[...] * scale[c], a non-finite kl (not offered) copied as it is. scaled may be kl. n_cands <= 64. */
 kv_status kv_search_context_scale(double *scaled, double *scale, const double *kl, const double *measured,
                                   int n_items, int n_cands);
 /* 1 when a choice takes a candidate with a predictor (AQUA-KV): its plan must be refitted, not assembled. */

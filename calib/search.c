@@ -784,9 +784,10 @@ int kv_search_candidate_spliced(const kv_search_candidate *c) { return c->method
 
 kv_status kv_search_context_scale(double *scaled, double *scale, const double *kl, const double *measured,
                                   int n_items, int n_cands) {
-    if (!scaled || !scale || !kl || !measured || n_items < 1 || n_cands < 1)
-        return KV_ERR(KV_EINVAL, "kv_search_context_scale: bad arguments");
-    double formed[64];
+    double formed[64]; /* the scales the median is taken over */
+    if (!scaled || !scale || !kl || !measured || n_items < 1 || n_cands < 1 ||
+        n_cands > (int)(sizeof formed / sizeof formed[0]))
+        return KV_ERR(KV_EINVAL, "kv_search_context_scale: bad arguments (%d candidates, at most 64)", n_cands);
     int n_formed = 0;
     for (int c = 0; c < n_cands; c++) {
         double predicted = 0.0;
@@ -799,7 +800,7 @@ kv_status kv_search_context_scale(double *scaled, double *scale, const double *k
         scale[c] = NAN;
         if (offered && isfinite(measured[c]) && measured[c] > 0.0 && predicted > 0.0) {
             scale[c] = measured[c] / predicted;
-            if (n_formed < (int)(sizeof formed / sizeof formed[0])) formed[n_formed++] = scale[c];
+            formed[n_formed++] = scale[c];
         }
     }
     for (int a = 1; a < n_formed; a++) /* insertion sort: a few dozen candidates at most */
@@ -942,14 +943,15 @@ kv_status kv_search_refit_config(kv_fit_config *cfg, const kv_search_candidate *
             }
             if (s == KV_OK && c->method == KV_FIT_AQUA_UNIFORM) { /* its own groups and eta, not the base's KIVI ones */
                 const kv_fit_stream_config *sc = st == KV_PLAN_K ? &c->keys : &c->values;
-                const char *sets[3][2] = {{"group_axis", sc->group_axis == KV_PLAN_GROUP_TOKENS ? "tokens" : "channels"},
-                                          {"group_size", NULL}, {"eta", NULL}};
-                char num[2][32];
-                snprintf(num[0], sizeof num[0], "%d", sc->group_size);
-                snprintf(num[1], sizeof num[1], "%.17g", sc->eta);
-                sets[1][1] = num[0], sets[2][1] = num[1];
-                for (int q = 0; q < 3 && s == KV_OK; q++) {
-                    snprintf(set, sizeof set, "layers.%d.%s_%s=%s", l, field, sets[q][0], sets[q][1]);
+                snprintf(set, sizeof set, "layers.%d.%s_group_axis=%s", l, field,
+                         sc->group_axis == KV_PLAN_GROUP_TOKENS ? "tokens" : "channels");
+                s = kv_fit_config_set_from(cfg, set, where);
+                if (s == KV_OK) {
+                    snprintf(set, sizeof set, "layers.%d.%s_group_size=%d", l, field, sc->group_size);
+                    s = kv_fit_config_set_from(cfg, set, where);
+                }
+                if (s == KV_OK) {
+                    snprintf(set, sizeof set, "layers.%d.%s_eta=%.17g", l, field, sc->eta);
                     s = kv_fit_config_set_from(cfg, set, where);
                 }
             }

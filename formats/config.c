@@ -834,6 +834,13 @@ int kv_fit_config_pred_rank(const kv_fit_config *c, int layer, int stream) {
     return c->aqua.rank;
 }
 
+int kv_fit_config_stream_eta(const kv_fit_config *c, int layer, int stream, double *eta) {
+    const kv_fit_layer_override *o = kv_fit_config_layer(c, layer);
+    if (!o || !(o->set & (stream == 0 ? KV_FIT_LO_KEY_ETA : KV_FIT_LO_VALUE_ETA))) return 0;
+    if (eta) *eta = stream == 0 ? o->key_eta : o->value_eta;
+    return 1;
+}
+
 void kv_fit_config_stream_groups(const kv_fit_config *c, int layer, int stream, int *axis, int *size) {
     const kv_fit_layer_override *o = kv_fit_config_layer(c, layer);
     const kv_fit_stream_config *sc = stream == 0 ? &c->keys : &c->values;

@@ -808,6 +808,8 @@ int kv_fit_config_stream_method(const kv_fit_config *c, int layer, int stream);
 int kv_fit_config_key_pre_rope(const kv_fit_config *c, int layer);
 /* The predictor rank of a stream: layers.N.key_rank / value_rank, else aqua.rank (0 = full). */
 int kv_fit_config_pred_rank(const kv_fit_config *c, int layer, int stream);
+/* 1 when layers.N.key_eta / value_eta gives the stream's eta (then *eta is it; eta may be NULL), else 0. */
+int kv_fit_config_stream_eta(const kv_fit_config *c, int layer, int stream, double *eta);
 /* A uniform stream's group layout: layers.N.key_group_axis / key_group_size (value_*), else keys.* / values.*. */
 void kv_fit_config_stream_groups(const kv_fit_config *c, int layer, int stream, int *axis, int *size);
 const char *kv_fit_method_name(int method);

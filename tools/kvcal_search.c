@@ -158,6 +158,23 @@ static kv_status build_mix(kv_plan **out, int *refit, double *seconds, const mix
     return s;
 }
 
+/* The selection's measure of a plan: its mean KL on the selection tokens at ctx (kvrun eval --plan's code). */
+typedef struct select_tokens {
+    kv_model *m;
+    const int32_t *tok;
+    size_t n_tok;
+    int32_t bos;
+    long chunks;
+} select_tokens;
+
+static kv_status select_kl(double *kl, const select_tokens *st, const kv_plan *plan, long ctx, const char *label) {
+    kv_tool_plan_eval e;
+    kv_status s = kv_tool_eval_plan_loaded(&e, st->m, plan, st->tok, st->n_tok, (int)ctx, st->bos, (size_t)st->chunks, 0,
+                                           0, label);
+    if (s == KV_OK) *kl = e.cmp.kl_mean;
+    return s;
+}
+
 static void print_point_text(const search_point *pt, long context, const kv_search_candidate *table, const int *cidx,
                              int nc, int n_items, const double *kl, const unsigned char *allowed,
                              const uint64_t *bytes, const uint64_t *values,
@@ -617,6 +634,7 @@ int kvcal_search(int argc, char **argv) {
      * sensitivities (kv_search_context_scale, SEARCH.md §5c) ---- */
     double seconds_select = 0;
     const mix_inputs mix = {&fin, cands, plans, nc, L, common, n_common};
+    const select_tokens sel = {m, sel_tok, n_sel_tok, bos, select_chunks};
     if (select_chunks > 0) {
         const double ts = kv_now_seconds();
         sel_single = malloc((size_t)n_ctx * nc * sizeof *sel_single);
@@ -637,12 +655,9 @@ int kvcal_search(int argc, char **argv) {
                 }
                 sel_single[k * nc + c] = NAN;
                 if (!everywhere) continue;
-                kv_tool_plan_eval e;
                 char label[96];
                 snprintf(label, sizeof label, "selection %s ctx %ld", cands[c]->name, contexts[k]);
-                if ((s = kv_tool_eval_plan_loaded(&e, m, plans[c], sel_tok, n_sel_tok, (int)contexts[k], bos,
-                                                  (size_t)select_chunks, 0, 0, label)) == KV_OK)
-                    sel_single[k * nc + c] = e.cmp.kl_mean;
+                s = select_kl(&sel_single[k * nc + c], &sel, plans[c], contexts[k], label);
             }
             if (s == KV_OK)
                 s = kv_search_context_scale(kl_scaled + table_len * k, scale + (size_t)k * nc, kl,
@@ -672,28 +687,25 @@ int kvcal_search(int argc, char **argv) {
         if (select_chunks > 0) { /* measure, on calibration tokens at this context, what to keep (SEARCH.md §5c) */
             const double ts = kv_now_seconds();
             const int k = pt->ctx_index;
-            double best;
-            kv_tool_plan_eval e;
-            if ((s = kv_tool_eval_plan_loaded(&e, m, plan, sel_tok, n_sel_tok, (int)context, bos, (size_t)select_chunks,
-                                              0, 0, NULL)) != KV_OK)
+            if ((s = select_kl(&pt->sel_kl[0], &sel, plan, context, NULL)) != KV_OK ||
+                (s = kv_search_allocate(choice2, by, kl_scaled + table_len * k, allowed, chain_p, n_items, nc,
+                                        pt->budget_bytes, 0, NULL)) != KV_OK) {
+                kv_plan_free(plan);
                 goto fail;
-            best = pt->sel_kl[0] = e.cmp.kl_mean;
-            if ((s = kv_search_allocate(choice2, by, kl_scaled + table_len * k, allowed, chain_p, n_items, nc,
-                                        pt->budget_bytes, 0, NULL)) != KV_OK)
-                goto fail;
+            }
+            double best = pt->sel_kl[0];
             if (memcmp(choice2, pt->choice, (size_t)n_items * sizeof *choice2) != 0) {
                 kv_plan *plan2 = NULL;
                 int refit2;
                 double sec2;
-                if ((s = build_mix(&plan2, &refit2, &sec2, &mix, choice2, pt->budget_bits, context)) != KV_OK) goto fail;
+                s = build_mix(&plan2, &refit2, &sec2, &mix, choice2, pt->budget_bits, context);
                 pt->seconds_refit += sec2;
-                s = kv_tool_eval_plan_loaded(&e, m, plan2, sel_tok, n_sel_tok, (int)context, bos, (size_t)select_chunks,
-                                             0, 0, NULL);
+                if (s == KV_OK) s = select_kl(&pt->sel_kl[1], &sel, plan2, context, NULL);
                 if (s != KV_OK) {
                     kv_plan_free(plan2);
+                    kv_plan_free(plan);
                     goto fail;
                 }
-                pt->sel_kl[1] = e.cmp.kl_mean;
                 if (pt->sel_kl[1] < best) {
                     kv_plan_free(plan);
                     plan = plan2, best = pt->sel_kl[1], pt->refit = refit2, pt->selected = SEL_CORRECTED;
