@@ -383,10 +383,6 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
                 s->higgs_grid = -1;
                 kv_status xs = kv_fit_xq_stream(p, cfg, l, st); /* 1-bit layers, eta, shared codes */
                 if (xs != KV_OK) return xs;
-                if (s->group_axis == KV_PLAN_GROUP_TOKENS && cfg->cache.recent % s->group_size != 0)
-                    return KV_ERR(KV_EINVAL, "layer %d: %s.group_size %d: groups along tokens must divide cache.recent "
-                                  "(%d), the chunk of tokens the cache compresses at once", l, st ? "values" : "keys",
-                                  s->group_size, cfg->cache.recent);
                 if (cfg->squat.enabled && st == KV_PLAN_K) { /* r and lambda: chosen per layer (fit_squat.c) */
                     const int g = kv_fit_sq_g(cfg, head_dim), r0 = cfg->squat.r < head_dim ? cfg->squat.r : head_dim;
                     kv_status qs = kv_plan_set_squat(p, l, r0, (float)cfg->squat.lambda, g, NULL);
@@ -1230,6 +1226,19 @@ kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a) {
                           "tokens on their own, so a HIGGS group (higgs.group_size %d) cannot span heads (head_dim %d)",
                           pw, pm, cfg->higgs.group_size, a->head_dim);
     }
+    /* A uniform stream's groups along tokens must divide cache.recent, the chunk of tokens the cache compresses
+     * at once: checked here, before any work (kvcal search checks every candidate before its first fit). */
+    for (int l = 0; l < a->n_layers; l++)
+        for (int st = 0; st < 2; st++) {
+            const kv_fit_method m = smethod(cfg, l, st);
+            int explicit_bits, axis, size;
+            if (uses_higgs(m) || is_float(m) || stream_bits(cfg, l, st, &explicit_bits) == KV_FIT_F16_BITS) continue;
+            kv_fit_config_stream_groups(cfg, l, st, &axis, &size);
+            if (axis == KV_PLAN_GROUP_TOKENS && cfg->cache.recent % size != 0)
+                return KV_ERR(KV_EINVAL, "layer %d: %s.group_size %d: groups along tokens must divide cache.recent (%d, "
+                              "set at %s), the chunk of tokens the cache compresses at once", l,
+                              st ? "values" : "keys", size, cfg->cache.recent, kv_fit_config_origin(cfg, "cache.recent"));
+        }
     for (int i = 0; i < cfg->n_layer_overrides; i++) { /* an override of a layer the model lacks is a mistake */
         const kv_fit_layer_override *o = &cfg->layer_overrides[i];
         if (o->layer >= a->n_layers)

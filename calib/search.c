@@ -29,6 +29,19 @@ static const kv_search_candidate k_cands[] = {
      "KIVI 3-bit, 10 codes per word, XQuant calibrated eta", 0, NULL},
     {"kivi4", KV_FIT_XQUANT, {"keys.bits=4", "values.bits=4", "xquant.calibrate_eta=true", NULL},
      "KIVI 4-bit, XQuant calibrated eta", 0, NULL},
+    /* KIVI's larger groups (KIVI's G = 128 for keys: scales and zero points of a key channel per 128 tokens;
+     * values per token in groups of 64 channels, one KV head of most models, so a group never spans heads):
+     * 0.25 + 0.5 bits of f16 scales and zero points per value instead of 1 + 1 at groups of 32. The cheapest
+     * candidates: with them a stream costs 1.375 bits before the f16 sinks and window, so budgets down to
+     * 2 bits per value are feasible at 8K (SEARCH.md §1b). Key groups along tokens must divide cache.recent. */
+    {"kivi1g128", KV_FIT_XQUANT,
+     {"keys.bits=1", "values.bits=1", "keys.group_size=128", "values.group_size=64", "xquant.calibrate_eta=true",
+      NULL},
+     "KIVI 1-bit, key groups of 128 tokens, value groups of 64 channels, XQuant calibrated eta", 0, NULL},
+    {"kivi2g128", KV_FIT_XQUANT,
+     {"keys.bits=2", "values.bits=2", "keys.group_size=128", "values.group_size=64", "xquant.calibrate_eta=true",
+      NULL},
+     "KIVI 2-bit, key groups of 128 tokens, value groups of 64 channels, XQuant calibrated eta", 0, NULL},
     /* XQuant cross-layer (xquant.txt Algorithm 1): at an odd layer, the codes of the layer below (which must be
      * the codes_of candidate), with this layer's own scales and zero points; only those are stored */
     {"kivi2s", KV_FIT_XQUANT,
@@ -851,11 +864,10 @@ static kv_status refit_compatible(const kv_fit_config *b, const kv_fit_config *c
         what = "fp.*";
     else if (uniform && (c->method != KV_FIT_XQUANT || !c->xquant.calibrate_eta || c->xquant.km >= 0 || c->xquant.vm >= 0 ||
                          c->xquant.kq >= 0 || c->xquant.vq >= 0 || c->xquant.target_bits > 0 ||
-                         c->keys.group_size != b->keys.group_size || c->keys.group_axis != b->keys.group_axis ||
                          c->keys.scale_dtype != b->keys.scale_dtype || c->keys.pack3 != b->keys.pack3 ||
-                         c->values.group_size != b->values.group_size || c->values.group_axis != b->values.group_axis ||
                          c->values.scale_dtype != b->values.scale_dtype || c->values.pack3 != b->values.pack3))
-        what = "the uniform layout (KIVI groups, codes per word) or XQuant settings other than a calibrated eta";
+        what = "the uniform layout (scale dtype, codes per word) or XQuant settings other than a calibrated eta (its "
+               "groups are per-layer keys)";
     else if (c->method == KV_FIT_AQUA_UNIFORM &&
              (c->keys.scale_dtype != b->keys.scale_dtype || c->values.scale_dtype != b->values.scale_dtype ||
               c->keys.pack3 != b->keys.pack3 || c->values.pack3 != b->values.pack3))
@@ -941,8 +953,15 @@ kv_status kv_search_refit_config(kv_fit_config *cfg, const kv_search_candidate *
                 snprintf(set, sizeof set, "layers.%d.%s_rank=%d", l, field, c->aqua.rank);
                 s = kv_fit_config_set_from(cfg, set, where);
             }
-            if (s == KV_OK && c->method == KV_FIT_AQUA_UNIFORM) { /* its own groups and eta, not the base's KIVI ones */
-                const kv_fit_stream_config *sc = st == KV_PLAN_K ? &c->keys : &c->values;
+            const kv_fit_stream_config *sc = st == KV_PLAN_K ? &c->keys : &c->values;
+            const kv_fit_stream_config *bc = st == KV_PLAN_K ? &cfg->keys : &cfg->values;
+            /* a uniform stream's own groups where they are not the base's KIVI ones: aqua-uniform (per-token groups
+             * of 64) and the KIVI rows with larger groups (kivi1g128 ...); the eta of a KIVI row is calibrated on
+             * its own groups by the refit, as in its single fit */
+            const int own_groups = c->method == KV_FIT_AQUA_UNIFORM ||
+                                   (c->method == KV_FIT_XQUANT && !kv_search_candidate_spliced(cands[k]) &&
+                                    (sc->group_axis != bc->group_axis || sc->group_size != bc->group_size));
+            if (s == KV_OK && own_groups) {
                 snprintf(set, sizeof set, "layers.%d.%s_group_axis=%s", l, field,
                          sc->group_axis == KV_PLAN_GROUP_TOKENS ? "tokens" : "channels");
                 s = kv_fit_config_set_from(cfg, set, where);
@@ -950,10 +969,10 @@ kv_status kv_search_refit_config(kv_fit_config *cfg, const kv_search_candidate *
                     snprintf(set, sizeof set, "layers.%d.%s_group_size=%d", l, field, sc->group_size);
                     s = kv_fit_config_set_from(cfg, set, where);
                 }
-                if (s == KV_OK) {
-                    snprintf(set, sizeof set, "layers.%d.%s_eta=%.17g", l, field, sc->eta);
-                    s = kv_fit_config_set_from(cfg, set, where);
-                }
+            }
+            if (s == KV_OK && c->method == KV_FIT_AQUA_UNIFORM) { /* its own eta (0), not a calibrated one */
+                snprintf(set, sizeof set, "layers.%d.%s_eta=%.17g", l, field, sc->eta);
+                s = kv_fit_config_set_from(cfg, set, where);
             }
         }
     for (int k = 0; k < n_cands; k++)

@@ -10,6 +10,8 @@
 # calibration tokens in sequences of 1024 for methods with predictors (aqua*) and 8192 for those
 # without (--fit-tokens-nopred: kivi and higgs fit nothing from data; their calibration pass only
 # measures the held-out errors), configs kivi-2 kivi-4 higgs-2 higgs-3 higgs-4 aqua-2 aqua-3 aqua-4.
+# kivi-BgG: KIVI at B bits (1 too) with key groups of G tokens and value groups of 64 channels (kivi-1g128,
+# kivi-2g128: the layout of kvcal search's kivi1g128 / kivi2g128 candidates, without the calibrated eta).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="$here/build"
@@ -64,6 +66,10 @@ for cfg in $configs; do
   # FP8 / NVFP4 (issue 20): fp8-one (scales 1.0), fp8-tensor, fp8-head, nvfp4-tensor, nvfp4-head:
   # the suffix is the scale granularity, no bits; they fit only scales (the no-predictor budget)
   mflags=(--bits "$bits")
+  if [ "$method" = kivi ] && [[ "$bits" =~ ^([0-9]+)g([0-9]+)$ ]]; then
+    mflags=(--set "keys.bits=${BASH_REMATCH[1]}" --set "values.bits=${BASH_REMATCH[1]}"
+            --set "keys.group_size=${BASH_REMATCH[2]}" --set values.group_size=64)
+  fi
   case "$method" in
     fp8|nvfp4)
       budget=$fit_tokens_nopred

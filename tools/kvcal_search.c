@@ -531,6 +531,22 @@ int kvcal_search(int argc, char **argv) {
     if (chain.n_classes > 1) chain_p = &chain;
     /* with AQUA-KV candidates a chosen mix is refitted: refuse what a refit cannot carry before any fit */
     if (any_aqua && (s = kv_search_refit_check(cands, nc, common, n_common)) != KV_OK) goto fail;
+    /* every candidate's configuration is checked against the model before the first fit: a refusal (key groups
+     * that do not divide cache.recent, a pruning combination) costs nothing */
+    for (int c = 0; c < nc && s == KV_OK; c++) {
+        kv_fit_config cfg;
+        if ((s = kv_search_candidate_config(&cfg, cands[c], common, n_common)) != KV_OK) break;
+        s = kv_fit_check(&cfg, arch);
+        /* a sensitivity chunk no longer than the f16 sinks and window compresses nothing: every KL would be 0 */
+        if (s == KV_OK && sens_ctx <= (long)cfg.cache.sinks + cfg.cache.recent)
+            s = KV_ERR(KV_EINVAL, "--sens-ctx %ld: the cache keeps the first %d (sinks) and last %d (cache.recent) "
+                       "tokens in f16, so chunks of %ld tokens compress nothing and measure no sensitivity: use more "
+                       "than %d", sens_ctx, cfg.cache.sinks, cfg.cache.recent, sens_ctx,
+                       cfg.cache.sinks + cfg.cache.recent);
+        kv_fit_config_free(&cfg);
+        if (s != KV_OK) kv_error_wrap(s, "candidate %s: ", cands[c]->name);
+    }
+    if (s != KV_OK) goto fail;
     const fit_inputs fin = {m, mf, arch, ids, fit_tokens, kv_tokenizer_add_bos_default(tok) ? bos : -1, corpus_sha,
                             gcache};
     double seconds_fit = 0;

@@ -419,15 +419,17 @@ static kv_plan *fit_cfg(kv_fit_config *cfg) {
     return p;
 }
 
-static kv_plan *fit_candidate(const char *name) {
+static kv_plan *fit_candidate_with(const char *name, const char *const *common, int n_common) {
     int k;
     ck_assert_kv_ok(kv_search_candidate_find(&k, name));
     kv_fit_config cfg;
-    ck_assert_kv_ok(kv_search_candidate_config(&cfg, &kv_search_candidates(NULL)[k], k_common, 5));
+    ck_assert_kv_ok(kv_search_candidate_config(&cfg, &kv_search_candidates(NULL)[k], common, n_common));
     kv_plan *p = fit_cfg(&cfg);
     kv_fit_config_free(&cfg);
     return p;
 }
+
+static kv_plan *fit_candidate(const char *name) { return fit_candidate_with(name, k_common, 5); }
 
 /* The serialized plan without provenance and report (those say how it was made, not what it is). */
 static void plan_bytes(uint8_t **out, size_t *n, kv_plan *p) {
@@ -519,15 +521,20 @@ static void cand_ptrs(const kv_search_candidate **out, const char *const *names,
     }
 }
 
-static kv_plan *refit(const char *const *names, int n, const int *choice, int L) {
+static kv_plan *refit_with(const char *const *names, int n, const int *choice, int L, const char *const *common,
+                           int n_common) {
     const kv_search_candidate *c[8];
     cand_ptrs(c, names, n);
     kv_fit_config cfg;
-    ck_assert_kv_ok(kv_search_refit_config(&cfg, c, n, choice, L, k_common, 5));
+    ck_assert_kv_ok(kv_search_refit_config(&cfg, c, n, choice, L, common, n_common));
     ck_assert_kv_ok(kv_fit_check(&cfg, kv_model_arch(g_model)));
     kv_plan *p = fit_cfg(&cfg);
     kv_fit_config_free(&cfg);
     return p;
+}
+
+static kv_plan *refit(const char *const *names, int n, const int *choice, int L) {
+    return refit_with(names, n, choice, L, k_common, 5);
 }
 
 /* `kvrun eval --plan`'s own code on the plan, written to a temporary file: 2 chunks of ctx tokens past the
@@ -605,6 +612,53 @@ START_TEST(test_refit_equals_aqua_uniform) {
                   "the test needs the two layouts to differ");
     kv_plan_free(re);
     kv_plan_free(kivi);
+    kv_plan_free(single);
+}
+END_TEST
+
+/* KIVI with larger groups (kivi1g128: keys per channel in groups of 128 tokens, values per token in groups
+ * of 64 channels) in a refit: its groups are per-layer keys on the KIVI base (groups of 32) and its eta is
+ * calibrated on them, so an all-kivi1g128 choice is its fit byte for byte, and in a mix with AQUA-KV-2 its
+ * streams keep their layout, eta and honest bytes. Key groups of 128 tokens need cache.recent 128. */
+START_TEST(test_refit_equals_kivi_g128) {
+    static const char *common[] = {"data.seq_len=260", "data.max_tokens=4096", "cache.recent=128",
+                                   "higgs.grid_samples=32768", "higgs.grid_iters=30"};
+    const char *names[] = {"kivi1g128", "aqua2"};
+    kv_plan *single = fit_candidate_with("kivi1g128", common, 5), *aqua = fit_candidate_with("aqua2", common, 5);
+    const int L = single->n_layers;
+    ck_assert_int_eq(single->layers[1].stream[KV_PLAN_K].group_size, 128);
+    ck_assert_int_eq(single->layers[1].stream[KV_PLAN_V].group_size, 64);
+    int choice[64] = {0};
+    kv_plan *re = refit_with(names, 1, choice, L, common, 5);
+    assert_same_plan(single, re, "the refit of an all-kivi1g128 choice differs from its fit");
+    kv_plan_free(re);
+    /* AQUA-KV-2 keys from layer 0 up and values from layer 2 up (their inputs AQUA-KV or kivi1g128) */
+    for (int l = 0; l < L; l++) choice[2 * l] = 1, choice[2 * l + 1] = l >= 2;
+    re = refit_with(names, 2, choice, L, common, 5);
+    const kv_plan *src[2] = {single, aqua};
+    enum { CTX = 512 };
+    uint64_t b_re[64], v_re[64], b_src[2][64], v_src[2][64];
+    ck_assert_kv_ok(kv_search_stream_bytes(b_re, v_re, re, g_model, CTX));
+    for (int c = 0; c < 2; c++) ck_assert_kv_ok(kv_search_stream_bytes(b_src[c], v_src[c], src[c], g_model, CTX));
+    for (int l = 0; l < L; l++)
+        for (int st = 0; st < 2; st++) {
+            const int i = 2 * l + st, c = choice[i];
+            const kv_plan_stream *rs = &re->layers[l].stream[st], *ss = &src[c]->layers[l].stream[st];
+            ck_assert_msg(rs->method == ss->method && rs->bits == ss->bits && rs->group_axis == ss->group_axis &&
+                              rs->group_size == ss->group_size && rs->pack == ss->pack,
+                          "layer %d %s (%s): method %d/%d bits %d/%d axis %d/%d size %d/%d", l, st ? "V" : "K",
+                          names[c], rs->method, ss->method, rs->bits, ss->bits, rs->group_axis, ss->group_axis,
+                          rs->group_size, ss->group_size);
+            /* a KIVI stream reads its own layer's exact K/V: its calibrated eta is the single fit's */
+            if (c == 0) ck_assert_msg(rs->eta == ss->eta, "layer %d %s: eta %g vs %g", l, st ? "V" : "K", rs->eta, ss->eta);
+            ck_assert_msg((rs->predictor != NULL) == (c == 1 && l >= 1), "layer %d %s: predictor", l, st ? "V" : "K");
+            ck_assert_uint_eq(b_re[i], b_src[c][i]);
+        }
+    kv_tool_plan_eval ev;
+    eval_plan_file(&ev, re, 300);
+    ck_assert(isfinite(ev.cmp.kl_mean) && ev.cmp.kl_mean >= 0);
+    kv_plan_free(re);
+    kv_plan_free(aqua);
     kv_plan_free(single);
 }
 END_TEST
@@ -985,6 +1039,7 @@ static Suite *search_suite(int with_data) {
         tcase_add_test(td, test_bytes_and_sensitivity);
         tcase_add_test(td, test_refit_equals_aqua);
         tcase_add_test(td, test_refit_equals_aqua_uniform);
+        tcase_add_test(td, test_refit_equals_kivi_g128);
         tcase_add_test(td, test_refit_mixed);
         tcase_add_test(td, test_sensitivity_predicted);
         tcase_add_test(td, test_lowrank_predictors);

@@ -40,6 +40,32 @@ expect 2 "not both" "--eval-chunks with --eval-tokens" -- "$kvcal" search "${com
 expect 1 "below the cheapest assembly" "budget below the cheapest plan" -- "$kvcal" search "${common[@]}" \
   --budget-bits 3 --candidates kivi2,fp8 --out "$tmp/x.kvplan"
 [ -e "$tmp/x.kvplan" ] && bad "a refused search wrote a plan" || ok "no plan after a refusal"
+# refused before any fit: key groups of 128 tokens with a 64-token window; sensitivity chunks no longer than
+# the f16 sinks and window (they would measure a KL of 0 for every candidate)
+expect 1 "must divide cache.recent" "kivi1g128 with cache.recent 64" -- "$kvcal" search "${common[@]}" \
+  --budget-bits 7 --candidates kivi2,kivi1g128 --out "$tmp/x.kvplan"
+grep -q "fitting candidate" "$tmp/err" && bad "the refusal came after a fit" || ok "refused before the first fit"
+expect 1 "compress nothing" "--sens-ctx within the f16 sinks and window" -- "$kvcal" search "${common[@]}" \
+  --set cache.recent=128 --budget-bits 7 --candidates kivi2 --out "$tmp/x.kvplan"
+[ -e "$tmp/x.kvplan" ] && bad "a refused search wrote a plan" || ok "no plan after a refusal"
+
+# KIVI with larger groups (kivi1g128) is the cheapest candidate: at 512 tokens with a 128-token window, 5.45 bits
+# is below KIVI-1 everywhere (5.5; the f16 sinks and window are 4.125 of them) and feasible with kivi1g128 keys
+expect 0 "" "search with kivi1g128" -- "$kvcal" search "${inputs[@]}" --set cache.recent=128 --sens-ctx 256 \
+  --select-chunks 0 --context 512 --eval-tokens 1024 --budget-bits 5.45 --candidates kivi1,kivi1g128,kivi2 \
+  --out "$tmp/g.kvplan" --json
+python3 - "$tmp/out" <<'PY' || fail=1
+import json, sys
+r = json.load(open(sys.argv[1]))
+p = r["plans"][0]
+assert p["feasible"] and p["measured_heldout"]["bits_per_value_total"] <= 5.45 + 1e-9, p
+assert "kivi1g128" in p["choices"] and p["cheapest_bits"] < 5.45, p
+# per stream: kivi1g128's keys cost less than kivi1's (scales per 128 tokens, not 32)
+k = r["candidates"]
+i1, ig = [c["name"] for c in k].index("kivi1"), [c["name"] for c in k].index("kivi1g128")
+assert all(s["bits"][0][ig] < s["bits"][0][i1] for s in r["streams"][0::2]), r["streams"][0]
+print("ok: 5.45 bits at 512 tokens with kivi1g128: %.4f bits, %s" % (p["measured_heldout"]["bits_per_value_total"], p["choices"]))
+PY
 
 # a search under 7 bits at context 256 (f16 sinks and window cost ~4 bits there)
 start=$(date +%s)
