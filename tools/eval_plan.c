@@ -1,9 +1,11 @@
 /* eval_plan.c — what a plan costs: `kvrun eval --plan` runs the same chunks exactly and through the
  * runtime's compressed cache (kv_cache_rt_create, kv_eval_compare) and reports quality (ppl both ways, KL, top-1 agreement),
  * bits and speed. Bits per value follow the papers' convention for the compressed tokens (codes,
- * scales, zero points, norms, and the predictor weights amortized over all evaluated tokens), and
- * bits_per_value_total counts everything the cache held (full-precision sinks and recent buffer
- * at 16 bits, predictors once per sequence). */
+ * scales, zero points, norms, positions of pruned tokens, and the predictor weights amortized over all
+ * evaluated tokens), and bits_per_value_total counts everything the cache held (full-precision sinks and
+ * recent buffer at 16 bits, positions, predictors once per sequence) per value of every token the model
+ * produced: a pruning plan (H2O prunes throughout a chunk) is charged against the f16 cache of all tokens,
+ * the memory it saves, not against the tokens it kept. */
 #include "kv_tools.h"
 #include "kvrt.h"
 
@@ -12,8 +14,9 @@
 
 typedef struct chunk_totals {
     kv_rt *rt;
-    uint64_t payload_bytes, fp_bytes, values_compressed, values_total, predictor_bytes, basis_bytes;
-    uint64_t last_bytes, last_values; /* one sequence (the last chunk), for cache_bytes */
+    uint64_t payload_bytes, index_bytes, fp_bytes, values_compressed, values_total, values_appended;
+    uint64_t predictor_bytes, basis_bytes;
+    uint64_t last_bytes, last_values, last_appended; /* one sequence (the last chunk), for cache_bytes */
     uint64_t last_allocated;          /* what the runtime allocated for it */
 } chunk_totals;
 
@@ -24,13 +27,16 @@ static kv_status on_chunk(void *user, kv_cache *cache, size_t chunk) {
     kv_status s = kv_rt_get_stats(t->rt, 0, &st);
     if (s != KV_OK) return s;
     t->payload_bytes += st.payload_bytes;
+    t->index_bytes += st.index_bytes;
     t->fp_bytes += st.fp_bytes;
     t->values_compressed += st.values_compressed;
     t->values_total += st.values_total;
+    t->values_appended += st.values_appended;
     t->predictor_bytes = st.predictor_bytes;
     t->basis_bytes = st.basis_bytes;
     t->last_bytes = st.accounted_bytes + st.predictor_bytes + st.basis_bytes;
     t->last_values = st.values_total;
+    t->last_appended = st.values_appended;
     t->last_allocated = st.allocated_bytes;
     return KV_OK;
 }
@@ -85,20 +91,25 @@ kv_status kv_tool_eval_plan_loaded(kv_tool_plan_eval *out, kv_model *m, const kv
     if ((s = kv_eval_compare(m, cache, tokens, n_tokens, &o, &out->cmp)) != KV_OK) goto done;
     /* predictors and stored SQuat bases are held once per sequence's runtime: counted once per chunk */
     const uint64_t side_bytes = tot.predictor_bytes + tot.basis_bytes;
-    out->bits_per_value = tot.values_compressed
-                              ? 8.0 * (double)(tot.payload_bytes + side_bytes) / (double)tot.values_compressed
-                              : 0.0;
+    out->bits_per_value =
+        tot.values_compressed
+            ? 8.0 * (double)(tot.payload_bytes + tot.index_bytes + side_bytes) / (double)tot.values_compressed
+            : 0.0;
+    /* per value of every appended token: without pruning every appended value is held, so this is the mean
+     * over the values held; with pruning the evicted tokens count as 0 bits (the memory a budget promises) */
     out->bits_per_value_total =
-        tot.values_total ? 8.0 * (double)(tot.payload_bytes + tot.fp_bytes + side_bytes * out->cmp.n_chunks) /
-                               (double)tot.values_total
-                         : 0.0;
+        tot.values_appended
+            ? 8.0 * (double)(tot.payload_bytes + tot.index_bytes + tot.fp_bytes + side_bytes * out->cmp.n_chunks) /
+                  (double)tot.values_appended
+            : 0.0;
+    out->held_fraction = tot.values_appended ? (double)tot.values_total / (double)tot.values_appended : 0.0;
     out->predictor_bits_per_value_sequence =
-        tot.last_values ? 8.0 * (double)tot.predictor_bytes / (double)tot.last_values : 0.0;
+        tot.last_appended ? 8.0 * (double)tot.predictor_bytes / (double)tot.last_appended : 0.0;
     out->basis_bits_per_value_sequence =
-        tot.last_values ? 8.0 * (double)tot.basis_bytes / (double)tot.last_values : 0.0;
+        tot.last_appended ? 8.0 * (double)tot.basis_bytes / (double)tot.last_appended : 0.0;
     out->cache_bytes = tot.last_bytes;
     out->cache_bytes_allocated = tot.last_allocated;
-    out->fp16_cache_bytes = tot.last_values * 2;
+    out->fp16_cache_bytes = tot.last_appended * 2;
     out->compressed_fraction = tot.values_total ? (double)tot.values_compressed / (double)tot.values_total : 0.0;
     out->sinks = plan->global.sinks;
     out->recent = plan->global.recent;
@@ -120,13 +131,13 @@ void kv_tool_eval_plan_print(const kv_tool_plan_eval *e, int json) {
         printf("{\"ppl\": %.6f, \"ppl_uncompressed\": %.6f, \"ppl_relative_increase\": %.6f, \"nll_mean\": %.6f, "
                "\"kl_mean\": %.6g, \"top1_agreement\": %.6f, \"bits_per_value\": %.9f, \"bits_per_value_total\": %.9f, "
                "\"predictor_bits_per_value_per_sequence\": %.4f, \"squat_basis_bits_per_value_per_sequence\": %.4f, \"cache_bytes\": %llu, \"fp16_cache_bytes\": %llu, "
-               "\"cache_bytes_allocated\": %llu, \"compressed_fraction\": %.4f, \"tokens_total\": %zu, \"tokens_evaluated\": %zu, \"tokens_scored\": %zu, "
+               "\"cache_bytes_allocated\": %llu, \"compressed_fraction\": %.4f, \"held_fraction\": %.6f, \"tokens_total\": %zu, \"tokens_evaluated\": %zu, \"tokens_scored\": %zu, "
                "\"chunks\": %zu, \"tokens_per_second\": %.2f, \"tokens_per_second_uncompressed\": %.2f, "
                "\"sinks\": %d, \"recent\": %d, \"prefill\": %d, \"step\": %d}\n",
                r->ppl, r->ppl_ref, rel, r->nll_mean, r->kl_mean, r->top1_agreement, e->bits_per_value,
                e->bits_per_value_total, e->predictor_bits_per_value_sequence, e->basis_bits_per_value_sequence, (unsigned long long)e->cache_bytes,
                (unsigned long long)e->fp16_cache_bytes, (unsigned long long)e->cache_bytes_allocated,
-               e->compressed_fraction, r->tokens_total, r->tokens_evaluated,
+               e->compressed_fraction, e->held_fraction, r->tokens_total, r->tokens_evaluated,
                r->tokens_scored, r->n_chunks, r->tokens_per_second, r->tokens_per_second_ref, e->sinks, e->recent,
                e->prefill, e->step);
         return;
@@ -146,6 +157,9 @@ void kv_tool_eval_plan_print(const kv_tool_plan_eval *e, int json) {
     printf("cache_bytes            %llu per sequence (fp16: %llu; allocated by the runtime: %llu)\n",
            (unsigned long long)e->cache_bytes, (unsigned long long)e->fp16_cache_bytes,
            (unsigned long long)e->cache_bytes_allocated);
+    if (e->held_fraction < 1.0)
+        printf("held_fraction          %.4f  (token pruning: the values still held at the end of a chunk; evicted ones "
+               "count 0 bits above)\n", e->held_fraction);
     if (e->compressed_fraction == 0.0)
         printf("note                   nothing was compressed: every chunk fit in the sinks and the recent buffer\n");
     printf("tokens                 %zu evaluated in %zu chunks, %zu scored\n", r->tokens_evaluated, r->n_chunks,

@@ -66,12 +66,14 @@ const char *kv_tool_plural(long n, const char *one, const char *many);
 /* `kvrun eval --plan` (eval_plan.c): the plan's cost on tokenized text (protocol "all", chunks of ctx). */
 typedef struct kv_tool_plan_eval {
     kv_compare_result cmp;
-    double bits_per_value;        /* compressed tokens: payload + predictors, bases amortized over all evaluated tokens */
+    double bits_per_value;        /* compressed tokens: payload + positions (pruning) + predictors, bases amortized
+                                     over all evaluated tokens */
     double bits_per_value_total;  /* everything held: + full-precision tokens at 16 bits, predictors and stored
-                                     SQuat bases per sequence */
+                                     SQuat bases per sequence, per value of every appended token (pruned ones too) */
     double predictor_bits_per_value_sequence; /* predictors amortized over one ctx-token sequence */
     double basis_bits_per_value_sequence;     /* stored SQuat bases, the same way */
-    double compressed_fraction;   /* compressed values / all values */
+    double compressed_fraction;   /* compressed values / values held */
+    double held_fraction;         /* values held / values of every appended token (< 1 only with token pruning) */
     uint64_t cache_bytes;         /* one full sequence: payload + fp16 tokens + predictors + bases */
     uint64_t fp16_cache_bytes;    /* the same sequence uncompressed in fp16 */
     uint64_t cache_bytes_allocated; /* what the runtime allocated for that sequence's cache (RUNTIME.md §5) */

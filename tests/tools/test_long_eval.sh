@@ -100,6 +100,26 @@ for p in ("streamingllm", "h2o", "snapkv", "pyramidkv"):
 assert r["snap16"]["bits_per_value"] > r["snapkv"]["bits_per_value"] > r["snap2"]["bits_per_value"]
 PY
 
+# 3b. the perplexity protocol (kvrun eval --plan, steps of cache.recent): H2O selects after the first step and
+# then on every chunk leaving the window, so it prunes throughout; its bits_per_value_total is the memory held
+# (codes, scales, positions, the f16 sinks and window) per value of EVERY token, i.e. 16 x cache / f16 cache
+# (one chunk), and below KIVI-4's, which holds every token (held_fraction 1)
+for p in kivi4 h2o; do
+  "$bin/kvrun" eval --model "$model" --tokenizer "$tok" --plan "$tmp/$p.kvplan" --text "$heldout" --ctx 512 \
+      --max-tokens 512 --json > "$tmp/ppl_$p.json" 2> /dev/null || bad "ppl protocol $p"
+done
+python3 - "$tmp/ppl_kivi4.json" "$tmp/ppl_h2o.json" <<'PY' && ok "ppl protocol: a pruning plan's bits count every token" || bad "ppl protocol bits"
+import json, sys
+k, h = (json.load(open(f)) for f in sys.argv[1:3])
+assert k["held_fraction"] == 1.0 and 0 < h["held_fraction"] < 1, (k["held_fraction"], h["held_fraction"])
+assert k["fp16_cache_bytes"] == h["fp16_cache_bytes"], (k["fp16_cache_bytes"], h["fp16_cache_bytes"])
+for r in (k, h):
+    assert abs(r["bits_per_value_total"] - 16.0 * r["cache_bytes"] / r["fp16_cache_bytes"]) < 1e-9, r
+assert h["bits_per_value_total"] < k["bits_per_value_total"] and h["kl_mean"] > k["kl_mean"], (h, k)
+print("ppl protocol: h2o %.3f bits (held %.3f), KL %.4f; kivi4 %.3f bits, KL %.4f" % (h["bits_per_value_total"],
+      h["held_fraction"], h["kl_mean"], k["bits_per_value_total"], k["kl_mean"]))
+PY
+
 # 4. passkey: lengths x depths x trials answers, reproducible from the seed
 pk=(-q --model "$model" --tokenizer "$tok" --task passkey --filler "$heldout" --length 256,384 --depths 0,0.5,1
     --trials 2 --seed 7 --json)
