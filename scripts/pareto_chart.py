@@ -24,6 +24,14 @@ def label(cfg):
     return f"{NAMES.get(method, method)}-{suffix}" if method else cfg
 
 
+def family(cfg):
+    """One line per method, and per method and token policy: kivi-2 and kivi-4 are "kivi", kivi-4@h2o0.125 and
+    kivi-2@h2o0.125 are "kivi@h2o" (scripts/results.sh's pruned configs)."""
+    base, _, prune = cfg.partition("@")
+    fam = base.rpartition("-")[0] or base
+    return fam + "@" + prune.rstrip("0123456789.") if prune else fam
+
+
 def context_of(r):
     """kvrun eval --plan's JSON: whole chunks of ctx tokens."""
     return r["tokens_evaluated"] // r["chunks"]
@@ -35,7 +43,7 @@ def load(d):
         r = json.load(open(path))
         ctx = context_of(r)
         cfg = os.path.basename(path)[:-5]
-        single.setdefault(ctx, []).append({"name": label(cfg), "family": cfg.rpartition("-")[0] or cfg,
+        single.setdefault(ctx, []).append({"name": label(cfg), "family": family(cfg),
                                            "bits": r["bits_per_value_total"], "kl": r["kl_mean"], "ppl": r["ppl"],
                                            "ppl_ref": r["ppl_uncompressed"], "top1": r["top1_agreement"]})
     s = json.load(open(os.path.join(d, "search.json")))

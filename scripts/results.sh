@@ -12,6 +12,8 @@
 # measures the held-out errors), configs kivi-2 kivi-4 higgs-2 higgs-3 higgs-4 aqua-2 aqua-3 aqua-4.
 # kivi-BgG: KIVI at B bits (1 too) with key groups of G tokens and value groups of 64 channels (kivi-1g128,
 # kivi-2g128: the layout of kvcal search's kivi1g128 / kivi2g128 candidates, without the calibrated eta).
+# CONFIG@POLICYB: the same with token pruning (RUNTIME.md §8), e.g. kivi-4@h2o0.125: H2O at a budget of 1/8 of
+# the f16 cache (pruning.method, pruning.budget); in this perplexity protocol only H2O prunes throughout a chunk.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="$here/build"
@@ -58,8 +60,15 @@ calib="$data/wikitext-2-raw/wiki.valid.raw"
 heldout="$data/wikitext-2-raw/wiki.test.raw"
 
 for cfg in $configs; do
-  method="${cfg%-*}"
-  bits="${cfg##*-}"
+  base="${cfg%%@*}"
+  method="${base%-*}"
+  bits="${base##*-}"
+  pflags=()
+  if [[ "$cfg" == *@* ]]; then
+    prune="${cfg#*@}"
+    [[ "$prune" =~ ^(h2o|snapkv|pyramidkv|streamingllm)([0-9.]+)$ ]] || { echo "results: bad pruning '$prune' in $cfg (e.g. kivi-4@h2o0.125)" >&2; exit 2; }
+    pflags=(--set "pruning.method=${BASH_REMATCH[1]}" --set "pruning.budget=${BASH_REMATCH[2]}")
+  fi
   plan="$out/$cfg.kvplan"
   budget=$fit_tokens
   case "$method" in kivi|higgs) budget=$fit_tokens_nopred ;; esac
@@ -81,7 +90,7 @@ for cfg in $configs; do
     echo "== $cfg: fit on $(basename "$calib") ($budget tokens)" >&2
     start=$(date +%s.%N)
     "$kvcal" fit --model "$model" "${tokargs[@]}" --corpus "$calib" --out "$plan" --method "$method" \
-        "${mflags[@]}" --seq-len "$seq_len" --max-tokens "$budget" "${extra_fit[@]}" > "$out/$cfg.fit.txt"
+        "${mflags[@]}" "${pflags[@]}" --seq-len "$seq_len" --max-tokens "$budget" "${extra_fit[@]}" > "$out/$cfg.fit.txt"
     end=$(date +%s.%N)
     python3 -c "import sys; print(float(sys.argv[2]) - float(sys.argv[1]))" "$start" "$end" > "$out/$cfg.fit-seconds"
   fi
