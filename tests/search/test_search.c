@@ -561,6 +561,30 @@ static void assert_same_plan(kv_plan *x, kv_plan *y, const char *what) {
     free(b);
 }
 
+/* A refitted mix of two candidates against their single fits, stream by stream: the same method, bits, groups
+ * and codes per word, the eta too for the candidates in eta_mask (bit c), a predictor exactly on candidate
+ * `predicted`'s streams above layer 0, and the honest bytes the knapsack counted from the single fits. */
+static void assert_mix_streams(const kv_plan *re, const kv_plan *const src[2], const char *const names[2],
+                               const int *choice, int L, int ctx, int predicted, int eta_mask) {
+    uint64_t b_re[64], v_re[64], b_src[2][64], v_src[2][64];
+    ck_assert_kv_ok(kv_search_stream_bytes(b_re, v_re, re, g_model, ctx));
+    for (int c = 0; c < 2; c++) ck_assert_kv_ok(kv_search_stream_bytes(b_src[c], v_src[c], src[c], g_model, ctx));
+    for (int l = 0; l < L; l++)
+        for (int st = 0; st < 2; st++) {
+            const int i = 2 * l + st, c = choice[i];
+            const kv_plan_stream *rs = &re->layers[l].stream[st], *ss = &src[c]->layers[l].stream[st];
+            ck_assert_msg(rs->method == ss->method && rs->bits == ss->bits && rs->group_axis == ss->group_axis &&
+                              rs->group_size == ss->group_size && rs->pack == ss->pack &&
+                              (!(eta_mask >> c & 1) || rs->eta == ss->eta),
+                          "layer %d %s (%s): method %d/%d bits %d/%d axis %d/%d size %d/%d eta %g/%g", l,
+                          st ? "V" : "K", names[c], rs->method, ss->method, rs->bits, ss->bits, rs->group_axis,
+                          ss->group_axis, rs->group_size, ss->group_size, rs->eta, ss->eta);
+            ck_assert_msg((rs->predictor != NULL) == (c == predicted && l >= 1), "layer %d %s: predictor", l,
+                          st ? "V" : "K");
+            ck_assert_uint_eq(b_re[i], b_src[c][i]);
+        }
+}
+
 /* The refit (SEARCH.md §1c) of a choice that is AQUA-KV everywhere is the AQUA-KV fit itself, byte for
  * byte: per-stream overrides on the xquant base reproduce the method, its first-layer bits, its keys before
  * RoPE, its predictors fitted on its own reconstructions, its grids in the same order. */
@@ -592,22 +616,7 @@ START_TEST(test_refit_equals_aqua_uniform) {
     for (int l = 0; l < L; l++) choice[2 * l] = l >= 2 && l % 2 == 0, choice[2 * l + 1] = l == 1;
     re = refit(names, 2, choice, L);
     const kv_plan *src[2] = {single, kivi};
-    enum { CTX = 256 };
-    uint64_t b_re[64], v_re[64], b_src[2][64], v_src[2][64];
-    ck_assert_kv_ok(kv_search_stream_bytes(b_re, v_re, re, g_model, CTX));
-    for (int c = 0; c < 2; c++) ck_assert_kv_ok(kv_search_stream_bytes(b_src[c], v_src[c], src[c], g_model, CTX));
-    for (int l = 0; l < L; l++)
-        for (int st = 0; st < 2; st++) {
-            const int i = 2 * l + st, c = choice[i];
-            const kv_plan_stream *rs = &re->layers[l].stream[st], *ss = &src[c]->layers[l].stream[st];
-            ck_assert_msg(rs->method == ss->method && rs->bits == ss->bits && rs->group_axis == ss->group_axis &&
-                              rs->group_size == ss->group_size && rs->eta == ss->eta && rs->pack == ss->pack,
-                          "layer %d %s (%s): method %d/%d bits %d/%d axis %d/%d size %d/%d eta %g/%g", l,
-                          st ? "V" : "K", names[c], rs->method, ss->method, rs->bits, ss->bits, rs->group_axis,
-                          ss->group_axis, rs->group_size, ss->group_size, rs->eta, ss->eta);
-            ck_assert_msg((rs->predictor != NULL) == (c == 0 && l >= 1), "layer %d %s: predictor", l, st ? "V" : "K");
-            ck_assert_uint_eq(b_re[i], b_src[c][i]);
-        }
+    assert_mix_streams(re, src, names, choice, L, 256, 0, 3);
     ck_assert_msg(kivi->layers[2].stream[KV_PLAN_K].group_axis != single->layers[2].stream[KV_PLAN_K].group_axis,
                   "the test needs the two layouts to differ");
     kv_plan_free(re);
@@ -636,24 +645,8 @@ START_TEST(test_refit_equals_kivi_g128) {
     for (int l = 0; l < L; l++) choice[2 * l] = 1, choice[2 * l + 1] = l >= 2;
     re = refit_with(names, 2, choice, L, common, 5);
     const kv_plan *src[2] = {single, aqua};
-    enum { CTX = 512 };
-    uint64_t b_re[64], v_re[64], b_src[2][64], v_src[2][64];
-    ck_assert_kv_ok(kv_search_stream_bytes(b_re, v_re, re, g_model, CTX));
-    for (int c = 0; c < 2; c++) ck_assert_kv_ok(kv_search_stream_bytes(b_src[c], v_src[c], src[c], g_model, CTX));
-    for (int l = 0; l < L; l++)
-        for (int st = 0; st < 2; st++) {
-            const int i = 2 * l + st, c = choice[i];
-            const kv_plan_stream *rs = &re->layers[l].stream[st], *ss = &src[c]->layers[l].stream[st];
-            ck_assert_msg(rs->method == ss->method && rs->bits == ss->bits && rs->group_axis == ss->group_axis &&
-                              rs->group_size == ss->group_size && rs->pack == ss->pack,
-                          "layer %d %s (%s): method %d/%d bits %d/%d axis %d/%d size %d/%d", l, st ? "V" : "K",
-                          names[c], rs->method, ss->method, rs->bits, ss->bits, rs->group_axis, ss->group_axis,
-                          rs->group_size, ss->group_size);
-            /* a KIVI stream reads its own layer's exact K/V: its calibrated eta is the single fit's */
-            if (c == 0) ck_assert_msg(rs->eta == ss->eta, "layer %d %s: eta %g vs %g", l, st ? "V" : "K", rs->eta, ss->eta);
-            ck_assert_msg((rs->predictor != NULL) == (c == 1 && l >= 1), "layer %d %s: predictor", l, st ? "V" : "K");
-            ck_assert_uint_eq(b_re[i], b_src[c][i]);
-        }
+    /* a KIVI stream reads its own layer's exact K/V: its calibrated eta is the single fit's (mask 1) */
+    assert_mix_streams(re, src, names, choice, L, 512, 1, 1);
     kv_tool_plan_eval ev;
     eval_plan_file(&ev, re, 300);
     ck_assert(isfinite(ev.cmp.kl_mean) && ev.cmp.kl_mean >= 0);
