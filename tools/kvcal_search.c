@@ -158,6 +158,14 @@ static kv_status build_mix(kv_plan **out, int *refit, double *seconds, const mix
     return s;
 }
 
+/* The candidate a choice takes on every stream, or -1: a single method, whose own fit is the plan the assembly
+ * (or the refit: AQUA-KV everywhere refits to its fit byte for byte, test_refit_equals_aqua) would rebuild. */
+static int single_of(const int *choice, int n_items) {
+    for (int i = 1; i < n_items; i++)
+        if (choice[i] != choice[0]) return -1;
+    return choice[0];
+}
+
 /* The selection's measure of a plan: its mean KL on the selection tokens at ctx (kvrun eval --plan's code). */
 typedef struct select_tokens {
     kv_model *m;
@@ -695,22 +703,34 @@ int kvcal_search(int argc, char **argv) {
             goto fail;
         }
         kv_plan *plan = NULL;
-        int plan_owned = 1; /* 0: plans[c] itself (a single method kept by the selection) */
-        if ((s = build_mix(&plan, &pt->refit, &pt->seconds_refit, &mix, pt->choice, pt->budget_bits, context)) != KV_OK)
+        int plan_owned = 1; /* 0: plans[c] itself (a single method: the knapsack's choice or the selection's) */
+        const int single = single_of(pt->choice, n_items);
+        if (single >= 0) { /* the single method's own fit: no assembly, no refit */
+            kv_log(KV_LOG_INFO, "search: budget %g at context %ld: the choice is %s on every stream, its own fit",
+                   pt->budget_bits, context, cands[single]->name);
+            plan = plans[single], plan_owned = 0, pt->refit = 0, pt->seconds_refit = 0;
+        } else if ((s = build_mix(&plan, &pt->refit, &pt->seconds_refit, &mix, pt->choice, pt->budget_bits, context)) !=
+                   KV_OK) {
             goto fail;
+        }
         pt->selected = SEL_KNAPSACK;
         pt->sel_kl[0] = pt->sel_kl[1] = NAN;
         if (select_chunks > 0) { /* measure, on calibration tokens at this context, what to keep (SEARCH.md §5c) */
             const double ts = kv_now_seconds();
             const int k = pt->ctx_index;
-            if ((s = select_kl(&pt->sel_kl[0], &sel, plan, context, NULL)) != KV_OK ||
+            /* a single method was measured in 4b on the same chunks: its KL is reused, not measured again */
+            if (single >= 0) pt->sel_kl[0] = sel_single[k * nc + single];
+            if ((single < 0 && (s = select_kl(&pt->sel_kl[0], &sel, plan, context, NULL)) != KV_OK) ||
                 (s = kv_search_allocate(choice2, by, kl_scaled + table_len * k, allowed, chain_p, n_items, nc,
                                         pt->budget_bytes, 0, NULL)) != KV_OK) {
-                kv_plan_free(plan);
+                if (plan_owned) kv_plan_free(plan);
                 goto fail;
             }
             double best = pt->sel_kl[0];
-            if (memcmp(choice2, pt->choice, (size_t)n_items * sizeof *choice2) != 0) {
+            const int single2 = single_of(choice2, n_items);
+            if (single2 >= 0 && single2 != single) {
+                pt->sel_kl[1] = sel_single[k * nc + single2]; /* a single method: the loop below may keep it */
+            } else if (memcmp(choice2, pt->choice, (size_t)n_items * sizeof *choice2) != 0) {
                 kv_plan *plan2 = NULL;
                 int refit2;
                 double sec2;
@@ -719,12 +739,12 @@ int kvcal_search(int argc, char **argv) {
                 if (s == KV_OK) s = select_kl(&pt->sel_kl[1], &sel, plan2, context, NULL);
                 if (s != KV_OK) {
                     kv_plan_free(plan2);
-                    kv_plan_free(plan);
+                    if (plan_owned) kv_plan_free(plan);
                     goto fail;
                 }
                 if (pt->sel_kl[1] < best) {
-                    kv_plan_free(plan);
-                    plan = plan2, best = pt->sel_kl[1], pt->refit = refit2, pt->selected = SEL_CORRECTED;
+                    if (plan_owned) kv_plan_free(plan);
+                    plan = plan2, plan_owned = 1, best = pt->sel_kl[1], pt->refit = refit2, pt->selected = SEL_CORRECTED;
                     memcpy(pt->choice, choice2, (size_t)n_items * sizeof *choice2);
                 } else {
                     kv_plan_free(plan2);
@@ -735,7 +755,7 @@ int kvcal_search(int argc, char **argv) {
                     sel_single[k * nc + c] < best)
                     best = sel_single[k * nc + c], pt->selected = SEL_SINGLE, pt->single = c;
             if (pt->selected == SEL_SINGLE) {
-                kv_plan_free(plan);
+                if (plan_owned) kv_plan_free(plan);
                 plan = plans[pt->single], plan_owned = 0, pt->refit = 0;
                 for (int i = 0; i < n_items; i++) pt->choice[i] = pt->single;
             }

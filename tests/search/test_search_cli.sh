@@ -258,6 +258,22 @@ for p in r["plans"]:
 assert "single" in kept, kept
 print("ok: kept over the points: %s" % ",".join(sorted(kept)))
 PY
+# a choice that is one candidate everywhere (6.3 bits: only KIVI-2 fits, 6.25) is that candidate's own fit, and
+# its selection KL the one measured for the single method (not measured again)
+expect 0 "" "search whose choice is a single method" -- "$kvcal" search "${inputs[@]}" --context 256 --eval-tokens 1024 \
+  --budget-bits 6.3 --candidates kivi2,kivi4 --out "$tmp/one.kvplan" --json
+cp "$tmp/out" "$tmp/one.json"
+grep -q "the choice is kivi2 on every stream, its own fit" "$tmp/err" && ok "the single fit taken as it is" ||
+  bad "no log of the single fit"
+python3 - "$tmp/one.json" <<'PY' || fail=1
+import json, sys
+r = json.load(open(sys.argv[1]))
+p, k = r["plans"][0], r["candidates"][0]
+assert k["name"] == "kivi2" and p["choices"] == ["kivi2"] * len(p["choices"]) and p["refit"] is False, p
+sel = p["selection"]
+assert sel["kept"] == "knapsack" and sel["kl_knapsack"] == k["select_kl"][0], (sel, k)
+print("ok: single-method choice: selection KL %.5g reused" % sel["kl_knapsack"])
+PY
 expect 1 "the selection" "a corpus too short for the selection" -- "$kvcal" search "${inputs[@]}" --context 256 \
   --eval-tokens 1024 --select-chunks 100000 --budget-bits 8 --candidates kivi2,kivi4 --out "$tmp/x.kvplan"
 [ -e "$tmp/x.kvplan" ] && bad "a refused selection wrote a plan"
