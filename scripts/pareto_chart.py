@@ -32,6 +32,12 @@ def family(cfg):
     return fam + "@" + prune.rstrip("0123456789.") if prune else fam
 
 
+def family_name(fam):
+    """The legend's name of a family: KIVI, or KIVI @ H2O for KIVI under H2O's token pruning."""
+    base, _, policy = fam.partition("@")
+    return NAMES.get(base, base) + (" @ " + policy.upper() if policy else "")
+
+
 def context_of(r):
     """kvrun eval --plan's JSON: whole chunks of ctx tokens."""
     return r["tokens_evaluated"] // r["chunks"]
@@ -111,6 +117,9 @@ def svg(single, search, path):
             xs = [r["bits"] for r in pts]
             ys = [r[key] for r in pts] + ([pts[0]["ppl_ref"]] if key == "ppl" else [])
             xlo, xhi = math.floor(min(xs)), math.ceil(max(xs))
+            # perplexity on a log axis too when a point is off by more than 10x (1-bit KIVI: ppl 1e5), which a
+            # linear axis would squeeze every other point under
+            logy = logy or max(ys) > 10 * min(ys)
             if logy:
                 ys = [y for y in ys if y > 0]
                 ylo, yhi = math.floor(math.log10(min(ys))), math.ceil(math.log10(max(ys)))
@@ -156,7 +165,7 @@ def svg(single, search, path):
                                 f'fill="#d62728"><title>searched, budget {r["budget"]:.4g}: {r["bits"]:.3f} bits, {key} '
                                 f'{r[key]:.5g}</title></rect>')
             ly = y0 + mt
-            for name, col in [(NAMES.get(f, f), color[f]) for f in fam] + [("searched plan", "#d62728")]:
+            for name, col in [(family_name(f), color[f]) for f in fam] + [("searched plan", "#d62728")]:
                 rows.append(f'<rect x="{x0 + W - mr + 8}" y="{ly}" width="10" height="10" fill="{col}"/>'
                             f'<text x="{x0 + W - mr + 22}" y="{ly + 9}" font-size="11">{name}</text>')
                 ly += 15

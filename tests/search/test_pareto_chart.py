@@ -60,6 +60,27 @@ def main():
     assert os.path.exists(os.path.join(d, "pareto.md")) and "searched, budget 3.812" in open(os.path.join(d, "pareto.md")).read()
     print("ok: verdicts", verdict)
 
+    # a pruned single method (results.sh CONFIG@POLICYB) is its own family, and a perplexity 10^4 times the
+    # others' puts the perplexity panel on a log axis
+    d2 = tempfile.mkdtemp()
+    os.makedirs(os.path.join(d2, "single", "ctx8192"))
+    for name, r in {"kivi-4": ev(5.3, 0.004, 10.1, 8192, 1), "kivi-4@h2o0.125": ev(2.18, 0.23, 12.7, 8192, 1),
+                    "kivi-2@h2o0.125": ev(2.2, 0.31, 13.6, 8192, 1), "kivi-1g128": ev(1.6, 8.6, 150000.0, 8192, 1)}.items():
+        json.dump(r, open(os.path.join(d2, "single", "ctx8192", name + ".json"), "w"))
+    json.dump({"plans": [plan(2.0, 8192, 1.996, 0.25, 12.9)], "seconds": {"total": 1.0}},
+              open(os.path.join(d2, "search.json"), "w"))
+    out = subprocess.run([sys.executable, script, d2], capture_output=True, text=True, check=True).stdout
+    rows = {l.split("|")[2].strip(): l.split("|")[-2].strip() for l in out.splitlines() if l.startswith("| 8192 |")}
+    assert rows["KIVI-4@h2o0.125"] == "not beaten by the searched plans below these bits", rows  # KL 0.23 < 0.25
+    assert rows["KIVI-2@h2o0.125"] == "beats (the searched plan at 1.996 bits)", rows
+    svg = ET.parse(os.path.join(d2, "pareto.svg")).getroot()
+    texts = [t.text for t in svg.iter(f"{ns}text")]
+    assert "KIVI @ H2O" in texts and "KIVI" in texts, texts
+    assert "1e+05" in texts, texts  # the perplexity panel's log ticks (the KL panel's are 1e-03 ... 1e+01)
+    lines = svg.findall(f".//{ns}polyline")
+    assert len(lines) == 2 * (2 + 1), len(lines)  # per panel: KIVI, KIVI @ H2O, the searched plans
+    print("ok: pruned family and the log perplexity axis")
+
 
 if __name__ == "__main__":
     main()
