@@ -4,9 +4,9 @@
 # of 4 honest bits per value at 2048 tokens (kvcal search: per layer and stream, the candidate with the least
 # measured KL under the budget), and evaluate it against the uncompressed model and two single methods (KIVI-2
 # and HIGGS-2), with a searched plan at each baseline's own bits as well (equal-bits comparison); print the
-# table and the path of the Pareto chart. HIGGS-2 is the cheapest candidate, so at its bits the search can only
-# return HIGGS-2 itself (the verdict says "ties"); at KIVI-2's bits it chooses a mix (calib/SEARCH.md §8).
-# 10.0 minutes after the build on a 2-core machine, HIGGS grids generated (calib/SEARCH.md §8).
+# table and the path of the Pareto chart. KIVI-1 with larger groups (kivi1g128) is the cheapest candidate, so
+# at HIGGS-2's bits the search can mix it with HIGGS-2 on the streams where it costs least (calib/SEARCH.md §8d).
+# About 7 minutes after the build on a 2-core machine (calib/SEARCH.md §8).
 #   scripts/main.sh [--all] [--budget B] [extra arguments for scripts/pareto.sh]
 # --all: the full every-method comparison instead (scripts/results.sh: eight fits and evaluations, ~50 min);
 # its extra arguments go to scripts/results.sh (e.g. --eval-tokens 40960). The whole frontier at 2K and 8K is
@@ -38,7 +38,7 @@ if [ "$all" = 1 ]; then
 else
   echo "== searched plan at $budget honest bits (2048 tokens) vs KIVI-2, HIGGS-2 and the uncompressed model"
   bash scripts/pareto.sh --model "$model" --contexts 2048 --eval-tokens 4096 --methods "kivi-2 higgs-2" \
-    --budgets "$budget" --range "0 32" --candidates f16,kivi2,kivi4,higgs2,aqua2r32 --search-fit-tokens 4096 \
+    --budgets "$budget" --range "0 32" --candidates f16,kivi1g128,kivi2,kivi4,higgs2,aqua2r32 --search-fit-tokens 4096 \
     --sens-ctx 256 --sens-samples 1 --prompts 0 --out "$here/build/main" "${args[@]}"
 fi
 end=$(date +%s)
