@@ -6,7 +6,7 @@
 # and HIGGS-2), with a searched plan at each baseline's own bits as well (equal-bits comparison); print the
 # table and the path of the Pareto chart. KIVI-1 with larger groups (kivi1g128) is the cheapest candidate, so
 # at HIGGS-2's bits the search can mix it with HIGGS-2 on the streams where it costs least (calib/SEARCH.md §8d).
-# About 7 minutes after the build on a 2-core machine (calib/SEARCH.md §8).
+# About 8 minutes after the build on a 2-core machine, HIGGS grids cached (calib/SEARCH.md §8).
 #   scripts/main.sh [--all] [--budget B] [extra arguments for scripts/pareto.sh]
 # --all: the full every-method comparison instead (scripts/results.sh: eight fits and evaluations, ~50 min);
 # its extra arguments go to scripts/results.sh (e.g. --eval-tokens 40960). The whole frontier at 2K and 8K is
