@@ -16,7 +16,7 @@ typedef struct chunk_totals {
     kv_rt *rt;
     uint64_t payload_bytes, index_bytes, fp_bytes, values_compressed, values_total, values_appended;
     uint64_t predictor_bytes, basis_bytes;
-    uint64_t last_bytes, last_values, last_appended; /* one sequence (the last chunk), for cache_bytes */
+    uint64_t last_bytes, last_appended; /* one sequence (the last chunk), for cache_bytes */
     uint64_t last_allocated;          /* what the runtime allocated for it */
 } chunk_totals;
 
@@ -35,7 +35,6 @@ static kv_status on_chunk(void *user, kv_cache *cache, size_t chunk) {
     t->predictor_bytes = st.predictor_bytes;
     t->basis_bytes = st.basis_bytes;
     t->last_bytes = st.accounted_bytes + st.predictor_bytes + st.basis_bytes;
-    t->last_values = st.values_total;
     t->last_appended = st.values_appended;
     t->last_allocated = st.allocated_bytes;
     return KV_OK;
