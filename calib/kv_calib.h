@@ -319,6 +319,27 @@ kv_status kv_search_candidate_find(int *index, const char *name);
 kv_status kv_search_candidate_config(kv_fit_config *cfg, const kv_search_candidate *c, const char *const *common,
                                      int n_common);
 
+/* A pruned contender (SEARCH.md §5d): candidate `cand`'s own fit with token pruning on every layer, offered to
+ * the selection as one more single method. Only H2O: in the selection's protocol (teacher-forced chunks, the
+ * cache stepped by its window) it is the one policy that prunes throughout a chunk; SnapKV, PyramidKV and
+ * StreamingLLM select once, after the first step. */
+typedef struct kv_search_pruned {
+    int cand;                 /* index into kv_search_candidates() */
+    kv_plan_prune method;     /* KV_PLAN_PRUNE_H2O */
+    double budget;            /* kept fraction of the f16 cache, (0, 1] (pruning.budget) */
+    char name[64];            /* "kivi4@h2o0.125", as given */
+} kv_search_pruned;
+/* "NAME@h2oF" (NAME a candidate, F in (0, 1]) -> *out; KV_EINVAL with the reason otherwise. */
+kv_status kv_search_pruned_parse(kv_search_pruned *out, const char *spec);
+/* cfg (kv_fit_config_free) for the contender: its candidate's configuration with pruning.method and
+ * pruning.budget set, what `kvcal fit --set pruning.method=h2o --set pruning.budget=F` would fit; kv_fit_check
+ * on it refuses what the runtime cannot prune (predictors, shared codes). */
+kv_status kv_search_pruned_config(kv_fit_config *cfg, const kv_search_pruned *p, const char *const *common,
+                                  int n_common);
+/* The contender's plan from its candidate's fit: the global pruning method and budget set as that fit would
+ * write them (the quantizers' fit does not depend on pruning). The caller restores plan->global after. */
+void kv_search_pruned_apply(kv_plan *plan, const kv_search_pruned *p);
+
 /* Plan surgery: stream (layer, stream) of dst becomes src's (method, quantizer parameters, eta, its HIGGS
  * grid appended to dst's grid table unless an identical grid is there, FP scales, SQuat parameters and
  * basis, shared codes). Refuses (KV_EUNSUPPORTED) a src stream with a predictor (it depends on other

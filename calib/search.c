@@ -1015,3 +1015,59 @@ kv_status kv_search_splice(kv_plan *plan, const kv_plan *const *srcs, const kv_s
     if (s == KV_OK) s = kv_plan_validate(plan);
     return s;
 }
+
+/* ---- pruned contenders (SEARCH.md §5d) --------------------------------------------------------------- */
+kv_status kv_search_pruned_parse(kv_search_pruned *out, const char *spec) {
+    if (!out || !spec) return KV_ERR(KV_EINVAL, "kv_search_pruned_parse: bad arguments");
+    memset(out, 0, sizeof *out);
+    const char *at = strchr(spec, '@');
+    if (!at || at == spec || strlen(spec) >= sizeof out->name)
+        return KV_ERR(KV_EINVAL, "pruned contender '%s': expected CANDIDATE@h2oFRACTION, e.g. kivi4@h2o0.125", spec);
+    char cname[64];
+    snprintf(cname, sizeof cname, "%.*s", (int)(at - spec), spec);
+    kv_status s = kv_search_candidate_find(&out->cand, cname);
+    if (s != KV_OK) return kv_error_wrap(s, "pruned contender '%s': ", spec);
+    const char *pol = at + 1;
+    static const char *const others[] = {"snapkv", "pyramidkv", "streamingllm"};
+    for (size_t i = 0; i < sizeof others / sizeof *others; i++)
+        if (strncmp(pol, others[i], strlen(others[i])) == 0)
+            return KV_ERR(KV_EINVAL, "pruned contender '%s': %s selects its tokens once, after a prompt; the "
+                          "selection scores teacher-forced chunks stepped by the window, where only h2o prunes "
+                          "throughout (measure %s with kvrun eval --protocol continuation)", spec, others[i],
+                          others[i]);
+    if (strncmp(pol, "h2o", 3) != 0)
+        return KV_ERR(KV_EINVAL, "pruned contender '%s': the policy must be h2o (e.g. kivi4@h2o0.125)", spec);
+    char *end = NULL;
+    const double f = strtod(pol + 3, &end);
+    if (end == pol + 3 || *end != '\0' || !(f > 0.0 && f <= 1.0))
+        return KV_ERR(KV_EINVAL, "pruned contender '%s': the kept fraction of the f16 cache after h2o must be a "
+                      "number in (0, 1]", spec);
+    out->method = KV_PLAN_PRUNE_H2O;
+    out->budget = f;
+    snprintf(out->name, sizeof out->name, "%s", spec);
+    return KV_OK;
+}
+
+kv_status kv_search_pruned_config(kv_fit_config *cfg, const kv_search_pruned *p, const char *const *common,
+                                  int n_common) {
+    int nk;
+    const kv_search_candidate *table = kv_search_candidates(&nk);
+    if (!p || p->cand < 0 || p->cand >= nk) return KV_ERR(KV_EINVAL, "kv_search_pruned_config: bad contender");
+    kv_status s = kv_search_candidate_config(cfg, &table[p->cand], common, n_common);
+    if (s != KV_OK) return s;
+    char where[96], m[64], b[64];
+    snprintf(where, sizeof where, "pruned contender %s", p->name);
+    snprintf(m, sizeof m, "pruning.method=%s", kv_plan_prune_name(p->method));
+    snprintf(b, sizeof b, "pruning.budget=%.17g", p->budget);
+    if ((s = kv_fit_config_set_from(cfg, m, where)) == KV_OK) s = kv_fit_config_set_from(cfg, b, where);
+    if (s != KV_OK) {
+        kv_error_wrap(s, "pruned contender %s: ", p->name);
+        kv_fit_config_free(cfg);
+    }
+    return s;
+}
+
+void kv_search_pruned_apply(kv_plan *plan, const kv_search_pruned *p) {
+    plan->global.prune_method = p->method;
+    plan->global.prune_budget = (float)p->budget; /* as setup_plan stores pruning.budget */
+}

@@ -4,7 +4,7 @@
  * the proxy (kv_importance_run, Spearman per stream); then for every (budget, context) point asked for:
  * allocate (kv_search_allocate), assemble, keep the least-KL plan on calibration text at the point's
  * context among the knapsack's, a context-corrected choice and the single methods within the budget (the
- * selection, SEARCH.md §5c), write, and validate the plan end to end with `kvrun eval --plan`'s own code
+ * selection, SEARCH.md §5c; with --pruned also single methods under H2O token pruning, §5d), write, and validate the plan end to end with `kvrun eval --plan`'s own code
  * (kv_tool_eval_plan). Several points share the fits and the sensitivities: that is how one run
  * draws a frontier (scripts/pareto.sh). */
 #define _POSIX_C_SOURCE 200809L
@@ -22,13 +22,15 @@ static const char *const k_default_cands =
     "f16,kivi2,kivi3,kivi4,higgs2,higgs3,aqua2,aqua3,aqua2r32,aqua2r64,aqua3r32,fp8,nvfp4";
 #define MAX_BUDGETS 32
 #define MAX_CONTEXTS 8
+#define MAX_PRUNED 8
 
 /* One (budget, context) point: the plan chosen for it and what its validation measured. */
 typedef struct search_point {
     double budget_bits;
     int ctx_index;               /* into contexts[] and the per-context byte tables */
     char path[4096];             /* where its plan is written */
-    int feasible;                /* the cheapest assembly fits the budget */
+    int assembly;                /* the cheapest assembly fits the budget */
+    int feasible;                /* a plan was written: an assembly fits, or (--pruned) a pruned contender */
     double cheapest_bits;
     int *choice;                 /* n_items candidate positions */
     uint64_t budget_bytes, unit;
@@ -41,14 +43,15 @@ typedef struct search_point {
     /* the selection (--select-chunks, SEARCH.md §5c): the measured KL on calibration tokens at the point's
      * context of the knapsack's choice, of the choice on context-corrected sensitivities (NAN: the same
      * choice, or no selection), and which plan was kept */
-    int selected;                /* SEL_KNAPSACK, SEL_CORRECTED, SEL_SINGLE */
+    int selected;                /* SEL_KNAPSACK, SEL_CORRECTED, SEL_SINGLE, SEL_PRUNED */
     int single;                  /* SEL_SINGLE: the candidate whose own fit is the plan */
+    int pruned;                  /* SEL_PRUNED: the pruned contender (its candidate's fit under H2O) */
     double sel_kl[2];
     double seconds_select;
 } search_point;
 
-enum { SEL_KNAPSACK = 0, SEL_CORRECTED = 1, SEL_SINGLE = 2 };
-static const char *const k_sel_names[] = {"knapsack", "corrected", "single"};
+enum { SEL_KNAPSACK = 0, SEL_CORRECTED = 1, SEL_SINGLE = 2, SEL_PRUNED = 3 };
+static const char *const k_sel_names[] = {"knapsack", "corrected", "single", "pruned"};
 
 /* "a,b,c" -> numbers (each checked by the caller); at most max. With `at` (--budget-bits), an entry may be
  * "B@N": budget B at context N only (at[i] = N; 0 = at every context), so that one run can put a point at
@@ -166,7 +169,8 @@ static int single_of(const int *choice, int n_items) {
     return choice[0];
 }
 
-/* The selection's measure of a plan: its mean KL on the selection tokens at ctx (kvrun eval --plan's code). */
+/* The selection's measure of a plan: its mean KL on the selection tokens at ctx (kvrun eval --plan's code), and
+ * (bits may be NULL) its bits_per_value_total there. */
 typedef struct select_tokens {
     kv_model *m;
     const int32_t *tok;
@@ -175,21 +179,59 @@ typedef struct select_tokens {
     long chunks;
 } select_tokens;
 
-static kv_status select_kl(double *kl, const select_tokens *st, const kv_plan *plan, long ctx, const char *label) {
+static kv_status select_kl(double *kl, double *bits, const select_tokens *st, const kv_plan *plan, long ctx,
+                           const char *label) {
     kv_tool_plan_eval e;
     kv_status s = kv_tool_eval_plan_loaded(&e, st->m, plan, st->tok, st->n_tok, (int)ctx, st->bos, (size_t)st->chunks, 0,
                                            0, label);
     if (s == KV_OK) *kl = e.cmp.kl_mean;
+    if (s == KV_OK && bits) *bits = e.bits_per_value_total;
     return s;
 }
 
+/* "a@h2o0.1,b@h2o0.2" -> the pruned contenders, each's candidate's position in --candidates (pos[j]). */
+static kv_status parse_pruned(kv_search_pruned *pr, int *pos, int *n, const char *list, const int *cidx, int nc) {
+    *n = 0;
+    char buf[1024];
+    if (snprintf(buf, sizeof buf, "%s", list) >= (int)sizeof buf) return KV_ERR(KV_EINVAL, "--pruned: list too long");
+    int nk;
+    const kv_search_candidate *table = kv_search_candidates(&nk);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (*n >= MAX_PRUNED) return KV_ERR(KV_EINVAL, "--pruned: at most %d contenders", MAX_PRUNED);
+        kv_status s = kv_search_pruned_parse(&pr[*n], t);
+        if (s != KV_OK) return s;
+        pos[*n] = -1;
+        for (int c = 0; c < nc; c++)
+            if (cidx[c] == pr[*n].cand) pos[*n] = c;
+        if (pos[*n] < 0)
+            return KV_ERR(KV_EINVAL, "--pruned %s: %s is not in --candidates (a pruned contender is a candidate's own "
+                          "fit under pruning)", t, table[pr[*n].cand].name);
+        if (table[pr[*n].cand].keys_only)
+            return KV_ERR(KV_EINVAL, "--pruned %s: %s codes keys only; a pruned contender is one method on every "
+                          "stream", t, table[pr[*n].cand].name);
+        for (int j = 0; j < *n; j++)
+            if (strcmp(pr[j].name, pr[*n].name) == 0) return KV_ERR(KV_EINVAL, "--pruned names '%s' twice", t);
+        (*n)++;
+    }
+    if (*n == 0) return KV_ERR(KV_EINVAL, "--pruned is empty");
+    return KV_OK;
+}
+
+/* The pruned contenders (--pruned) and their measurements at one context. */
+typedef struct pruned_at {
+    const kv_search_pruned *pr;
+    const double *kl, *bits; /* [contender] */
+    int n;
+} pruned_at;
+
 static void print_point_text(const search_point *pt, long context, const kv_search_candidate *table, const int *cidx,
                              int nc, int n_items, const double *kl, const unsigned char *allowed,
-                             const uint64_t *bytes, const uint64_t *values,
+                             const uint64_t *bytes, const uint64_t *values, const pruned_at *pa,
                              int per_stream, long sens_ctx, long sens_samples) {
     printf("\n== budget %.3f honest bits per value at context %ld", pt->budget_bits, context);
     if (!pt->feasible) {
-        printf(": below the cheapest assembly of these candidates (%.4f bits); no plan\n", pt->cheapest_bits);
+        printf(": below the cheapest assembly of these candidates (%.4f bits)%s; no plan\n", pt->cheapest_bits,
+               pa->n ? " and every pruned contender's bits" : "");
         return;
     }
     printf(" (%llu bytes, unit %llu): %s\n", (unsigned long long)pt->budget_bytes, (unsigned long long)pt->unit,
@@ -197,6 +239,9 @@ static void print_point_text(const search_point *pt, long context, const kv_sear
     if (pt->refit)
         printf("AQUA-KV streams chosen: the plan was refitted layer-sequentially on the mix's reconstructions (%.1f s)\n",
                pt->seconds_refit);
+    if (pt->selected == SEL_PRUNED)
+        printf("the pruned contender %s: %s's own fit under H2O (the sensitivities below do not model pruning; its "
+               "bits were measured)\n", pa->pr[pt->pruned].name, table[cidx[pt->choice[0]]].name);
     if (per_stream) {
         printf("%-6s %-2s %-8s %12s %8s   KL per candidate\n", "layer", "s", "choice", "kl", "bits");
         for (int i = 0; i < n_items; i++) {
@@ -219,11 +264,18 @@ static void print_point_text(const search_point *pt, long context, const kv_sear
         }
     }
     printf("predicted: KL sum %.5g, honest bits %.4f\n", pt->predicted_kl, pt->predicted_bits);
-    if (isfinite(pt->sel_kl[0])) {
-        printf("selection on calibration text (ctx %ld): knapsack KL %.5g", context, pt->sel_kl[0]);
+    if (isfinite(pt->sel_kl[0]) || pa->n) {
+        printf("selection on calibration text (ctx %ld):", context);
+        if (isfinite(pt->sel_kl[0])) printf(" knapsack KL %.5g", pt->sel_kl[0]);
         if (isfinite(pt->sel_kl[1])) printf(", context-corrected choice %.5g", pt->sel_kl[1]);
-        printf("; kept: %s%s\n", pt->selected == SEL_SINGLE ? "the single method " : k_sel_names[pt->selected],
-               pt->selected == SEL_SINGLE ? table[cidx[pt->single]].name : "");
+        for (int j = 0; j < pa->n; j++)
+            printf("%s %s KL %.5g at %.4f bits%s", j || isfinite(pt->sel_kl[0]) ? "," : "", pa->pr[j].name, pa->kl[j],
+                   pa->bits[j], pa->bits[j] <= pt->budget_bits ? "" : " (over the budget)");
+        printf("; kept: %s%s\n",
+               pt->selected == SEL_SINGLE ? "the single method " :
+               pt->selected == SEL_PRUNED ? "the pruned contender " : k_sel_names[pt->selected],
+               pt->selected == SEL_SINGLE ? table[cidx[pt->single]].name :
+               pt->selected == SEL_PRUNED ? pa->pr[pt->pruned].name : "");
     }
     printf("measured on the sensitivity tokens (ctx %ld, %ld chunks): KL %.5g, ppl %.4f (exact %.4f), bits %.4f\n",
            sens_ctx, sens_samples, pt->ev_same.cmp.kl_mean, pt->ev_same.cmp.ppl, pt->ev_same.cmp.ppl_ref,
@@ -237,7 +289,8 @@ static void print_point_text(const search_point *pt, long context, const kv_sear
 int kvcal_search(int argc, char **argv) {
     const char *tool = "kvcal search";
     const char *model = NULL, *tokenizer = NULL, *corpus = NULL, *heldout = NULL, *out = NULL, *out_dir = NULL,
-               *cand_list = NULL, *set_last = NULL, *budget_list = NULL, *context_list = NULL;
+               *cand_list = NULL, *set_last = NULL, *budget_list = NULL, *context_list = NULL,
+               *pruned_list = NULL;
     long fit_tokens = 16384, fit_seq = 0, sens_ctx = 0, sens_samples = 2, eval_chunks = 4, eval_tokens = 0,
          prompts = 8, threads = 0, select_chunks = 1;
     int json = 0;
@@ -277,6 +330,12 @@ int kvcal_search(int argc, char **argv) {
                                                               "at its context among the knapsack's choice, the "
                                                               "choice on context-corrected sensitivities and every "
                                                               "single method within the budget", 0},
+        {"pruned", 0, KV_OPT_STRING, &pruned_list, "LIST", "pruned contenders for the selection, comma-separated "
+                                                           "CANDIDATE@h2oF (e.g. kivi4@h2o0.125: that candidate's "
+                                                           "fit with H2O keeping F of the f16 cache): measured at "
+                                                           "each context, kept at a point whose budget their bits "
+                                                           "fit when they measure the least KL, also where no "
+                                                           "assembly fits (SEARCH.md §5d)", 0},
         {"prompts", 0, KV_OPT_INT, &prompts, "N", "KVmix importance prompts for the proxy (default 8; 0: none)", 0},
         {"set", 0, KV_OPT_STRING, &set_last, "KEY=VALUE", "a fit configuration key for every candidate (repeatable), "
                                                           "e.g. cache.recent=64", 0},
@@ -314,6 +373,9 @@ int kvcal_search(int argc, char **argv) {
         return rc < 0 ? KV_EXIT_OK : rc;
     }
     int cidx[MAX_CANDS], nc = 0, n_threads = 0, n_budgets = 0, n_ctx = 0, n_points = 0;
+    kv_search_pruned pruned[MAX_PRUNED];
+    int pruned_pos[MAX_PRUNED], n_pruned = 0; /* a contender's candidate: its position in --candidates */
+    double *pr_kl = NULL, *pr_bits = NULL;    /* [context][contender]: measured on the selection's chunks */
     double budgets[MAX_BUDGETS], ctx_d[MAX_CONTEXTS];
     long budget_at[MAX_BUDGETS];
     long contexts[MAX_CONTEXTS];
@@ -429,6 +491,15 @@ int kvcal_search(int argc, char **argv) {
     if ((s = parse_candidates(cidx, &nc, cand_list ? cand_list : k_default_cands)) !=
         KV_OK) {
         rc = kv_cli_usage_error(tool, "%s", kv_error_last());
+        goto end;
+    }
+    if (pruned_list && (s = parse_pruned(pruned, pruned_pos, &n_pruned, pruned_list, cidx, nc)) != KV_OK) {
+        rc = kv_cli_usage_error(tool, "%s", kv_error_last());
+        goto end;
+    }
+    if (n_pruned > 0 && select_chunks == 0) {
+        rc = kv_cli_usage_error(tool, "--pruned: a pruned contender enters a plan only through the selection, which "
+                                "--select-chunks 0 turns off");
         goto end;
     }
     if ((rc = kv_tool_threads(tool, threads, &n_threads)) != KV_EXIT_OK) goto end;
@@ -554,6 +625,13 @@ int kvcal_search(int argc, char **argv) {
         kv_fit_config_free(&cfg);
         if (s != KV_OK) kv_error_wrap(s, "candidate %s: ", cands[c]->name);
     }
+    for (int j = 0; j < n_pruned && s == KV_OK; j++) { /* what the runtime cannot prune: predictors, shared codes */
+        kv_fit_config cfg;
+        if ((s = kv_search_pruned_config(&cfg, &pruned[j], common, n_common)) != KV_OK) break;
+        s = kv_fit_check(&cfg, arch);
+        kv_fit_config_free(&cfg);
+        if (s != KV_OK) kv_error_wrap(s, "--pruned %s: ", pruned[j].name);
+    }
     if (s != KV_OK) goto fail;
     const fit_inputs fin = {m, mf, arch, ids, fit_tokens, kv_tokenizer_add_bos_default(tok) ? bos : -1, corpus_sha,
                             gcache};
@@ -585,7 +663,7 @@ int kvcal_search(int argc, char **argv) {
                 for (int i = 0; i < n_items; i++)
                     if (v1[i] != values[table_len * k + (size_t)i * nc]) {
                         s = KV_ERR(KV_EINVAL, "layer %d %s: candidates hold different numbers of values (token pruning "
-                                   "is not a candidate)", i / 2, i % 2 ? "V" : "K");
+                                   "enters through --pruned, not --set)", i / 2, i % 2 ? "V" : "K");
                         break;
                     }
             }
@@ -606,9 +684,12 @@ int kvcal_search(int argc, char **argv) {
         if ((s = kv_search_cheapest(&cheapest, NULL, by, allowed, chain_p, n_items, nc)) != KV_OK) goto fail;
         pt->budget_bytes = (uint64_t)floor(pt->budget_bits * (double)total_values / 8.0);
         pt->cheapest_bits = 8.0 * (double)cheapest / (double)total_values;
-        pt->feasible = cheapest <= pt->budget_bytes;
+        pt->assembly = pt->feasible = cheapest <= pt->budget_bytes;
         n_feasible += pt->feasible;
-        if (!pt->feasible) {
+        if (!pt->feasible && n_pruned > 0) {
+            kv_log(KV_LOG_INFO, "search: --budget-bits %g at --context %ld is below the cheapest assembly (%.4f bits): "
+                   "only a pruned contender can serve it", pt->budget_bits, contexts[pt->ctx_index], pt->cheapest_bits);
+        } else if (!pt->feasible) {
             s = KV_ERR(KV_EINVAL, "--budget-bits %g at --context %ld is below the cheapest assembly of these "
                        "candidates, %.4f honest bits per value (f16 sinks and window included; a longer context "
                        "amortizes them)", pt->budget_bits, contexts[pt->ctx_index], pt->cheapest_bits);
@@ -617,7 +698,7 @@ int kvcal_search(int argc, char **argv) {
             s = KV_OK;
         }
     }
-    if (n_feasible == 0) {
+    if (n_feasible == 0 && n_pruned == 0) {
         s = KV_ERR(KV_EINVAL, "every budget is below the cheapest assembly of these candidates at its context");
         goto fail;
     }
@@ -681,12 +762,28 @@ int kvcal_search(int argc, char **argv) {
                 if (!everywhere) continue;
                 char label[96];
                 snprintf(label, sizeof label, "selection %s ctx %ld", cands[c]->name, contexts[k]);
-                s = select_kl(&sel_single[k * nc + c], &sel, plans[c], contexts[k], label);
+                s = select_kl(&sel_single[k * nc + c], NULL, &sel, plans[c], contexts[k], label);
             }
             if (s == KV_OK)
                 s = kv_search_context_scale(kl_scaled + table_len * k, scale + (size_t)k * nc, kl,
                                             sel_single + (size_t)k * nc, n_items, nc);
         }
+        /* each pruned contender (§5d): its candidate's fit under H2O, KL and honest bits on the same chunks */
+        if (s == KV_OK && n_pruned > 0 &&
+            (!(pr_kl = malloc((size_t)n_ctx * n_pruned * sizeof *pr_kl)) ||
+             !(pr_bits = malloc((size_t)n_ctx * n_pruned * sizeof *pr_bits))))
+            s = KV_ERR(KV_ENOMEM, "out of memory");
+        for (int k = 0; k < n_ctx && s == KV_OK && n_pruned > 0; k++)
+            for (int j = 0; j < n_pruned && s == KV_OK; j++) {
+                kv_plan *pp = plans[pruned_pos[j]];
+                const kv_plan_global g = pp->global;
+                char label[128];
+                snprintf(label, sizeof label, "selection %s ctx %ld", pruned[j].name, contexts[k]);
+                kv_search_pruned_apply(pp, &pruned[j]);
+                s = select_kl(&pr_kl[k * n_pruned + j], &pr_bits[k * n_pruned + j], &sel, pp, contexts[k], label);
+                pp->global = g;
+                if (s != KV_OK) kv_error_wrap(s, "--pruned %s at context %ld: ", pruned[j].name, contexts[k]);
+            }
         seconds_select = kv_now_seconds() - ts;
         if (s != KV_OK) goto fail;
     }
@@ -694,71 +791,100 @@ int kvcal_search(int argc, char **argv) {
     double seconds_eval = 0;
     for (int p = 0; p < n_points; p++) {
         search_point *pt = &points[p];
-        if (!pt->feasible) continue;
+        if (!pt->assembly && n_pruned == 0) continue;
         const long context = contexts[pt->ctx_index];
         const uint64_t *by = bytes + table_len * pt->ctx_index, *va = values + table_len * pt->ctx_index;
-        if ((s = kv_search_allocate(pt->choice, by, kl, allowed, chain_p, n_items, nc, pt->budget_bytes, 0, &pt->unit)) !=
-            KV_OK) {
-            kv_error_wrap(s, "--budget-bits %g at --context %ld: ", pt->budget_bits, context);
-            goto fail;
-        }
+        const int k = pt->ctx_index;
         kv_plan *plan = NULL;
         int plan_owned = 1; /* 0: plans[c] itself (a single method: the knapsack's choice or the selection's) */
-        const int single = single_of(pt->choice, n_items);
-        if (single >= 0) { /* the single method's own fit: no assembly, no refit */
-            kv_log(KV_LOG_INFO, "search: budget %g at context %ld: the choice is %s on every stream, its own fit",
-                   pt->budget_bits, context, cands[single]->name);
-            plan = plans[single], plan_owned = 0, pt->refit = 0, pt->seconds_refit = 0;
-        } else if ((s = build_mix(&plan, &pt->refit, &pt->seconds_refit, &mix, pt->choice, pt->budget_bits, context)) !=
-                   KV_OK) {
-            goto fail;
-        }
-        pt->selected = SEL_KNAPSACK;
+        double best = INFINITY; /* the selection's least KL so far */
+        double ts = kv_now_seconds(); /* the selection's start (after the knapsack's own plan is built) */
         pt->sel_kl[0] = pt->sel_kl[1] = NAN;
-        if (select_chunks > 0) { /* measure, on calibration tokens at this context, what to keep (SEARCH.md §5c) */
-            const double ts = kv_now_seconds();
-            const int k = pt->ctx_index;
-            /* a single method was measured in 4b on the same chunks: its KL is reused, not measured again */
-            if (single >= 0) pt->sel_kl[0] = sel_single[k * nc + single];
-            if ((single < 0 && (s = select_kl(&pt->sel_kl[0], &sel, plan, context, NULL)) != KV_OK) ||
-                (s = kv_search_allocate(choice2, by, kl_scaled + table_len * k, allowed, chain_p, n_items, nc,
-                                        pt->budget_bytes, 0, NULL)) != KV_OK) {
-                if (plan_owned) kv_plan_free(plan);
+        if (pt->assembly) {
+            if ((s = kv_search_allocate(pt->choice, by, kl, allowed, chain_p, n_items, nc, pt->budget_bytes, 0,
+                                        &pt->unit)) != KV_OK) {
+                kv_error_wrap(s, "--budget-bits %g at --context %ld: ", pt->budget_bits, context);
                 goto fail;
             }
-            double best = pt->sel_kl[0];
-            const int single2 = single_of(choice2, n_items);
-            if (single2 >= 0 && single2 != single) {
-                pt->sel_kl[1] = sel_single[k * nc + single2]; /* a single method: the loop below may keep it */
-            } else if (memcmp(choice2, pt->choice, (size_t)n_items * sizeof *choice2) != 0) {
-                kv_plan *plan2 = NULL;
-                int refit2;
-                double sec2;
-                s = build_mix(&plan2, &refit2, &sec2, &mix, choice2, pt->budget_bits, context);
-                pt->seconds_refit += sec2;
-                if (s == KV_OK) s = select_kl(&pt->sel_kl[1], &sel, plan2, context, NULL);
-                if (s != KV_OK) {
-                    kv_plan_free(plan2);
+            const int single = single_of(pt->choice, n_items);
+            if (single >= 0) { /* the single method's own fit: no assembly, no refit */
+                kv_log(KV_LOG_INFO, "search: budget %g at context %ld: the choice is %s on every stream, its own fit",
+                       pt->budget_bits, context, cands[single]->name);
+                plan = plans[single], plan_owned = 0, pt->refit = 0, pt->seconds_refit = 0;
+            } else if ((s = build_mix(&plan, &pt->refit, &pt->seconds_refit, &mix, pt->choice, pt->budget_bits,
+                                      context)) != KV_OK) {
+                goto fail;
+            }
+            pt->selected = SEL_KNAPSACK;
+            ts = kv_now_seconds();
+            if (select_chunks > 0) { /* measure, on calibration tokens at this context, what to keep (SEARCH.md §5c) */
+                /* a single method was measured in 4b on the same chunks: its KL is reused, not measured again */
+                if (single >= 0) pt->sel_kl[0] = sel_single[k * nc + single];
+                if ((single < 0 && (s = select_kl(&pt->sel_kl[0], NULL, &sel, plan, context, NULL)) != KV_OK) ||
+                    (s = kv_search_allocate(choice2, by, kl_scaled + table_len * k, allowed, chain_p, n_items, nc,
+                                            pt->budget_bytes, 0, NULL)) != KV_OK) {
                     if (plan_owned) kv_plan_free(plan);
                     goto fail;
                 }
-                if (pt->sel_kl[1] < best) {
-                    if (plan_owned) kv_plan_free(plan);
-                    plan = plan2, plan_owned = 1, best = pt->sel_kl[1], pt->refit = refit2, pt->selected = SEL_CORRECTED;
-                    memcpy(pt->choice, choice2, (size_t)n_items * sizeof *choice2);
-                } else {
-                    kv_plan_free(plan2);
+                best = pt->sel_kl[0];
+                const int single2 = single_of(choice2, n_items);
+                if (single2 >= 0 && single2 != single) {
+                    pt->sel_kl[1] = sel_single[k * nc + single2]; /* a single method: the loop below may keep it */
+                } else if (memcmp(choice2, pt->choice, (size_t)n_items * sizeof *choice2) != 0) {
+                    kv_plan *plan2 = NULL;
+                    int refit2;
+                    double sec2;
+                    s = build_mix(&plan2, &refit2, &sec2, &mix, choice2, pt->budget_bits, context);
+                    pt->seconds_refit += sec2;
+                    if (s == KV_OK) s = select_kl(&pt->sel_kl[1], NULL, &sel, plan2, context, NULL);
+                    if (s != KV_OK) {
+                        kv_plan_free(plan2);
+                        if (plan_owned) kv_plan_free(plan);
+                        goto fail;
+                    }
+                    if (pt->sel_kl[1] < best) {
+                        if (plan_owned) kv_plan_free(plan);
+                        plan = plan2, plan_owned = 1, best = pt->sel_kl[1], pt->refit = refit2,
+                        pt->selected = SEL_CORRECTED;
+                        memcpy(pt->choice, choice2, (size_t)n_items * sizeof *choice2);
+                    } else {
+                        kv_plan_free(plan2);
+                    }
                 }
+                for (int c = 0; c < nc; c++) /* a single method within the budget that measured less */
+                    if (isfinite(sel_single[k * nc + c]) && single_bytes[k * nc + c] <= pt->budget_bytes &&
+                        sel_single[k * nc + c] < best)
+                        best = sel_single[k * nc + c], pt->selected = SEL_SINGLE, pt->single = c;
             }
-            for (int c = 0; c < nc; c++) /* a single method within the budget that measured less */
-                if (isfinite(sel_single[k * nc + c]) && single_bytes[k * nc + c] <= pt->budget_bytes &&
-                    sel_single[k * nc + c] < best)
-                    best = sel_single[k * nc + c], pt->selected = SEL_SINGLE, pt->single = c;
-            if (pt->selected == SEL_SINGLE) {
-                if (plan_owned) kv_plan_free(plan);
-                plan = plans[pt->single], plan_owned = 0, pt->refit = 0;
-                for (int i = 0; i < n_items; i++) pt->choice[i] = pt->single;
+        }
+        /* a pruned contender whose bits (measured at this context) fit the budget and that measured less (§5d) */
+        for (int j = 0; j < n_pruned; j++)
+            if (pr_bits[k * n_pruned + j] <= pt->budget_bits && pr_kl[k * n_pruned + j] < best)
+                best = pr_kl[k * n_pruned + j], pt->selected = SEL_PRUNED, pt->pruned = j;
+        if (!pt->assembly && pt->selected != SEL_PRUNED) { /* no assembly, no pruned contender fits */
+            pt->feasible = 0;
+            s = KV_ERR(KV_EINVAL, "--budget-bits %g at --context %ld is below the cheapest assembly of these candidates "
+                       "(%.4f honest bits per value) and below every pruned contender's measured bits",
+                       pt->budget_bits, context, pt->cheapest_bits);
+            if (n_points == 1) goto fail;
+            kv_log(KV_LOG_WARN, "search: %s: no plan for this point", kv_error_last());
+            s = KV_OK;
+            continue;
+        }
+        pt->feasible = 1;
+        int pruned_c = -1; /* SEL_PRUNED: the candidate whose fit is written under H2O; its global restored after */
+        kv_plan_global pruned_global;
+        if (pt->selected == SEL_SINGLE || pt->selected == SEL_PRUNED) {
+            const int c = pt->selected == SEL_SINGLE ? pt->single : pruned_pos[pt->pruned];
+            if (plan_owned) kv_plan_free(plan);
+            plan = plans[c], plan_owned = 0, pt->refit = 0;
+            for (int i = 0; i < n_items; i++) pt->choice[i] = c;
+            if (pt->selected == SEL_PRUNED) {
+                pruned_c = c, pruned_global = plan->global;
+                kv_search_pruned_apply(plan, &pruned[pt->pruned]);
             }
+        }
+        if (select_chunks > 0) {
             pt->seconds_select = kv_now_seconds() - ts;
             seconds_select += pt->seconds_select;
         }
@@ -769,6 +895,8 @@ int kvcal_search(int argc, char **argv) {
             total_values += va[(size_t)i * nc];
         }
         pt->predicted_bits = 8.0 * (double)chosen_bytes / (double)total_values;
+        if (pt->selected == SEL_PRUNED) /* the sensitivities do not model pruning; its bits were measured (§5d) */
+            pt->predicted_kl = NAN, pt->predicted_bits = pr_bits[k * n_pruned + pt->pruned];
         kv_plan_provenance pv;
         memset(&pv, 0, sizeof pv);
         char ver[64], yaml[8192];
@@ -782,11 +910,14 @@ int kvcal_search(int argc, char **argv) {
             len += (size_t)snprintf(yaml + len, sizeof yaml - len, "    - {layer: %d, key: %s, value: %s}\n", l,
                                     table[cidx[pt->choice[2 * l]]].name, table[cidx[pt->choice[2 * l + 1]]].name);
         if (select_chunks > 0 && len < sizeof yaml)
-            snprintf(yaml + len, sizeof yaml - len, "  selected: %s\n", k_sel_names[pt->selected]);
+            len += (size_t)snprintf(yaml + len, sizeof yaml - len, "  selected: %s\n", k_sel_names[pt->selected]);
+        if (pt->selected == SEL_PRUNED && len < sizeof yaml)
+            snprintf(yaml + len, sizeof yaml - len, "  pruned: %s\n", pruned[pt->pruned].name);
         pv.config_yaml = yaml;
         if ((s = kv_plan_creation_time(&pv.created)) == KV_OK) s = kv_plan_set_provenance(plan, &pv);
         if (s == KV_OK) s = kv_plan_write(plan, pt->path, NULL);
         if (plan_owned) kv_plan_free(plan);
+        if (pruned_c >= 0) plans[pruned_c]->global = pruned_global;
         if (s != KV_OK) goto fail;
         /* the additivity gap on the very tokens the sensitivities saw, then the end-to-end validation */
         const double tv = kv_now_seconds();
@@ -821,7 +952,17 @@ int kvcal_search(int argc, char **argv) {
             }
             printf("}");
         }
-        printf("\n  ],\n  \"streams\": [");
+        printf("\n  ],\n  \"pruned\": [");
+        for (int j = 0; j < n_pruned; j++) { /* per context: KL and honest bits on the selection's chunks */
+            printf("%s\n    {\"name\": \"%s\", \"candidate\": \"%s\", \"method\": \"%s\", \"budget\": %.9g, "
+                   "\"select_kl\": [", j ? "," : "", pruned[j].name, cands[pruned_pos[j]]->name,
+                   kv_plan_prune_name(pruned[j].method), pruned[j].budget);
+            for (int k = 0; k < n_ctx; k++) printf("%s%.6g", k ? ", " : "", pr_kl[k * n_pruned + j]);
+            printf("], \"bits\": [");
+            for (int k = 0; k < n_ctx; k++) printf("%s%.9g", k ? ", " : "", pr_bits[k * n_pruned + j]);
+            printf("]}");
+        }
+        printf("%s],\n  \"streams\": [", n_pruned ? "\n  " : "");
         for (int i = 0; i < n_items; i++) {
             printf("%s\n    {\"layer\": %d, \"stream\": \"%s\", \"kl\": [", i ? "," : "", i / 2, i % 2 ? "V" : "K");
             for (int c = 0; c < nc; c++) {
@@ -846,8 +987,9 @@ int kvcal_search(int argc, char **argv) {
             const search_point *pt = &points[p];
             printf("%s\n    {\"plan\": ", p ? "," : "");
             if (pt->feasible) kv_tool_json_string(stdout, pt->path); else printf("null");
-            printf(", \"budget_bits\": %.9g, \"context\": %ld, \"feasible\": %s, \"cheapest_bits\": %.6f",
-                   pt->budget_bits, contexts[pt->ctx_index], pt->feasible ? "true" : "false", pt->cheapest_bits);
+            printf(", \"budget_bits\": %.9g, \"context\": %ld, \"feasible\": %s, \"assembly\": %s, "
+                   "\"cheapest_bits\": %.6f", pt->budget_bits, contexts[pt->ctx_index], pt->feasible ? "true" : "false",
+                   pt->assembly ? "true" : "false", pt->cheapest_bits);
             if (!pt->feasible) {
                 printf("}");
                 continue;
@@ -857,19 +999,31 @@ int kvcal_search(int argc, char **argv) {
             for (int i = 0; i < n_items; i++) printf("%s\"%s\"", i ? ", " : "", table[cidx[pt->choice[i]]].name);
             printf("],\n     \"refit\": %s, \"seconds_refit\": %.3f,\n", pt->refit ? "true" : "false",
                    pt->seconds_refit);
-            printf("     \"predicted\": {\"kl_sum\": %.6g, \"bits_per_value_total\": %.9f},\n", pt->predicted_kl,
-                   pt->predicted_bits);
+            printf("     \"predicted\": {\"kl_sum\": ");
+            if (isfinite(pt->predicted_kl)) printf("%.6g", pt->predicted_kl); else printf("null"); /* pruned */
+            printf(", \"bits_per_value_total\": %.9f},\n", pt->predicted_bits);
             if (select_chunks > 0) {
                 printf("     \"selection\": {\"kept\": \"%s\", \"single\": ", k_sel_names[pt->selected]);
                 if (pt->selected == SEL_SINGLE) printf("\"%s\"", cands[pt->single]->name); else printf("null");
-                printf(", \"ctx\": %ld, \"chunks\": %ld, \"kl_knapsack\": %.6g, \"kl_corrected\": ",
-                       contexts[pt->ctx_index], select_chunks, pt->sel_kl[0]);
+                printf(", \"pruned\": ");
+                if (pt->selected == SEL_PRUNED) printf("\"%s\"", pruned[pt->pruned].name); else printf("null");
+                printf(", \"ctx\": %ld, \"chunks\": %ld, \"kl_knapsack\": ", contexts[pt->ctx_index], select_chunks);
+                if (isfinite(pt->sel_kl[0])) printf("%.6g", pt->sel_kl[0]); else printf("null"); /* no assembly */
+                printf(", \"kl_corrected\": ");
                 if (isfinite(pt->sel_kl[1])) printf("%.6g", pt->sel_kl[1]); else printf("null");
                 printf(", \"singles_within_budget\": [");
                 for (int c = 0, first = 1; c < nc; c++) {
                     const int q = pt->ctx_index * nc + c;
                     if (!isfinite(sel_single[q]) || single_bytes[q] > pt->budget_bytes) continue;
                     printf("%s{\"name\": \"%s\", \"kl\": %.6g}", first ? "" : ", ", cands[c]->name, sel_single[q]);
+                    first = 0;
+                }
+                printf("], \"pruned_within_budget\": [");
+                for (int j = 0, first = 1; j < n_pruned; j++) {
+                    const int q = pt->ctx_index * n_pruned + j;
+                    if (pr_bits[q] > pt->budget_bits) continue;
+                    printf("%s{\"name\": \"%s\", \"kl\": %.6g, \"bits\": %.9g}", first ? "" : ", ", pruned[j].name,
+                           pr_kl[q], pr_bits[q]);
                     first = 0;
                 }
                 printf("], \"seconds\": %.3f},\n", pt->seconds_select);
@@ -894,10 +1048,13 @@ int kvcal_search(int argc, char **argv) {
         printf("proxy (KVmix importance) vs measured KL, Spearman per candidate:");
         for (int c = 0; c < nc; c++) printf(" %s K %.3f V %.3f;", table[cidx[c]].name, rho[c], rho[nc + c]);
         printf("\n");
-        for (int p = 0; p < n_points; p++)
-            print_point_text(&points[p], contexts[points[p].ctx_index], table, cidx, nc, n_items, kl, allowed,
-                             bytes + table_len * points[p].ctx_index, values + table_len * points[p].ctx_index,
-                             n_points == 1, sens_ctx, sens_samples);
+        for (int p = 0; p < n_points; p++) {
+            const int k = points[p].ctx_index;
+            const pruned_at pa = {pruned, pr_kl ? pr_kl + k * n_pruned : NULL, pr_bits ? pr_bits + k * n_pruned : NULL,
+                                  n_pruned};
+            print_point_text(&points[p], contexts[k], table, cidx, nc, n_items, kl, allowed, bytes + table_len * k,
+                             values + table_len * k, &pa, n_points == 1, sens_ctx, sens_samples);
+        }
         printf("\ntime: fits %.1f s, bytes %.1f s, sensitivity %.1f s (%zu tokens x %d evaluations), proxy %.1f s, "
                "selection %.1f s, validation %.1f s, total %.1f s\n", seconds_fit, seconds_bytes, seconds_sens,
                sens_need, n_evals, seconds_proxy, seconds_select, seconds_eval, kv_now_seconds() - t0);
@@ -923,6 +1080,8 @@ end:
     free(kl_scaled);
     free(single_bytes);
     free(choice2);
+    free(pr_kl);
+    free(pr_bits);
     free(ids);
     free(ho);
     kv_tokenizer_free(tok);

@@ -274,6 +274,82 @@ sel = p["selection"]
 assert sel["kept"] == "knapsack" and sel["kl_knapsack"] == k["select_kl"][0], (sel, k)
 print("ok: single-method choice: selection KL %.5g reused" % sel["kl_knapsack"])
 PY
+# pruned contenders (SEARCH.md §5d): a candidate's own fit under H2O, measured by the selection at each context
+# and kept where its measured bits fit the budget and its KL is least, also below the cheapest assembly
+expect 2 "select-chunks 0" "--pruned without the selection" -- "$kvcal" search "${common[@]}" --budget-bits 7 \
+  --candidates kivi2,kivi4 --pruned kivi4@h2o0.1 --out "$tmp/x.kvplan"
+expect 2 "not in --candidates" "--pruned of a candidate not in the list" -- "$kvcal" search "${inputs[@]}" \
+  --context 512 --budget-bits 7 --candidates kivi2 --pruned kivi4@h2o0.1 --out "$tmp/x.kvplan"
+expect 2 "only h2o prunes throughout" "--pruned with SnapKV" -- "$kvcal" search "${inputs[@]}" --context 512 \
+  --budget-bits 7 --candidates kivi4 --pruned kivi4@snapkv0.1 --out "$tmp/x.kvplan"
+expect 2 "in (0, 1]" "--pruned with a fraction above 1" -- "$kvcal" search "${inputs[@]}" --context 512 \
+  --budget-bits 7 --candidates kivi4 --pruned kivi4@h2o1.5 --out "$tmp/x.kvplan"
+expect 1 "AQUA-KV predictor" "--pruned AQUA-KV (the runtime cannot prune predicted streams)" -- "$kvcal" search \
+  "${inputs[@]}" --context 512 --budget-bits 7 --candidates kivi4,aqua4 --pruned aqua4@h2o0.1 --out "$tmp/x.kvplan"
+grep -q "fitting candidate" "$tmp/err" && bad "the refusal came after a fit" || ok "refused before the first fit"
+# at 512 tokens with a 64-token window the cheapest assembly (KIVI-2) is 4.625 bits: 3.5 and 4 bits only the
+# pruned contenders can serve (KIVI-2 and KIVI-4 under H2O at 1/10 measured 3.41 and 3.53 bits when this was
+# written), 3 bits nothing; at 5 bits both kinds compete
+expect 0 "" "search with pruned contenders" -- "$kvcal" search "${inputs[@]}" --context 512 --eval-tokens 1024 \
+  --budget-bits 3,3.5,4,5 --candidates kivi2,kivi4 --pruned kivi4@h2o0.1,kivi2@h2o0.1,kivi4@h2o0.2 \
+  --out-dir "$tmp/pr" --json
+cp "$tmp/out" "$tmp/pr.json"
+grep -q "only a pruned contender can serve it" "$tmp/err" && ok "points below the assembly go to the pruned" ||
+  bad "no log of the points below the cheapest assembly"
+python3 - "$tmp/pr.json" <<'PY' || fail=1
+import json, sys
+r = json.load(open(sys.argv[1]))
+pr = {c["name"]: c for c in r["pruned"]}
+assert set(pr) == {"kivi4@h2o0.1", "kivi2@h2o0.1", "kivi4@h2o0.2"}, pr
+for c in pr.values():  # held below f16 (the budget is a fraction of the f16 cache; the window stays f16)
+    assert 0 < c["select_kl"][0] and 0 < c["bits"][0] < 16 * c["budget"] + 16 * 68 / 512 + 1e-9, c
+kept = set()
+for p in r["plans"]:
+    b = p["budget_bits"]
+    assert p["assembly"] == (p["cheapest_bits"] <= b), p
+    fits = {n: c for n, c in pr.items() if c["bits"][0] <= b}
+    if not p["assembly"] and not fits:
+        assert not p["feasible"] and p["plan"] is None, p
+        print("ok: %.4g bits: no plan (below the assembly and every pruned contender)" % b)
+        continue
+    assert p["feasible"], p
+    sel = p["selection"]
+    assert {x["name"] for x in sel["pruned_within_budget"]} == set(fits), (b, sel)
+    tried = [x["kl"] for x in sel["pruned_within_budget"]] + [x["kl"] for x in sel["singles_within_budget"]]
+    tried += [k for k in (sel["kl_knapsack"], sel["kl_corrected"]) if k is not None]
+    if sel["kept"] == "pruned":
+        c = pr[sel["pruned"]]
+        assert sel["single"] is None and c["select_kl"][0] == min(tried), (sel, tried)
+        assert p["choices"] == [c["candidate"]] * len(p["choices"]) and p["predicted"]["kl_sum"] is None, p
+        # the bits the selection measured are the validation's: a pruned plan's bits depend on the context only
+        assert abs(p["measured_heldout"]["bits_per_value_total"] - c["bits"][0]) < 1e-9, (p, c)
+    else:
+        assert p["assembly"] and sel["pruned"] is None, p
+    assert p["measured_heldout"]["bits_per_value_total"] <= b + 1e-9, p
+    kept.add(sel["kept"])
+    print("ok: %.4g bits: kept %s %s, held-out KL %.4g at %.4f bits" % (b, sel["kept"], sel["pruned"] or "",
+          p["measured_heldout"]["kl_mean"], p["measured_heldout"]["bits_per_value_total"]))
+assert "pruned" in kept and not r["plans"][0]["feasible"] and r["plans"][-1]["assembly"], (kept, r["plans"])
+PY
+# the kept pruned plan is what kvcal fit writes for that candidate with the pruning keys: every section but
+# the provenance byte for byte (the search's KIVI-4 is xquant with a calibrated eta, fitted on the same tokens)
+expect 0 "" "kvcal fit of KIVI-4 under H2O at 1/10" -- "$kvcal" fit --model "$model" --tokenizer "$tok" \
+  --corpus "$calib" --method xquant --set keys.bits=4 --set values.bits=4 --set xquant.calibrate_eta=true \
+  --set data.seq_len=512 --set data.max_tokens=4096 --set cache.recent=64 --set pruning.method=h2o \
+  --set pruning.budget=0.1 --out "$tmp/pr-fit.kvplan"
+pruned4="$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print([p["plan"] for p in r["plans"] if p.get("selection", {}).get("pruned") == "kivi4@h2o0.1"][0])' "$tmp/pr.json")"
+"$kvrun" inspect "$pruned4" --json --full > "$tmp/pr-a.json" && "$kvrun" inspect "$tmp/pr-fit.kvplan" --json --full > "$tmp/pr-b.json" ||
+  bad "kvrun inspect of the pruned plans"
+python3 - "$tmp/pr-a.json" "$tmp/pr-b.json" <<'PY' || fail=1
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+crc = lambda d: {x["tag"]: x["crc32"] for x in d["format"]["sections"] if x["tag"] != "PROV"}
+assert crc(a) == crc(b) and a["global"] == b["global"] and a["global"]["prune_method"] == "h2o", (crc(a), crc(b))
+print("ok: the search's pruned plan is kvcal fit's with pruning.method=h2o, budget 0.1 (sections %s)" % ",".join(sorted(crc(a))))
+PY
+expect 0 "" "kvrun eval reads the pruned 4-bit plan" -- "$kvrun" eval --model "$model" --tokenizer "$tok" \
+  --plan "$tmp/pr/search-ctx512-4bits.kvplan" --text "$heldout" --ctx 512 --max-tokens 1024 --json
+python3 "$check_same" "$tmp/out" "$tmp/pr.json" 4 512 || fail=1
 expect 1 "the selection" "a corpus too short for the selection" -- "$kvcal" search "${inputs[@]}" --context 256 \
   --eval-tokens 1024 --select-chunks 100000 --budget-bits 8 --candidates kivi2,kivi4 --out "$tmp/x.kvplan"
 [ -e "$tmp/x.kvplan" ] && bad "a refused selection wrote a plan"
