@@ -240,8 +240,8 @@ static void print_point_text(const search_point *pt, long context, const kv_sear
         printf("AQUA-KV streams chosen: the plan was refitted layer-sequentially on the mix's reconstructions (%.1f s)\n",
                pt->seconds_refit);
     if (pt->selected == SEL_PRUNED)
-        printf("the pruned contender %s: %s's own fit under H2O (the sensitivities below do not model pruning; its "
-               "bits were measured)\n", pa->pr[pt->pruned].name, table[cidx[pt->choice[0]]].name);
+        printf("the pruned contender %s: %s's own fit under H2O (the per-stream KL and bits below are the candidate's "
+               "without pruning; its bits were measured)\n", pa->pr[pt->pruned].name, table[cidx[pt->choice[0]]].name);
     if (per_stream) {
         printf("%-6s %-2s %-8s %12s %8s   KL per candidate\n", "layer", "s", "choice", "kl", "bits");
         for (int i = 0; i < n_items; i++) {
@@ -263,7 +263,11 @@ static void print_point_text(const search_point *pt, long context, const kv_sear
             printf("%s", st ? "\n" : ";  ");
         }
     }
-    printf("predicted: KL sum %.5g, honest bits %.4f\n", pt->predicted_kl, pt->predicted_bits);
+    if (isfinite(pt->predicted_kl))
+        printf("predicted: KL sum %.5g, honest bits %.4f\n", pt->predicted_kl, pt->predicted_bits);
+    else
+        printf("predicted: no KL (the sensitivities do not model pruning), honest bits %.4f (measured)\n",
+               pt->predicted_bits);
     if (isfinite(pt->sel_kl[0]) || pa->n) {
         printf("selection on calibration text (ctx %ld):", context);
         if (isfinite(pt->sel_kl[0])) printf(" knapsack KL %.5g", pt->sel_kl[0]);
