@@ -77,6 +77,10 @@ static const kv_search_candidate k_cands[] = {
      "AQUA-KV rank-32 predictors + HIGGS 3 bits", 0, NULL},
     {"aqua3r64", KV_FIT_AQUA, {"keys.bits=3", "values.bits=3", "aqua.rank=64", NULL},
      "AQUA-KV rank-64 predictors + HIGGS 3 bits", 0, NULL},
+    {"aqua4r32", KV_FIT_AQUA, {"keys.bits=4", "values.bits=4", "aqua.rank=32", NULL},
+     "AQUA-KV rank-32 predictors + HIGGS 4 bits", 0, NULL},
+    {"aqua4r64", KV_FIT_AQUA, {"keys.bits=4", "values.bits=4", "aqua.rank=64", NULL},
+     "AQUA-KV rank-64 predictors + HIGGS 4 bits", 0, NULL},
     /* SQuat keys (squat.txt): KIVI keys whose quantization error is kept orthogonal to the subspace of the
      * prompt's queries; r and lambda chosen per layer by the fit. Keys only (its values are plain KIVI). No
      * stored basis: the subspace is each prompt's own (the paper's default), so the plan stores nothing more
