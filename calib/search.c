@@ -1031,19 +1031,20 @@ kv_status kv_search_pruned_parse(kv_search_pruned *out, const char *spec) {
     snprintf(cname, sizeof cname, "%.*s", (int)(at - spec), spec);
     kv_status s = kv_search_candidate_find(&out->cand, cname);
     if (s != KV_OK) return kv_error_wrap(s, "pruned contender '%s': ", spec);
-    const char *pol = at + 1;
-    static const char *const others[] = {"snapkv", "pyramidkv", "streamingllm"};
-    for (size_t i = 0; i < sizeof others / sizeof *others; i++)
-        if (strncmp(pol, others[i], strlen(others[i])) == 0)
+    const char *pol = at + 1, *h2o = kv_plan_prune_name(KV_PLAN_PRUNE_H2O);
+    for (int p = KV_PLAN_PRUNE_STREAMINGLLM; p <= KV_PLAN_PRUNE_PYRAMIDKV; p++) { /* the plan format's policies */
+        const char *name = kv_plan_prune_name(p);
+        if (p != KV_PLAN_PRUNE_H2O && strncmp(pol, name, strlen(name)) == 0)
             return KV_ERR(KV_EINVAL, "pruned contender '%s': %s selects its tokens once, after a prompt; the "
-                          "selection scores teacher-forced chunks stepped by the window, where only h2o prunes "
-                          "throughout (measure %s with kvrun eval --protocol continuation)", spec, others[i],
-                          others[i]);
-    if (strncmp(pol, "h2o", 3) != 0)
-        return KV_ERR(KV_EINVAL, "pruned contender '%s': the policy must be h2o (e.g. kivi4@h2o0.125)", spec);
+                          "selection scores teacher-forced chunks stepped by the window, where only %s prunes "
+                          "throughout (measure %s with kvrun eval --protocol continuation)", spec, name, h2o, name);
+    }
+    if (strncmp(pol, h2o, strlen(h2o)) != 0)
+        return KV_ERR(KV_EINVAL, "pruned contender '%s': the policy must be %s (e.g. kivi4@%s0.125)", spec, h2o, h2o);
+    const char *num = pol + strlen(h2o);
     char *end = NULL;
-    const double f = strtod(pol + 3, &end);
-    if (end == pol + 3 || *end != '\0' || !(f > 0.0 && f <= 1.0))
+    const double f = strtod(num, &end);
+    if (end == num || *end != '\0' || !(f > 0.0 && f <= 1.0))
         return KV_ERR(KV_EINVAL, "pruned contender '%s': the kept fraction of the f16 cache after h2o must be a "
                       "number in (0, 1]", spec);
     out->method = KV_PLAN_PRUNE_H2O;

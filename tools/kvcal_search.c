@@ -4,8 +4,8 @@
  * the proxy (kv_importance_run, Spearman per stream); then for every (budget, context) point asked for:
  * allocate (kv_search_allocate), assemble, keep the least-KL plan on calibration text at the point's
  * context among the knapsack's, a context-corrected choice and the single methods within the budget (the
- * selection, SEARCH.md §5c; with --pruned also single methods under H2O token pruning, §5d), write, and validate the plan end to end with `kvrun eval --plan`'s own code
- * (kv_tool_eval_plan). Several points share the fits and the sensitivities: that is how one run
+ * selection, SEARCH.md §5c; with --pruned also single methods under H2O token pruning, §5d), write, and
+ * validate the plan end to end with `kvrun eval --plan`'s own code (kv_tool_eval_plan). Several points share the fits and the sensitivities: that is how one run
  * draws a frontier (scripts/pareto.sh). */
 #define _POSIX_C_SOURCE 200809L
 #include "kv_calib.h"
