@@ -4,9 +4,10 @@
  * the proxy (kv_importance_run, Spearman per stream); then for every (budget, context) point asked for:
  * allocate (kv_search_allocate), assemble, keep the least-KL plan on calibration text at the point's
  * context among the knapsack's, a context-corrected choice and the single methods within the budget (the
- * selection, SEARCH.md §5c; with --pruned also single methods under H2O token pruning, §5d), write, and
- * validate the plan end to end with `kvrun eval --plan`'s own code (kv_tool_eval_plan). Several points share the fits and the sensitivities: that is how one run
- * draws a frontier (scripts/pareto.sh). */
+ * selection, SEARCH.md §5c; with --pruned also single methods under H2O token pruning, §5d, and with
+ * --pruned-layers those with per-layer budgets, §5e), write, and validate the plan end to end with
+ * `kvrun eval --plan`'s own code (kv_tool_eval_plan). Several points share the fits and the sensitivities:
+ * that is how one run draws a frontier (scripts/pareto.sh). */
 #define _POSIX_C_SOURCE 200809L
 #include "kv_calib.h"
 #include "kv_profile.h"
@@ -46,9 +47,19 @@ typedef struct search_point {
     int selected;                /* SEL_KNAPSACK, SEL_CORRECTED, SEL_SINGLE, SEL_PRUNED */
     int single;                  /* SEL_SINGLE: the candidate whose own fit is the plan */
     int pruned;                  /* SEL_PRUNED: the pruned contender (its candidate's fit under H2O) */
+    int layered;                 /* SEL_PRUNED: with the per-layer budgets of layers[pruned] (--pruned-layers) */
+    struct layered_try *layers;  /* --pruned-layers: per contender, its per-layer budgets at this point (§5e) */
     double sel_kl[2];
     double seconds_select;
 } search_point;
+
+/* A pruned contender with per-layer budgets at one point (SEARCH.md §5e): allocated under the point's budget from
+ * the contender's per-layer table, then measured on the selection's chunks like every other plan. */
+typedef struct layered_try {
+    enum { LAYERED_NONE, LAYERED_SAME, LAYERED_MEASURED } state; /* none fits / the contender's own budgets / measured */
+    int *choice;                 /* per layer: 0 the contender's budget, o + 1 multiplier o */
+    double predicted_kl, predicted_bits, kl, bits;
+} layered_try;
 
 enum { SEL_KNAPSACK = 0, SEL_CORRECTED = 1, SEL_SINGLE = 2, SEL_PRUNED = 3 };
 static const char *const k_sel_names[] = {"knapsack", "corrected", "single", "pruned"};
@@ -217,11 +228,65 @@ static kv_status parse_pruned(kv_search_pruned *pr, int *pos, int *n, const char
     return KV_OK;
 }
 
+/* A candidate's plan carries a contender's pruning only while it is measured or written: what it had before (its
+ * fit's: no pruning) is saved here and put back. */
+typedef struct saved_pruning {
+    kv_plan_global global;
+    float *layer; /* n_layers prune_budget */
+} saved_pruning;
+
+static kv_status pruning_save(saved_pruning *sv, const kv_plan *plan) {
+    sv->global = plan->global;
+    if (!(sv->layer = malloc((size_t)plan->n_layers * sizeof *sv->layer))) return KV_ERR(KV_ENOMEM, "out of memory");
+    for (int l = 0; l < plan->n_layers; l++) sv->layer[l] = plan->layers[l].prune_budget;
+    return KV_OK;
+}
+
+static void pruning_restore(kv_plan *plan, saved_pruning *sv) {
+    plan->global = sv->global;
+    for (int l = 0; l < plan->n_layers; l++) plan->layers[l].prune_budget = sv->layer[l];
+    free(sv->layer);
+    sv->layer = NULL;
+}
+
+/* The per-layer table of contender pr at one context (SEARCH.md §5e): layer l alone at pr's budget times
+ * mult[o], every other layer at pr's, measured on the selection's chunks; dkl / dbits[l * n_mult + o] less the
+ * contender's own kl0 / bits0. A multiplier that does not change the layer's kept fraction (capped at 1) is not
+ * measured: its changes are 0. */
+static kv_status measure_layer_table(double *dkl, double *dbits, const select_tokens *sel, kv_plan *plan,
+                                     const kv_search_pruned *pr, const double *mult, int n_mult, double kl0,
+                                     double bits0, long ctx) {
+    const int L = plan->n_layers;
+    int *choice = calloc((size_t)L, sizeof *choice);
+    saved_pruning sv = {0};
+    kv_status s = !choice ? KV_ERR(KV_ENOMEM, "out of memory") : pruning_save(&sv, plan);
+    kv_log(KV_LOG_INFO, "search: per-layer budgets of %s at context %ld: %d layers x %d multipliers, one selection "
+           "measurement each", pr->name, ctx, L, n_mult);
+    for (int l = 0; l < L && s == KV_OK; l++)
+        for (int o = 0; o < n_mult && s == KV_OK; o++) {
+            const size_t q = (size_t)l * (size_t)n_mult + (size_t)o;
+            dkl[q] = dbits[q] = 0.0;
+            if ((float)kv_search_layer_budget(pr->budget, mult[o]) == (float)pr->budget) continue;
+            char label[160];
+            double kl, bits;
+            snprintf(label, sizeof label, "selection %s layer %d x%g ctx %ld", pr->name, l, mult[o], ctx);
+            choice[l] = o + 1;
+            kv_search_layer_apply(plan, pr, mult, choice);
+            choice[l] = 0;
+            if ((s = select_kl(&kl, &bits, sel, plan, ctx, label)) == KV_OK) dkl[q] = kl - kl0, dbits[q] = bits - bits0;
+        }
+    if (sv.layer) pruning_restore(plan, &sv);
+    free(choice);
+    return s;
+}
+
 /* The pruned contenders (--pruned) and their measurements at one context. */
 typedef struct pruned_at {
     const kv_search_pruned *pr;
     const double *kl, *bits; /* [contender] */
     int n;
+    const double *mult;      /* --pruned-layers (n_mult 0: none); the tries are the point's layers[] */
+    int n_mult;
 } pruned_at;
 
 static void print_point_text(const search_point *pt, long context, const kv_search_candidate *table, const int *cidx,
@@ -240,8 +305,17 @@ static void print_point_text(const search_point *pt, long context, const kv_sear
         printf("AQUA-KV streams chosen: the plan was refitted layer-sequentially on the mix's reconstructions (%.1f s)\n",
                pt->seconds_refit);
     if (pt->selected == SEL_PRUNED)
-        printf("the pruned contender %s: %s's own fit under H2O (the per-stream KL and bits below are the candidate's "
-               "without pruning; its bits were measured)\n", pa->pr[pt->pruned].name, table[cidx[pt->choice[0]]].name);
+        printf("the pruned contender %s%s: %s's own fit under H2O (the per-stream KL and bits below are the candidate's "
+               "without pruning; its bits were measured)\n", pa->pr[pt->pruned].name,
+               pt->layered ? " with per-layer budgets" : "", table[cidx[pt->choice[0]]].name);
+    if (pt->selected == SEL_PRUNED && pt->layered) {
+        const layered_try *lt = &pt->layers[pt->pruned];
+        printf("layer budgets (fraction of the f16 cache kept):");
+        for (int l = 0; l < n_items / 2; l++)
+            printf(" %.4g", lt->choice[l] ? kv_search_layer_budget(pa->pr[pt->pruned].budget, pa->mult[lt->choice[l] - 1])
+                                          : pa->pr[pt->pruned].budget);
+        printf("\n");
+    }
     if (per_stream) {
         printf("%-6s %-2s %-8s %12s %8s   KL per candidate\n", "layer", "s", "choice", "kl", "bits");
         for (int i = 0; i < n_items; i++) {
@@ -273,13 +347,20 @@ static void print_point_text(const search_point *pt, long context, const kv_sear
         if (isfinite(pt->sel_kl[0])) printf(" knapsack KL %.5g", pt->sel_kl[0]);
         if (isfinite(pt->sel_kl[1])) printf(", context-corrected choice %.5g", pt->sel_kl[1]);
         for (int j = 0; j < pa->n; j++)
+        {
             printf("%s %s KL %.5g at %.4f bits%s", j || isfinite(pt->sel_kl[0]) ? "," : "", pa->pr[j].name, pa->kl[j],
                    pa->bits[j], pa->bits[j] <= pt->budget_bits ? "" : " (over the budget)");
-        printf("; kept: %s%s\n",
+            const layered_try *lt = pa->n_mult > 0 ? &pt->layers[j] : NULL;
+            if (lt && lt->state == LAYERED_MEASURED)
+                printf(", %s per layer KL %.5g at %.4f bits (predicted %.5g at %.4f)%s", pa->pr[j].name, lt->kl, lt->bits,
+                       lt->predicted_kl, lt->predicted_bits, lt->bits <= pt->budget_bits ? "" : " (over the budget)");
+        }
+        printf("; kept: %s%s%s\n",
                pt->selected == SEL_SINGLE ? "the single method " :
                pt->selected == SEL_PRUNED ? "the pruned contender " : k_sel_names[pt->selected],
                pt->selected == SEL_SINGLE ? table[cidx[pt->single]].name :
-               pt->selected == SEL_PRUNED ? pa->pr[pt->pruned].name : "");
+               pt->selected == SEL_PRUNED ? pa->pr[pt->pruned].name : "",
+               pt->selected == SEL_PRUNED && pt->layered ? " per layer" : "");
     }
     printf("measured on the sensitivity tokens (ctx %ld, %ld chunks): KL %.5g, ppl %.4f (exact %.4f), bits %.4f\n",
            sens_ctx, sens_samples, pt->ev_same.cmp.kl_mean, pt->ev_same.cmp.ppl, pt->ev_same.cmp.ppl_ref,
@@ -294,7 +375,7 @@ int kvcal_search(int argc, char **argv) {
     const char *tool = "kvcal search";
     const char *model = NULL, *tokenizer = NULL, *corpus = NULL, *heldout = NULL, *out = NULL, *out_dir = NULL,
                *cand_list = NULL, *set_last = NULL, *budget_list = NULL, *context_list = NULL,
-               *pruned_list = NULL;
+               *pruned_list = NULL, *layer_list = NULL;
     long fit_tokens = 16384, fit_seq = 0, sens_ctx = 0, sens_samples = 2, eval_chunks = 4, eval_tokens = 0,
          prompts = 8, threads = 0, select_chunks = 1;
     int json = 0;
@@ -340,6 +421,13 @@ int kvcal_search(int argc, char **argv) {
                                                            "each context, kept at a point whose budget their bits "
                                                            "fit when they measure the least KL, also where no "
                                                            "assembly fits (SEARCH.md §5d)", 0},
+        {"pruned-layers", 0, KV_OPT_STRING, &layer_list, "M[,M...]", "per-layer budgets for the pruned contenders: "
+                                                                      "each layer may keep M times its contender's "
+                                                                      "fraction (at most 1), allocated per point under "
+                                                                      "its budget from one-layer measurements (contexts "
+                                                                      "x contenders x layers x multipliers selection "
+                                                                      "runs), then measured and kept if least "
+                                                                      "(SEARCH.md §5e)", 0},
         {"prompts", 0, KV_OPT_INT, &prompts, "N", "KVmix importance prompts for the proxy (default 8; 0: none)", 0},
         {"set", 0, KV_OPT_STRING, &set_last, "KEY=VALUE", "a fit configuration key for every candidate (repeatable), "
                                                           "e.g. cache.recent=64", 0},
@@ -380,6 +468,9 @@ int kvcal_search(int argc, char **argv) {
     kv_search_pruned pruned[MAX_PRUNED];
     int pruned_pos[MAX_PRUNED], n_pruned = 0; /* a contender's candidate: its position in --candidates */
     double *pr_kl = NULL, *pr_bits = NULL;    /* [context][contender]: measured on the selection's chunks */
+    double mults[KV_SEARCH_MAX_LAYER_MULTS];  /* --pruned-layers */
+    int n_mult = 0;
+    double *ly_dkl = NULL, *ly_dbits = NULL;  /* [context][contender][layer][multiplier] (§5e) */
     double budgets[MAX_BUDGETS], ctx_d[MAX_CONTEXTS];
     long budget_at[MAX_BUDGETS];
     long contexts[MAX_CONTEXTS];
@@ -501,6 +592,25 @@ int kvcal_search(int argc, char **argv) {
         rc = kv_cli_usage_error(tool, "%s", kv_error_last());
         goto end;
     }
+    if (layer_list) {
+        if (n_pruned == 0) {
+            rc = kv_cli_usage_error(tool, "--pruned-layers sets per-layer budgets of the --pruned contenders: give --pruned");
+            goto end;
+        }
+        if ((s = parse_numbers(mults, NULL, &n_mult, KV_SEARCH_MAX_LAYER_MULTS, layer_list, "--pruned-layers")) != KV_OK) {
+            rc = kv_cli_usage_error(tool, "%s", kv_error_last());
+            goto end;
+        }
+        for (int o = 0; o < n_mult; o++) {
+            int twice = 0;
+            for (int q = 0; q < o; q++) twice |= mults[q] == mults[o];
+            if (!(mults[o] > 0 && mults[o] <= 1024) || mults[o] == 1 || twice) {
+                rc = kv_cli_usage_error(tool, "--pruned-layers: multipliers must be in (0, 1024], other than 1 (a "
+                                        "layer may always keep its contender's budget), each once (got %g)", mults[o]);
+                goto end;
+            }
+        }
+    }
     if (n_pruned > 0 && select_chunks == 0) {
         rc = kv_cli_usage_error(tool, "--pruned: a pruned contender enters a plan only through the selection, which "
                                 "--select-chunks 0 turns off");
@@ -572,11 +682,18 @@ int kvcal_search(int argc, char **argv) {
         s = KV_ERR(KV_ENOMEM, "out of memory");
         goto fail;
     }
-    for (int p = 0; p < n_points; p++)
-        if (!(points[p].choice = calloc((size_t)n_items, sizeof *points[p].choice))) {
+    for (int p = 0; p < n_points; p++) {
+        if (!(points[p].choice = calloc((size_t)n_items, sizeof *points[p].choice)) ||
+            (n_mult > 0 && !(points[p].layers = calloc((size_t)n_pruned, sizeof *points[p].layers)))) {
             s = KV_ERR(KV_ENOMEM, "out of memory");
             goto fail;
         }
+        for (int j = 0; j < n_pruned && n_mult > 0; j++)
+            if (!(points[p].layers[j].choice = calloc((size_t)L, sizeof *points[p].layers[j].choice))) {
+                s = KV_ERR(KV_ENOMEM, "out of memory");
+                goto fail;
+            }
+    }
     /* ---- 1. fit each candidate once ---- */
     int nk;
     const kv_search_candidate *table = kv_search_candidates(&nk);
@@ -788,6 +905,19 @@ int kvcal_search(int argc, char **argv) {
                 pp->global = g;
                 if (s != KV_OK) kv_error_wrap(s, "--pruned %s at context %ld: ", pruned[j].name, contexts[k]);
             }
+        /* with --pruned-layers, each contender's per-layer table (§5e) */
+        const size_t ly_len = (size_t)L * (size_t)n_mult; /* one table */
+        if (s == KV_OK && n_mult > 0 &&
+            (!(ly_dkl = malloc((size_t)n_ctx * n_pruned * ly_len * sizeof *ly_dkl)) ||
+             !(ly_dbits = malloc((size_t)n_ctx * n_pruned * ly_len * sizeof *ly_dbits))))
+            s = KV_ERR(KV_ENOMEM, "out of memory");
+        for (int k = 0; k < n_ctx && s == KV_OK && n_mult > 0; k++)
+            for (int j = 0; j < n_pruned && s == KV_OK; j++) {
+                const size_t off = ((size_t)k * n_pruned + (size_t)j) * ly_len;
+                s = measure_layer_table(ly_dkl + off, ly_dbits + off, &sel, plans[pruned_pos[j]], &pruned[j], mults,
+                                        n_mult, pr_kl[k * n_pruned + j], pr_bits[k * n_pruned + j], contexts[k]);
+                if (s != KV_OK) kv_error_wrap(s, "--pruned-layers, %s at context %ld: ", pruned[j].name, contexts[k]);
+            }
         seconds_select = kv_now_seconds() - ts;
         if (s != KV_OK) goto fail;
     }
@@ -865,6 +995,38 @@ int kvcal_search(int argc, char **argv) {
         for (int j = 0; j < n_pruned; j++)
             if (pr_bits[k * n_pruned + j] <= pt->budget_bits && pr_kl[k * n_pruned + j] < best)
                 best = pr_kl[k * n_pruned + j], pt->selected = SEL_PRUNED, pt->pruned = j;
+        /* each contender with per-layer budgets allocated under this budget, measured (§5e) */
+        for (int j = 0; j < n_pruned && n_mult > 0; j++) {
+            layered_try *lt = &pt->layers[j];
+            const size_t off = ((size_t)k * n_pruned + (size_t)j) * (size_t)L * (size_t)n_mult;
+            const kv_search_layer_table t = {L, n_mult, mults, ly_dkl + off, ly_dbits + off, pr_kl[k * n_pruned + j],
+                                             pr_bits[k * n_pruned + j]};
+            s = kv_search_layer_allocate(lt->choice, &lt->predicted_kl, &lt->predicted_bits, &t, pt->budget_bits);
+            if (s == KV_EINVAL) { /* even the cheapest per-layer budgets predict more bits than the point's */
+                lt->state = LAYERED_NONE, s = KV_OK;
+                continue;
+            }
+            if (s != KV_OK) goto fail;
+            int changed = 0;
+            for (int l = 0; l < L; l++) changed |= lt->choice[l] != 0;
+            if (!changed) { /* the contender itself, measured above */
+                lt->state = LAYERED_SAME, lt->kl = pr_kl[k * n_pruned + j], lt->bits = pr_bits[k * n_pruned + j];
+                continue;
+            }
+            kv_plan *pp = plans[pruned_pos[j]];
+            saved_pruning sv = {0};
+            char label[160];
+            snprintf(label, sizeof label, "selection %s per layer, budget %g ctx %ld", pruned[j].name,
+                     pt->budget_bits, context);
+            if ((s = pruning_save(&sv, pp)) != KV_OK) goto fail;
+            kv_search_layer_apply(pp, &pruned[j], mults, lt->choice);
+            s = select_kl(&lt->kl, &lt->bits, &sel, pp, context, label);
+            pruning_restore(pp, &sv);
+            if (s != KV_OK) goto fail;
+            lt->state = LAYERED_MEASURED;
+            if (lt->bits <= pt->budget_bits && lt->kl < best)
+                best = lt->kl, pt->selected = SEL_PRUNED, pt->pruned = j, pt->layered = 1;
+        }
         if (!pt->assembly && pt->selected != SEL_PRUNED) { /* no assembly, no pruned contender fits */
             pt->feasible = 0;
             s = KV_ERR(KV_EINVAL, "--budget-bits %g at --context %ld is below the cheapest assembly of these candidates "
@@ -876,16 +1038,17 @@ int kvcal_search(int argc, char **argv) {
             continue;
         }
         pt->feasible = 1;
-        int pruned_c = -1; /* SEL_PRUNED: the candidate whose fit is written under H2O; its global restored after */
-        kv_plan_global pruned_global;
+        int pruned_c = -1; /* SEL_PRUNED: the candidate whose fit is written under H2O; its pruning restored after */
+        saved_pruning pruned_saved = {0};
         if (pt->selected == SEL_SINGLE || pt->selected == SEL_PRUNED) {
             const int c = pt->selected == SEL_SINGLE ? pt->single : pruned_pos[pt->pruned];
             if (plan_owned) kv_plan_free(plan);
             plan = plans[c], plan_owned = 0, pt->refit = 0;
             for (int i = 0; i < n_items; i++) pt->choice[i] = c;
             if (pt->selected == SEL_PRUNED) {
-                pruned_c = c, pruned_global = plan->global;
-                kv_search_pruned_apply(plan, &pruned[pt->pruned]);
+                if ((s = pruning_save(&pruned_saved, plan)) != KV_OK) goto fail;
+                pruned_c = c;
+                kv_search_layer_apply(plan, &pruned[pt->pruned], mults, pt->layered ? pt->layers[pt->pruned].choice : NULL);
             }
         }
         if (select_chunks > 0) {
@@ -900,7 +1063,8 @@ int kvcal_search(int argc, char **argv) {
         }
         pt->predicted_bits = 8.0 * (double)chosen_bytes / (double)total_values;
         if (pt->selected == SEL_PRUNED) /* the sensitivities do not model pruning; its bits were measured (§5d) */
-            pt->predicted_kl = NAN, pt->predicted_bits = pr_bits[k * n_pruned + pt->pruned];
+            pt->predicted_kl = NAN, pt->predicted_bits = pt->layered ? pt->layers[pt->pruned].bits
+                                                                    : pr_bits[k * n_pruned + pt->pruned];
         kv_plan_provenance pv;
         memset(&pv, 0, sizeof pv);
         char ver[64], yaml[8192];
@@ -916,12 +1080,18 @@ int kvcal_search(int argc, char **argv) {
         if (select_chunks > 0 && len < sizeof yaml)
             len += (size_t)snprintf(yaml + len, sizeof yaml - len, "  selected: %s\n", k_sel_names[pt->selected]);
         if (pt->selected == SEL_PRUNED && len < sizeof yaml)
-            snprintf(yaml + len, sizeof yaml - len, "  pruned: %s\n", pruned[pt->pruned].name);
+            len += (size_t)snprintf(yaml + len, sizeof yaml - len, "  pruned: %s\n", pruned[pt->pruned].name);
+        if (pt->selected == SEL_PRUNED && pt->layered)
+            for (int l = 0; l < L && len < sizeof yaml; l++)
+                len += (size_t)snprintf(yaml + len, sizeof yaml - len, "%s%.9g%s", l ? ", " : "  layer_budgets: [",
+                                        plan->layers[l].prune_budget ? (double)plan->layers[l].prune_budget
+                                                                     : (double)plan->global.prune_budget,
+                                        l == L - 1 ? "]\n" : "");
         pv.config_yaml = yaml;
         if ((s = kv_plan_creation_time(&pv.created)) == KV_OK) s = kv_plan_set_provenance(plan, &pv);
         if (s == KV_OK) s = kv_plan_write(plan, pt->path, NULL);
         if (plan_owned) kv_plan_free(plan);
-        if (pruned_c >= 0) plans[pruned_c]->global = pruned_global;
+        if (pruned_c >= 0) pruning_restore(plans[pruned_c], &pruned_saved);
         if (s != KV_OK) goto fail;
         /* the additivity gap on the very tokens the sensitivities saw, then the end-to-end validation */
         const double tv = kv_now_seconds();
@@ -964,7 +1134,26 @@ int kvcal_search(int argc, char **argv) {
             for (int k = 0; k < n_ctx; k++) printf("%s%.6g", k ? ", " : "", pr_kl[k * n_pruned + j]);
             printf("], \"bits\": [");
             for (int k = 0; k < n_ctx; k++) printf("%s%.9g", k ? ", " : "", pr_bits[k * n_pruned + j]);
-            printf("]}");
+            printf("]");
+            if (n_mult > 0) { /* per context, [layer][multiplier]: the changes with that layer alone at budget * M */
+                printf(",\n     \"layers\": {\"multipliers\": [");
+                for (int o = 0; o < n_mult; o++) printf("%s%.9g", o ? ", " : "", mults[o]);
+                for (int w = 0; w < 2; w++) {
+                    printf("], \"%s\": [", w ? "dbits" : "dkl");
+                    for (int k = 0; k < n_ctx; k++) {
+                        const double *d = (w ? ly_dbits : ly_dkl) + ((size_t)k * n_pruned + (size_t)j) * (size_t)L * n_mult;
+                        printf("%s[", k ? ", " : "");
+                        for (int l = 0; l < L; l++) {
+                            printf("%s[", l ? ", " : "");
+                            for (int o = 0; o < n_mult; o++) printf("%s%.9g", o ? ", " : "", d[(size_t)l * n_mult + o]);
+                            printf("]");
+                        }
+                        printf("]");
+                    }
+                }
+                printf("]}");
+            }
+            printf("}");
         }
         printf("%s],\n  \"streams\": [", n_pruned ? "\n  " : "");
         for (int i = 0; i < n_items; i++) {
@@ -1030,6 +1219,22 @@ int kvcal_search(int argc, char **argv) {
                            pr_kl[q], pr_bits[q]);
                     first = 0;
                 }
+                printf("], \"layered\": %s, \"pruned_layers\": [", pt->layered ? "true" : "false");
+                for (int j = 0; j < n_pruned && n_mult > 0; j++) { /* §5e: per contender, its per-layer budgets here */
+                    const layered_try *lt = &pt->layers[j];
+                    printf("%s{\"name\": \"%s\", \"state\": \"%s\"", j ? ", " : "", pruned[j].name,
+                           lt->state == LAYERED_NONE ? "none fits" : lt->state == LAYERED_SAME ? "its own" : "measured");
+                    if (lt->state != LAYERED_NONE) {
+                        printf(", \"budgets\": [");
+                        for (int l = 0; l < L; l++)
+                            printf("%s%.9g", l ? ", " : "",
+                                   lt->choice[l] ? kv_search_layer_budget(pruned[j].budget, mults[lt->choice[l] - 1])
+                                                 : pruned[j].budget);
+                        printf("], \"predicted_kl\": %.9g, \"predicted_bits\": %.9g, \"kl\": %.9g, \"bits\": %.9g",
+                               lt->predicted_kl, lt->predicted_bits, lt->kl, lt->bits);
+                    }
+                    printf("}");
+                }
                 printf("], \"seconds\": %.3f},\n", pt->seconds_select);
             }
             printf("     \"measured_same_tokens\": {\"kl_mean\": %.6g, \"ppl\": %.6g, \"ppl_ref\": %.6g, "
@@ -1055,7 +1260,7 @@ int kvcal_search(int argc, char **argv) {
         for (int p = 0; p < n_points; p++) {
             const int k = points[p].ctx_index;
             const pruned_at pa = {pruned, pr_kl ? pr_kl + k * n_pruned : NULL, pr_bits ? pr_bits + k * n_pruned : NULL,
-                                  n_pruned};
+                                  n_pruned, mults, n_mult};
             print_point_text(&points[p], contexts[k], table, cidx, nc, n_items, kl, allowed, bytes + table_len * k,
                              values + table_len * k, &pa, n_points == 1, sens_ctx, sens_samples);
         }
@@ -1069,7 +1274,11 @@ fail:
 end:
     free(common);
     for (int c = 0; c < MAX_CANDS; c++) kv_plan_free(plans[c]);
-    for (int p = 0; points && p < MAX_BUDGETS * MAX_CONTEXTS; p++) free(points[p].choice);
+    for (int p = 0; points && p < MAX_BUDGETS * MAX_CONTEXTS; p++) {
+        free(points[p].choice);
+        for (int j = 0; points[p].layers && j < n_pruned; j++) free(points[p].layers[j].choice);
+        free(points[p].layers);
+    }
     free(points);
     kv_importance_free(&imp);
     free(bytes);
@@ -1086,6 +1295,8 @@ end:
     free(choice2);
     free(pr_kl);
     free(pr_bits);
+    free(ly_dkl);
+    free(ly_dbits);
     free(ids);
     free(ho);
     kv_tokenizer_free(tok);

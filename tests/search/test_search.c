@@ -335,6 +335,75 @@ START_TEST(test_allocate_refusals) {
 }
 END_TEST
 
+/* Per-layer budgets of a pruned contender (SEARCH.md §5e) against brute force over every per-layer choice in
+ * doubles: random tables (KL changes of either sign, bit changes growing with the multiplier), budgets between
+ * the cheapest and the dearest prediction. The knapsack counts bits in units of 1e-9, each layer's cost rounded
+ * to the nearest unit and extras to units of at most (budget range) / 20000: its choice may miss the optimum only
+ * by what a budget tighter by that rounding would allow, and never beats the optimum at a budget looser by it. */
+static double brute_layers(const kv_search_layer_table *t, double budget_bits) {
+    const int L = t->n_layers, k = t->n_mult + 1;
+    int pick[8] = {0};
+    double best = INFINITY;
+    for (;;) {
+        double kl = t->kl, bits = t->bits;
+        for (int l = 0; l < L; l++)
+            if (pick[l]) kl += t->dkl[l * t->n_mult + pick[l] - 1], bits += t->dbits[l * t->n_mult + pick[l] - 1];
+        if (bits <= budget_bits && kl < best) best = kl;
+        int l = 0;
+        while (l < L && ++pick[l] == k) pick[l++] = 0;
+        if (l == L) break;
+    }
+    return best;
+}
+
+START_TEST(test_layer_allocate) {
+    const double mult[3] = {0.5, 2, 4};
+    for (int trial = 0; trial < 200; trial++) {
+        const int L = 1 + (int)(kv_rng_u64(31, (uint64_t)trial) % 6), nm = 1 + (int)(kv_rng_u64(32, (uint64_t)trial) % 3);
+        double dkl[6 * 3], dbits[6 * 3], lo = 2.0, hi = 2.0;
+        for (int l = 0; l < L; l++) {
+            double mn = 0, mx = 0;
+            for (int o = 0; o < nm; o++) {
+                const uint64_t q = (uint64_t)(100 * trial + l * 3 + o);
+                dbits[l * nm + o] = (mult[o] - 1.0) * (0.05 + 0.05 * kv_rng_uniform(33, q)) / L;
+                dkl[l * nm + o] = (1.0 - mult[o]) * 0.01 * kv_rng_uniform(34, q) + 0.002 * (kv_rng_uniform(35, q) - 0.5);
+                mn = dbits[l * nm + o] < mn ? dbits[l * nm + o] : mn;
+                mx = dbits[l * nm + o] > mx ? dbits[l * nm + o] : mx;
+            }
+            lo += mn, hi += mx;
+        }
+        const kv_search_layer_table t = {L, nm, mult, dkl, dbits, 0.3, 2.0};
+        const double budget = lo + (hi - lo) * kv_rng_uniform(36, (uint64_t)trial);
+        int choice[6];
+        double pkl, pbits;
+        ck_assert_kv_ok(kv_search_layer_allocate(choice, &pkl, &pbits, &t, budget));
+        double kl = t.kl, bits = t.bits;
+        for (int l = 0; l < L; l++) {
+            ck_assert(choice[l] >= 0 && choice[l] <= nm);
+            if (choice[l]) kl += dkl[l * nm + choice[l] - 1], bits += dbits[l * nm + choice[l] - 1];
+        }
+        ck_assert_double_eq_tol(pkl, kl, 1e-15);
+        ck_assert_double_eq_tol(pbits, bits, 1e-15);
+        const double slack = L * ((hi - lo) / 20000 + 2e-9);
+        ck_assert_msg(bits <= budget + slack, "trial %d: %.12g bits over the budget %.12g", trial, bits, budget);
+        const double tighter = brute_layers(&t, budget - slack), looser = brute_layers(&t, budget + slack);
+        ck_assert_msg(kl <= tighter + 1e-12 && kl >= looser - 1e-12, "trial %d: KL %.12g, optimum %.12g (tighter) "
+                      "%.12g (looser)", trial, kl, tighter, looser);
+    }
+    /* below the cheapest prediction: refused; the multiplier is capped at the whole cache */
+    const double dk[2] = {0.1, -0.1}, db[2] = {-0.5, 0.5};
+    const kv_search_layer_table t1 = {1, 2, mult, dk, db, 0.3, 2.0};
+    int c1;
+    ck_assert_int_eq(kv_search_layer_allocate(&c1, NULL, NULL, &t1, 1.4), KV_EINVAL);
+    ck_assert_kv_ok(kv_search_layer_allocate(&c1, NULL, NULL, &t1, 1.5));
+    ck_assert_int_eq(c1, 1);
+    ck_assert_kv_ok(kv_search_layer_allocate(&c1, NULL, NULL, &t1, 2.5));
+    ck_assert_int_eq(c1, 2);
+    ck_assert_double_eq(kv_search_layer_budget(0.3, 4), 1.0);
+    ck_assert_double_eq_tol(kv_search_layer_budget(0.3, 0.5), 0.15, 1e-15);
+}
+END_TEST
+
 /* The context scale (SEARCH.md §5c) against numbers worked by hand: 3 items, 5 candidates. c0: measured 0.3
  * over a sum of 0.1 -> 3; c4: 0.2 / 0.1 -> 2; the others take the median of {2, 3} = 2.5: c1 not measured,
  * c2 not offered on one item (HUGE_VAL, kept as it is), c3 with a zero sum (uncompressed). */
@@ -1021,6 +1090,7 @@ static Suite *search_suite(int with_data) {
     tcase_add_test(tc, test_allocate_refusals);
     tcase_add_test(tc, test_candidates);
     tcase_add_test(tc, test_context_scale);
+    tcase_add_test(tc, test_layer_allocate);
     suite_add_tcase(s, tc);
     if (with_data) {
         TCase *td = tcase_create("stories260K");
