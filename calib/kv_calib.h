@@ -340,32 +340,32 @@ kv_status kv_search_pruned_config(kv_fit_config *cfg, const kv_search_pruned *p,
  * write them (the quantizers' fit does not depend on pruning). The caller restores plan->global after. */
 void kv_search_pruned_apply(kv_plan *plan, const kv_search_pruned *p);
 
-/* Per-layer budgets of a pruned contender (SEARCH.md §5e). Around the contender (every layer keeping
- * `budget` of its f16 cache) each layer may instead keep budget * mult[o] (at most 1). What that costs and
- * buys is measured one layer at a time on the selection's chunks: dkl / dbits[l * n_mult + o] are the KL and
- * honest bits per value with layer l alone at mult[o], less the contender's own (kl, bits). Bits are memory
- * per value, a sum over layers, so they add exactly; the KL changes are assumed to add (the selection then
- * measures the allocated plan, so the assumption is checked, not trusted). */
-#define KV_SEARCH_MAX_LAYER_MULTS 8
+/* Per-layer options of a pruned contender (SEARCH.md §5e). Around the contender (every layer coded by its
+ * candidate, keeping `budget` of its f16 cache) a layer may take another option instead: another candidate and
+ * budget * a multiplier (at most 1), chosen by the tool. What an option costs and buys is measured one layer at a
+ * time on the selection's chunks: dkl / dbits[l * n_opt + o] are the KL and honest bits per value with layer l
+ * alone on option o, less the contender's own (kl, bits). Bits are memory per value, a sum over layers (a layer's
+ * kept tokens are set by its own budget and quantizers), so they add exactly; the KL changes are assumed to add
+ * (the tool then measures the allocated plan, so the assumption is checked, not trusted). */
 typedef struct kv_search_layer_table {
-    int n_layers, n_mult;
-    const double *mult;  /* n_mult multipliers, > 0, none equal to 1 */
-    const double *dkl;   /* [layer][mult] */
-    const double *dbits; /* [layer][mult] */
-    double kl, bits;     /* the contender's own, every layer at its budget */
+    int n_layers, n_opt;
+    const double *dkl;   /* [layer][option] */
+    const double *dbits; /* [layer][option] */
+    double kl, bits;     /* the contender's own, every layer on it */
 } kv_search_layer_table;
-/* The kept fraction of layer budget `budget` times `mult`, capped at 1 (the whole f16 cache). */
+/* The kept fraction of budget times mult, capped at 1 (the whole f16 cache). */
 double kv_search_layer_budget(double budget, double mult);
 /* The least predicted KL (kl + the chosen dkl) whose predicted bits (bits + the chosen dbits) are at most
- * budget_bits: choice[l] = 0 keeps the contender's budget on layer l, o + 1 takes mult[o]. Exact multiple-choice
- * knapsack over layers (kv_search_allocate; bits in units of 1e-9). pred_kl / pred_bits may be NULL. KV_EINVAL
- * when even the cheapest choice predicts more than budget_bits. */
+ * budget_bits: choice[l] = 0 keeps the contender on layer l, o + 1 takes option o. Exact multiple-choice knapsack
+ * over layers (kv_search_allocate; bits in units of 1e-9; ties: the fewer bits, then the lower index, so the
+ * contender's own before an option that changes nothing). pred_kl / pred_bits may be NULL. KV_EINVAL when even
+ * the cheapest choice predicts more than budget_bits. */
 kv_status kv_search_layer_allocate(int *choice, double *pred_kl, double *pred_bits, const kv_search_layer_table *t,
                                    double budget_bits);
-/* The contender's plan with per-layer budgets: kv_search_pruned_apply, then layers[l].prune_budget from choice
- * (0, the global budget, where choice[l] is 0; choice NULL: every layer 0). The caller restores plan->global and
- * every layer's prune_budget after. */
-void kv_search_layer_apply(kv_plan *plan, const kv_search_pruned *p, const double *mult, const int *choice);
+/* The contender's pruning on a plan: kv_search_pruned_apply, then layers[l].prune_budget = the contender's budget
+ * times layer_mult[l] (capped at 1; a multiplier of 1 writes 0, "the global budget"; layer_mult NULL: every
+ * layer 0). The caller restores plan->global and every layer's prune_budget after, or frees the plan. */
+void kv_search_layer_apply(kv_plan *plan, const kv_search_pruned *p, const double *layer_mult);
 
 /* Plan surgery: stream (layer, stream) of dst becomes src's (method, quantizer parameters, eta, its HIGGS
  * grid appended to dst's grid table unless an identical grid is there, FP scales, SQuat parameters and

@@ -1,7 +1,7 @@
-/* search_layers.c — per-layer budgets of a pruned contender (calib/SEARCH.md §5e): each layer's kept fraction of
- * its f16 cache chosen under the point's honest bit budget from one-layer-at-a-time measurements around the
- * contender. The tool (tools/kvcal_search.c) measures the table on the selection's chunks and measures the
- * allocated plan again before it may be kept. */
+/* search_layers.c — per-layer options of a pruned contender (calib/SEARCH.md §5e): each layer's candidate and
+ * kept fraction of its f16 cache chosen under the point's honest bit budget from one-layer-at-a-time measurements
+ * around the contender. The tool (tools/kvcal_search.c) measures the table on the selection's chunks and measures
+ * the allocated plan again before it may be kept. */
 #include "kv_calib.h"
 
 #include <math.h>
@@ -19,14 +19,14 @@ double kv_search_layer_budget(double budget, double mult) {
 
 kv_status kv_search_layer_allocate(int *choice, double *pred_kl, double *pred_bits, const kv_search_layer_table *t,
                                    double budget_bits) {
-    if (!choice || !t || t->n_layers < 1 || t->n_mult < 1 || t->n_mult > KV_SEARCH_MAX_LAYER_MULTS || !t->mult ||
-        !t->dkl || !t->dbits || !isfinite(t->kl) || !(t->bits > 0) || !(budget_bits > 0))
+    if (!choice || !t || t->n_layers < 1 || t->n_opt < 1 || t->n_opt > 254 || !t->dkl || !t->dbits ||
+        !isfinite(t->kl) || !(t->bits > 0) || !(budget_bits > 0))
         return KV_ERR(KV_EINVAL, "kv_search_layer_allocate: bad arguments");
-    const int L = t->n_layers, nc = t->n_mult + 1;
-    for (size_t i = 0; i < (size_t)L * (size_t)t->n_mult; i++)
+    const int L = t->n_layers, no = t->n_opt, nc = no + 1;
+    for (size_t i = 0; i < (size_t)L * (size_t)no; i++)
         if (!isfinite(t->dkl[i]) || !isfinite(t->dbits[i]))
-            return KV_ERR(KV_EINVAL, "kv_search_layer_allocate: layer %zu multiplier %g: a measurement is not a "
-                          "number", i / (size_t)t->n_mult, t->mult[i % (size_t)t->n_mult]);
+            return KV_ERR(KV_EINVAL, "kv_search_layer_allocate: layer %zu option %zu: a measurement is not a number",
+                          i / (size_t)no, i % (size_t)no);
     uint64_t *cost = malloc((size_t)L * (size_t)nc * sizeof *cost);
     double *value = malloc((size_t)L * (size_t)nc * sizeof *value);
     if (!cost || !value) {
@@ -40,10 +40,10 @@ kv_status kv_search_layer_allocate(int *choice, double *pred_kl, double *pred_bi
     const double share = t->bits / (double)L;
     for (int l = 0; l < L; l++)
         for (int o = 0; o < nc; o++) {
-            const double db = o ? t->dbits[(size_t)l * t->n_mult + (size_t)(o - 1)] : 0.0;
+            const double db = o ? t->dbits[(size_t)l * no + (size_t)(o - 1)] : 0.0;
             const double c = (share + db) * NANO;
             cost[(size_t)l * nc + o] = c > 0 ? (uint64_t)llround(c) : 0;
-            value[(size_t)l * nc + o] = o ? t->dkl[(size_t)l * t->n_mult + (size_t)(o - 1)] : 0.0;
+            value[(size_t)l * nc + o] = o ? t->dkl[(size_t)l * no + (size_t)(o - 1)] : 0.0;
         }
     const double b = floor(budget_bits * NANO);
     kv_status s = b >= 0 && b < 1.8e19 ? kv_search_allocate(choice, cost, value, NULL, NULL, L, nc, (uint64_t)b, 0, NULL)
@@ -52,8 +52,8 @@ kv_status kv_search_layer_allocate(int *choice, double *pred_kl, double *pred_bi
         double kl = t->kl, bits = t->bits;
         for (int l = 0; l < L; l++)
             if (choice[l]) {
-                kl += t->dkl[(size_t)l * t->n_mult + (size_t)(choice[l] - 1)];
-                bits += t->dbits[(size_t)l * t->n_mult + (size_t)(choice[l] - 1)];
+                kl += t->dkl[(size_t)l * no + (size_t)(choice[l] - 1)];
+                bits += t->dbits[(size_t)l * no + (size_t)(choice[l] - 1)];
             }
         if (pred_kl) *pred_kl = kl;
         if (pred_bits) *pred_bits = bits;
@@ -63,9 +63,9 @@ kv_status kv_search_layer_allocate(int *choice, double *pred_kl, double *pred_bi
     return s;
 }
 
-void kv_search_layer_apply(kv_plan *plan, const kv_search_pruned *p, const double *mult, const int *choice) {
+void kv_search_layer_apply(kv_plan *plan, const kv_search_pruned *p, const double *layer_mult) {
     kv_search_pruned_apply(plan, p);
     for (int l = 0; l < plan->n_layers; l++)
-        plan->layers[l].prune_budget = choice && choice[l] ? (float)kv_search_layer_budget(p->budget, mult[choice[l] - 1])
-                                                           : 0.0f;
+        plan->layers[l].prune_budget = layer_mult && layer_mult[l] != 1.0
+                                           ? (float)kv_search_layer_budget(p->budget, layer_mult[l]) : 0.0f;
 }

@@ -5,7 +5,7 @@
  * allocate (kv_search_allocate), assemble, keep the least-KL plan on calibration text at the point's
  * context among the knapsack's, a context-corrected choice and the single methods within the budget (the
  * selection, SEARCH.md §5c; with --pruned also single methods under H2O token pruning, §5d, and with
- * --pruned-layers those with per-layer budgets, §5e), write, and validate the plan end to end with
+ * --pruned-layers those with a candidate and a budget per layer, §5e), write, and validate the plan end to end with
  * `kvrun eval --plan`'s own code (kv_tool_eval_plan). Several points share the fits and the sensitivities:
  * that is how one run draws a frontier (scripts/pareto.sh). */
 #define _POSIX_C_SOURCE 200809L
@@ -24,6 +24,8 @@ static const char *const k_default_cands =
 #define MAX_BUDGETS 32
 #define MAX_CONTEXTS 8
 #define MAX_PRUNED 8
+#define MAX_MULTS 8
+#define MAX_LAYER_OPTS (MAX_PRUNED * (MAX_MULTS + 1))
 
 /* One (budget, context) point: the plan chosen for it and what its validation measured. */
 typedef struct search_point {
@@ -47,17 +49,24 @@ typedef struct search_point {
     int selected;                /* SEL_KNAPSACK, SEL_CORRECTED, SEL_SINGLE, SEL_PRUNED */
     int single;                  /* SEL_SINGLE: the candidate whose own fit is the plan */
     int pruned;                  /* SEL_PRUNED: the pruned contender (its candidate's fit under H2O) */
-    int layered;                 /* SEL_PRUNED: with the per-layer budgets of layers[pruned] (--pruned-layers) */
-    struct layered_try *layers;  /* --pruned-layers: per contender, its per-layer budgets at this point (§5e) */
+    int layered;                 /* SEL_PRUNED: with the per-layer options of layers[pruned] (--pruned-layers) */
+    struct layered_try *layers;  /* --pruned-layers: per contender, its per-layer options at this point (§5e) */
     double sel_kl[2];
     double seconds_select;
 } search_point;
 
-/* A pruned contender with per-layer budgets at one point (SEARCH.md §5e): allocated under the point's budget from
- * the contender's per-layer table, then measured on the selection's chunks like every other plan. */
+/* A per-layer option of the pruned contenders (--pruned-layers, SEARCH.md §5e): one of the contenders' candidates,
+ * keeping its contender's budget times mult. */
+typedef struct layer_opt {
+    int cand;                    /* position in --candidates */
+    double mult;
+} layer_opt;
+
+/* A pruned contender with per-layer options at one point (§5e): allocated under the point's budget from the
+ * contender's per-layer table, then measured on the selection's chunks like every other plan. */
 typedef struct layered_try {
-    enum { LAYERED_NONE, LAYERED_SAME, LAYERED_MEASURED } state; /* none fits / the contender's own budgets / measured */
-    int *choice;                 /* per layer: 0 the contender's budget, o + 1 multiplier o */
+    enum { LAYERED_NONE, LAYERED_SAME, LAYERED_MEASURED } state; /* none fits / the contender itself / measured */
+    int *choice;                 /* per layer: 0 the contender, o + 1 option o */
     double predicted_kl, predicted_bits, kl, bits;
 } layered_try;
 
@@ -249,33 +258,81 @@ static void pruning_restore(kv_plan *plan, saved_pruning *sv) {
     sv->layer = NULL;
 }
 
-/* The per-layer table of contender pr at one context (SEARCH.md §5e): layer l alone at pr's budget times
- * mult[o], every other layer at pr's, measured on the selection's chunks; dkl / dbits[l * n_mult + o] less the
- * contender's own kl0 / bits0. A multiplier that does not change the layer's kept fraction (capped at 1) is not
- * measured: its changes are 0. */
-static kv_status measure_layer_table(double *dkl, double *dbits, const select_tokens *sel, kv_plan *plan,
-                                     const kv_search_pruned *pr, const double *mult, int n_mult, double kl0,
-                                     double bits0, long ctx) {
-    const int L = plan->n_layers;
+/* A pruned contender's plan with per-layer options: its candidate's own fit when every layer keeps that candidate
+ * (its pruning saved, set, restored by layered_release), else an assembly (owned, freed by layered_release). */
+typedef struct layered {
+    kv_plan *plan;
+    int owned;
+    saved_pruning sv;
+} layered;
+
+/* Contender pr (candidate position base) with layer l on option opts[choice[l] - 1] (choice[l] 0, or choice NULL:
+ * the contender's own); streams[2L], if not NULL, receives each stream's candidate position. */
+static kv_status layered_plan(layered *out, kv_plan *const *plans, int nc, int base, const kv_search_pruned *pr,
+                              const layer_opt *opts, const int *choice, int *streams) {
+    const int L = plans[base]->n_layers;
+    int *st = malloc((size_t)2 * L * sizeof *st);
+    double *mult = malloc((size_t)L * sizeof *mult);
+    int mixed = 0;
+    kv_status s = !st || !mult ? KV_ERR(KV_ENOMEM, "out of memory") : KV_OK;
+    for (int l = 0; l < L && s == KV_OK; l++) {
+        const layer_opt *o = choice && choice[l] ? &opts[choice[l] - 1] : NULL;
+        st[2 * l] = st[2 * l + 1] = o ? o->cand : base;
+        mult[l] = o ? o->mult : 1.0;
+        mixed |= o && o->cand != base;
+    }
+    memset(out, 0, sizeof *out);
+    if (s == KV_OK && mixed) {
+        s = kv_search_assemble(&out->plan, (const kv_plan *const *)plans, nc, st, L);
+        out->owned = 1;
+    } else if (s == KV_OK) {
+        out->plan = plans[base];
+        s = pruning_save(&out->sv, out->plan);
+    }
+    if (s == KV_OK) kv_search_layer_apply(out->plan, pr, mult);
+    if (s == KV_OK && streams) memcpy(streams, st, (size_t)2 * L * sizeof *st);
+    if (s != KV_OK) out->plan = NULL;
+    free(st);
+    free(mult);
+    return s;
+}
+
+static void layered_release(layered *lp) {
+    if (lp->owned) kv_plan_free(lp->plan);
+    else if (lp->plan) pruning_restore(lp->plan, &lp->sv);
+    lp->plan = NULL;
+}
+
+/* The per-layer table of contender j (candidate position base) at one context (SEARCH.md §5e): layer l alone on
+ * option o, every other layer on the contender, measured on the selection's chunks; dkl / dbits[l * n_opt + o]
+ * less the contender's own kl0 / bits0. An option that is the contender itself (its candidate, a kept fraction
+ * equal to its own once capped at 1) is not measured: its changes are 0. */
+static kv_status measure_layer_table(double *dkl, double *dbits, const select_tokens *sel, kv_plan *const *plans,
+                                     int nc, int base, const kv_search_pruned *pr, const layer_opt *opts, int n_opt,
+                                     double kl0, double bits0, long ctx, const kv_search_candidate *const *cands) {
+    const int L = plans[base]->n_layers;
     int *choice = calloc((size_t)L, sizeof *choice);
-    saved_pruning sv = {0};
-    kv_status s = !choice ? KV_ERR(KV_ENOMEM, "out of memory") : pruning_save(&sv, plan);
-    kv_log(KV_LOG_INFO, "search: per-layer budgets of %s at context %ld: %d layers x %d multipliers, one selection "
-           "measurement each", pr->name, ctx, L, n_mult);
+    kv_status s = choice ? KV_OK : KV_ERR(KV_ENOMEM, "out of memory");
+    kv_log(KV_LOG_INFO, "search: per-layer options of %s at context %ld: %d layers x %d options, one selection "
+           "measurement each", pr->name, ctx, L, n_opt);
     for (int l = 0; l < L && s == KV_OK; l++)
-        for (int o = 0; o < n_mult && s == KV_OK; o++) {
-            const size_t q = (size_t)l * (size_t)n_mult + (size_t)o;
+        for (int o = 0; o < n_opt && s == KV_OK; o++) {
+            const size_t q = (size_t)l * (size_t)n_opt + (size_t)o;
             dkl[q] = dbits[q] = 0.0;
-            if ((float)kv_search_layer_budget(pr->budget, mult[o]) == (float)pr->budget) continue;
-            char label[160];
+            if (opts[o].cand == base && (float)kv_search_layer_budget(pr->budget, opts[o].mult) == (float)pr->budget)
+                continue;
+            char label[192];
             double kl, bits;
-            snprintf(label, sizeof label, "selection %s layer %d x%g ctx %ld", pr->name, l, mult[o], ctx);
+            layered lp;
+            snprintf(label, sizeof label, "selection %s layer %d %s x%g ctx %ld", pr->name, l, cands[opts[o].cand]->name,
+                     opts[o].mult, ctx);
             choice[l] = o + 1;
-            kv_search_layer_apply(plan, pr, mult, choice);
+            s = layered_plan(&lp, plans, nc, base, pr, opts, choice, NULL);
             choice[l] = 0;
-            if ((s = select_kl(&kl, &bits, sel, plan, ctx, label)) == KV_OK) dkl[q] = kl - kl0, dbits[q] = bits - bits0;
+            if (s == KV_OK && (s = select_kl(&kl, &bits, sel, lp.plan, ctx, label)) == KV_OK)
+                dkl[q] = kl - kl0, dbits[q] = bits - bits0;
+            layered_release(&lp);
         }
-    if (sv.layer) pruning_restore(plan, &sv);
     free(choice);
     return s;
 }
@@ -285,8 +342,8 @@ typedef struct pruned_at {
     const kv_search_pruned *pr;
     const double *kl, *bits; /* [contender] */
     int n;
-    const double *mult;      /* --pruned-layers (n_mult 0: none); the tries are the point's layers[] */
-    int n_mult;
+    const layer_opt *opts;   /* --pruned-layers (n_opt 0: none); the tries are the point's layers[] */
+    int n_opt;
 } pruned_at;
 
 static void print_point_text(const search_point *pt, long context, const kv_search_candidate *table, const int *cidx,
@@ -307,13 +364,14 @@ static void print_point_text(const search_point *pt, long context, const kv_sear
     if (pt->selected == SEL_PRUNED)
         printf("the pruned contender %s%s: %s's own fit under H2O (the per-stream KL and bits below are the candidate's "
                "without pruning; its bits were measured)\n", pa->pr[pt->pruned].name,
-               pt->layered ? " with per-layer budgets" : "", table[cidx[pt->choice[0]]].name);
+               pt->layered ? " with per-layer options" : "", table[cidx[pt->choice[0]]].name);
     if (pt->selected == SEL_PRUNED && pt->layered) {
         const layered_try *lt = &pt->layers[pt->pruned];
-        printf("layer budgets (fraction of the f16 cache kept):");
+        printf("per layer, candidate and fraction of the f16 cache kept:");
         for (int l = 0; l < n_items / 2; l++)
-            printf(" %.4g", lt->choice[l] ? kv_search_layer_budget(pa->pr[pt->pruned].budget, pa->mult[lt->choice[l] - 1])
-                                          : pa->pr[pt->pruned].budget);
+            printf(" %s@%.4g", table[cidx[pt->choice[2 * l]]].name,
+                   lt->choice[l] ? kv_search_layer_budget(pa->pr[pt->pruned].budget, pa->opts[lt->choice[l] - 1].mult)
+                                 : pa->pr[pt->pruned].budget);
         printf("\n");
     }
     if (per_stream) {
@@ -350,7 +408,7 @@ static void print_point_text(const search_point *pt, long context, const kv_sear
         {
             printf("%s %s KL %.5g at %.4f bits%s", j || isfinite(pt->sel_kl[0]) ? "," : "", pa->pr[j].name, pa->kl[j],
                    pa->bits[j], pa->bits[j] <= pt->budget_bits ? "" : " (over the budget)");
-            const layered_try *lt = pa->n_mult > 0 ? &pt->layers[j] : NULL;
+            const layered_try *lt = pa->n_opt > 0 ? &pt->layers[j] : NULL;
             if (lt && lt->state == LAYERED_MEASURED)
                 printf(", %s per layer KL %.5g at %.4f bits (predicted %.5g at %.4f)%s", pa->pr[j].name, lt->kl, lt->bits,
                        lt->predicted_kl, lt->predicted_bits, lt->bits <= pt->budget_bits ? "" : " (over the budget)");
@@ -421,13 +479,14 @@ int kvcal_search(int argc, char **argv) {
                                                            "each context, kept at a point whose budget their bits "
                                                            "fit when they measure the least KL, also where no "
                                                            "assembly fits (SEARCH.md §5d)", 0},
-        {"pruned-layers", 0, KV_OPT_STRING, &layer_list, "M[,M...]", "per-layer budgets for the pruned contenders: "
-                                                                      "each layer may keep M times its contender's "
-                                                                      "fraction (at most 1), allocated per point under "
-                                                                      "its budget from one-layer measurements (contexts "
-                                                                      "x contenders x layers x multipliers selection "
-                                                                      "runs), then measured and kept if least "
-                                                                      "(SEARCH.md §5e)", 0},
+        {"pruned-layers", 0, KV_OPT_STRING, &layer_list, "M[,M...]", "per-layer options for the pruned contenders: "
+                                                                      "each layer may take any contender's candidate "
+                                                                      "keeping 1 or M times its contender's fraction "
+                                                                      "(at most 1), allocated per point under its "
+                                                                      "budget from one-layer measurements (contexts x "
+                                                                      "contenders x layers x options selection runs), "
+                                                                      "then measured and kept if least (SEARCH.md "
+                                                                      "§5e)", 0},
         {"prompts", 0, KV_OPT_INT, &prompts, "N", "KVmix importance prompts for the proxy (default 8; 0: none)", 0},
         {"set", 0, KV_OPT_STRING, &set_last, "KEY=VALUE", "a fit configuration key for every candidate (repeatable), "
                                                           "e.g. cache.recent=64", 0},
@@ -468,9 +527,10 @@ int kvcal_search(int argc, char **argv) {
     kv_search_pruned pruned[MAX_PRUNED];
     int pruned_pos[MAX_PRUNED], n_pruned = 0; /* a contender's candidate: its position in --candidates */
     double *pr_kl = NULL, *pr_bits = NULL;    /* [context][contender]: measured on the selection's chunks */
-    double mults[KV_SEARCH_MAX_LAYER_MULTS];  /* --pruned-layers */
-    int n_mult = 0;
-    double *ly_dkl = NULL, *ly_dbits = NULL;  /* [context][contender][layer][multiplier] (§5e) */
+    double mults[MAX_MULTS];                  /* --pruned-layers */
+    int n_mult = 0, n_lopt = 0;
+    layer_opt lopts[MAX_LAYER_OPTS];          /* every contender's candidate x (1 and each multiplier) (§5e) */
+    double *ly_dkl = NULL, *ly_dbits = NULL;  /* [context][contender][layer][option] */
     double budgets[MAX_BUDGETS], ctx_d[MAX_CONTEXTS];
     long budget_at[MAX_BUDGETS];
     long contexts[MAX_CONTEXTS];
@@ -594,10 +654,10 @@ int kvcal_search(int argc, char **argv) {
     }
     if (layer_list) {
         if (n_pruned == 0) {
-            rc = kv_cli_usage_error(tool, "--pruned-layers sets per-layer budgets of the --pruned contenders: give --pruned");
+            rc = kv_cli_usage_error(tool, "--pruned-layers sets per-layer options of the --pruned contenders: give --pruned");
             goto end;
         }
-        if ((s = parse_numbers(mults, NULL, &n_mult, KV_SEARCH_MAX_LAYER_MULTS, layer_list, "--pruned-layers")) != KV_OK) {
+        if ((s = parse_numbers(mults, NULL, &n_mult, MAX_MULTS, layer_list, "--pruned-layers")) != KV_OK) {
             rc = kv_cli_usage_error(tool, "%s", kv_error_last());
             goto end;
         }
@@ -609,6 +669,12 @@ int kvcal_search(int argc, char **argv) {
                                         "layer may always keep its contender's budget), each once (got %g)", mults[o]);
                 goto end;
             }
+        }
+        /* the options: each contender's candidate (once) at its contender's budget and at each multiple of it */
+        for (int j = 0; j < n_pruned; j++) {
+            int seen = 0;
+            for (int q = 0; q < j; q++) seen |= pruned_pos[q] == pruned_pos[j];
+            for (int o = -1; o < n_mult && !seen; o++) lopts[n_lopt++] = (layer_opt){pruned_pos[j], o < 0 ? 1.0 : mults[o]};
         }
     }
     if (n_pruned > 0 && select_chunks == 0) {
@@ -684,11 +750,11 @@ int kvcal_search(int argc, char **argv) {
     }
     for (int p = 0; p < n_points; p++) {
         if (!(points[p].choice = calloc((size_t)n_items, sizeof *points[p].choice)) ||
-            (n_mult > 0 && !(points[p].layers = calloc((size_t)n_pruned, sizeof *points[p].layers)))) {
+            (n_lopt > 0 && !(points[p].layers = calloc((size_t)n_pruned, sizeof *points[p].layers)))) {
             s = KV_ERR(KV_ENOMEM, "out of memory");
             goto fail;
         }
-        for (int j = 0; j < n_pruned && n_mult > 0; j++)
+        for (int j = 0; j < n_pruned && n_lopt > 0; j++)
             if (!(points[p].layers[j].choice = calloc((size_t)L, sizeof *points[p].layers[j].choice))) {
                 s = KV_ERR(KV_ENOMEM, "out of memory");
                 goto fail;
@@ -906,16 +972,16 @@ int kvcal_search(int argc, char **argv) {
                 if (s != KV_OK) kv_error_wrap(s, "--pruned %s at context %ld: ", pruned[j].name, contexts[k]);
             }
         /* with --pruned-layers, each contender's per-layer table (§5e) */
-        const size_t ly_len = (size_t)L * (size_t)n_mult; /* one table */
-        if (s == KV_OK && n_mult > 0 &&
+        const size_t ly_len = (size_t)L * (size_t)n_lopt; /* one table */
+        if (s == KV_OK && n_lopt > 0 &&
             (!(ly_dkl = malloc((size_t)n_ctx * n_pruned * ly_len * sizeof *ly_dkl)) ||
              !(ly_dbits = malloc((size_t)n_ctx * n_pruned * ly_len * sizeof *ly_dbits))))
             s = KV_ERR(KV_ENOMEM, "out of memory");
-        for (int k = 0; k < n_ctx && s == KV_OK && n_mult > 0; k++)
+        for (int k = 0; k < n_ctx && s == KV_OK && n_lopt > 0; k++)
             for (int j = 0; j < n_pruned && s == KV_OK; j++) {
                 const size_t off = ((size_t)k * n_pruned + (size_t)j) * ly_len;
-                s = measure_layer_table(ly_dkl + off, ly_dbits + off, &sel, plans[pruned_pos[j]], &pruned[j], mults,
-                                        n_mult, pr_kl[k * n_pruned + j], pr_bits[k * n_pruned + j], contexts[k]);
+                s = measure_layer_table(ly_dkl + off, ly_dbits + off, &sel, plans, nc, pruned_pos[j], &pruned[j], lopts,
+                                        n_lopt, pr_kl[k * n_pruned + j], pr_bits[k * n_pruned + j], contexts[k], cands);
                 if (s != KV_OK) kv_error_wrap(s, "--pruned-layers, %s at context %ld: ", pruned[j].name, contexts[k]);
             }
         seconds_select = kv_now_seconds() - ts;
@@ -995,37 +1061,39 @@ int kvcal_search(int argc, char **argv) {
         for (int j = 0; j < n_pruned; j++)
             if (pr_bits[k * n_pruned + j] <= pt->budget_bits && pr_kl[k * n_pruned + j] < best)
                 best = pr_kl[k * n_pruned + j], pt->selected = SEL_PRUNED, pt->pruned = j;
-        /* each contender with per-layer budgets allocated under this budget, measured (§5e) */
-        for (int j = 0; j < n_pruned && n_mult > 0; j++) {
+        /* each contender with per-layer options allocated under this budget, measured (§5e) */
+        for (int j = 0; j < n_pruned && n_lopt > 0 && s == KV_OK; j++) {
             layered_try *lt = &pt->layers[j];
-            const size_t off = ((size_t)k * n_pruned + (size_t)j) * (size_t)L * (size_t)n_mult;
-            const kv_search_layer_table t = {L, n_mult, mults, ly_dkl + off, ly_dbits + off, pr_kl[k * n_pruned + j],
+            const size_t off = ((size_t)k * n_pruned + (size_t)j) * (size_t)L * (size_t)n_lopt;
+            const kv_search_layer_table t = {L, n_lopt, ly_dkl + off, ly_dbits + off, pr_kl[k * n_pruned + j],
                                              pr_bits[k * n_pruned + j]};
             s = kv_search_layer_allocate(lt->choice, &lt->predicted_kl, &lt->predicted_bits, &t, pt->budget_bits);
-            if (s == KV_EINVAL) { /* even the cheapest per-layer budgets predict more bits than the point's */
+            if (s == KV_EINVAL) { /* even the cheapest per-layer options predict more bits than the point's */
                 lt->state = LAYERED_NONE, s = KV_OK;
                 continue;
             }
-            if (s != KV_OK) goto fail;
             int changed = 0;
             for (int l = 0; l < L; l++) changed |= lt->choice[l] != 0;
-            if (!changed) { /* the contender itself, measured above */
+            if (s == KV_OK && !changed) { /* the contender itself, measured above */
                 lt->state = LAYERED_SAME, lt->kl = pr_kl[k * n_pruned + j], lt->bits = pr_bits[k * n_pruned + j];
                 continue;
             }
-            kv_plan *pp = plans[pruned_pos[j]];
-            saved_pruning sv = {0};
+            layered lp;
             char label[160];
             snprintf(label, sizeof label, "selection %s per layer, budget %g ctx %ld", pruned[j].name,
                      pt->budget_bits, context);
-            if ((s = pruning_save(&sv, pp)) != KV_OK) goto fail;
-            kv_search_layer_apply(pp, &pruned[j], mults, lt->choice);
-            s = select_kl(&lt->kl, &lt->bits, &sel, pp, context, label);
-            pruning_restore(pp, &sv);
-            if (s != KV_OK) goto fail;
+            if (s == KV_OK && (s = layered_plan(&lp, plans, nc, pruned_pos[j], &pruned[j], lopts, lt->choice, NULL)) == KV_OK) {
+                s = select_kl(&lt->kl, &lt->bits, &sel, lp.plan, context, label);
+                layered_release(&lp);
+            }
+            if (s != KV_OK) break;
             lt->state = LAYERED_MEASURED;
             if (lt->bits <= pt->budget_bits && lt->kl < best)
                 best = lt->kl, pt->selected = SEL_PRUNED, pt->pruned = j, pt->layered = 1;
+        }
+        if (s != KV_OK) {
+            if (plan_owned) kv_plan_free(plan);
+            goto fail;
         }
         if (!pt->assembly && pt->selected != SEL_PRUNED) { /* no assembly, no pruned contender fits */
             pt->feasible = 0;
@@ -1038,17 +1106,18 @@ int kvcal_search(int argc, char **argv) {
             continue;
         }
         pt->feasible = 1;
-        int pruned_c = -1; /* SEL_PRUNED: the candidate whose fit is written under H2O; its pruning restored after */
-        saved_pruning pruned_saved = {0};
+        layered lp = {0}; /* SEL_PRUNED: the contender's plan, its pruning restored (or the assembly freed) after */
         if (pt->selected == SEL_SINGLE || pt->selected == SEL_PRUNED) {
-            const int c = pt->selected == SEL_SINGLE ? pt->single : pruned_pos[pt->pruned];
             if (plan_owned) kv_plan_free(plan);
-            plan = plans[c], plan_owned = 0, pt->refit = 0;
-            for (int i = 0; i < n_items; i++) pt->choice[i] = c;
-            if (pt->selected == SEL_PRUNED) {
-                if ((s = pruning_save(&pruned_saved, plan)) != KV_OK) goto fail;
-                pruned_c = c;
-                kv_search_layer_apply(plan, &pruned[pt->pruned], mults, pt->layered ? pt->layers[pt->pruned].choice : NULL);
+            plan = NULL, plan_owned = 0, pt->refit = 0;
+            if (pt->selected == SEL_SINGLE) {
+                plan = plans[pt->single];
+                for (int i = 0; i < n_items; i++) pt->choice[i] = pt->single;
+            } else {
+                if ((s = layered_plan(&lp, plans, nc, pruned_pos[pt->pruned], &pruned[pt->pruned], lopts,
+                                      pt->layered ? pt->layers[pt->pruned].choice : NULL, pt->choice)) != KV_OK)
+                    goto fail;
+                plan = lp.plan;
             }
         }
         if (select_chunks > 0) {
@@ -1091,7 +1160,7 @@ int kvcal_search(int argc, char **argv) {
         if ((s = kv_plan_creation_time(&pv.created)) == KV_OK) s = kv_plan_set_provenance(plan, &pv);
         if (s == KV_OK) s = kv_plan_write(plan, pt->path, NULL);
         if (plan_owned) kv_plan_free(plan);
-        if (pruned_c >= 0) pruning_restore(plans[pruned_c], &pruned_saved);
+        layered_release(&lp);
         if (s != KV_OK) goto fail;
         /* the additivity gap on the very tokens the sensitivities saw, then the end-to-end validation */
         const double tv = kv_now_seconds();
@@ -1131,21 +1200,23 @@ int kvcal_search(int argc, char **argv) {
             printf("%s\n    {\"name\": \"%s\", \"candidate\": \"%s\", \"method\": \"%s\", \"budget\": %.9g, "
                    "\"select_kl\": [", j ? "," : "", pruned[j].name, cands[pruned_pos[j]]->name,
                    kv_plan_prune_name(pruned[j].method), pruned[j].budget);
-            for (int k = 0; k < n_ctx; k++) printf("%s%.6g", k ? ", " : "", pr_kl[k * n_pruned + j]);
+            for (int k = 0; k < n_ctx; k++) printf("%s%.9g", k ? ", " : "", pr_kl[k * n_pruned + j]);
             printf("], \"bits\": [");
             for (int k = 0; k < n_ctx; k++) printf("%s%.9g", k ? ", " : "", pr_bits[k * n_pruned + j]);
             printf("]");
-            if (n_mult > 0) { /* per context, [layer][multiplier]: the changes with that layer alone at budget * M */
-                printf(",\n     \"layers\": {\"multipliers\": [");
-                for (int o = 0; o < n_mult; o++) printf("%s%.9g", o ? ", " : "", mults[o]);
+            if (n_lopt > 0) { /* per context, [layer][option]: the changes with that layer alone on the option */
+                printf(",\n     \"layers\": {\"options\": [");
+                for (int o = 0; o < n_lopt; o++)
+                    printf("%s{\"candidate\": \"%s\", \"multiplier\": %.9g, \"budget\": %.9g}", o ? ", " : "",
+                           cands[lopts[o].cand]->name, lopts[o].mult, kv_search_layer_budget(pruned[j].budget, lopts[o].mult));
                 for (int w = 0; w < 2; w++) {
                     printf("], \"%s\": [", w ? "dbits" : "dkl");
                     for (int k = 0; k < n_ctx; k++) {
-                        const double *d = (w ? ly_dbits : ly_dkl) + ((size_t)k * n_pruned + (size_t)j) * (size_t)L * n_mult;
+                        const double *d = (w ? ly_dbits : ly_dkl) + ((size_t)k * n_pruned + (size_t)j) * (size_t)L * n_lopt;
                         printf("%s[", k ? ", " : "");
                         for (int l = 0; l < L; l++) {
                             printf("%s[", l ? ", " : "");
-                            for (int o = 0; o < n_mult; o++) printf("%s%.9g", o ? ", " : "", d[(size_t)l * n_mult + o]);
+                            for (int o = 0; o < n_lopt; o++) printf("%s%.9g", o ? ", " : "", d[(size_t)l * n_lopt + o]);
                             printf("]");
                         }
                         printf("]");
@@ -1215,12 +1286,12 @@ int kvcal_search(int argc, char **argv) {
                 for (int j = 0, first = 1; j < n_pruned; j++) {
                     const int q = pt->ctx_index * n_pruned + j;
                     if (pr_bits[q] > pt->budget_bits) continue;
-                    printf("%s{\"name\": \"%s\", \"kl\": %.6g, \"bits\": %.9g}", first ? "" : ", ", pruned[j].name,
+                    printf("%s{\"name\": \"%s\", \"kl\": %.9g, \"bits\": %.9g}", first ? "" : ", ", pruned[j].name,
                            pr_kl[q], pr_bits[q]);
                     first = 0;
                 }
                 printf("], \"layered\": %s, \"pruned_layers\": [", pt->layered ? "true" : "false");
-                for (int j = 0; j < n_pruned && n_mult > 0; j++) { /* §5e: per contender, its per-layer budgets here */
+                for (int j = 0; j < n_pruned && n_lopt > 0; j++) { /* §5e: per contender, its per-layer options here */
                     const layered_try *lt = &pt->layers[j];
                     printf("%s{\"name\": \"%s\", \"state\": \"%s\"", j ? ", " : "", pruned[j].name,
                            lt->state == LAYERED_NONE ? "none fits" : lt->state == LAYERED_SAME ? "its own" : "measured");
@@ -1228,8 +1299,12 @@ int kvcal_search(int argc, char **argv) {
                         printf(", \"budgets\": [");
                         for (int l = 0; l < L; l++)
                             printf("%s%.9g", l ? ", " : "",
-                                   lt->choice[l] ? kv_search_layer_budget(pruned[j].budget, mults[lt->choice[l] - 1])
+                                   lt->choice[l] ? kv_search_layer_budget(pruned[j].budget, lopts[lt->choice[l] - 1].mult)
                                                  : pruned[j].budget);
+                        printf("], \"candidates\": [");
+                        for (int l = 0; l < L; l++)
+                            printf("%s\"%s\"", l ? ", " : "",
+                                   cands[lt->choice[l] ? lopts[lt->choice[l] - 1].cand : pruned_pos[j]]->name);
                         printf("], \"predicted_kl\": %.9g, \"predicted_bits\": %.9g, \"kl\": %.9g, \"bits\": %.9g",
                                lt->predicted_kl, lt->predicted_bits, lt->kl, lt->bits);
                     }
@@ -1260,7 +1335,7 @@ int kvcal_search(int argc, char **argv) {
         for (int p = 0; p < n_points; p++) {
             const int k = points[p].ctx_index;
             const pruned_at pa = {pruned, pr_kl ? pr_kl + k * n_pruned : NULL, pr_bits ? pr_bits + k * n_pruned : NULL,
-                                  n_pruned, mults, n_mult};
+                                  n_pruned, lopts, n_lopt};
             print_point_text(&points[p], contexts[k], table, cidx, nc, n_items, kl, allowed, bytes + table_len * k,
                              values + table_len * k, &pa, n_points == 1, sens_ctx, sens_samples);
         }

@@ -335,19 +335,23 @@ START_TEST(test_allocate_refusals) {
 }
 END_TEST
 
-/* Per-layer budgets of a pruned contender (SEARCH.md §5e) against brute force over every per-layer choice in
- * doubles: random tables (KL changes of either sign, bit changes growing with the multiplier), budgets between
- * the cheapest and the dearest prediction. The knapsack counts bits in units of 1e-9, each layer's cost rounded
- * to the nearest unit and extras to units of at most (budget range) / 20000: its choice may miss the optimum only
- * by what a budget tighter by that rounding would allow, and never beats the optimum at a budget looser by it. */
+/* Per-layer options of a pruned contender (SEARCH.md §5e) against brute force over every per-layer choice in
+ * doubles: random tables (options as multipliers of the budget: KL changes of either sign, bit changes growing
+ * with the multiplier), budgets between the cheapest and the dearest prediction. The knapsack counts bits in
+ * units of 1e-9, each layer's cost rounded to the nearest unit and extras to units of at most (budget range) /
+ * 20000: its choice may miss the optimum only by what a budget tighter by that rounding would allow, and never
+ * beats the optimum at a budget looser by it. */
 static double brute_layers(const kv_search_layer_table *t, double budget_bits) {
-    const int L = t->n_layers, k = t->n_mult + 1;
+    const int L = t->n_layers, k = t->n_opt + 1;
     int pick[8] = {0};
     double best = INFINITY;
     for (;;) {
         double kl = t->kl, bits = t->bits;
         for (int l = 0; l < L; l++)
-            if (pick[l]) kl += t->dkl[l * t->n_mult + pick[l] - 1], bits += t->dbits[l * t->n_mult + pick[l] - 1];
+            if (pick[l]) {
+                kl += t->dkl[l * t->n_opt + pick[l] - 1];
+                bits += t->dbits[l * t->n_opt + pick[l] - 1];
+            }
         if (bits <= budget_bits && kl < best) best = kl;
         int l = 0;
         while (l < L && ++pick[l] == k) pick[l++] = 0;
@@ -372,7 +376,7 @@ START_TEST(test_layer_allocate) {
             }
             lo += mn, hi += mx;
         }
-        const kv_search_layer_table t = {L, nm, mult, dkl, dbits, 0.3, 2.0};
+        const kv_search_layer_table t = {L, nm, dkl, dbits, 0.3, 2.0};
         const double budget = lo + (hi - lo) * kv_rng_uniform(36, (uint64_t)trial);
         int choice[6];
         double pkl, pbits;
@@ -392,7 +396,7 @@ START_TEST(test_layer_allocate) {
     }
     /* below the cheapest prediction: refused; the multiplier is capped at the whole cache */
     const double dk[2] = {0.1, -0.1}, db[2] = {-0.5, 0.5};
-    const kv_search_layer_table t1 = {1, 2, mult, dk, db, 0.3, 2.0};
+    const kv_search_layer_table t1 = {1, 2, dk, db, 0.3, 2.0};
     int c1;
     ck_assert_int_eq(kv_search_layer_allocate(&c1, NULL, NULL, &t1, 1.4), KV_EINVAL);
     ck_assert_kv_ok(kv_search_layer_allocate(&c1, NULL, NULL, &t1, 1.5));

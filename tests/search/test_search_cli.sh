@@ -350,46 +350,59 @@ PY
 expect 0 "" "kvrun eval reads the pruned 4-bit plan" -- "$kvrun" eval --model "$model" --tokenizer "$tok" \
   --plan "$tmp/pr/search-ctx512-4bits.kvplan" --text "$heldout" --ctx 512 --max-tokens 1024 --json
 python3 "$check_same" "$tmp/out" "$tmp/pr.json" 4 512 || fail=1
-# per-layer budgets of the pruned contenders (SEARCH.md §5e): refusals, then KIVI-4 under H2O at 1/10 with each
-# layer at 1/20, 1/5 or 2/5 instead. 3 bits, which the uniform contenders could not serve (3.41 bits and up), is
-# served by per-layer budgets; the table's bits add exactly (memory per value is a sum over layers)
+# per-layer options of the pruned contenders (SEARCH.md §5e): refusals, then KIVI-4 and KIVI-2 under H2O at 1/10
+# with each layer on either candidate at 1/20, 1/10, 1/5 or 2/5 instead. 3 bits, which the uniform contenders
+# could not serve (3.41 bits and up), is served per layer; the table's bits add exactly (memory per value is a
+# sum over layers, whatever each layer's quantizer)
 expect 2 "give --pruned" "--pruned-layers without --pruned" -- "$kvcal" search "${inputs[@]}" --context 512 \
   --budget-bits 7 --candidates kivi4 --pruned-layers 0.5 --out "$tmp/x.kvplan"
 expect 2 "other than 1" "--pruned-layers 1" -- "$kvcal" search "${inputs[@]}" --context 512 --budget-bits 7 \
   --candidates kivi4 --pruned kivi4@h2o0.1 --pruned-layers 0.5,1 --out "$tmp/x.kvplan"
-expect 0 "" "search with per-layer budgets" -- "$kvcal" search "${inputs[@]}" --context 512 --eval-tokens 1024 \
-  --budget-bits 3,4 --candidates kivi2,kivi4 --pruned kivi4@h2o0.1 --pruned-layers 0.5,2,4 --out-dir "$tmp/ly" --json
+expect 0 "" "search with per-layer options" -- "$kvcal" search "${inputs[@]}" --context 512 --eval-tokens 1024 \
+  --budget-bits 3,4 --candidates kivi2,kivi4 --pruned kivi4@h2o0.1,kivi2@h2o0.1 --pruned-layers 0.5,2,4 \
+  --out-dir "$tmp/ly" --json
 cp "$tmp/out" "$tmp/ly.json"
 python3 - "$tmp/ly.json" <<'PY' || fail=1
 import json, sys
 r = json.load(open(sys.argv[1]))
-c = r["pruned"][0]
-ly = c["layers"]
-assert ly["multipliers"] == [0.5, 2, 4] and len(ly["dkl"]) == 1 and len(ly["dkl"][0]) == 5, ly
-for row in ly["dbits"][0]:  # fewer kept tokens hold less memory, more hold more
-    assert row[0] < 0 < row[1] < row[2], row
-budget_of = lambda m: min(1.0, c["budget"] * m)
+pr = {c["name"]: c for c in r["pruned"]}
+mixed = False
+for c in r["pruned"]:
+    ly = c["layers"]
+    opts = [(o["candidate"], o["multiplier"]) for o in ly["options"]]
+    assert opts == [(q, m) for q in ("kivi4", "kivi2") for m in (1, 0.5, 2, 4)], opts
+    assert len(ly["dkl"]) == 1 and len(ly["dkl"][0]) == 5 and len(ly["dkl"][0][0]) == 8, ly
+    own = opts.index((c["candidate"], 1))
+    for l in range(5):
+        row = ly["dbits"][0][l]
+        assert ly["dkl"][0][l][own] == 0 and row[own] == 0, (c["name"], l)  # the contender itself: not measured
+        for q in (0, 4):  # per candidate, fewer kept tokens hold less memory, more hold more
+            assert row[q + 1] < row[q] < row[q + 2] < row[q + 3], (c["name"], l, row)
+    for p in r["plans"]:
+        b, sel = p["budget_bits"], p["selection"]
+        t = [x for x in sel["pruned_layers"] if x["name"] == c["name"]][0]
+        assert t["state"] == "measured", t
+        # the prediction from the table, recomputed: each layer's option from its candidate and budget
+        kl, bits = c["select_kl"][0], c["bits"][0]
+        for l, (q, x) in enumerate(zip(t["candidates"], t["budgets"])):
+            o = [i for i, o in enumerate(ly["options"]) if o["candidate"] == q and abs(o["budget"] - x) < 1e-7][0]
+            kl += ly["dkl"][0][l][o]
+            bits += ly["dbits"][0][l][o]
+        mixed |= len(set(t["candidates"])) > 1
+        assert abs(kl - t["predicted_kl"]) < 1e-6 and abs(bits - t["predicted_bits"]) < 1e-7, (t, kl, bits)
+        assert t["predicted_bits"] <= b + 1e-9 and abs(t["bits"] - t["predicted_bits"]) < 1e-6, t
+        print("ok: %s, %.4g bits: %s, KL %.4g predicted %.4g, %.4f bits" % (c["name"], b, list(zip(t["candidates"],
+              t["budgets"])), t["kl"], t["predicted_kl"], t["bits"]))
+assert mixed, "no allocation mixed the two quantizers"
 for p in r["plans"]:
-    b, sel = p["budget_bits"], p["selection"]
-    t = sel["pruned_layers"][0]
-    assert t["state"] == "measured", t
-    # the prediction from the table, recomputed: each layer's multiplier from its budget
-    kl, bits = c["select_kl"][0], c["bits"][0]
-    for l, x in enumerate(t["budgets"]):
-        if abs(x - c["budget"]) < 1e-7:
-            continue
-        o = [i for i, m in enumerate(ly["multipliers"]) if abs(budget_of(m) - x) < 1e-7][0]
-        kl += ly["dkl"][0][l][o]
-        bits += ly["dbits"][0][l][o]
-    assert abs(kl - t["predicted_kl"]) < 1e-5 and abs(bits - t["predicted_bits"]) < 1e-6, (t, kl, bits)
-    assert t["predicted_bits"] <= b + 1e-9 and abs(t["bits"] - t["predicted_bits"]) < 1e-6, t
-    tried = [x["kl"] for x in sel["pruned_within_budget"] + sel["singles_within_budget"]] + [t["kl"]]
+    sel = p["selection"]
+    tried = [x["kl"] for x in sel["pruned_within_budget"] + sel["singles_within_budget"] + sel["pruned_layers"]]
     tried += [k for k in (sel["kl_knapsack"], sel["kl_corrected"]) if k is not None]
     if sel["layered"]:
-        assert sel["kept"] == "pruned" and sel["pruned"] == c["name"] and t["kl"] == min(tried), (sel, tried)
+        t = [x for x in sel["pruned_layers"] if x["name"] == sel["pruned"]][0]
+        assert sel["kept"] == "pruned" and t["kl"] == min(tried), (sel, tried)
         assert abs(p["measured_heldout"]["bits_per_value_total"] - t["bits"]) < 1e-9, (p, t)
-    print("ok: %.4g bits: per-layer budgets %s, KL %.4g predicted %.4g, %.4f bits; kept %s%s" % (b, t["budgets"],
-          t["kl"], t["predicted_kl"], t["bits"], sel["kept"], " per layer" if sel["layered"] else ""))
+        assert p["choices"] == [q for q in t["candidates"] for _ in "KV"], (p["choices"], t)
 p3 = r["plans"][0]
 assert p3["budget_bits"] == 3 and p3["feasible"] and not p3["assembly"] and p3["selection"]["layered"], p3
 PY
@@ -398,10 +411,14 @@ for b in 3 4; do
   python3 - "$tmp/ly-$b.json" "$tmp/ly.json" $b <<'PY' || fail=1
 import json, sys
 d, r = (json.load(open(f)) for f in sys.argv[1:3])
-want = [p for p in r["plans"] if p["budget_bits"] == float(sys.argv[3])][0]["selection"]["pruned_layers"][0]["budgets"]
-got = [x["prune_budget"] or d["global"]["prune_budget"] for x in d["layers"]]
-assert d["global"]["prune_method"] == "h2o" and all(abs(a - b) < 1e-7 for a, b in zip(got, want)), (got, want)
-print("ok: the written plan's layer budgets are the allocation's", got)
+p = [p for p in r["plans"] if p["budget_bits"] == float(sys.argv[3])][0]
+if p["selection"]["layered"]:
+    t = [x for x in p["selection"]["pruned_layers"] if x["name"] == p["selection"]["pruned"]][0]
+    got = [x["prune_budget"] or d["global"]["prune_budget"] for x in d["layers"]]
+    assert d["global"]["prune_method"] == "h2o" and all(abs(a - b) < 1e-7 for a, b in zip(got, t["budgets"])), (got, t)
+    bits = [int(q[4:]) for q in t["candidates"]]  # kivi2 / kivi4
+    assert [x["K"]["bits"] for x in d["layers"]] == bits and [x["V"]["bits"] for x in d["layers"]] == bits, d["layers"]
+    print("ok: the written %s-bit plan's layers are the allocation's" % sys.argv[3], list(zip(t["candidates"], got)))
 PY
 done
 expect 0 "" "kvrun eval reads the per-layer 3-bit plan" -- "$kvrun" eval --model "$model" --tokenizer "$tok" \
