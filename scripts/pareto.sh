@@ -7,10 +7,11 @@
 #   scripts/pareto.sh [--model PATH] [--contexts "2048 8192"] [--eval-tokens N] [--fit-tokens N]
 #                     [--methods "kivi-2 ..."] [--budgets "2 3 4 5"] [--range "2 5.5"] [--candidates LIST]
 #                     [--search-fit-tokens N] [--sens-ctx N] [--sens-samples N] [--prompts N] [--out DIR]
-#                     [--build DIR] [--reuse] [--pruned LIST]
+#                     [--build DIR] [--reuse] [--pruned LIST] [--pruned-layers M,...]
 # --range: single methods whose honest bits fall in [lo, hi] get a searched plan at their bits. --reuse: keep
 # what an earlier run with the same settings left in DIR (plans, evaluations, the search). --pruned: the search's
-# pruned contenders (kvcal search --pruned, calib/SEARCH.md §5d), e.g. kivi4@h2o0.07,kivi4@h2o0.11.
+# pruned contenders (kvcal search --pruned, calib/SEARCH.md §5d), e.g. kivi4@h2o0.07,kivi4@h2o0.11; --pruned-layers:
+# their per-layer options (kvcal search --pruned-layers, §5e), e.g. 0.5,2.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="$here/build"
@@ -29,6 +30,7 @@ prompts=4
 out=""
 reuse=()
 pruned=()
+layers=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model="$2"; shift 2 ;;
@@ -47,7 +49,8 @@ while [ $# -gt 0 ]; do
     --build) build="$2"; shift 2 ;;
     --reuse) reuse=(--reuse); shift ;;
     --pruned) pruned=(--pruned "$2"); shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --pruned-layers) layers=(--pruned-layers "$2"); shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "pareto: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -78,7 +81,7 @@ if [ ${#reuse[@]} -eq 0 ] || [ ! -s "$out/search.json" ]; then
     --heldout "$data/wikitext-2-raw/wiki.test.raw" --context "${contexts// /,}" --budget-bits "$points" \
     --candidates "$candidates" --fit-tokens "$search_fit_tokens" --sens-ctx "$sens_ctx" \
     --sens-samples "$sens_samples" --prompts "$prompts" --eval-tokens "$eval_tokens" --out-dir "$out/search" \
-    "${pruned[@]}" --json > "$out/search.json.part"
+    "${pruned[@]}" "${layers[@]}" --json > "$out/search.json.part"
   mv "$out/search.json.part" "$out/search.json"
 fi
 python3 "$here/scripts/pareto_chart.py" "$out"
