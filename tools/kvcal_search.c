@@ -1152,7 +1152,7 @@ int kvcal_search(int argc, char **argv) {
             len += (size_t)snprintf(yaml + len, sizeof yaml - len, "  pruned: %s\n", pruned[pt->pruned].name);
         if (pt->selected == SEL_PRUNED && pt->layered)
             for (int l = 0; l < L && len < sizeof yaml; l++)
-                len += (size_t)snprintf(yaml + len, sizeof yaml - len, "%s%.9g%s", l ? ", " : "  layer_budgets: [",
+                len += (size_t)snprintf(yaml + len, sizeof yaml - len, "%s%.7g%s", l ? ", " : "  layer_budgets: [", /* f32 */
                                         plan->layers[l].prune_budget ? (double)plan->layers[l].prune_budget
                                                                      : (double)plan->global.prune_budget,
                                         l == L - 1 ? "]\n" : "");
