@@ -324,8 +324,8 @@ static kv_status measure_layer_table(double *dkl, double *dbits, const select_to
             char label[192];
             double kl, bits;
             layered lp;
-            snprintf(label, sizeof label, "selection %s layer %d %s x%g ctx %ld", pr->name, l, cands[opts[o].cand]->name,
-                     opts[o].mult, ctx);
+            snprintf(label, sizeof label, "selection %s layer %d %s x%g ctx %ld", pr->name, l,
+                     cands[opts[o].cand]->name, opts[o].mult, ctx);
             choice[l] = o + 1;
             s = layered_plan(&lp, plans, nc, base, pr, opts, choice, NULL);
             choice[l] = 0;
@@ -410,8 +410,9 @@ static void print_point_text(const search_point *pt, long context, const kv_sear
                    pa->bits[j], pa->bits[j] <= pt->budget_bits ? "" : " (over the budget)");
             const layered_try *lt = pa->n_opt > 0 ? &pt->layers[j] : NULL;
             if (lt && lt->state == LAYERED_MEASURED)
-                printf(", %s per layer KL %.5g at %.4f bits (predicted %.5g at %.4f)%s", pa->pr[j].name, lt->kl, lt->bits,
-                       lt->predicted_kl, lt->predicted_bits, lt->bits <= pt->budget_bits ? "" : " (over the budget)");
+                printf(", %s per layer KL %.5g at %.4f bits (predicted %.5g at %.4f)%s", pa->pr[j].name, lt->kl,
+                       lt->bits, lt->predicted_kl, lt->predicted_bits,
+                       lt->bits <= pt->budget_bits ? "" : " (over the budget)");
         }
         printf("; kept: %s%s%s\n",
                pt->selected == SEL_SINGLE ? "the single method " :
@@ -654,7 +655,8 @@ int kvcal_search(int argc, char **argv) {
     }
     if (layer_list) {
         if (n_pruned == 0) {
-            rc = kv_cli_usage_error(tool, "--pruned-layers sets per-layer options of the --pruned contenders: give --pruned");
+            rc = kv_cli_usage_error(tool, "--pruned-layers sets per-layer options of the --pruned contenders: give "
+                                    "--pruned");
             goto end;
         }
         if ((s = parse_numbers(mults, NULL, &n_mult, MAX_MULTS, layer_list, "--pruned-layers")) != KV_OK) {
@@ -674,7 +676,8 @@ int kvcal_search(int argc, char **argv) {
         for (int j = 0; j < n_pruned; j++) {
             int seen = 0;
             for (int q = 0; q < j; q++) seen |= pruned_pos[q] == pruned_pos[j];
-            for (int o = -1; o < n_mult && !seen; o++) lopts[n_lopt++] = (layer_opt){pruned_pos[j], o < 0 ? 1.0 : mults[o]};
+            for (int o = -1; o < n_mult && !seen; o++)
+                lopts[n_lopt++] = (layer_opt){pruned_pos[j], o < 0 ? 1.0 : mults[o]};
         }
     }
     if (n_pruned > 0 && select_chunks == 0) {
@@ -1082,7 +1085,8 @@ int kvcal_search(int argc, char **argv) {
             char label[160];
             snprintf(label, sizeof label, "selection %s per layer, budget %g ctx %ld", pruned[j].name,
                      pt->budget_bits, context);
-            if (s == KV_OK && (s = layered_plan(&lp, plans, nc, pruned_pos[j], &pruned[j], lopts, lt->choice, NULL)) == KV_OK) {
+            if (s == KV_OK &&
+                (s = layered_plan(&lp, plans, nc, pruned_pos[j], &pruned[j], lopts, lt->choice, NULL)) == KV_OK) {
                 s = select_kl(&lt->kl, &lt->bits, &sel, lp.plan, context, label);
                 layered_release(&lp);
             }
@@ -1152,7 +1156,8 @@ int kvcal_search(int argc, char **argv) {
             len += (size_t)snprintf(yaml + len, sizeof yaml - len, "  pruned: %s\n", pruned[pt->pruned].name);
         if (pt->selected == SEL_PRUNED && pt->layered)
             for (int l = 0; l < L && len < sizeof yaml; l++)
-                len += (size_t)snprintf(yaml + len, sizeof yaml - len, "%s%.7g%s", l ? ", " : "  layer_budgets: [", /* f32 */
+                len += (size_t)snprintf(yaml + len, sizeof yaml - len, "%s%.7g%s", /* f32's digits */
+                                        l ? ", " : "  layer_budgets: [",
                                         plan->layers[l].prune_budget ? (double)plan->layers[l].prune_budget
                                                                      : (double)plan->global.prune_budget,
                                         l == L - 1 ? "]\n" : "");
@@ -1208,11 +1213,13 @@ int kvcal_search(int argc, char **argv) {
                 printf(",\n     \"layers\": {\"options\": [");
                 for (int o = 0; o < n_lopt; o++)
                     printf("%s{\"candidate\": \"%s\", \"multiplier\": %.9g, \"budget\": %.9g}", o ? ", " : "",
-                           cands[lopts[o].cand]->name, lopts[o].mult, kv_search_layer_budget(pruned[j].budget, lopts[o].mult));
+                           cands[lopts[o].cand]->name, lopts[o].mult,
+                           kv_search_layer_budget(pruned[j].budget, lopts[o].mult));
                 for (int w = 0; w < 2; w++) {
                     printf("], \"%s\": [", w ? "dbits" : "dkl");
                     for (int k = 0; k < n_ctx; k++) {
-                        const double *d = (w ? ly_dbits : ly_dkl) + ((size_t)k * n_pruned + (size_t)j) * (size_t)L * n_lopt;
+                        const double *d =
+                            (w ? ly_dbits : ly_dkl) + ((size_t)k * n_pruned + (size_t)j) * (size_t)L * n_lopt;
                         printf("%s[", k ? ", " : "");
                         for (int l = 0; l < L; l++) {
                             printf("%s[", l ? ", " : "");
@@ -1294,13 +1301,16 @@ int kvcal_search(int argc, char **argv) {
                 for (int j = 0; j < n_pruned && n_lopt > 0; j++) { /* §5e: per contender, its per-layer options here */
                     const layered_try *lt = &pt->layers[j];
                     printf("%s{\"name\": \"%s\", \"state\": \"%s\"", j ? ", " : "", pruned[j].name,
-                           lt->state == LAYERED_NONE ? "none fits" : lt->state == LAYERED_SAME ? "its own" : "measured");
+                           lt->state == LAYERED_NONE   ? "none fits"
+                           : lt->state == LAYERED_SAME ? "its own"
+                                                       : "measured");
                     if (lt->state != LAYERED_NONE) {
                         printf(", \"budgets\": [");
                         for (int l = 0; l < L; l++)
                             printf("%s%.9g", l ? ", " : "",
-                                   lt->choice[l] ? kv_search_layer_budget(pruned[j].budget, lopts[lt->choice[l] - 1].mult)
-                                                 : pruned[j].budget);
+                                   lt->choice[l]
+                                       ? kv_search_layer_budget(pruned[j].budget, lopts[lt->choice[l] - 1].mult)
+                                       : pruned[j].budget);
                         printf("], \"candidates\": [");
                         for (int l = 0; l < L; l++)
                             printf("%s\"%s\"", l ? ", " : "",
