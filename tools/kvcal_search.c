@@ -303,18 +303,28 @@ static void layered_release(layered *lp) {
     lp->plan = NULL;
 }
 
-/* The per-layer table of contender j (candidate position base) at one context (SEARCH.md §5e): layer l alone on
- * option o, every other layer on the contender, measured on the selection's chunks; dkl / dbits[l * n_opt + o]
- * less the contender's own kl0 / bits0. An option that is the contender itself (its candidate, a kept fraction
- * equal to its own once capped at 1) is not measured: its changes are 0. */
-static kv_status measure_layer_table(double *dkl, double *dbits, const select_tokens *sel, kv_plan *const *plans,
-                                     int nc, int base, const kv_search_pruned *pr, const layer_opt *opts, int n_opt,
-                                     double kl0, double bits0, long ctx, const kv_search_candidate *const *cands) {
+/* The per-layer table of contender j (candidate position base) at one context (SEARCH.md §5e), on the table's
+ * chunks (tab: as many as the selection's, other text): the contender's own KL and bits (*kl0, *bits0), then layer
+ * l alone on option o, every other layer on the contender; dkl / dbits[l * n_opt + o] less the contender's. An
+ * option that is the contender itself (its candidate, a kept fraction equal to its own once capped at 1) is not
+ * measured: its changes are 0. */
+static kv_status measure_layer_table(double *dkl, double *dbits, double *kl0, double *bits0, const select_tokens *tab,
+                                     kv_plan *const *plans, int nc, int base, const kv_search_pruned *pr,
+                                     const layer_opt *opts, int n_opt, long ctx, const kv_search_candidate *const *cands) {
     const int L = plans[base]->n_layers;
     int *choice = calloc((size_t)L, sizeof *choice);
     kv_status s = choice ? KV_OK : KV_ERR(KV_ENOMEM, "out of memory");
-    kv_log(KV_LOG_INFO, "search: per-layer options of %s at context %ld: %d layers x %d options, one selection "
-           "measurement each", pr->name, ctx, L, n_opt);
+    kv_log(KV_LOG_INFO, "search: per-layer options of %s at context %ld: %d layers x %d options, one measurement each "
+           "on the table's chunks", pr->name, ctx, L, n_opt);
+    if (s == KV_OK) { /* the contender on the table's text */
+        char label[160];
+        layered lp;
+        snprintf(label, sizeof label, "table %s ctx %ld", pr->name, ctx);
+        if ((s = layered_plan(&lp, plans, nc, base, pr, opts, NULL, NULL)) == KV_OK) {
+            s = select_kl(kl0, bits0, tab, lp.plan, ctx, label);
+            layered_release(&lp);
+        }
+    }
     for (int l = 0; l < L && s == KV_OK; l++)
         for (int o = 0; o < n_opt && s == KV_OK; o++) {
             const size_t q = (size_t)l * (size_t)n_opt + (size_t)o;
@@ -324,13 +334,13 @@ static kv_status measure_layer_table(double *dkl, double *dbits, const select_to
             char label[192];
             double kl, bits;
             layered lp;
-            snprintf(label, sizeof label, "selection %s layer %d %s x%g ctx %ld", pr->name, l,
+            snprintf(label, sizeof label, "table %s layer %d %s x%g ctx %ld", pr->name, l,
                      cands[opts[o].cand]->name, opts[o].mult, ctx);
             choice[l] = o + 1;
             s = layered_plan(&lp, plans, nc, base, pr, opts, choice, NULL);
             choice[l] = 0;
-            if (s == KV_OK && (s = select_kl(&kl, &bits, sel, lp.plan, ctx, label)) == KV_OK)
-                dkl[q] = kl - kl0, dbits[q] = bits - bits0;
+            if (s == KV_OK && (s = select_kl(&kl, &bits, tab, lp.plan, ctx, label)) == KV_OK)
+                dkl[q] = kl - *kl0, dbits[q] = bits - *bits0;
             layered_release(&lp);
         }
     free(choice);
@@ -532,6 +542,7 @@ int kvcal_search(int argc, char **argv) {
     int n_mult = 0, n_lopt = 0;
     layer_opt lopts[MAX_LAYER_OPTS];          /* every contender's candidate x (1 and each multiplier) (§5e) */
     double *ly_dkl = NULL, *ly_dbits = NULL;  /* [context][contender][layer][option] */
+    double *ly_kl = NULL, *ly_bits = NULL;    /* [context][contender]: the contender on the table's chunks */
     double budgets[MAX_BUDGETS], ctx_d[MAX_CONTEXTS];
     long budget_at[MAX_BUDGETS];
     long contexts[MAX_CONTEXTS];
@@ -715,18 +726,22 @@ int kvcal_search(int argc, char **argv) {
     long max_ctx = 0;
     for (int k = 0; k < n_ctx; k++) max_ctx = contexts[k] > max_ctx ? contexts[k] : max_ctx;
     const size_t select_need = (size_t)select_chunks * (size_t)(max_ctx - 1); /* after the fits' and the proxy's */
+    /* --pruned-layers: the per-layer tables on as many chunks again, after the selection's: the allocation is fitted
+     * to its table's text, so the selection must measure the allocated plan on other text (SEARCH.md §5e) */
+    const size_t table_need = n_lopt > 0 ? select_need : 0;
     if ((s = kv_tool_tokenize_file_max(&ids, &n_ids, corpus_sha, tok, corpus,
-                                       (size_t)fit_tokens + extra + select_need)) != KV_OK)
+                                       (size_t)fit_tokens + extra + select_need + table_need)) != KV_OK)
         goto fail;
     if (n_ids < (size_t)fit_tokens + sens_need) {
         s = KV_ERR(KV_EINVAL, "corpus '%s' has %zu tokens; the fits take %ld and the sensitivities %zu more", corpus,
                    n_ids, fit_tokens, sens_need);
         goto fail;
     }
-    if (select_chunks > 0 && n_ids < (size_t)fit_tokens + extra + select_need) {
+    if (select_chunks > 0 && n_ids < (size_t)fit_tokens + extra + select_need + table_need) {
         s = KV_ERR(KV_EINVAL, "corpus '%s' has %zu tokens; the fits take %ld, the sensitivities and the proxy %zu, and "
-                   "the selection %zu more (%ld chunks of %ld tokens; --select-chunks 0: no selection)", corpus, n_ids,
-                   fit_tokens, extra, select_need, select_chunks, max_ctx);
+                   "the selection %zu more (%ld chunks of %ld tokens; --select-chunks 0: no selection)%s", corpus, n_ids,
+                   fit_tokens, extra, select_need + table_need, select_chunks, max_ctx,
+                   table_need ? ", twice with --pruned-layers" : "");
         goto fail;
     }
     {
@@ -930,6 +945,7 @@ int kvcal_search(int argc, char **argv) {
     double seconds_select = 0;
     const mix_inputs mix = {&fin, cands, plans, nc, L, common, n_common};
     const select_tokens sel = {m, sel_tok, n_sel_tok, bos, select_chunks};
+    const select_tokens tab = {m, sel_tok + select_need, table_need, bos, select_chunks}; /* --pruned-layers */
     if (select_chunks > 0) {
         const double ts = kv_now_seconds();
         sel_single = malloc((size_t)n_ctx * nc * sizeof *sel_single);
@@ -978,13 +994,15 @@ int kvcal_search(int argc, char **argv) {
         const size_t ly_len = (size_t)L * (size_t)n_lopt; /* one table */
         if (s == KV_OK && n_lopt > 0 &&
             (!(ly_dkl = malloc((size_t)n_ctx * n_pruned * ly_len * sizeof *ly_dkl)) ||
-             !(ly_dbits = malloc((size_t)n_ctx * n_pruned * ly_len * sizeof *ly_dbits))))
+             !(ly_dbits = malloc((size_t)n_ctx * n_pruned * ly_len * sizeof *ly_dbits)) ||
+             !(ly_kl = malloc((size_t)n_ctx * n_pruned * sizeof *ly_kl)) ||
+             !(ly_bits = malloc((size_t)n_ctx * n_pruned * sizeof *ly_bits))))
             s = KV_ERR(KV_ENOMEM, "out of memory");
         for (int k = 0; k < n_ctx && s == KV_OK && n_lopt > 0; k++)
             for (int j = 0; j < n_pruned && s == KV_OK; j++) {
                 const size_t off = ((size_t)k * n_pruned + (size_t)j) * ly_len;
-                s = measure_layer_table(ly_dkl + off, ly_dbits + off, &sel, plans, nc, pruned_pos[j], &pruned[j], lopts,
-                                        n_lopt, pr_kl[k * n_pruned + j], pr_bits[k * n_pruned + j], contexts[k], cands);
+                s = measure_layer_table(ly_dkl + off, ly_dbits + off, &ly_kl[k * n_pruned + j], &ly_bits[k * n_pruned + j],
+                                        &tab, plans, nc, pruned_pos[j], &pruned[j], lopts, n_lopt, contexts[k], cands);
                 if (s != KV_OK) kv_error_wrap(s, "--pruned-layers, %s at context %ld: ", pruned[j].name, contexts[k]);
             }
         seconds_select = kv_now_seconds() - ts;
@@ -1068,6 +1086,8 @@ int kvcal_search(int argc, char **argv) {
         for (int j = 0; j < n_pruned && n_lopt > 0 && s == KV_OK; j++) {
             layered_try *lt = &pt->layers[j];
             const size_t off = ((size_t)k * n_pruned + (size_t)j) * (size_t)L * (size_t)n_lopt;
+            /* the changes measured on the table's text, added to the contender as the selection measured it: the
+             * prediction is for the selection's text, where the allocated plan is measured next */
             const kv_search_layer_table t = {L, n_lopt, ly_dkl + off, ly_dbits + off, pr_kl[k * n_pruned + j],
                                              pr_bits[k * n_pruned + j]};
             s = kv_search_layer_allocate(lt->choice, &lt->predicted_kl, &lt->predicted_bits, &t, pt->budget_bits);
@@ -1210,7 +1230,11 @@ int kvcal_search(int argc, char **argv) {
             for (int k = 0; k < n_ctx; k++) printf("%s%.9g", k ? ", " : "", pr_bits[k * n_pruned + j]);
             printf("]");
             if (n_lopt > 0) { /* per context, [layer][option]: the changes with that layer alone on the option */
-                printf(",\n     \"layers\": {\"options\": [");
+                printf(",\n     \"layers\": {\"kl\": [");
+                for (int k = 0; k < n_ctx; k++) printf("%s%.9g", k ? ", " : "", ly_kl[k * n_pruned + j]);
+                printf("], \"bits\": [");
+                for (int k = 0; k < n_ctx; k++) printf("%s%.9g", k ? ", " : "", ly_bits[k * n_pruned + j]);
+                printf("], \"options\": [");
                 for (int o = 0; o < n_lopt; o++)
                     printf("%s{\"candidate\": \"%s\", \"multiplier\": %.9g, \"budget\": %.9g}", o ? ", " : "",
                            cands[lopts[o].cand]->name, lopts[o].mult,
@@ -1382,6 +1406,8 @@ end:
     free(pr_bits);
     free(ly_dkl);
     free(ly_dbits);
+    free(ly_kl);
+    free(ly_bits);
     free(ids);
     free(ho);
     kv_tokenizer_free(tok);

@@ -352,8 +352,8 @@ expect 0 "" "kvrun eval reads the pruned 4-bit plan" -- "$kvrun" eval --model "$
 python3 "$check_same" "$tmp/out" "$tmp/pr.json" 4 512 || fail=1
 # per-layer options of the pruned contenders (SEARCH.md §5e): refusals, then KIVI-4 and KIVI-2 under H2O at 1/10
 # with each layer on either candidate at 1/20, 1/10, 1/5 or 2/5 instead. 3 bits, which the uniform contenders
-# could not serve (3.41 bits and up), is served per layer; the table's bits add exactly (memory per value is a
-# sum over layers, whatever each layer's quantizer)
+# could not serve (3.41 bits and up), is served per layer; the table's bits add (memory per value is a sum over
+# layers, whatever each layer's quantizer)
 expect 2 "give --pruned" "--pruned-layers without --pruned" -- "$kvcal" search "${inputs[@]}" --context 512 \
   --budget-bits 7 --candidates kivi4 --pruned-layers 0.5 --out "$tmp/x.kvplan"
 expect 2 "other than 1" "--pruned-layers 1" -- "$kvcal" search "${inputs[@]}" --context 512 --budget-bits 7 \
@@ -382,7 +382,9 @@ for c in r["pruned"]:
         b, sel = p["budget_bits"], p["selection"]
         t = [x for x in sel["pruned_layers"] if x["name"] == c["name"]][0]
         assert t["state"] == "measured", t
-        # the prediction from the table, recomputed: each layer's option from its candidate and budget
+        # the prediction recomputed: the contender as the selection measured it plus the table's changes (measured on
+        # a chunk of their own), each layer's option found from its candidate and budget
+        assert ly["kl"][0] != c["select_kl"][0], (ly, c)
         kl, bits = c["select_kl"][0], c["bits"][0]
         for l, (q, x) in enumerate(zip(t["candidates"], t["budgets"])):
             o = [i for i, o in enumerate(ly["options"]) if o["candidate"] == q and abs(o["budget"] - x) < 1e-7][0]
@@ -390,7 +392,9 @@ for c in r["pruned"]:
             bits += ly["dbits"][0][l][o]
         mixed |= len(set(t["candidates"])) > 1
         assert abs(kl - t["predicted_kl"]) < 1e-6 and abs(bits - t["predicted_bits"]) < 1e-7, (t, kl, bits)
-        assert t["predicted_bits"] <= b + 1e-9 and abs(t["bits"] - t["predicted_bits"]) < 1e-6, t
+        # bits add over layers exactly on one text; the selection measures on another, where a head whose kept
+        # tokens happen to be consecutive stores no positions (RUNTIME.md §8): a few 1e-4 bits fewer or more
+        assert t["predicted_bits"] <= b + 1e-9 and abs(t["bits"] - t["predicted_bits"]) < 2e-3 * b, t
         print("ok: %s, %.4g bits: %s, KL %.4g predicted %.4g, %.4f bits" % (c["name"], b, list(zip(t["candidates"],
               t["budgets"])), t["kl"], t["predicted_kl"], t["bits"]))
 assert mixed, "no allocation mixed the two quantizers"
