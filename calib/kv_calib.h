@@ -343,15 +343,16 @@ void kv_search_pruned_apply(kv_plan *plan, const kv_search_pruned *p);
 /* Per-layer options of a pruned contender (SEARCH.md §5e). Around the contender (every layer coded by its
  * candidate, keeping `budget` of its f16 cache) a layer may take another option instead: another candidate and
  * budget * a multiplier (at most 1), chosen by the tool. What an option costs and buys is measured one layer at a
- * time on the selection's chunks: dkl / dbits[l * n_opt + o] are the KL and honest bits per value with layer l
- * alone on option o, less the contender's own (kl, bits). Bits are memory per value, a sum over layers (a layer's
- * kept tokens are set by its own budget and quantizers), so they add exactly; the KL changes are assumed to add
- * (the tool then measures the allocated plan, so the assumption is checked, not trusted). */
+ * time on chunks of its own (the table's): dkl / dbits[l * n_opt + o] are the KL and honest bits per value with
+ * layer l alone on option o, less the contender's own there. Bits are memory per value, a sum over layers (a
+ * layer's kept tokens are set by its own budget and quantizers), so on one text they add exactly (another text
+ * differs by a few 1e-4: positions are not stored for consecutive kept tokens); the KL changes are assumed to add
+ * (the tool then measures the allocated plan on other text, so the assumption is checked, not trusted). */
 typedef struct kv_search_layer_table {
     int n_layers, n_opt;
     const double *dkl;   /* [layer][option] */
     const double *dbits; /* [layer][option] */
-    double kl, bits;     /* the contender's own, every layer on it */
+    double kl, bits;     /* the contender's own, every layer on it, on the text the prediction is for */
 } kv_search_layer_table;
 /* The kept fraction of budget times mult, capped at 1 (the whole f16 cache). */
 double kv_search_layer_budget(double budget, double mult);

@@ -1,7 +1,7 @@
 /* search_layers.c — per-layer options of a pruned contender (calib/SEARCH.md §5e): each layer's candidate and
  * kept fraction of its f16 cache chosen under the point's honest bit budget from one-layer-at-a-time measurements
- * around the contender. The tool (tools/kvcal_search.c) measures the table on the selection's chunks and measures
- * the allocated plan again before it may be kept. */
+ * around the contender. The tool (tools/kvcal_search.c) measures the table on chunks of its own and the allocated
+ * plan again on the selection's before it may be kept. */
 #include "kv_calib.h"
 
 #include <math.h>

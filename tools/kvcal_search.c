@@ -297,6 +297,11 @@ static kv_status layered_plan(layered *out, kv_plan *const *plans, int nc, int b
     return s;
 }
 
+/* The kept fraction of a layer on choice c (0: the contender's own, o + 1: option o). */
+static double layer_fraction(const kv_search_pruned *pr, const layer_opt *opts, int c) {
+    return c ? kv_search_layer_budget(pr->budget, opts[c - 1].mult) : pr->budget;
+}
+
 static void layered_release(layered *lp) {
     if (lp->owned) kv_plan_free(lp->plan);
     else if (lp->plan) pruning_restore(lp->plan, &lp->sv);
@@ -380,8 +385,7 @@ static void print_point_text(const search_point *pt, long context, const kv_sear
         printf("per layer, candidate and fraction of the f16 cache kept:");
         for (int l = 0; l < n_items / 2; l++)
             printf(" %s@%.4g", table[cidx[pt->choice[2 * l]]].name,
-                   lt->choice[l] ? kv_search_layer_budget(pa->pr[pt->pruned].budget, pa->opts[lt->choice[l] - 1].mult)
-                                 : pa->pr[pt->pruned].budget);
+                   layer_fraction(&pa->pr[pt->pruned], pa->opts, lt->choice[l]));
         printf("\n");
     }
     if (per_stream) {
@@ -414,8 +418,7 @@ static void print_point_text(const search_point *pt, long context, const kv_sear
         printf("selection on calibration text (ctx %ld):", context);
         if (isfinite(pt->sel_kl[0])) printf(" knapsack KL %.5g", pt->sel_kl[0]);
         if (isfinite(pt->sel_kl[1])) printf(", context-corrected choice %.5g", pt->sel_kl[1]);
-        for (int j = 0; j < pa->n; j++)
-        {
+        for (int j = 0; j < pa->n; j++) {
             printf("%s %s KL %.5g at %.4f bits%s", j || isfinite(pt->sel_kl[0]) ? "," : "", pa->pr[j].name, pa->kl[j],
                    pa->bits[j], pa->bits[j] <= pt->budget_bits ? "" : " (over the budget)");
             const layered_try *lt = pa->n_opt > 0 ? &pt->layers[j] : NULL;
@@ -981,13 +984,14 @@ int kvcal_search(int argc, char **argv) {
             s = KV_ERR(KV_ENOMEM, "out of memory");
         for (int k = 0; k < n_ctx && s == KV_OK && n_pruned > 0; k++)
             for (int j = 0; j < n_pruned && s == KV_OK; j++) {
-                kv_plan *pp = plans[pruned_pos[j]];
-                const kv_plan_global g = pp->global;
+                layered lp;
                 char label[128];
                 snprintf(label, sizeof label, "selection %s ctx %ld", pruned[j].name, contexts[k]);
-                kv_search_pruned_apply(pp, &pruned[j]);
-                s = select_kl(&pr_kl[k * n_pruned + j], &pr_bits[k * n_pruned + j], &sel, pp, contexts[k], label);
-                pp->global = g;
+                if ((s = layered_plan(&lp, plans, nc, pruned_pos[j], &pruned[j], NULL, NULL, NULL)) == KV_OK) {
+                    s = select_kl(&pr_kl[k * n_pruned + j], &pr_bits[k * n_pruned + j], &sel, lp.plan, contexts[k],
+                                  label);
+                    layered_release(&lp);
+                }
                 if (s != KV_OK) kv_error_wrap(s, "--pruned %s at context %ld: ", pruned[j].name, contexts[k]);
             }
         /* with --pruned-layers, each contender's per-layer table (§5e) */
@@ -1331,10 +1335,7 @@ int kvcal_search(int argc, char **argv) {
                     if (lt->state != LAYERED_NONE) {
                         printf(", \"budgets\": [");
                         for (int l = 0; l < L; l++)
-                            printf("%s%.9g", l ? ", " : "",
-                                   lt->choice[l]
-                                       ? kv_search_layer_budget(pruned[j].budget, lopts[lt->choice[l] - 1].mult)
-                                       : pruned[j].budget);
+                            printf("%s%.9g", l ? ", " : "", layer_fraction(&pruned[j], lopts, lt->choice[l]));
                         printf("], \"candidates\": [");
                         for (int l = 0; l < L; l++)
                             printf("%s\"%s\"", l ? ", " : "",
