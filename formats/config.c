@@ -70,6 +70,8 @@ static const key_desc k_keys[] = {
     {"aqua.first_layer_bits", T_INT, OFF(aqua.first_layer_bits), 1, 16, NULL},
     {"aqua.predictor_dtype", T_ENUM, OFF(aqua.predictor_dtype), 0, 0, k_dtypes},
     {"aqua.rank", T_INT, OFF(aqua.rank), 0, 65536, NULL},
+    {"aqua.predictor_bits", T_INT, OFF(aqua.predictor_bits), 0, 4, NULL},
+    {"aqua.predictor_group", T_INT, OFF(aqua.predictor_group), 1, 65536, NULL},
     {"higgs.d", T_INT, OFF(higgs.d), 1, 8, NULL},
     {"higgs.n", T_INT, OFF(higgs.n), 0, 65536, NULL},
     {"higgs.group_size", T_INT, OFF(higgs.group_size), 0, 1 << 20, NULL},
@@ -168,6 +170,8 @@ kv_status kv_fit_config_init(kv_fit_config *c) {
     c->aqua.value_uses_keys = 1;
     c->aqua.first_layer_bits = 4;
     c->aqua.predictor_dtype = KV_DTYPE_F16;
+    c->aqua.predictor_bits = 0;
+    c->aqua.predictor_group = 64;
     c->higgs.d = 2;
     c->higgs.n = 0;
     c->higgs.group_size = 0;
@@ -678,6 +682,12 @@ kv_status kv_fit_config_validate(const kv_fit_config *c) {
                                    "lower d or set higgs.n", bits[i], c->higgs.d, bits[i] * c->higgs.d);
         }
     }
+    if (c->aqua.predictor_bits != 0 && c->aqua.predictor_bits != 4)
+        return CFG_ERR("aqua.predictor_bits", "must be 0 (the weights in aqua.predictor_dtype) or 4 (GPTQ codes), not %d",
+                       c->aqua.predictor_bits);
+    if (c->aqua.predictor_bits == 4 && (c->aqua.predictor_dtype != KV_DTYPE_F16 || c->aqua.rank != 0))
+        return CFG_ERR("aqua.predictor_bits", "4-bit predictor codes need aqua.predictor_dtype f16 (their scales and bias) "
+                       "and aqua.rank 0 (codes of the full weight)");
     if (c->aqua.first_layer_bits > 8 && c->method != KV_FIT_AQUA && c->method != KV_FIT_HIGGS)
         return CFG_ERR("aqua.first_layer_bits", "uniform quantization takes 1..8 bits (got %d)", c->aqua.first_layer_bits);
     if (c->method == KV_FIT_SQUAT && !c->squat.enabled)

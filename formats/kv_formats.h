@@ -340,7 +340,7 @@ void kv_vocab_free(kv_vocab_data *v);
  * Indices: layers 0..n_layers-1; streams KV_PLAN_K (0) and KV_PLAN_V (1). kv_dim below means
  * fingerprint.n_kv_heads * fingerprint.head_dim. */
 #define KV_PLAN_VERSION_MAJOR 1
-#define KV_PLAN_VERSION_MINOR 3
+#define KV_PLAN_VERSION_MINOR 4
 #define KV_PLAN_MAX_PRED_INPUTS 8  /* PLAN_FORMAT.md §6.5 */
 
 typedef enum kv_plan_stream_id { KV_PLAN_K = 0, KV_PLAN_V = 1 } kv_plan_stream_id;
@@ -423,6 +423,11 @@ typedef struct kv_plan_predictor {
                                 left (out_dim x r) and right (r x in_dim), W = left right, and `weight` is
                                 their product (kv_plan_set_predictor_factors; f16 rules apply to the factors) */
     float *left, *right;     /* rank >= 1 only, row-major */
+    int qbits;               /* (1.4) 0, or 4: the file holds GPTQ codes (PRED_Q4, aquakv.txt §4.1) and `weight` is
+                                their value (kv_plan_pred_qvalue); such a predictor is f16 and full rank */
+    int qgroup;              /* (1.4) columns per scale and offset (divides in_dim) */
+    uint8_t *qcodes;         /* (1.4) out_dim x in_dim codes, 0..2^qbits-1, row-major */
+    float *qscale, *qoffset; /* (1.4) out_dim x (in_dim / qgroup), f16 values */
 } kv_plan_predictor;
 
 /* SQuat key quantization parameters (key streams only). */
@@ -509,7 +514,8 @@ typedef struct kv_plan_file_info {
 #define KV_PLAN_FEAT_SQUAT_STATIC 0x100ull /* required (1.2): a SQuat stream uses its stored basis for
                                               every sequence (older readers would compute the prompt's) */
 #define KV_PLAN_FEAT_PRED_LOWRANK 0x400ull /* required (1.3): a predictor is stored as two low-rank factors */
-#define KV_PLAN_REQUIRED_KNOWN 0x7ffull
+#define KV_PLAN_FEAT_PRED_Q4 0x800ull /* required (1.4): a predictor is stored as GPTQ codes */
+#define KV_PLAN_REQUIRED_KNOWN 0xfffull
 #define KV_PLAN_OPT_REPORT 0x1ull        /* optional: calibration report section present */
 #define KV_PLAN_OPT_SQUAT_BASIS 0x2ull   /* optional: a static SQuat basis is stored */
 #define KV_PLAN_OPT_PROVENANCE 0x4ull    /* optional: provenance section present */
@@ -552,6 +558,17 @@ kv_status kv_plan_set_predictor_factors(kv_plan *p, int layer, int stream, int r
                                         const float *right);
 /* The product of a low-rank predictor's factors into its weight (no-op for rank 0). */
 void kv_plan_predictor_expand(kv_plan_predictor *pr);
+/* (1.4) A quantized predictor weight: scale * code + offset, formed in double (exact: f16 scale and offset, a
+ * code below 256) and rounded once to f32, so the fit, the writer's validation and every reader hold the same
+ * weight whatever the compiler contracts. */
+static inline float kv_plan_pred_qvalue(float scale, float offset, int code) {
+    return (float)((double)scale * (double)code + (double)offset);
+}
+/* (1.4) Store the predictor of (layer, stream) as `bits`-bit codes (GPTQ, calib/gptq.c): codes out_dim x in_dim
+ * (0..2^bits-1), scale and offset out_dim x (in_dim / group) f16 values, copied; `weight` becomes their values
+ * (kv_plan_pred_qvalue); the predictor is f16 (its bias rounded), full rank. bits 4 only (the paper's GPTQ). */
+kv_status kv_plan_set_predictor_quantized(kv_plan *p, int layer, int stream, int bits, int group,
+                                          const uint8_t *codes, const float *scale, const float *offset);
 kv_status kv_plan_set_fp_scales(kv_plan *p, int layer, int stream, int n, const float *scales);
 /* 1 when the method is one of the float formats (FP8 E4M3, E5M2, NVFP4). */
 int kv_plan_method_is_float(int method);
@@ -725,6 +742,9 @@ typedef struct kv_fit_config {
         int predictor_dtype;     /* KV_DTYPE_F16 (default) or KV_DTYPE_F32: how the plan stores predictors */
         int rank;                /* 0: full predictors; r >= 1: rank-r factors (plan format 1.3), capped at
                                     kv_dim (a rank that would not save bytes is still honoured) */
+        int predictor_bits;      /* 0: the weights in predictor_dtype; 4: GPTQ 4-bit codes (plan format 1.4,
+                                    aquakv.txt §4.1), f16 scales, offsets and bias; full-rank predictors only */
+        int predictor_group;     /* GPTQ: input columns per scale and offset (divides kv_dim) */
     } aqua;
     struct {
         int d;                   /* grid dimension: 1, 2, 4 or 8 */

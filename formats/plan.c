@@ -176,6 +176,9 @@ static void predictor_free(kv_plan_predictor *pr) {
     if (!pr) return;
     free(pr->left);
     free(pr->right);
+    free(pr->qcodes);
+    free(pr->qscale);
+    free(pr->qoffset);
     free(pr->weight);
     free(pr->bias);
     free(pr);
@@ -289,8 +292,16 @@ kv_status kv_plan_set_predictor(kv_plan *p, int layer, int stream, int n_inputs,
     return KV_OK;
 }
 
-/* The arrays the file holds for a predictor (§6.5): weight and bias, or (1.3) left, right and bias. */
+/* The float arrays the file holds for a predictor (§6.5): weight and bias, or (1.3) left, right and bias, or
+ * (1.4) the codes' scales and offsets and the bias. */
 static int stored_arrays(kv_plan_predictor *pr, float **arr, size_t *len) {
+    if (pr->qbits > 0) {
+        const size_t ng = (size_t)pr->out_dim * (size_t)pr->in_dim / (size_t)pr->qgroup;
+        arr[0] = pr->qscale, len[0] = ng;
+        arr[1] = pr->qoffset, len[1] = ng;
+        arr[2] = pr->bias, len[2] = (size_t)pr->out_dim;
+        return 3;
+    }
     if (pr->rank >= 1) {
         arr[0] = pr->left, len[0] = (size_t)pr->out_dim * (size_t)pr->rank;
         arr[1] = pr->right, len[1] = (size_t)pr->rank * (size_t)pr->in_dim;
@@ -311,6 +322,9 @@ kv_status kv_plan_set_predictor_dtype(kv_plan *p, int layer, int stream, int dty
                       kv_plan_stream_name(stream));
     if (dtype != KV_DTYPE_F32 && dtype != KV_DTYPE_F16)
         return KV_ERR(KV_EINVAL, "kv_plan_set_predictor_dtype: dtype %d is neither f32 nor f16", dtype);
+    if (pr->qbits > 0 && dtype != KV_DTYPE_F16)
+        return KV_ERR(KV_EINVAL, "kv_plan_set_predictor_dtype: layer %d %s predictor is quantized (its scales and bias "
+                      "are f16)", layer, kv_plan_stream_name(stream));
     if (dtype == KV_DTYPE_F16) { /* what the file holds: the weight, or (1.3) the two factors; and the bias */
         float *arr[3];
         size_t len[3];
@@ -369,6 +383,48 @@ kv_status kv_plan_set_predictor_factors(kv_plan *p, int layer, int stream, int r
     if (pr->dtype == KV_DTYPE_F16) return kv_plan_set_predictor_dtype(p, layer, stream, KV_DTYPE_F16);
     kv_plan_predictor_expand(pr);
     return KV_OK;
+}
+
+kv_status kv_plan_set_predictor_quantized(kv_plan *p, int layer, int stream, int bits, int group,
+                                          const uint8_t *codes, const float *scale, const float *offset) {
+    kv_status s = check_layer_stream(p, layer, stream, "kv_plan_set_predictor_quantized");
+    if (s != KV_OK) return s;
+    kv_plan_predictor *pr = p->layers[layer].stream[stream].predictor;
+    const char *sn = kv_plan_stream_name(stream);
+    if (!pr) return KV_ERR(KV_EINVAL, "kv_plan_set_predictor_quantized: layer %d %s has no predictor", layer, sn);
+    if (bits != 4 || group < 1 || pr->in_dim % group != 0 || !codes || !scale || !offset)
+        return KV_ERR(KV_EINVAL, "kv_plan_set_predictor_quantized: layer %d %s: 4-bit codes (not %d), a group dividing "
+                      "in_dim %d (not %d), codes, scales and offsets are required", layer, sn, bits, pr->in_dim, group);
+    if (pr->rank != 0)
+        return KV_ERR(KV_EINVAL, "kv_plan_set_predictor_quantized: layer %d %s predictor is low-rank (rank %d): codes "
+                      "are for a full weight", layer, sn, pr->rank);
+    const size_t n = (size_t)pr->out_dim * (size_t)pr->in_dim, ng = n / (size_t)group;
+    for (size_t i = 0; i < n; i++)
+        if (codes[i] > 15) return KV_ERR(KV_EINVAL, "kv_plan_set_predictor_quantized: code %u > 15", codes[i]);
+    for (size_t g = 0; g < ng; g++)
+        if (kv_f16_to_f32(kv_f32_to_f16(scale[g])) != scale[g] || kv_f16_to_f32(kv_f32_to_f16(offset[g])) != offset[g] ||
+            !(scale[g] >= 0.0f) || !isfinite(offset[g]))
+            return KV_ERR(KV_EINVAL, "kv_plan_set_predictor_quantized: layer %d %s: scale %g / offset %g is not a finite "
+                          "f16 value (scale >= 0)", layer, sn, (double)scale[g], (double)offset[g]);
+    uint8_t *c = malloc(n);
+    float *sc = dup_floats(scale, ng), *of = dup_floats(offset, ng);
+    if (!c || !sc || !of) {
+        free(c);
+        free(sc);
+        free(of);
+        return KV_ERR(KV_ENOMEM, "out of memory copying a quantized predictor");
+    }
+    memcpy(c, codes, n);
+    free(pr->qcodes);
+    free(pr->qscale);
+    free(pr->qoffset);
+    pr->qcodes = c;
+    pr->qscale = sc;
+    pr->qoffset = of;
+    pr->qbits = bits;
+    pr->qgroup = group;
+    for (size_t i = 0; i < n; i++) pr->weight[i] = kv_plan_pred_qvalue(sc[i / (size_t)group], of[i / (size_t)group], c[i]);
+    return kv_plan_set_predictor_dtype(p, layer, stream, KV_DTYPE_F16); /* the bias to f16 (scales already are) */
 }
 
 kv_status kv_plan_set_fp_scales(kv_plan *p, int layer, int stream, int n, const float *scales) {
@@ -627,6 +683,19 @@ static kv_status validate_stream(const kv_plan *p, int l, int stream) {
                         return SERR("predictor weight [%d, %d] is not the product of its rank-%d factors", o, i,
                                     pr->rank);
         }
+        if (pr->qbits != 0) { /* 1.4: the weight must be the codes' values */
+            if (pr->qbits != 4 || pr->rank != 0 || pr->dtype != KV_DTYPE_F16 || pr->qgroup < 1 ||
+                pr->in_dim % pr->qgroup != 0 || !pr->qcodes || !pr->qscale || !pr->qoffset)
+                return SERR("quantized predictor (%d-bit codes, group %d, rank %d) is not 4-bit, f16, full rank with a "
+                            "group dividing in_dim %d", pr->qbits, pr->qgroup, pr->rank, pr->in_dim);
+            const size_t n = (size_t)pr->out_dim * (size_t)pr->in_dim;
+            for (size_t i = 0; i < n; i++) {
+                const size_t g = i / (size_t)pr->qgroup;
+                if (pr->qcodes[i] > 15 || !isfinite(pr->qscale[g]) || !isfinite(pr->qoffset[g]) ||
+                    kv_plan_pred_qvalue(pr->qscale[g], pr->qoffset[g], pr->qcodes[i]) != pr->weight[i])
+                    return SERR("predictor weight %zu is not the value of its 4-bit code", i);
+            }
+        }
         if (pr->dtype == KV_DTYPE_F16) { /* the file would hold other values than memory */
             float *arr[3];
             size_t len[3];
@@ -745,6 +814,7 @@ uint64_t kv_plan_required_features(const kv_plan *p) {
             if (s->squat && s->squat->static_subspace) f |= KV_PLAN_FEAT_SQUAT_STATIC;
             if (s->predictor && s->predictor->dtype == KV_DTYPE_F16) f |= KV_PLAN_FEAT_PRED_F16;
             if (s->predictor && s->predictor->rank >= 1) f |= KV_PLAN_FEAT_PRED_LOWRANK;
+            if (s->predictor && s->predictor->qbits > 0) f |= KV_PLAN_FEAT_PRED_Q4;
             if (s->pack == KV_PLAN_PACK_3BIT_11) f |= KV_PLAN_FEAT_PACK3_11;
             if (kv_plan_method_is_float(s->method)) f |= KV_PLAN_FEAT_FLOAT;
         }
@@ -798,6 +868,10 @@ uint64_t kv_plan_stream_predictor_bytes(const kv_plan *p, int layer, int stream)
     if (!p || layer < 0 || layer >= p->n_layers || stream < 0 || stream > 1) return 0;
     const kv_plan_predictor *pr = p->layers[layer].stream[stream].predictor;
     if (!pr) return 0u;
+    if (pr->qbits > 0) { /* 1.4: the codes, two per byte, then f16 scales, offsets and bias */
+        const uint64_t n = (uint64_t)pr->out_dim * (uint64_t)pr->in_dim;
+        return (n * (uint64_t)pr->qbits + 7u) / 8u + 2u * (2u * (n / (uint64_t)pr->qgroup) + (uint64_t)pr->out_dim);
+    }
     const uint64_t w = pr->rank >= 1 ? (uint64_t)pr->rank * ((uint64_t)pr->out_dim + (uint64_t)pr->in_dim)
                                      : (uint64_t)pr->out_dim * (uint64_t)pr->in_dim;
     return (pr->dtype == KV_DTYPE_F16 ? 2u : 4u) * (w + (uint64_t)pr->out_dim);

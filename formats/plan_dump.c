@@ -57,7 +57,7 @@ static double l2norm(const float *v, size_t n) {
 static json_t *feature_list(uint64_t bits, int required, int *ok) {
     static const char *const req[] = {"ZLIB",    "HIGGS",    "PREDICTOR", "SHARED_CODES", "SQUAT",
                                       "PRUNING", "PACK3_11", "FLOAT",     "SQUAT_STATIC", "PRED_F16",
-                                      "PRED_LOWRANK"};
+                                      "PRED_LOWRANK", "PRED_Q4"};
     static const char *const opt[] = {"REPORT", "SQUAT_BASIS", "PROVENANCE"};
     const char *const *names = required ? req : opt;
     const int n_names = required ? (int)(sizeof req / sizeof *req) : (int)(sizeof opt / sizeof *opt);
@@ -203,6 +203,10 @@ static json_t *dump_stream(const kv_plan *p, int l, int st, int full, int *ok) {
         push(shape, jint(pr->in_dim), ok);
         put(po, "shape", shape, ok);
         if (pr->rank >= 1) put(po, "rank", jint(pr->rank), ok);
+        if (pr->qbits > 0) { /* 1.4: GPTQ codes */
+            put(po, "code_bits", jint(pr->qbits), ok);
+            put(po, "group", jint(pr->qgroup), ok);
+        }
         const size_t nw = (size_t)pr->out_dim * (size_t)pr->in_dim;
         put(po, "weight_norm", json_real(l2norm(pr->weight, nw)), ok);
         put(po, "bias_norm", json_real(l2norm(pr->bias, (size_t)pr->out_dim)), ok);

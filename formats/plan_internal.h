@@ -26,6 +26,7 @@
 #define KV_PLAN_SF_SQUAT_STATIC 0x10u /* 1.2: with SQUAT, the stored basis for every sequence */
 #define KV_PLAN_SF_PRED_F16 0x20u     /* 1.2: with PREDICTOR, its weight and bias are f16 in PRED */
 #define KV_PLAN_SF_PRED_LOWRANK 0x40u /* 1.3: with PREDICTOR, PRED holds rank and factors, not the weight */
+#define KV_PLAN_SF_PRED_Q4 0x80u      /* 1.4: with PREDICTOR and PRED_F16, PRED holds codes, scales, offsets */
 #define KV_PLAN_SF_FP_SCALES 0x8u /* 1.1: an FSCL entry exists */
 
 /* Limits of §6. */

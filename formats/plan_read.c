@@ -223,13 +223,17 @@ static kv_status read_stream(reader *r, cursor *c, int l, int st) {
     const uint32_t reserved = rd_u32(c, "stream reserved");
     if (c->err != KV_OK) return c->err;
     if (flags & ~(KV_PLAN_SF_PRE_ROPE | KV_PLAN_SF_PREDICTOR | KV_PLAN_SF_SQUAT | KV_PLAN_SF_FP_SCALES |
-                  KV_PLAN_SF_SQUAT_STATIC | KV_PLAN_SF_PRED_F16 | KV_PLAN_SF_PRED_LOWRANK))
+                  KV_PLAN_SF_SQUAT_STATIC | KV_PLAN_SF_PRED_F16 | KV_PLAN_SF_PRED_LOWRANK | KV_PLAN_SF_PRED_Q4))
         return KV_ERR(KV_EFORMAT, "layer %d %s: unknown stream flags 0x%x", l, kv_plan_stream_name(st), flags);
     if (reserved != 0) return KV_ERR(KV_EFORMAT, "layer %d %s: reserved field is %u, not 0", l, kv_plan_stream_name(st), reserved);
     if ((flags & KV_PLAN_SF_PRED_F16) && !(flags & KV_PLAN_SF_PREDICTOR))
         return KV_ERR(KV_EFORMAT, "layer %d %s: PRED_F16 flag without the PREDICTOR flag", l, kv_plan_stream_name(st));
     if ((flags & KV_PLAN_SF_PRED_LOWRANK) && !(flags & KV_PLAN_SF_PREDICTOR))
         return KV_ERR(KV_EFORMAT, "layer %d %s: PRED_LOWRANK flag without the PREDICTOR flag", l,
+                      kv_plan_stream_name(st));
+    if ((flags & KV_PLAN_SF_PRED_Q4) &&
+        (!(flags & KV_PLAN_SF_PRED_F16) || (flags & KV_PLAN_SF_PRED_LOWRANK))) /* §6.5: f16 scales and bias, full rank */
+        return KV_ERR(KV_EFORMAT, "layer %d %s: PRED_Q4 flag needs PRED_F16 and excludes PRED_LOWRANK", l,
                       kv_plan_stream_name(st));
     if ((flags & KV_PLAN_SF_SQUAT_STATIC) && !(flags & KV_PLAN_SF_SQUAT))
         return KV_ERR(KV_EFORMAT, "layer %d %s: SQUAT_STATIC flag without the SQUAT flag", l, kv_plan_stream_name(st));
@@ -264,6 +268,31 @@ static kv_status read_layr(reader *r, cursor *c) {
         c->pos = start + rec; /* skip fields appended by later minors */
     }
     return finish(r, c);
+}
+
+/* (1.4) A PRED_Q4 entry after in_dim (§6.5): u32 bits (4), u32 group, the codes two per byte (low nibble first,
+ * in row-major order), f16 scales and f16 offsets (out_dim x in_dim / group each); `weight` is their value. */
+static kv_status read_pred_q4(cursor *c, kv_plan_predictor *pr, uint32_t l, uint32_t st) {
+    pr->qbits = (int)rd_range(c, 4, 4, "predictor code bits");
+    pr->qgroup = (int)rd_range(c, 1, (uint32_t)pr->in_dim, "predictor group");
+    if (c->err != KV_OK) return c->err;
+    if (pr->in_dim % pr->qgroup != 0)
+        return KV_ERR(KV_EFORMAT, "layer %u %s: predictor group %d does not divide in_dim %d", l,
+                      kv_plan_stream_name((int)st), pr->qgroup, pr->in_dim);
+    const uint64_t n = (uint64_t)pr->out_dim * (uint64_t)pr->in_dim, ng = n / (uint64_t)pr->qgroup;
+    if (!need_n(c, (n + 1) / 2, 1, "predictor codes")) return c->err;
+    if (!(pr->qcodes = malloc((size_t)n)) || !(pr->weight = malloc((size_t)n * sizeof(float))))
+        return KV_ERR(KV_ENOMEM, "out of memory for a %dx%d predictor", pr->out_dim, pr->in_dim);
+    for (uint64_t i = 0; i < n; i++) pr->qcodes[i] = (uint8_t)((c->p[c->pos + i / 2] >> (4 * (i % 2))) & 0xfu);
+    c->pos += (size_t)((n + 1) / 2);
+    pr->qscale = rd_f16s(c, ng, "predictor scales");
+    pr->qoffset = rd_f16s(c, ng, "predictor offsets");
+    if (c->err != KV_OK) return c->err;
+    for (uint64_t i = 0; i < n; i++) {
+        const uint64_t g = i / (uint64_t)pr->qgroup; /* groups run along a row: in_dim is a multiple of qgroup */
+        pr->weight[i] = kv_plan_pred_qvalue(pr->qscale[g], pr->qoffset[g], pr->qcodes[i]);
+    }
+    return KV_OK;
 }
 
 static kv_status read_pred(reader *r, cursor *c) {
@@ -306,7 +335,9 @@ static kv_status read_pred(reader *r, cursor *c) {
                           (unsigned)pr->out_dim, (unsigned)pr->in_dim, kv_dim, (int)n_in * kv_dim);
         const int f16 = (r->stream_flags[key] & KV_PLAN_SF_PRED_F16) != 0;
         pr->dtype = f16 ? KV_DTYPE_F16 : KV_DTYPE_F32;
-        if (r->stream_flags[key] & KV_PLAN_SF_PRED_LOWRANK) { /* 1.3: rank, left, right, bias */
+        if (r->stream_flags[key] & KV_PLAN_SF_PRED_Q4) { /* 1.4: bits, group, codes, scales, offsets, bias */
+            if ((c->err = read_pred_q4(c, pr, l, st)) != KV_OK) return c->err;
+        } else if (r->stream_flags[key] & KV_PLAN_SF_PRED_LOWRANK) { /* 1.3: rank, left, right, bias */
             const int max_rank = pr->out_dim < pr->in_dim ? pr->out_dim : pr->in_dim;
             pr->rank = (int)rd_range(c, 1, (uint32_t)max_rank, "predictor rank");
             if (c->err != KV_OK) return c->err;
@@ -607,6 +638,7 @@ static const char *feature_name(uint64_t bit) {
     case KV_PLAN_FEAT_SQUAT_STATIC: return "SQUAT_STATIC";
     case KV_PLAN_FEAT_PRED_F16: return "PRED_F16";
     case KV_PLAN_FEAT_PRED_LOWRANK: return "PRED_LOWRANK";
+    case KV_PLAN_FEAT_PRED_Q4: return "PRED_Q4";
     }
     return "?";
 }

@@ -142,6 +142,7 @@ static void put_stream(kv_buf *b, const kv_plan_stream *s) { /* §6.4 stream rec
     if (s->squat && s->squat->static_subspace) flags |= KV_PLAN_SF_SQUAT_STATIC;
     if (s->predictor && s->predictor->dtype == KV_DTYPE_F16) flags |= KV_PLAN_SF_PRED_F16;
     if (s->predictor && s->predictor->rank >= 1) flags |= KV_PLAN_SF_PRED_LOWRANK;
+    if (s->predictor && s->predictor->qbits > 0) flags |= KV_PLAN_SF_PRED_Q4;
     if (s->fp_scales) flags |= KV_PLAN_SF_FP_SCALES;
     kv_buf_u32(b, (uint32_t)s->method);
     kv_buf_u32(b, (uint32_t)s->bits);
@@ -188,7 +189,17 @@ static void put_pred(kv_buf *b, const kv_plan *p) { /* §6.5 */
             kv_buf_u32(b, (uint32_t)pr->in_dim);
             /* 1.2, stream flag PRED_F16: f16 values (exact: validation checked); 1.3, PRED_LOWRANK: the factors */
             void (*put)(kv_buf *, const float *, size_t) = pr->dtype == KV_DTYPE_F16 ? kv_buf_f16s : kv_buf_f32s;
-            if (pr->rank >= 1) {
+            if (pr->qbits > 0) { /* 1.4, PRED_Q4: bits, group, codes two per byte (low nibble first), scales, offsets */
+                const size_t nw = (size_t)pr->out_dim * (size_t)pr->in_dim, ng = nw / (size_t)pr->qgroup;
+                kv_buf_u32(b, (uint32_t)pr->qbits);
+                kv_buf_u32(b, (uint32_t)pr->qgroup);
+                for (size_t i = 0; i < nw; i += 2) {
+                    const uint8_t byte = (uint8_t)(pr->qcodes[i] | (i + 1 < nw ? pr->qcodes[i + 1] << 4 : 0));
+                    kv_buf_bytes(b, &byte, 1);
+                }
+                put(b, pr->qscale, ng);
+                put(b, pr->qoffset, ng);
+            } else if (pr->rank >= 1) {
                 kv_buf_u32(b, (uint32_t)pr->rank);
                 put(b, pr->left, (size_t)pr->out_dim * (size_t)pr->rank);
                 put(b, pr->right, (size_t)pr->rank * (size_t)pr->in_dim);

@@ -148,6 +148,28 @@ kv_status plan_sample_make_v1_3(kv_plan **out) {
     return KV_OK;
 }
 
+kv_status plan_sample_make_v1_4(kv_plan **out) {
+    kv_plan *p = NULL;
+    kv_status s = plan_sample_make_v1_3(&p);
+    if (s != KV_OK) return s;
+    /* V's predictor back to full rank (a quantized predictor is), then codes 0..15 in a fixed pattern with f16
+     * scales and offsets: 8 rows x 16 columns, 2 groups per row */
+    const kv_plan_predictor *v = p->layers[1].stream[KV_PLAN_V].predictor;
+    uint8_t codes[8 * 16];
+    float sc[16], of[16], w[8 * 16], b[8];
+    for (int i = 0; i < 8 * 16; i++) codes[i] = (uint8_t)((i * 7 + 3) % 16), w[i] = 0.0f;
+    for (int g = 0; g < 16; g++) sc[g] = (float)(g % 5 + 1) / 64.0f, of[g] = (float)(g % 7 - 3) / 8.0f;
+    memcpy(b, v->bias, sizeof b);
+    if ((s = kv_plan_set_predictor(p, 1, KV_PLAN_V, v->n_inputs, v->inputs, w, b)) != KV_OK ||
+        (s = kv_plan_set_predictor_dtype(p, 1, KV_PLAN_V, KV_DTYPE_F16)) != KV_OK ||
+        (s = kv_plan_set_predictor_quantized(p, 1, KV_PLAN_V, 4, 8, codes, sc, of)) != KV_OK) {
+        kv_plan_free(p);
+        return s;
+    }
+    *out = p;
+    return KV_OK;
+}
+
 /* ---- comparison ---------------------------------------------------------------------------- */
 static int feq(float a, float b) { return (isnan(a) && isnan(b)) || memcmp(&a, &b, sizeof a) == 0; }
 static int farr_eq(const float *a, const float *b, size_t n) {
@@ -207,6 +229,13 @@ int plan_equal(const kv_plan *a, const kv_plan *b, char *why, size_t why_n) {
                 if (pa->rank != pb->rank || (pa->rank >= 1 && (!farr_eq(pa->left, pb->left, (size_t)pa->out_dim * (size_t)pa->rank) ||
                                                                !farr_eq(pa->right, pb->right, (size_t)pa->rank * (size_t)pa->in_dim))))
                     DIFF("layer %d stream %d predictor factors", l, st);
+                if (pa->qbits != pb->qbits || pa->qgroup != pb->qgroup) DIFF("layer %d stream %d predictor codes", l, st);
+                if (pa->qbits > 0) {
+                    const size_t nw = (size_t)pa->out_dim * (size_t)pa->in_dim, ng = nw / (size_t)pa->qgroup;
+                    if (memcmp(pa->qcodes, pb->qcodes, nw) || !farr_eq(pa->qscale, pb->qscale, ng) ||
+                        !farr_eq(pa->qoffset, pb->qoffset, ng))
+                        DIFF("layer %d stream %d predictor codes, scales or offsets", l, st);
+                }
             }
             if (x->n_fp_scales != y->n_fp_scales || !farr_eq(x->fp_scales, y->fp_scales, (size_t)x->n_fp_scales))
                 DIFF("layer %d stream %d tensor scales differ", l, st);

@@ -20,6 +20,9 @@ kv_status plan_sample_make_v1_2(kv_plan **out);
 /* 1.2 plus layer 1 K's predictor (8 x 8) as rank-2 factors in f32 and layer 1 V's (8 x 16) as rank-3
  * factors in f16 (format 1.3: PRED_LOWRANK). */
 kv_status plan_sample_make_v1_3(kv_plan **out);
+/* 1.3 plus layer 1 V's predictor (8 x 16) as 4-bit codes with groups of 8 columns (format 1.4: PRED_Q4); layer
+ * 1 K stays rank-2. */
+kv_status plan_sample_make_v1_4(kv_plan **out);
 /* The sample's fingerprint alone. */
 void plan_sample_fingerprint(kv_plan_fingerprint *fp);
 

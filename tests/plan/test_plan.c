@@ -879,7 +879,7 @@ START_TEST(test_dump_json) {
     json_t *root = json_loads(text, 0, &err);
     ck_assert_msg(root != NULL, "JSON: %s at line %d", err.text, err.line);
     ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(root, "fingerprint"), "n_layers")), 3);
-    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(root, "format"), "version")), "1.3");
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(root, "format"), "version")), "1.4");
     json_t *layers = json_object_get(root, "layers");
     ck_assert_uint_eq(json_array_size(layers), 3);
     json_t *k1 = json_object_get(json_array_get(layers, 1), "K");
@@ -1085,6 +1085,85 @@ START_TEST(test_predictor_lowrank) {
 }
 END_TEST
 
+/* ---- format 1.4: 4-bit predictor codes (stream flag PRED_Q4, feature bit 11) ----------------------- */
+/* The frozen 1.4 file (written once by `test_plan --write-golden-1.4`, never regenerated): the codes read back,
+ * the weight is their value (one entry by hand), the bytes count codes, scales, offsets and bias; without the
+ * feature bit it is refused. */
+START_TEST(test_golden_v1_4) {
+    char path[1024];
+    golden_path(path, sizeof path, "1.4");
+    kv_plan *p = NULL;
+    ck_assert_kv_ok(kv_plan_read(&p, path));
+    ck_assert_int_eq(p->file.version_minor, 4);
+    ck_assert(p->file.required_features & KV_PLAN_FEAT_PRED_Q4);
+    const kv_plan_predictor *pv = p->layers[1].stream[KV_PLAN_V].predictor;
+    ck_assert_int_eq(pv->qbits, 4);
+    ck_assert_int_eq(pv->qgroup, 8);
+    ck_assert_int_eq(pv->rank, 0);
+    ck_assert_int_eq(pv->dtype, KV_DTYPE_F16);
+    /* entry [2][12] = element 44: code (44*7+3) % 16 = 7, group 44/8 = 5: scale (5%5+1)/64, offset (5%7-3)/8 */
+    ck_assert_uint_eq(pv->qcodes[44], 7u);
+    ck_assert(pv->weight[44] == 7.0f / 64.0f + 2.0f / 8.0f);
+    /* K: rank 2 (8 + 8) + 8 bias in f32; V: 128 codes in 64 bytes, 16 scales + 16 offsets + 8 bias in f16 */
+    ck_assert_uint_eq(kv_plan_predictor_bytes(p), 4u * (2u * 16u + 8u) + 64u + 2u * (16u + 16u + 8u));
+    kv_plan *s = NULL;
+    ck_assert_kv_ok(plan_sample_make_v1_4(&s));
+    char why[256];
+    ck_assert_msg(plan_equal(p, s, why, sizeof why), "golden 1.4 vs sample: %s", why);
+    kv_plan_free(s);
+    assert_refused_without_feature(p, KV_PLAN_FEAT_PRED_Q4, "PRED_Q4");
+    kv_plan_free(p);
+}
+END_TEST
+
+/* 4-bit predictor codes: the setter's refusals, the weight as the codes' values, the bias rounded to f16,
+ * validation of a weight that is not its code's value, a round trip through the file. */
+START_TEST(test_predictor_q4) {
+    kv_plan *p = sample(), *q = NULL;
+    uint8_t codes[8 * 16];
+    float sc[16], of[16];
+    for (int i = 0; i < 8 * 16; i++) codes[i] = (uint8_t)(i % 16);
+    for (int g = 0; g < 16; g++) sc[g] = 0.25f, of[g] = -1.0f;
+    ck_assert_int_eq(kv_plan_set_predictor_quantized(p, 0, KV_PLAN_V, 4, 8, codes, sc, of), KV_EINVAL); /* none */
+    ck_assert_int_eq(kv_plan_set_predictor_quantized(p, 1, KV_PLAN_V, 3, 8, codes, sc, of), KV_EINVAL); /* bits */
+    ck_assert_int_eq(kv_plan_set_predictor_quantized(p, 1, KV_PLAN_V, 4, 5, codes, sc, of), KV_EINVAL); /* 16 % 5 */
+    codes[3] = 16;
+    ck_assert_int_eq(kv_plan_set_predictor_quantized(p, 1, KV_PLAN_V, 4, 8, codes, sc, of), KV_EINVAL); /* code */
+    codes[3] = 3;
+    sc[1] = 0.1f; /* not an f16 value */
+    ck_assert_int_eq(kv_plan_set_predictor_quantized(p, 1, KV_PLAN_V, 4, 8, codes, sc, of), KV_EINVAL);
+    sc[1] = 0.25f;
+    kv_plan_predictor *pr = p->layers[1].stream[KV_PLAN_V].predictor;
+    pr->bias[0] = 1.0f + 0x1p-11f; /* an f16 tie: to even, 1 */
+    ck_assert_kv_ok(kv_plan_set_predictor_quantized(p, 1, KV_PLAN_V, 4, 8, codes, sc, of));
+    ck_assert(pr->weight[5] == 0.25f * 5.0f - 1.0f);
+    ck_assert(pr->bias[0] == 1.0f);
+    ck_assert_int_eq(pr->dtype, KV_DTYPE_F16);
+    ck_assert_int_eq(kv_plan_set_predictor_dtype(p, 1, KV_PLAN_V, KV_DTYPE_F32), KV_EINVAL); /* scales are f16 */
+    ck_assert_kv_ok(kv_plan_validate(p));
+    const float keep = pr->weight[9];
+    pr->weight[9] = keep + 0.25f;
+    ck_assert_int_eq(kv_plan_validate(p), KV_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "not the value of its 4-bit code"));
+    pr->weight[9] = keep;
+    uint8_t *b = NULL;
+    size_t n = 0;
+    serialize(&b, &n, p, &k_plain);
+    ck_assert_kv_ok(kv_plan_read_memory(&q, b, n));
+    char why[256];
+    ck_assert_msg(plan_equal(p, q, why, sizeof why), "round trip: %s", why);
+    ck_assert(q->file.required_features & KV_PLAN_FEAT_PRED_Q4);
+    free(b);
+    kv_plan_free(q);
+    /* a low-rank predictor cannot take codes */
+    float l[8 * 2], r[2 * 8];
+    for (int i = 0; i < 16; i++) l[i] = 0.125f, r[i] = 0.25f;
+    ck_assert_kv_ok(kv_plan_set_predictor_factors(p, 1, KV_PLAN_K, 2, l, r));
+    ck_assert_int_eq(kv_plan_set_predictor_quantized(p, 1, KV_PLAN_K, 4, 8, codes, sc, of), KV_EINVAL);
+    kv_plan_free(p);
+}
+END_TEST
+
 /* f16 predictors: the setter rounds to the nearest f16 (checked against an independent rounding of
  * the f16 grid: 1 + 2^-11 lies halfway between 1 and 1 + 2^-10 and rounds to even, 1), refuses a
  * value beyond the f16 range; validation refuses an f16 predictor holding a non-f16 value; the file
@@ -1274,6 +1353,8 @@ int main(int argc, char **argv) {
         return write_golden(argv[2], plan_sample_make_v1_2, "write-golden-1.2");
     if (argc == 3 && strcmp(argv[1], "--write-golden-1.3") == 0)
         return write_golden(argv[2], plan_sample_make_v1_3, "write-golden-1.3");
+    if (argc == 3 && strcmp(argv[1], "--write-golden-1.4") == 0)
+        return write_golden(argv[2], plan_sample_make_v1_4, "write-golden-1.4");
     if (argc == 3 && strcmp(argv[1], "--write-corpus") == 0) return write_corpus(argv[2]);
     Suite *s = suite_create("plan");
     TCase *tc = tcase_create("format");
@@ -1287,7 +1368,9 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_golden_v1_1);
     tcase_add_test(tc, test_golden_v1_2);
     tcase_add_test(tc, test_golden_v1_3);
+    tcase_add_test(tc, test_golden_v1_4);
     tcase_add_test(tc, test_predictor_lowrank);
+    tcase_add_test(tc, test_predictor_q4);
     tcase_add_test(tc, test_predictor_f16);
     tcase_add_test(tc, test_float_methods);
     tcase_add_loop_test(tc, test_corrupt_list, 0, N_CORRUPT);
