@@ -613,6 +613,12 @@ static kv_status fit_predictor(fit_run *r, int l, int stream, int n_inputs, cons
     const size_t na = (size_t)n_in + 1, len = stats_len(n_in, kvd);
     int rank = kv_fit_config_pred_rank(r->cfg, l, stream); /* 0: full */
     if (rank > kvd) rank = kvd;                             /* min(kv_dim, n_in) = kv_dim */
+    const int qbits = r->cfg->aqua.predictor_bits, qgroup = r->cfg->aqua.predictor_group; /* 4: GPTQ codes (1.4) */
+    if (qbits && (rank || kvd % qgroup != 0))
+        return KV_ERR(KV_EINVAL, "layer %d %s predictor: 4-bit codes (aqua.predictor_bits) need a full-rank predictor "
+                      "(rank %d) and aqua.predictor_group (%d) dividing kv_dim %d", l, stream ? "V" : "K", rank, qgroup,
+                      kvd);
+    const size_t n_w = (size_t)n_in * (size_t)kvd, n_g = qbits ? n_w / (size_t)qgroup : 0;
     stats_job job;
     memset(&job, 0, sizeof job);
     job.r = r;
@@ -625,10 +631,12 @@ static kv_status fit_predictor(fit_run *r, int l, int stream, int n_inputs, cons
     float *wt = malloc((size_t)n_in * (size_t)kvd * sizeof(float)), *b = malloc((size_t)kvd * sizeof(float));
     float *left = rank ? malloc((size_t)kvd * (size_t)rank * sizeof(float)) : NULL;
     float *right = rank ? malloc((size_t)rank * (size_t)n_in * sizeof(float)) : NULL;
+    uint8_t *qcodes = qbits ? malloc(n_w) : NULL;
+    float *qscale = qbits ? malloc(n_g * sizeof(float)) : NULL, *qoffset = qbits ? malloc(n_g * sizeof(float)) : NULL;
     kv_status s = kv_ridge_stats_init(&job.st, n_in, kvd);
     if (s == KV_OK && n_inputs > 1 && !(job.xb = malloc((size_t)XB * (size_t)n_in * sizeof(float))))
         s = KV_ERR(KV_ENOMEM, "out of memory");
-    if (s == KV_OK && (!acc || !wt || !b || (rank && (!left || !right))))
+    if (s == KV_OK && (!acc || !wt || !b || (rank && (!left || !right)) || (qbits && (!qcodes || !qscale || !qoffset))))
         s = KV_ERR(KV_ENOMEM, "out of memory for the normal equations");
     if ((s = kv_dist_agree(r->dist, s)) != KV_OK) goto done;
     if ((s = kv_dist_fold(r->dist, acc, len, r->n_shards, stats_part, &job)) != KV_OK) goto done;
@@ -667,6 +675,11 @@ static kv_status fit_predictor(fit_run *r, int l, int stream, int n_inputs, cons
                     kv_log(KV_LOG_DEBUG, "fit: layer %d %s predictor at rank %d: %.4g of the predictions' variance lost",
                            l, stream ? "V" : "K", rank, lost);
             }
+            if (qbits) { /* GPTQ on the inputs' covariance, the bias refitted (ridge.c); the residuals below are
+                          * quantized against these weights */
+                solved = kv_ridge_quantize(wt, b, qcodes, qscale, qoffset, &sum, qbits, qgroup);
+                if (solved != KV_OK) solved = kv_error_wrap(solved, "layer %d %s predictor, GPTQ: ", l, stream ? "V" : "K");
+            }
         }
     }
     if ((s = kv_dist_agree(r->dist, solved)) != KV_OK) goto done;
@@ -677,6 +690,10 @@ static kv_status fit_predictor(fit_run *r, int l, int stream, int n_inputs, cons
     if (rank && ((s = kv_dist_bcast(r->dist, left, (size_t)kvd * (size_t)rank * sizeof(float), 0)) != KV_OK ||
                  (s = kv_dist_bcast(r->dist, right, (size_t)rank * (size_t)n_in * sizeof(float), 0)) != KV_OK))
         goto done;
+    if (qbits && ((s = kv_dist_bcast(r->dist, qcodes, n_w, 0)) != KV_OK ||
+                  (s = kv_dist_bcast(r->dist, qscale, n_g * sizeof(float), 0)) != KV_OK ||
+                  (s = kv_dist_bcast(r->dist, qoffset, n_g * sizeof(float), 0)) != KV_OK))
+        goto done;
     lr->ridge_rcond[stream] = solve_info[0];
     lr->ridge_fallback[stream] = solve_info[1];
     s = kv_plan_set_predictor(r->plan, l, stream, n_inputs, in_ids, wt, b);
@@ -684,7 +701,11 @@ static kv_status fit_predictor(fit_run *r, int l, int stream, int n_inputs, cons
     /* rounded to the stored dtype now: the residuals below are quantized against the predictor the
      * runtime will read, not the f32 solution */
     if (s == KV_OK) s = kv_plan_set_predictor_dtype(r->plan, l, stream, r->cfg->aqua.predictor_dtype);
+    if (s == KV_OK && qbits) s = kv_plan_set_predictor_quantized(r->plan, l, stream, qbits, qgroup, qcodes, qscale, qoffset);
 done:
+    free(qcodes);
+    free(qscale);
+    free(qoffset);
     free(acc);
     free(wt);
     free(b);

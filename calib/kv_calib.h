@@ -108,12 +108,35 @@ kv_status kv_ridge_solve(kv_ridge_fit *out, const kv_ridge_stats *s, double rel_
  * squared distance per sample between f's and the rank-r predictions. 1 <= r <= min(n_in, n_out). */
 kv_status kv_ridge_reduce_rank(float *left, float *right, float *bias, double *lost, const kv_ridge_fit *f,
                                const kv_ridge_stats *s, int rank);
+/* A GPTQ-quantized version of a fitted map (format 1.4's 4-bit predictors, kv_gptq_quantize): wt (in the plan's
+ * layout, n_out x n_in, y = wt x + b) is overwritten with the codes' values, quantized against the centred input
+ * covariance of s (the bias absorbs the mean), and the bias refitted to the quantized weights (b = mean(y) -
+ * wt mean(x), the least-squares bias given wt). codes n_out x n_in, scale and offset n_out x (n_in / group). */
+kv_status kv_ridge_quantize(float *wt, float *bias, uint8_t *codes, float *scale, float *offset, const kv_ridge_stats *s,
+                            int bits, int group);
 /* The rcond threshold for n_in inputs (+ bias): (n_in + 1) * DBL_EPSILON * 2^12 (ridge.c says why). */
 double kv_ridge_rcond_threshold(int n_in);
 void kv_ridge_fit_free(kv_ridge_fit *f);
 
 /* Apply: y_pred (n x n_out, row-major) = x (n x ldx) W + b. Uses CBLAS. */
 void kv_ridge_predict(const kv_ridge_fit *f, const float *x, int ldx, float *y_pred, int64_t n);
+
+/* ---- GPTQ quantization of a predictor's weights (gptq.c) ----------------------------------------
+ * aquakv.txt §4.1 ("Predictor Architecture", Table 1: GPTQ 4-bit predictors, 41 MiB instead of 162, the same
+ * perplexity): GPTQ (Frantar et al. 2022) on W (rows x cols, row-major, y = W x + b). Codes of `bits` bits,
+ * asymmetric, one scale and one offset per `group` consecutive columns of a row (value = scale * code + offset,
+ * kv_plan_pred_qvalue). The columns are quantized in order; each column's rounding error, divided by the
+ * diagonal of the upper Cholesky factor U of (H + damp * mean(diag H) I)^-1, is subtracted from the later
+ * columns along U's row, so the output error on inputs whose second moment is H (cols x cols, row-major) is what
+ * is minimized, not the weights' own error. A group's scale and offset are set from the updated weights when its
+ * first column is reached: scale = (max - min) / (2^bits - 1) and offset = min, each rounded to f16.
+ * H: the centered input scatter for a map with a bias (the bias is refitted by the caller afterwards).
+ * Out: w overwritten with the dequantized weights (exactly kv_plan_pred_qvalue of codes, scale, offset), codes
+ * (rows x cols, 0..2^bits-1), scale and offset (rows x cols/group, f16 values). 1 <= bits <= 8, group divides
+ * cols, damp > 0. Errors: KV_EINVAL (arguments, a scale or offset beyond f16), KV_ENUMERIC (non-finite H or w,
+ * or a Cholesky that fails after damping), KV_ENOMEM. */
+kv_status kv_gptq_quantize(float *w, int rows, int cols, const double *H, int bits, int group, double damp,
+                           uint8_t *codes, float *scale, float *offset);
 
 /* Held-out quality of a prediction: relative MSE ||Y - P||^2 / ||Y||^2 and explained variance
  * 1 - ||Y - P||^2 / ||Y - mean(Y)||^2 (mean per output column), accumulated over chunks. */

@@ -335,3 +335,38 @@ done:
     free(ev);
     return st;
 }
+
+/* GPTQ's dampening (Frantar et al. 2022's default: 1% of the mean diagonal), which keeps the inverse Hessian
+ * defined when inputs are collinear (the reconstructions of K and V of one layer often are). */
+#define GPTQ_DAMP 0.01
+
+kv_status kv_ridge_quantize(float *wt, float *bias, uint8_t *codes, float *scale, float *offset, const kv_ridge_stats *s,
+                            int bits, int group) {
+    const int ni = s ? s->n_in : 0, no = s ? s->n_out : 0, na = ni + 1;
+    if (!wt || !bias || !codes || !scale || !offset || !s || ni < 1 || no < 1)
+        return KV_ERR(KV_EINVAL, "ridge: quantize needs the map, its statistics and the outputs");
+    const double n = s->G[(size_t)ni * na + ni]; /* the bias column's sum of squares: the sample count */
+    if (!(n > 0)) return KV_ERR(KV_EINVAL, "ridge: no samples to quantize the map on");
+    double *mx = malloc((size_t)ni * sizeof(double)), *H = malloc((size_t)ni * ni * sizeof(double));
+    kv_status st = KV_OK;
+    if (!mx || !H) {
+        st = KV_ERR(KV_ENOMEM, "ridge: out of memory quantizing a %d x %d map", ni, no);
+        goto done;
+    }
+    for (int i = 0; i < ni; i++) mx[i] = s->G[(size_t)i * na + ni] / n;
+    for (int i = 0; i < ni; i++) /* centred covariance of the inputs, from the upper triangle (as reduce_rank) */
+        for (int j = 0; j < ni; j++) {
+            const double g = i <= j ? s->G[(size_t)i * na + j] : s->G[(size_t)j * na + i];
+            H[(size_t)i * ni + j] = g / n - mx[i] * mx[j];
+        }
+    if ((st = kv_gptq_quantize(wt, no, ni, H, bits, group, GPTQ_DAMP, codes, scale, offset)) != KV_OK) goto done;
+    for (int o = 0; o < no; o++) { /* the bias given the quantized weights: mean(y) - wt mean(x) */
+        double acc = s->C[(size_t)ni * no + o] / n;
+        for (int i = 0; i < ni; i++) acc -= (double)wt[(size_t)o * ni + i] * mx[i];
+        bias[o] = (float)acc;
+    }
+done:
+    free(mx);
+    free(H);
+    return st;
+}

@@ -210,6 +210,9 @@ static kv_status copy_stream(kv_plan *dst, const kv_plan *src, int layer, int st
         kv_status s = kv_plan_set_predictor(dst, layer, stream, pr->n_inputs, pr->inputs, pr->weight, pr->bias);
         if (s == KV_OK && pr->rank >= 1) s = kv_plan_set_predictor_factors(dst, layer, stream, pr->rank, pr->left, pr->right);
         if (s == KV_OK) s = kv_plan_set_predictor_dtype(dst, layer, stream, pr->dtype); /* already rounded: exact */
+        if (s == KV_OK && pr->qbits > 0) /* 1.4: the codes, whose values the weight already is */
+            s = kv_plan_set_predictor_quantized(dst, layer, stream, pr->qbits, pr->qgroup, pr->qcodes, pr->qscale,
+                                                pr->qoffset);
         return s;
     }
     return KV_OK;
@@ -861,8 +864,9 @@ static kv_status refit_compatible(const kv_fit_config *b, const kv_fit_config *c
         what = "higgs.*";
     else if (c->aqua.ridge != b->aqua.ridge || c->aqua.predict_keys != b->aqua.predict_keys ||
              c->aqua.predict_values != b->aqua.predict_values || c->aqua.value_uses_keys != b->aqua.value_uses_keys ||
-             c->aqua.predictor_dtype != b->aqua.predictor_dtype)
-        what = "aqua.* (ridge, predicted streams, predictor dtype)";
+             c->aqua.predictor_dtype != b->aqua.predictor_dtype || c->aqua.predictor_bits != b->aqua.predictor_bits ||
+             c->aqua.predictor_group != b->aqua.predictor_group)
+        what = "aqua.* (ridge, predicted streams, predictor dtype, bits and group)";
     else if (c->fp.fp8_format != b->fp.fp8_format || c->fp.scale_granularity != b->fp.scale_granularity ||
              c->fp.scale != b->fp.scale)
         what = "fp.*";

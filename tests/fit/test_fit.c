@@ -121,6 +121,66 @@ START_TEST(test_predictor_dtype) {
 }
 END_TEST
 
+/* 4-bit predictors (aqua.predictor_bits 4, plan format 1.4): every predictor holds GPTQ codes whose values are
+ * its weight (the plan validates), the bytes are the codes' (half a byte per weight) plus f16 scales, offsets
+ * and bias, counted here independently of kv_plan_stream_predictor_bytes; the predictions lose little: a 4-bit
+ * code is within 1/30 of its group's range of the weight, so the explained variance may drop by a few hundredths
+ * at most (0.05 allowed; a wrong code, scale or bias loses far more); refusals: a group not dividing kv_dim,
+ * codes with low-rank or f32 predictors. */
+START_TEST(test_predictor_q4) {
+    kv_plan *plan[2] = {NULL, NULL};
+    kv_fit_report rep[2];
+    for (int q4 = 0; q4 < 2; q4++) {
+        kv_fit_config cfg;
+        const char *sets_f16[] = {"keys.bits=4", "values.bits=4", NULL};
+        const char *sets_q4[] = {"keys.bits=4", "values.bits=4", "aqua.predictor_bits=4", "aqua.predictor_group=8", NULL};
+        make_cfg(&cfg, KV_FIT_AQUA_UNIFORM, q4 ? sets_q4 : sets_f16);
+        ck_assert_kv_ok(run_fit(&plan[q4], &rep[q4], &cfg, NULL));
+        kv_fit_config_free(&cfg);
+    }
+    uint64_t bytes = 0;
+    for (int l = 1; l < SYN_LAYERS; l++)
+        for (int st = 0; st < 2; st++) {
+            const kv_plan_predictor *pr = plan[1]->layers[l].stream[st].predictor;
+            ck_assert_int_eq(pr->qbits, 4);
+            ck_assert_int_eq(pr->qgroup, 8);
+            ck_assert_int_eq(pr->dtype, KV_DTYPE_F16);
+            const uint64_t nw = (uint64_t)SYN_KVD * (uint64_t)pr->in_dim;
+            bytes += nw / 2 + 2 * (2 * nw / 8 + SYN_KVD);
+            ck_assert_msg(rep[1].layers[l].explained_var[st] > rep[0].layers[l].explained_var[st] - 0.05,
+                          "layer %d stream %d: explained variance %g with 4-bit codes, %g in f16", l, st,
+                          rep[1].layers[l].explained_var[st], rep[0].layers[l].explained_var[st]);
+        }
+    ck_assert_kv_ok(kv_plan_validate(plan[1]));
+    ck_assert_uint_eq(kv_plan_predictor_bytes(plan[1]), bytes);
+    /* groups of 8: 4 + 2 x 16 / 8 = 8 bits per weight, half of f16's 16 (plus the f16 bias both keep) */
+    ck_assert_uint_lt(20 * kv_plan_predictor_bytes(plan[1]), 11 * kv_plan_predictor_bytes(plan[0]));
+    for (int q4 = 0; q4 < 2; q4++) {
+        kv_fit_report_free(&rep[q4]);
+        kv_plan_free(plan[q4]);
+    }
+    kv_fit_config cfg;
+    const char *bad_group[] = {"keys.bits=4", "values.bits=4", "aqua.predictor_bits=4", "aqua.predictor_group=32", NULL};
+    make_cfg(&cfg, KV_FIT_AQUA_UNIFORM, bad_group);
+    kv_plan *p = NULL;
+    ck_assert_int_eq(run_fit(&p, &rep[0], &cfg, NULL), KV_EINVAL); /* 32 does not divide kv_dim 16 */
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "aqua.predictor_group"));
+    kv_plan_free(p);
+    kv_fit_config_free(&cfg);
+    kv_fit_config c2;
+    ck_assert_kv_ok(kv_fit_config_init(&c2));
+    ck_assert_kv_ok(kv_fit_config_method_preset(&c2, KV_FIT_AQUA));
+    ck_assert_kv_ok(kv_fit_config_set(&c2, "aqua.predictor_bits=4"));
+    ck_assert_kv_ok(kv_fit_config_set(&c2, "aqua.rank=8"));
+    ck_assert_int_eq(kv_fit_config_validate(&c2), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "aqua.rank 0"));
+    ck_assert_kv_ok(kv_fit_config_set(&c2, "aqua.rank=0"));
+    ck_assert_kv_ok(kv_fit_config_set(&c2, "aqua.predictor_bits=3"));
+    ck_assert_int_eq(kv_fit_config_validate(&c2), KV_EINVAL);
+    kv_fit_config_free(&c2);
+}
+END_TEST
+
 /* Post-RoPE keys are not a linear function of the previous layer's post-RoPE keys (the rotation
  * depends on the position; aquakv.txt §3.3): the same model fitted post-RoPE explains less. */
 START_TEST(test_post_rope_is_worse) {
@@ -916,6 +976,7 @@ static Suite *fit_suite(void) {
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_recovers_linear_map);
     tcase_add_test(tc, test_predictor_dtype);
+    tcase_add_test(tc, test_predictor_q4);
     tcase_add_test(tc, test_post_rope_is_worse);
     tcase_add_test(tc, test_higgs_error_near_grid_mse);
     tcase_add_test(tc, test_plan_round_trip);

@@ -177,6 +177,32 @@ PY
 expect 0 "" "kvrun eval reads the refitted plan" -- "$kvrun" eval --model "$model" --tokenizer "$tok" \
   --plan "$tmp/aq.kvplan" --text "$heldout" --ctx 256 --max-tokens 1024 --json
 python3 "$check_same" "$tmp/out" "$tmp/aq.json" 10 256 || fail=1
+# 4-bit predictors (aqua.predictor_bits 4, plan format 1.4) through the search: every AQUA-KV stream of the
+# written plan holds GPTQ codes (kvrun inspect), a predicted stream's honest bits fall by the predictor bytes
+# saved (stories260K, kv_dim 32: 4 + 2 x 16 / 32 = 5 bits per weight instead of 16), and the plan evaluates as
+# the search measured it
+expect 0 "" "search with 4-bit predictors" -- "$kvcal" search "${base[@]}" --context 256 --eval-tokens 1024 \
+  --budget-bits 10 --candidates kivi2,aqua4 --set aqua.predictor_bits=4 --set aqua.predictor_group=32 \
+  --out "$tmp/aq4.kvplan" --json
+cp "$tmp/out" "$tmp/aq4.json"
+expect 0 "" "kvrun inspect the 4-bit-predictor plan" -- "$kvrun" inspect "$tmp/aq4.kvplan" --json
+python3 - "$tmp/aq.json" "$tmp/aq4.json" "$tmp/out" <<'PY' || fail=1
+import json, sys
+r, r4, ins = (json.load(open(a)) for a in sys.argv[1:4])
+k = [c["name"] for c in r["candidates"]].index("aqua4")
+for a, b in zip(r["streams"], r4["streams"]):
+    if a["layer"] >= 1:  # predicted streams: the predictor is cheaper, the codes the same
+        assert b["bits"][0][k] < a["bits"][0][k] - 0.5, (a, b)
+pr = [s["predictor"] for l in ins["layers"] for s in (l["K"], l["V"]) if s.get("predictor")]
+assert pr and all(q["code_bits"] == 4 and q["group"] == 32 and q["dtype"] == "f16" for q in pr), pr
+assert "PRED_Q4" in ins["format"]["required_features"], ins["format"]
+m = r4["plans"][0]["measured_heldout"]
+assert m["bits_per_value_total"] <= 10 + 1e-9, m
+print("ok: 4-bit predictors: %d GPTQ predictors, bits %.4f, KL %.4g" % (len(pr), m["bits_per_value_total"], m["kl_mean"]))
+PY
+expect 0 "" "kvrun eval reads the 4-bit-predictor plan" -- "$kvrun" eval --model "$model" --tokenizer "$tok" \
+  --plan "$tmp/aq4.kvplan" --text "$heldout" --ctx 256 --max-tokens 1024 --json
+python3 "$check_same" "$tmp/out" "$tmp/aq4.json" 10 256 || fail=1
 # SQuat keys and XQuant shared codes (SEARCH.md §1b, §1d): a shared-codes candidate needs its codes_of
 # candidate listed; free predictor inputs with them and AQUA-KV are refused (a predictor could read a spliced
 # placeholder); a search over all of them writes a plan that respects the chain and evaluates as predicted
