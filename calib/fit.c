@@ -613,11 +613,11 @@ static kv_status fit_predictor(fit_run *r, int l, int stream, int n_inputs, cons
     const size_t na = (size_t)n_in + 1, len = stats_len(n_in, kvd);
     int rank = kv_fit_config_pred_rank(r->cfg, l, stream); /* 0: full */
     if (rank > kvd) rank = kvd;                             /* min(kv_dim, n_in) = kv_dim */
-    const int qbits = r->cfg->aqua.predictor_bits, qgroup = r->cfg->aqua.predictor_group; /* 4: GPTQ codes (1.4) */
-    if (qbits && (rank || kvd % qgroup != 0))
-        return KV_ERR(KV_EINVAL, "layer %d %s predictor: 4-bit codes (aqua.predictor_bits) need a full-rank predictor "
-                      "(rank %d) and aqua.predictor_group (%d) dividing kv_dim %d", l, stream ? "V" : "K", rank, qgroup,
-                      kvd);
+    const int qbits = kv_fit_config_pred_bits(r->cfg, l, stream), qgroup = r->cfg->aqua.predictor_group; /* 4: GPTQ */
+    if (qbits != 0 && (qbits != 4 || rank || kvd % qgroup != 0))
+        return KV_ERR(KV_EINVAL, "layer %d %s predictor: code bits %d (aqua.predictor_bits or the layer's "
+                      "key/value_predictor_bits: 0 or 4) need a full-rank predictor (rank %d) and aqua.predictor_group (%d) "
+                      "dividing kv_dim %d", l, stream ? "V" : "K", qbits, rank, qgroup, kvd);
     const size_t n_w = (size_t)n_in * (size_t)kvd, n_g = qbits ? n_w / (size_t)qgroup : 0;
     stats_job job;
     memset(&job, 0, sizeof job);

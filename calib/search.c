@@ -81,6 +81,16 @@ static const kv_search_candidate k_cands[] = {
      "AQUA-KV rank-32 predictors + HIGGS 4 bits", 0, NULL},
     {"aqua4r64", KV_FIT_AQUA, {"keys.bits=4", "values.bits=4", "aqua.rank=64", NULL},
      "AQUA-KV rank-64 predictors + HIGGS 4 bits", 0, NULL},
+    /* AQUA-KV's GPTQ predictors (aquakv.txt §4.1; plan format 1.4): 4-bit codes of the full weight, f16 scale
+     * and offset per aqua.predictor_group (64) input columns: 4.5 bits per weight instead of 16, so on SmolLM2
+     * a predicted stream costs ~0.45 bits less at 8K and ~1.6 less at 2K; the refit carries it per stream
+     * (layers.N.key_predictor_bits / value_predictor_bits) */
+    {"aqua2q", KV_FIT_AQUA, {"keys.bits=2", "values.bits=2", "aqua.predictor_bits=4", NULL},
+     "AQUA-KV 4-bit GPTQ predictors + HIGGS 2 bits", 0, NULL},
+    {"aqua3q", KV_FIT_AQUA, {"keys.bits=3", "values.bits=3", "aqua.predictor_bits=4", NULL},
+     "AQUA-KV 4-bit GPTQ predictors + HIGGS 3 bits", 0, NULL},
+    {"aqua4q", KV_FIT_AQUA, {"keys.bits=4", "values.bits=4", "aqua.predictor_bits=4", NULL},
+     "AQUA-KV 4-bit GPTQ predictors + HIGGS 4 bits", 0, NULL},
     /* SQuat keys (squat.txt): KIVI keys whose quantization error is kept orthogonal to the subspace of the
      * prompt's queries; r and lambda chosen per layer by the fit. Keys only (its values are plain KIVI). No
      * stored basis: the subspace is each prompt's own (the paper's default), so the plan stores nothing more
@@ -864,9 +874,8 @@ static kv_status refit_compatible(const kv_fit_config *b, const kv_fit_config *c
         what = "higgs.*";
     else if (c->aqua.ridge != b->aqua.ridge || c->aqua.predict_keys != b->aqua.predict_keys ||
              c->aqua.predict_values != b->aqua.predict_values || c->aqua.value_uses_keys != b->aqua.value_uses_keys ||
-             c->aqua.predictor_dtype != b->aqua.predictor_dtype || c->aqua.predictor_bits != b->aqua.predictor_bits ||
-             c->aqua.predictor_group != b->aqua.predictor_group)
-        what = "aqua.* (ridge, predicted streams, predictor dtype, bits and group)";
+             c->aqua.predictor_dtype != b->aqua.predictor_dtype || c->aqua.predictor_group != b->aqua.predictor_group)
+        what = "aqua.* (ridge, predicted streams, predictor dtype and code group)";
     else if (c->fp.fp8_format != b->fp.fp8_format || c->fp.scale_granularity != b->fp.scale_granularity ||
              c->fp.scale != b->fp.scale)
         what = "fp.*";
@@ -959,6 +968,11 @@ kv_status kv_search_refit_config(kv_fit_config *cfg, const kv_search_candidate *
             }
             if (s == KV_OK && kv_search_candidate_predicted(cands[k]) && c->aqua.rank != cfg->aqua.rank) {
                 snprintf(set, sizeof set, "layers.%d.%s_rank=%d", l, field, c->aqua.rank);
+                s = kv_fit_config_set_from(cfg, set, where);
+            }
+            if (s == KV_OK && kv_search_candidate_predicted(cands[k]) &&
+                c->aqua.predictor_bits != cfg->aqua.predictor_bits) {
+                snprintf(set, sizeof set, "layers.%d.%s_predictor_bits=%d", l, field, c->aqua.predictor_bits);
                 s = kv_fit_config_set_from(cfg, set, where);
             }
             const kv_fit_stream_config *sc = st == KV_PLAN_K ? &c->keys : &c->values;

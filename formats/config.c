@@ -130,6 +130,8 @@ static const struct layer_key {
     {"key_pre_rope", T_BOOL, LOFF(key_pre_rope), 0, 1, KV_FIT_LO_KEY_PRE_ROPE, NULL},
     {"key_rank", T_INT, LOFF(key_rank), 0, 65536, KV_FIT_LO_KEY_RANK, NULL},
     {"value_rank", T_INT, LOFF(value_rank), 0, 65536, KV_FIT_LO_VALUE_RANK, NULL},
+    {"key_predictor_bits", T_INT, LOFF(key_predictor_bits), 0, 4, KV_FIT_LO_KEY_PRED_BITS, NULL},
+    {"value_predictor_bits", T_INT, LOFF(value_predictor_bits), 0, 4, KV_FIT_LO_VALUE_PRED_BITS, NULL},
     {"key_group_axis", T_ENUM, LOFF(key_group_axis), 0, 0, KV_FIT_LO_KEY_GROUP_AXIS, k_axes},
     {"key_group_size", T_INT, LOFF(key_group_size), 1, 65536, KV_FIT_LO_KEY_GROUP_SIZE, NULL},
     {"value_group_axis", T_ENUM, LOFF(value_group_axis), 0, 0, KV_FIT_LO_VALUE_GROUP_AXIS, k_axes},
@@ -375,8 +377,8 @@ static kv_status set_path(kv_fit_config *c, const char *path, const char *text, 
         }
         return KV_ERR(KV_EINVAL,
                       "%s: unknown key '%s' (a layer override has key_bits, value_bits, rpc_ratio, key_rpc_ratio, value_rpc_ratio, key_eta, value_eta, "
-                      "prune_budget, key_method, value_method, key_pre_rope, key_rank, value_rank, key_group_axis, key_group_size, "
-                      "value_group_axis, value_group_size)", where, path);
+                      "prune_budget, key_method, value_method, key_pre_rope, key_rank, value_rank, key_predictor_bits, "
+                      "value_predictor_bits, key_group_axis, key_group_size, value_group_axis, value_group_size)", where, path);
     }
     char known[512];
     const char *dot = strrchr(path, '.');
@@ -842,6 +844,13 @@ int kv_fit_config_pred_rank(const kv_fit_config *c, int layer, int stream) {
     if (o && stream == 0 && (o->set & KV_FIT_LO_KEY_RANK)) return o->key_rank;
     if (o && stream == 1 && (o->set & KV_FIT_LO_VALUE_RANK)) return o->value_rank;
     return c->aqua.rank;
+}
+
+int kv_fit_config_pred_bits(const kv_fit_config *c, int layer, int stream) {
+    const kv_fit_layer_override *o = kv_fit_config_layer(c, layer);
+    if (o && stream == 0 && (o->set & KV_FIT_LO_KEY_PRED_BITS)) return o->key_predictor_bits;
+    if (o && stream == 1 && (o->set & KV_FIT_LO_VALUE_PRED_BITS)) return o->value_predictor_bits;
+    return c->aqua.predictor_bits;
 }
 
 int kv_fit_config_stream_eta(const kv_fit_config *c, int layer, int stream, double *eta) {

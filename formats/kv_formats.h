@@ -692,6 +692,7 @@ typedef struct kv_fit_layer_override {
                                      higgs, aqua, aqua-uniform, fp8 or nvfp4 */
     int key_pre_rope;        /* the layer's keys stored before RoPE (1) or after (0); wins over cache.pre_rope */
     int key_rank, value_rank; /* a predicted stream's predictor rank (0 full); win over aqua.rank */
+    int key_predictor_bits, value_predictor_bits; /* 0 or 4 (GPTQ codes); win over aqua.predictor_bits */
     int key_group_axis, key_group_size;     /* a uniform stream's groups (KV_PLAN_GROUP_*, values per group); */
     int value_group_axis, value_group_size; /* win over keys.* / values.* (kvcal search's refit of AQUA-KV with
                                                uniform residuals beside KIVI streams) */
@@ -714,6 +715,8 @@ typedef struct kv_fit_layer_override {
 #define KV_FIT_LO_KEY_GROUP_SIZE 0x4000u
 #define KV_FIT_LO_VALUE_GROUP_AXIS 0x8000u
 #define KV_FIT_LO_VALUE_GROUP_SIZE 0x10000u
+#define KV_FIT_LO_KEY_PRED_BITS 0x20000u
+#define KV_FIT_LO_VALUE_PRED_BITS 0x40000u
 
 typedef struct kv_fit_config {
     kv_fit_method method;
@@ -828,6 +831,9 @@ int kv_fit_config_stream_method(const kv_fit_config *c, int layer, int stream);
 int kv_fit_config_key_pre_rope(const kv_fit_config *c, int layer);
 /* The predictor rank of a stream: layers.N.key_rank / value_rank, else aqua.rank (0 = full). */
 int kv_fit_config_pred_rank(const kv_fit_config *c, int layer, int stream);
+/* The predictor code bits of a stream: layers.N.key_predictor_bits / value_predictor_bits, else
+ * aqua.predictor_bits (0: the weights in aqua.predictor_dtype; 4: GPTQ codes). */
+int kv_fit_config_pred_bits(const kv_fit_config *c, int layer, int stream);
 /* 1 when layers.N.key_eta / value_eta gives the stream's eta (then *eta is it; eta may be NULL), else 0. */
 int kv_fit_config_stream_eta(const kv_fit_config *c, int layer, int stream, double *eta);
 /* A uniform stream's group layout: layers.N.key_group_axis / key_group_size (value_*), else keys.* / values.*. */

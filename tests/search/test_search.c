@@ -835,6 +835,44 @@ START_TEST(test_lowrank_predictors) {
 }
 END_TEST
 
+/* AQUA-KV's GPTQ predictors (format 1.4) as candidates: aqua2q stores every predictor above layer 0 as 4-bit
+ * codes (half a byte per weight, f16 scale and offset per 32 columns and the f16 bias: stories260K's kv_dim is 32,
+ * hence aqua.predictor_group 32 for every candidate), the refit of an all-aqua2q choice is its fit byte for byte,
+ * and a refit mixing aqua2 and aqua2q gives each stream its candidate's predictor (the code bits travel as
+ * layers.N.key_predictor_bits / value_predictor_bits). */
+START_TEST(test_gptq_predictors) {
+    static const char *common[] = {"data.seq_len=132", "data.max_tokens=4096", "cache.recent=64",
+                                   "higgs.grid_samples=32768", "higgs.grid_iters=30", "aqua.predictor_group=32"};
+    kv_plan *q = fit_candidate_with("aqua2q", common, 6);
+    const int L = q->n_layers, kvd = q->fingerprint.n_kv_heads * q->fingerprint.head_dim;
+    ck_assert_int_eq(kvd, 32);
+    for (int l = 1; l < L; l++)
+        for (int st = 0; st < 2; st++) {
+            const kv_plan_predictor *pr = q->layers[l].stream[st].predictor;
+            ck_assert_ptr_nonnull(pr);
+            ck_assert_int_eq(pr->qbits, 4);
+            const uint64_t nw = (uint64_t)kvd * (uint64_t)pr->in_dim;
+            ck_assert_uint_eq(kv_plan_stream_predictor_bytes(q, l, st), nw / 2 + 2u * (2u * nw / 32u + (uint64_t)kvd));
+        }
+    const char *names[] = {"aqua2", "aqua2q"};
+    int choice[64];
+    for (int i = 0; i < 2 * L; i++) choice[i] = 1;
+    kv_plan *re = refit_with(names, 2, choice, L, common, 6);
+    assert_same_plan(q, re, "the refit of an all-aqua2q choice differs from the aqua2q fit");
+    kv_plan_free(re);
+    for (int i = 0; i < 2 * L; i++) choice[i] = i % 3 == 0;
+    re = refit_with(names, 2, choice, L, common, 6);
+    for (int l = 1; l < L; l++)
+        for (int st = 0; st < 2; st++)
+            ck_assert_int_eq(re->layers[l].stream[st].predictor->qbits, choice[2 * l + st] ? 4 : 0);
+    kv_tool_plan_eval ev;
+    eval_plan_file(&ev, re, 200);
+    ck_assert(isfinite(ev.cmp.kl_mean) && ev.cmp.kl_mean >= 0);
+    kv_plan_free(re);
+    kv_plan_free(q);
+}
+END_TEST
+
 /* The sensitivity of a predicted stream runs layers l-1 and l through the cache together, step by step
  * (SEARCH.md §2). Checks: AQUA-KV-2's layer 0 (HIGGS at first_layer_bits, no predictor) measures exactly
  * what HIGGS-4 measures there; a predicted stream's shortcut KL agrees with the one-stream plan run through
@@ -1107,6 +1145,7 @@ static Suite *search_suite(int with_data) {
         tcase_add_test(td, test_refit_equals_aqua);
         tcase_add_test(td, test_refit_equals_aqua_uniform);
         tcase_add_test(td, test_refit_equals_kivi_g128);
+        tcase_add_test(td, test_gptq_predictors);
         tcase_add_test(td, test_refit_mixed);
         tcase_add_test(td, test_sensitivity_predicted);
         tcase_add_test(td, test_lowrank_predictors);
