@@ -34,6 +34,28 @@ static kv_plan *sample(void) {
     return p;
 }
 
+/* A golden file read back equals what its sample maker builds today (plan_sample.c). */
+static void assert_is_sample(const kv_plan *p, kv_status (*make)(kv_plan **), const char *version) {
+    kv_plan *s = NULL;
+    ck_assert_kv_ok(make(&s));
+    char why[256];
+    ck_assert_msg(plan_equal(p, s, why, sizeof why), "golden %s vs sample: %s", version, why);
+    kv_plan_free(s);
+}
+
+/* p written (no compression) and read back is p. */
+static void assert_roundtrip(const kv_plan *p) {
+    uint8_t *b = NULL;
+    size_t n = 0;
+    kv_plan *q = NULL;
+    serialize(&b, &n, p, &k_plain);
+    ck_assert_kv_ok(kv_plan_read_memory(&q, b, n));
+    char why[256];
+    ck_assert_msg(plan_equal(p, q, why, sizeof why), "round trip: %s", why);
+    free(b);
+    kv_plan_free(q);
+}
+
 /* ---- round trip -------------------------------------------------------------------------------- */
 static void roundtrip_with(const kv_plan_write_options *o) {
     kv_plan *p = sample(), *q = NULL, *r = NULL;
@@ -964,11 +986,7 @@ START_TEST(test_golden_v1_1) {
     ck_assert_int_eq(v2->n_fp_scales, 2);
     ck_assert(v2->fp_scales[0] == 0.5f && v2->fp_scales[1] == 0.0625f);
     ck_assert_double_eq_tol(kv_plan_stream_bits(p, 2, KV_PLAN_V), 8.0, 1e-12);
-    kv_plan *s = NULL;
-    ck_assert_kv_ok(plan_sample_make_v1_1(&s));
-    char why[256];
-    ck_assert_msg(plan_equal(p, s, why, sizeof why), "golden 1.1 vs sample: %s", why);
-    kv_plan_free(s);
+    assert_is_sample(p, plan_sample_make_v1_1, "1.1");
     kv_plan_free(p);
 }
 END_TEST
@@ -1043,11 +1061,7 @@ START_TEST(test_golden_v1_3) {
     ck_assert(pk->weight[1 * 8 + 2] == pk->left[2] * pk->right[2] + pk->left[3] * pk->right[8 + 2]);
     /* K: rank 2 (8 + 8) + 8 bias in f32; V: rank 3 (8 + 16) + 8 bias in f16 */
     ck_assert_uint_eq(kv_plan_predictor_bytes(p), 4u * (2u * 16u + 8u) + 2u * (3u * 24u + 8u));
-    kv_plan *s = NULL;
-    ck_assert_kv_ok(plan_sample_make_v1_3(&s));
-    char why[256];
-    ck_assert_msg(plan_equal(p, s, why, sizeof why), "golden 1.3 vs sample: %s", why);
-    kv_plan_free(s);
+    assert_is_sample(p, plan_sample_make_v1_3, "1.3");
     assert_refused_without_feature(p, KV_PLAN_FEAT_PRED_LOWRANK, "PRED_LOWRANK");
     kv_plan_free(p);
 }
@@ -1056,7 +1070,7 @@ END_TEST
 /* Low-rank predictors: the setter's refusals, f16 rounding of the factors (not of the product), validation
  * of a weight that is not the factors' product, and a round trip through the file. */
 START_TEST(test_predictor_lowrank) {
-    kv_plan *p = sample(), *q = NULL;
+    kv_plan *p = sample();
     float l[8 * 2], r[2 * 8];
     for (int i = 0; i < 16; i++) l[i] = 0.1f * (float)(i + 1), r[i] = 0.3f - 0.05f * (float)i;
     ck_assert_int_eq(kv_plan_set_predictor_factors(p, 1, KV_PLAN_K, 9, l, r), KV_EINVAL); /* rank > 8 */
@@ -1073,14 +1087,7 @@ START_TEST(test_predictor_lowrank) {
     ck_assert_int_eq(kv_plan_validate(p), KV_EFORMAT);
     ck_assert_ptr_nonnull(strstr(kv_error_last(), "not the product"));
     pr->weight[7] = keep;
-    uint8_t *b = NULL;
-    size_t n = 0;
-    serialize(&b, &n, p, &k_plain);
-    ck_assert_kv_ok(kv_plan_read_memory(&q, b, n));
-    char why[256];
-    ck_assert_msg(plan_equal(p, q, why, sizeof why), "round trip: %s", why);
-    free(b);
-    kv_plan_free(q);
+    assert_roundtrip(p);
     kv_plan_free(p);
 }
 END_TEST
@@ -1106,11 +1113,7 @@ START_TEST(test_golden_v1_4) {
     ck_assert(pv->weight[44] == 7.0f / 64.0f + 2.0f / 8.0f);
     /* K: rank 2 (8 + 8) + 8 bias in f32; V: 128 codes in 64 bytes, 16 scales + 16 offsets + 8 bias in f16 */
     ck_assert_uint_eq(kv_plan_predictor_bytes(p), 4u * (2u * 16u + 8u) + 64u + 2u * (16u + 16u + 8u));
-    kv_plan *s = NULL;
-    ck_assert_kv_ok(plan_sample_make_v1_4(&s));
-    char why[256];
-    ck_assert_msg(plan_equal(p, s, why, sizeof why), "golden 1.4 vs sample: %s", why);
-    kv_plan_free(s);
+    assert_is_sample(p, plan_sample_make_v1_4, "1.4");
     assert_refused_without_feature(p, KV_PLAN_FEAT_PRED_Q4, "PRED_Q4");
     kv_plan_free(p);
 }
@@ -1119,7 +1122,7 @@ END_TEST
 /* 4-bit predictor codes: the setter's refusals, the weight as the codes' values, the bias rounded to f16,
  * validation of a weight that is not its code's value, a round trip through the file. */
 START_TEST(test_predictor_q4) {
-    kv_plan *p = sample(), *q = NULL;
+    kv_plan *p = sample();
     uint8_t codes[8 * 16];
     float sc[16], of[16];
     for (int i = 0; i < 8 * 16; i++) codes[i] = (uint8_t)(i % 16);
@@ -1146,15 +1149,7 @@ START_TEST(test_predictor_q4) {
     ck_assert_int_eq(kv_plan_validate(p), KV_EFORMAT);
     ck_assert_ptr_nonnull(strstr(kv_error_last(), "not the value of its 4-bit code"));
     pr->weight[9] = keep;
-    uint8_t *b = NULL;
-    size_t n = 0;
-    serialize(&b, &n, p, &k_plain);
-    ck_assert_kv_ok(kv_plan_read_memory(&q, b, n));
-    char why[256];
-    ck_assert_msg(plan_equal(p, q, why, sizeof why), "round trip: %s", why);
-    ck_assert(q->file.required_features & KV_PLAN_FEAT_PRED_Q4);
-    free(b);
-    kv_plan_free(q);
+    assert_roundtrip(p); /* the feature bit and its refusal: test_golden_v1_4 */
     /* a low-rank predictor cannot take codes */
     float l[8 * 2], r[2 * 8];
     for (int i = 0; i < 16; i++) l[i] = 0.125f, r[i] = 0.25f;
