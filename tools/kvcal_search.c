@@ -443,6 +443,69 @@ static void print_point_text(const search_point *pt, long context, const kv_sear
            pt->ev.bits_per_value_total, pt->seconds_eval);
 }
 
+/* The provenance of a point's plan (config_yaml): its budget and context, the candidate of every stream, and with
+ * a selection what it kept (the pruned contender and its per-layer budgets). Truncated at cap. */
+static void point_yaml(char *yaml, size_t cap, const search_point *pt, long context, const kv_plan *plan, int L,
+                       int selection, const kv_search_pruned *pruned, const kv_search_candidate *const *cands) {
+    size_t len = (size_t)snprintf(yaml, cap, "# kvcal search: budget %g bits at context %ld\nsearch:\n  budget_bits: %g\n"
+                                  "  context: %ld\n  choices:\n", pt->budget_bits, context, pt->budget_bits, context);
+    for (int l = 0; l < L && len < cap; l++)
+        len += (size_t)snprintf(yaml + len, cap - len, "    - {layer: %d, key: %s, value: %s}\n", l,
+                                cands[pt->choice[2 * l]]->name, cands[pt->choice[2 * l + 1]]->name);
+    if (selection && len < cap) len += (size_t)snprintf(yaml + len, cap - len, "  selected: %s\n", k_sel_names[pt->selected]);
+    if (pt->selected == SEL_PRUNED && len < cap)
+        len += (size_t)snprintf(yaml + len, cap - len, "  pruned: %s\n", pruned[pt->pruned].name);
+    if (pt->selected == SEL_PRUNED && pt->layered)
+        for (int l = 0; l < L && len < cap; l++)
+            len += (size_t)snprintf(yaml + len, cap - len, "%s%.7g%s", /* f32's digits */
+                                    l ? ", " : "  layer_budgets: [",
+                                    plan->layers[l].prune_budget ? (double)plan->layers[l].prune_budget
+                                                                 : (double)plan->global.prune_budget,
+                                    l == L - 1 ? "]\n" : "");
+}
+
+/* One pruned contender with its per-layer options at a point (§5e): allocated under the point's budget from its
+ * table, measured on the selection's chunks (unless the allocation is the contender itself, measured before), and
+ * kept (pt->selected, pt->pruned, pt->layered, *best) when it fits the budget and measures the least KL so far. */
+typedef struct layered_contender {
+    const kv_search_pruned *pr;
+    int pos;                           /* its candidate's position in --candidates */
+    int index;                         /* in --pruned */
+    const layer_opt *opts;
+    const kv_search_layer_table *table; /* at this point's context: the changes measured on the table's text, added to
+                                           the contender as the selection measured it: the prediction is for the
+                                           selection's text, where the allocated plan is measured next */
+} layered_contender;
+
+static kv_status try_layered(search_point *pt, double *best, const layered_contender *lc, kv_plan *const *plans, int nc,
+                             const select_tokens *sel, long context) {
+    layered_try *lt = &pt->layers[lc->index];
+    const kv_search_layer_table *t = lc->table;
+    kv_status s = kv_search_layer_allocate(lt->choice, &lt->predicted_kl, &lt->predicted_bits, t, pt->budget_bits);
+    if (s == KV_EINVAL) { /* even the cheapest per-layer options predict more bits than the point's */
+        lt->state = LAYERED_NONE;
+        return KV_OK;
+    }
+    if (s != KV_OK) return s;
+    int changed = 0;
+    for (int l = 0; l < t->n_layers; l++) changed |= lt->choice[l] != 0;
+    if (!changed) { /* the contender itself, measured before */
+        lt->state = LAYERED_SAME, lt->kl = t->kl, lt->bits = t->bits;
+        return KV_OK;
+    }
+    layered lp;
+    char label[160];
+    snprintf(label, sizeof label, "selection %s per layer, budget %g ctx %ld", lc->pr->name, pt->budget_bits, context);
+    if ((s = layered_plan(&lp, plans, nc, lc->pos, lc->pr, lc->opts, lt->choice, NULL)) != KV_OK) return s;
+    s = select_kl(&lt->kl, &lt->bits, sel, lp.plan, context, label);
+    layered_release(&lp);
+    if (s != KV_OK) return s;
+    lt->state = LAYERED_MEASURED;
+    if (lt->bits <= pt->budget_bits && lt->kl < *best)
+        *best = lt->kl, pt->selected = SEL_PRUNED, pt->pruned = lc->index, pt->layered = 1;
+    return KV_OK;
+}
+
 int kvcal_search(int argc, char **argv) {
     const char *tool = "kvcal search";
     const char *model = NULL, *tokenizer = NULL, *corpus = NULL, *heldout = NULL, *out = NULL, *out_dir = NULL,
@@ -1088,36 +1151,11 @@ int kvcal_search(int argc, char **argv) {
                 best = pr_kl[k * n_pruned + j], pt->selected = SEL_PRUNED, pt->pruned = j;
         /* each contender with per-layer options allocated under this budget, measured (§5e) */
         for (int j = 0; j < n_pruned && n_lopt > 0 && s == KV_OK; j++) {
-            layered_try *lt = &pt->layers[j];
             const size_t off = ((size_t)k * n_pruned + (size_t)j) * (size_t)L * (size_t)n_lopt;
-            /* the changes measured on the table's text, added to the contender as the selection measured it: the
-             * prediction is for the selection's text, where the allocated plan is measured next */
             const kv_search_layer_table t = {L, n_lopt, ly_dkl + off, ly_dbits + off, pr_kl[k * n_pruned + j],
                                              pr_bits[k * n_pruned + j]};
-            s = kv_search_layer_allocate(lt->choice, &lt->predicted_kl, &lt->predicted_bits, &t, pt->budget_bits);
-            if (s == KV_EINVAL) { /* even the cheapest per-layer options predict more bits than the point's */
-                lt->state = LAYERED_NONE, s = KV_OK;
-                continue;
-            }
-            int changed = 0;
-            for (int l = 0; l < L; l++) changed |= lt->choice[l] != 0;
-            if (s == KV_OK && !changed) { /* the contender itself, measured above */
-                lt->state = LAYERED_SAME, lt->kl = pr_kl[k * n_pruned + j], lt->bits = pr_bits[k * n_pruned + j];
-                continue;
-            }
-            layered lp;
-            char label[160];
-            snprintf(label, sizeof label, "selection %s per layer, budget %g ctx %ld", pruned[j].name,
-                     pt->budget_bits, context);
-            if (s == KV_OK &&
-                (s = layered_plan(&lp, plans, nc, pruned_pos[j], &pruned[j], lopts, lt->choice, NULL)) == KV_OK) {
-                s = select_kl(&lt->kl, &lt->bits, &sel, lp.plan, context, label);
-                layered_release(&lp);
-            }
-            if (s != KV_OK) break;
-            lt->state = LAYERED_MEASURED;
-            if (lt->bits <= pt->budget_bits && lt->kl < best)
-                best = lt->kl, pt->selected = SEL_PRUNED, pt->pruned = j, pt->layered = 1;
+            const layered_contender lc = {&pruned[j], pruned_pos[j], j, lopts, &t};
+            s = try_layered(pt, &best, &lc, plans, nc, &sel, context);
         }
         if (s != KV_OK) {
             if (plan_owned) kv_plan_free(plan);
@@ -1168,23 +1206,7 @@ int kvcal_search(int argc, char **argv) {
         snprintf(ver, sizeof ver, "kvcal %s", KV_VERSION_STRING);
         pv.tool_version = ver;
         pv.corpus_sha256 = corpus_sha;
-        size_t len = (size_t)snprintf(yaml, sizeof yaml, "# kvcal search: budget %g bits at context %ld\nsearch:\n  "
-                                      "budget_bits: %g\n  context: %ld\n  choices:\n", pt->budget_bits, context,
-                                      pt->budget_bits, context);
-        for (int l = 0; l < L && len < sizeof yaml; l++)
-            len += (size_t)snprintf(yaml + len, sizeof yaml - len, "    - {layer: %d, key: %s, value: %s}\n", l,
-                                    table[cidx[pt->choice[2 * l]]].name, table[cidx[pt->choice[2 * l + 1]]].name);
-        if (select_chunks > 0 && len < sizeof yaml)
-            len += (size_t)snprintf(yaml + len, sizeof yaml - len, "  selected: %s\n", k_sel_names[pt->selected]);
-        if (pt->selected == SEL_PRUNED && len < sizeof yaml)
-            len += (size_t)snprintf(yaml + len, sizeof yaml - len, "  pruned: %s\n", pruned[pt->pruned].name);
-        if (pt->selected == SEL_PRUNED && pt->layered)
-            for (int l = 0; l < L && len < sizeof yaml; l++)
-                len += (size_t)snprintf(yaml + len, sizeof yaml - len, "%s%.7g%s", /* f32's digits */
-                                        l ? ", " : "  layer_budgets: [",
-                                        plan->layers[l].prune_budget ? (double)plan->layers[l].prune_budget
-                                                                     : (double)plan->global.prune_budget,
-                                        l == L - 1 ? "]\n" : "");
+        point_yaml(yaml, sizeof yaml, pt, context, plan, L, select_chunks > 0, pruned, cands);
         pv.config_yaml = yaml;
         if ((s = kv_plan_creation_time(&pv.created)) == KV_OK) s = kv_plan_set_provenance(plan, &pv);
         if (s == KV_OK) s = kv_plan_write(plan, pt->path, NULL);
