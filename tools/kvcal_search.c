@@ -443,6 +443,62 @@ static void print_point_text(const search_point *pt, long context, const kv_sear
            pt->ev.bits_per_value_total, pt->seconds_eval);
 }
 
+/* --budget-bits (into budgets[MAX_BUDGETS]) and --context (contexts[MAX_CONTEXTS]) into the points, context-major
+ * (the frontier at one context, then the next), each with its plan path and validation chunks; KV_EXIT_OK or the
+ * usage error's exit code. */
+static int parse_points(search_point *points, int *n_points, double *budgets, int *n_budgets, long *contexts, int *n_ctx,
+                        long *min_ctx, const char *tool, const char *budget_list, const char *context_list,
+                        const char *out, const char *out_dir, long eval_tokens, long eval_chunks) {
+    double ctx_d[MAX_CONTEXTS];
+    long budget_at[MAX_BUDGETS];
+    if (parse_numbers(budgets, budget_at, n_budgets, MAX_BUDGETS, budget_list, "--budget-bits") != KV_OK ||
+        parse_numbers(ctx_d, NULL, n_ctx, MAX_CONTEXTS, context_list ? context_list : "2048", "--context") != KV_OK)
+        return kv_cli_usage_error(tool, "%s", kv_error_last());
+    for (int b = 0; b < *n_budgets; b++)
+        if (!(budgets[b] > 0 && budgets[b] <= 32))
+            return kv_cli_usage_error(tool, "--budget-bits must be in (0, 32] (got %g)", budgets[b]);
+    *min_ctx = 0;
+    for (int k = 0; k < *n_ctx; k++) {
+        if (!(ctx_d[k] >= 2 && ctx_d[k] <= (1 << 20)) || ctx_d[k] != floor(ctx_d[k]))
+            return kv_cli_usage_error(tool, "--context must be whole numbers in [2, 2^20] (got %g)", ctx_d[k]);
+        contexts[k] = (long)ctx_d[k];
+        *min_ctx = k == 0 || contexts[k] < *min_ctx ? contexts[k] : *min_ctx;
+    }
+    for (int b = 0; b < *n_budgets; b++) {
+        int known = budget_at[b] == 0;
+        for (int k = 0; k < *n_ctx; k++) known |= budget_at[b] == contexts[k];
+        if (!known)
+            return kv_cli_usage_error(tool, "--budget-bits %g@%ld: %ld is not one of the --context values", budgets[b],
+                                      budget_at[b], budget_at[b]);
+    }
+    int wanted = 0;
+    for (int k = 0; k < *n_ctx; k++)
+        for (int b = 0; b < *n_budgets; b++) wanted += !budget_at[b] || budget_at[b] == contexts[k];
+    if ((out != NULL) == (out_dir != NULL) || (out && wanted != 1))
+        return kv_cli_usage_error(tool, "give --out PLAN (one point: one budget at one context) or --out-dir DIR (any "
+                                  "number of points; %d here)", wanted);
+    for (int k = 0; k < *n_ctx; k++)
+        for (int b = 0; b < *n_budgets; b++) {
+            if (budget_at[b] && budget_at[b] != contexts[k]) continue;
+            search_point *pt = &points[*n_points];
+            pt->budget_bits = budgets[b];
+            pt->ctx_index = k;
+            pt->eval_chunks = eval_tokens ? (size_t)(eval_tokens / contexts[k]) : (size_t)eval_chunks;
+            if (pt->eval_chunks == 0)
+                return kv_cli_usage_error(tool, "--eval-tokens %ld is less than one chunk of %ld tokens", eval_tokens,
+                                          contexts[k]);
+            int len = out ? snprintf(pt->path, sizeof pt->path, "%s", out)
+                          : snprintf(pt->path, sizeof pt->path, "%s/search-ctx%ld-%gbits.kvplan", out_dir, contexts[k],
+                                     budgets[b]);
+            if (len < 0 || (size_t)len >= sizeof pt->path) return kv_cli_usage_error(tool, "--out-dir: path too long");
+            for (int q = 0; q < *n_points; q++)
+                if (strcmp(points[q].path, pt->path) == 0)
+                    return kv_cli_usage_error(tool, "--budget-bits / --context name the point %s twice", pt->path);
+            (*n_points)++;
+        }
+    return KV_EXIT_OK;
+}
+
 /* The provenance of a point's plan (config_yaml): its budget and context, the candidate of every stream, and with
  * a selection what it kept (the pruned contender and its per-layer budgets). Truncated at cap. */
 static void point_yaml(char *yaml, size_t cap, const search_point *pt, long context, const kv_plan *plan, int L,
@@ -601,6 +657,7 @@ int kvcal_search(int argc, char **argv) {
         return rc < 0 ? KV_EXIT_OK : rc;
     }
     int cidx[MAX_CANDS], nc = 0, n_threads = 0, n_budgets = 0, n_ctx = 0, n_points = 0;
+    double budgets[MAX_BUDGETS];
     kv_search_pruned pruned[MAX_PRUNED];
     int pruned_pos[MAX_PRUNED], n_pruned = 0; /* a contender's candidate: its position in --candidates */
     double *pr_kl = NULL, *pr_bits = NULL;    /* [context][contender]: measured on the selection's chunks */
@@ -609,8 +666,6 @@ int kvcal_search(int argc, char **argv) {
     layer_opt lopts[MAX_LAYER_OPTS];          /* every contender's candidate x (1 and each multiplier) (§5e) */
     double *ly_dkl = NULL, *ly_dbits = NULL;  /* [context][contender][layer][option] */
     double *ly_kl = NULL, *ly_bits = NULL;    /* [context][contender]: the contender on the table's chunks */
-    double budgets[MAX_BUDGETS], ctx_d[MAX_CONTEXTS];
-    long budget_at[MAX_BUDGETS];
     long contexts[MAX_CONTEXTS];
     search_point *points = calloc(MAX_BUDGETS * MAX_CONTEXTS, sizeof *points); /* ~4.5 KiB each: not on the stack */
     kv_model_file *mf = NULL;
@@ -638,25 +693,6 @@ int kvcal_search(int argc, char **argv) {
         s = KV_ERR(KV_ENOMEM, "out of memory");
         goto fail;
     }
-    if ((s = parse_numbers(budgets, budget_at, &n_budgets, MAX_BUDGETS, budget_list, "--budget-bits")) != KV_OK ||
-        (s = parse_numbers(ctx_d, NULL, &n_ctx, MAX_CONTEXTS, context_list ? context_list : "2048", "--context")) != KV_OK) {
-        rc = kv_cli_usage_error(tool, "%s", kv_error_last());
-        goto end;
-    }
-    for (int b = 0; b < n_budgets; b++)
-        if (!(budgets[b] > 0 && budgets[b] <= 32)) {
-            rc = kv_cli_usage_error(tool, "--budget-bits must be in (0, 32] (got %g)", budgets[b]);
-            goto end;
-        }
-    long min_ctx = 0;
-    for (int k = 0; k < n_ctx; k++) {
-        if (!(ctx_d[k] >= 2 && ctx_d[k] <= (1 << 20)) || ctx_d[k] != floor(ctx_d[k])) {
-            rc = kv_cli_usage_error(tool, "--context must be whole numbers in [2, 2^20] (got %g)", ctx_d[k]);
-            goto end;
-        }
-        contexts[k] = (long)ctx_d[k];
-        min_ctx = k == 0 || contexts[k] < min_ctx ? contexts[k] : min_ctx;
-    }
     if (fit_tokens < 2 || sens_samples < 1 || eval_chunks < 1 || eval_tokens < 0 || prompts < 0 || select_chunks < 0 ||
         (kv_cli_given(&a, opts, "fit-seq-len") && fit_seq < 2) || (kv_cli_given(&a, opts, "sens-ctx") && sens_ctx < 2)) {
         rc = kv_cli_usage_error(tool, "--fit-tokens, --fit-seq-len and --sens-ctx must be >= 2, --sens-samples and "
@@ -671,50 +707,10 @@ int kvcal_search(int argc, char **argv) {
         rc = kv_cli_usage_error(tool, "give --eval-chunks or --eval-tokens, not both");
         goto end;
     }
-    /* points: context-major (the frontier at one context, then the next), each with its plan path */
-    for (int b = 0; b < n_budgets; b++) {
-        int known = budget_at[b] == 0;
-        for (int k = 0; k < n_ctx; k++) known |= budget_at[b] == contexts[k];
-        if (!known) {
-            rc = kv_cli_usage_error(tool, "--budget-bits %g@%ld: %ld is not one of the --context values", budgets[b],
-                                    budget_at[b], budget_at[b]);
-            goto end;
-        }
-    }
-    int wanted = 0;
-    for (int k = 0; k < n_ctx; k++)
-        for (int b = 0; b < n_budgets; b++) wanted += !budget_at[b] || budget_at[b] == contexts[k];
-    if ((out != NULL) == (out_dir != NULL) || (out && wanted != 1)) {
-        rc = kv_cli_usage_error(tool, "give --out PLAN (one point: one budget at one context) or --out-dir DIR (any "
-                                "number of points; %d here)", wanted);
+    long min_ctx = 0;
+    if ((rc = parse_points(points, &n_points, budgets, &n_budgets, contexts, &n_ctx, &min_ctx, tool, budget_list,
+                           context_list, out, out_dir, eval_tokens, eval_chunks)) != KV_EXIT_OK)
         goto end;
-    }
-    for (int k = 0; k < n_ctx; k++)
-        for (int b = 0; b < n_budgets; b++) {
-            if (budget_at[b] && budget_at[b] != contexts[k]) continue;
-            search_point *pt = &points[n_points];
-            pt->budget_bits = budgets[b];
-            pt->ctx_index = k;
-            pt->eval_chunks = eval_tokens ? (size_t)(eval_tokens / contexts[k]) : (size_t)eval_chunks;
-            if (pt->eval_chunks == 0) {
-                rc = kv_cli_usage_error(tool, "--eval-tokens %ld is less than one chunk of %ld tokens", eval_tokens,
-                                        contexts[k]);
-                goto end;
-            }
-            int len = out ? snprintf(pt->path, sizeof pt->path, "%s", out)
-                          : snprintf(pt->path, sizeof pt->path, "%s/search-ctx%ld-%gbits.kvplan", out_dir, contexts[k],
-                                     budgets[b]);
-            if (len < 0 || (size_t)len >= sizeof pt->path) {
-                rc = kv_cli_usage_error(tool, "--out-dir: path too long");
-                goto end;
-            }
-            for (int q = 0; q < n_points; q++)
-                if (strcmp(points[q].path, pt->path) == 0) {
-                    rc = kv_cli_usage_error(tool, "--budget-bits / --context name the point %s twice", pt->path);
-                    goto end;
-                }
-            n_points++;
-        }
     if (!fit_seq) fit_seq = min_ctx < 512 ? min_ctx : 512;
     if (!sens_ctx) sens_ctx = min_ctx < 512 ? min_ctx : 512;
     for (int k = 0; k < n_ctx; k++)
