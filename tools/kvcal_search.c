@@ -499,6 +499,36 @@ static int parse_points(search_point *points, int *n_points, double *budgets, in
     return KV_EXIT_OK;
 }
 
+/* --pruned into the contenders (each's candidate's position in --candidates) and --pruned-layers into the per-layer
+ * options: each contender's candidate (once) at its contender's budget and at each multiple of it (§5e);
+ * KV_EXIT_OK or the usage error's exit code. */
+static int parse_contenders(kv_search_pruned *pruned, int *pruned_pos, int *n_pruned, layer_opt *lopts, int *n_lopt,
+                            const char *tool, const char *pruned_list, const char *layer_list, const int *cidx, int nc) {
+    double mults[MAX_MULTS];
+    int n_mult = 0;
+    *n_pruned = *n_lopt = 0;
+    if (pruned_list && parse_pruned(pruned, pruned_pos, n_pruned, pruned_list, cidx, nc) != KV_OK)
+        return kv_cli_usage_error(tool, "%s", kv_error_last());
+    if (!layer_list) return KV_EXIT_OK;
+    if (*n_pruned == 0)
+        return kv_cli_usage_error(tool, "--pruned-layers sets per-layer options of the --pruned contenders: give --pruned");
+    if (parse_numbers(mults, NULL, &n_mult, MAX_MULTS, layer_list, "--pruned-layers") != KV_OK)
+        return kv_cli_usage_error(tool, "%s", kv_error_last());
+    for (int o = 0; o < n_mult; o++) {
+        int twice = 0;
+        for (int q = 0; q < o; q++) twice |= mults[q] == mults[o];
+        if (!(mults[o] > 0 && mults[o] <= 1024) || mults[o] == 1 || twice)
+            return kv_cli_usage_error(tool, "--pruned-layers: multipliers must be in (0, 1024], other than 1 (a layer "
+                                      "may always keep its contender's budget), each once (got %g)", mults[o]);
+    }
+    for (int j = 0; j < *n_pruned; j++) {
+        int seen = 0;
+        for (int q = 0; q < j; q++) seen |= pruned_pos[q] == pruned_pos[j];
+        for (int o = -1; o < n_mult && !seen; o++) lopts[(*n_lopt)++] = (layer_opt){pruned_pos[j], o < 0 ? 1.0 : mults[o]};
+    }
+    return KV_EXIT_OK;
+}
+
 /* The provenance of a point's plan (config_yaml): its budget and context, the candidate of every stream, and with
  * a selection what it kept (the pruned contender and its per-layer budgets). Truncated at cap. */
 static void point_yaml(char *yaml, size_t cap, const search_point *pt, long context, const kv_plan *plan, int L,
@@ -661,8 +691,7 @@ int kvcal_search(int argc, char **argv) {
     kv_search_pruned pruned[MAX_PRUNED];
     int pruned_pos[MAX_PRUNED], n_pruned = 0; /* a contender's candidate: its position in --candidates */
     double *pr_kl = NULL, *pr_bits = NULL;    /* [context][contender]: measured on the selection's chunks */
-    double mults[MAX_MULTS];                  /* --pruned-layers */
-    int n_mult = 0, n_lopt = 0;
+    int n_lopt = 0;
     layer_opt lopts[MAX_LAYER_OPTS];          /* every contender's candidate x (1 and each multiplier) (§5e) */
     double *ly_dkl = NULL, *ly_dbits = NULL;  /* [context][contender][layer][option] */
     double *ly_kl = NULL, *ly_bits = NULL;    /* [context][contender]: the contender on the table's chunks */
@@ -722,37 +751,9 @@ int kvcal_search(int argc, char **argv) {
         rc = kv_cli_usage_error(tool, "%s", kv_error_last());
         goto end;
     }
-    if (pruned_list && (s = parse_pruned(pruned, pruned_pos, &n_pruned, pruned_list, cidx, nc)) != KV_OK) {
-        rc = kv_cli_usage_error(tool, "%s", kv_error_last());
+    if ((rc = parse_contenders(pruned, pruned_pos, &n_pruned, lopts, &n_lopt, tool, pruned_list, layer_list, cidx, nc)) !=
+        KV_EXIT_OK)
         goto end;
-    }
-    if (layer_list) {
-        if (n_pruned == 0) {
-            rc = kv_cli_usage_error(tool, "--pruned-layers sets per-layer options of the --pruned contenders: give "
-                                    "--pruned");
-            goto end;
-        }
-        if ((s = parse_numbers(mults, NULL, &n_mult, MAX_MULTS, layer_list, "--pruned-layers")) != KV_OK) {
-            rc = kv_cli_usage_error(tool, "%s", kv_error_last());
-            goto end;
-        }
-        for (int o = 0; o < n_mult; o++) {
-            int twice = 0;
-            for (int q = 0; q < o; q++) twice |= mults[q] == mults[o];
-            if (!(mults[o] > 0 && mults[o] <= 1024) || mults[o] == 1 || twice) {
-                rc = kv_cli_usage_error(tool, "--pruned-layers: multipliers must be in (0, 1024], other than 1 (a "
-                                        "layer may always keep its contender's budget), each once (got %g)", mults[o]);
-                goto end;
-            }
-        }
-        /* the options: each contender's candidate (once) at its contender's budget and at each multiple of it */
-        for (int j = 0; j < n_pruned; j++) {
-            int seen = 0;
-            for (int q = 0; q < j; q++) seen |= pruned_pos[q] == pruned_pos[j];
-            for (int o = -1; o < n_mult && !seen; o++)
-                lopts[n_lopt++] = (layer_opt){pruned_pos[j], o < 0 ? 1.0 : mults[o]};
-        }
-    }
     if (n_pruned > 0 && select_chunks == 0) {
         rc = kv_cli_usage_error(tool, "--pruned: a pruned contender enters a plan only through the selection, which "
                                 "--select-chunks 0 turns off");
