@@ -26,16 +26,20 @@ def label(cfg):
 
 def family(cfg):
     """One line per method, and per method and token policy: kivi-2 and kivi-4 are "kivi", kivi-4@h2o0.125 and
-    kivi-2@h2o0.125 are "kivi@h2o" (scripts/results.sh's pruned configs)."""
+    kivi-2@h2o0.125 are "kivi@h2o" (scripts/results.sh's pruned configs), aqua-2q and aqua-4q (GPTQ predictors)
+    "aqua+q"."""
     base, _, prune = cfg.partition("@")
-    fam = base.rpartition("-")[0] or base
+    fam, _, bits = base.rpartition("-")
+    fam = (fam or base) + ("+q" if fam and bits.endswith("q") else "")
     return fam + "@" + prune.rstrip("0123456789.") if prune else fam
 
 
 def family_name(fam):
-    """The legend's name of a family: KIVI, or KIVI @ H2O for KIVI under H2O's token pruning."""
+    """The legend's name of a family: KIVI, KIVI @ H2O for KIVI under H2O's token pruning, AQUA-KV (GPTQ
+    predictors) for aqua-Nq."""
     base, _, policy = fam.partition("@")
-    return NAMES.get(base, base) + (" @ " + policy.upper() if policy else "")
+    base, gptq = (base[:-2], True) if base.endswith("+q") else (base, False)
+    return NAMES.get(base, base) + (" (GPTQ predictors)" if gptq else "") + (" @ " + policy.upper() if policy else "")
 
 
 def context_of(r):

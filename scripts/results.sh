@@ -12,6 +12,7 @@
 # measures the held-out errors), configs kivi-2 kivi-4 higgs-2 higgs-3 higgs-4 aqua-2 aqua-3 aqua-4.
 # kivi-BgG: KIVI at B bits (1 too) with key groups of G tokens and value groups of 64 channels (kivi-1g128,
 # kivi-2g128: the layout of kvcal search's kivi1g128 / kivi2g128 candidates, without the calibrated eta).
+# aqua-Nq: AQUA-KV-N with the predictors as 4-bit GPTQ codes (aquakv.txt §4.1; kvcal search's aquaNq candidates).
 # CONFIG@POLICYB: the same with token pruning (RUNTIME.md §8), e.g. kivi-4@h2o0.125: H2O at a budget of 1/8 of
 # the f16 cache (pruning.method, pruning.budget); in this perplexity protocol only H2O prunes throughout a chunk.
 set -euo pipefail
@@ -78,6 +79,11 @@ for cfg in $configs; do
   if [ "$method" = kivi ] && [[ "$bits" =~ ^([0-9]+)g([0-9]+)$ ]]; then
     mflags=(--set "keys.bits=${BASH_REMATCH[1]}" --set "values.bits=${BASH_REMATCH[1]}"
             --set "keys.group_size=${BASH_REMATCH[2]}" --set values.group_size=64)
+  fi
+  # aqua-Nq (aqua-uniform-Nq): AQUA-KV with its predictors stored as 4-bit GPTQ codes (aquakv.txt §4.1,
+  # aqua.predictor_bits=4; kvcal search's aquaNq candidates)
+  if [[ "$method" == aqua* ]] && [[ "$bits" =~ ^([0-9]+)q$ ]]; then
+    mflags=(--bits "${BASH_REMATCH[1]}" --set aqua.predictor_bits=4)
   fi
   case "$method" in
     fp8|nvfp4)

@@ -81,6 +81,24 @@ def main():
     assert len(lines) == 2 * (2 + 1), len(lines)  # per panel: KIVI, KIVI @ H2O, the searched plans
     print("ok: pruned family and the log perplexity axis")
 
+    # AQUA-KV with GPTQ predictors (results.sh aqua-Nq) is a family of its own beside AQUA-KV
+    d3 = tempfile.mkdtemp()
+    os.makedirs(os.path.join(d3, "single", "ctx8192"))
+    for name, r in {"aqua-3": ev(4.2, 0.003, 10.04, 8192, 1), "aqua-4": ev(4.98, 0.0009, 10.01, 8192, 1),
+                    "aqua-3q": ev(3.8, 0.0035, 10.045, 8192, 1), "aqua-4q": ev(4.59, 0.001, 10.012, 8192, 1)}.items():
+        json.dump(r, open(os.path.join(d3, "single", "ctx8192", name + ".json"), "w"))
+    json.dump({"plans": [plan(4.59, 8192, 4.58, 0.0008, 10.011)], "seconds": {"total": 1.0}},
+              open(os.path.join(d3, "search.json"), "w"))
+    out = subprocess.run([sys.executable, script, d3], capture_output=True, text=True, check=True).stdout
+    rows = {l.split("|")[2].strip(): l.split("|")[-2].strip() for l in out.splitlines() if l.startswith("| 8192 |")}
+    assert rows["AQUA-KV-4q"] == "beats", rows
+    svg = ET.parse(os.path.join(d3, "pareto.svg")).getroot()
+    texts = [t.text for t in svg.iter(f"{ns}text")]
+    assert "AQUA-KV" in texts and "AQUA-KV (GPTQ predictors)" in texts, texts
+    lines = svg.findall(f".//{ns}polyline")
+    assert len(lines) == 2 * (2 + 1), len(lines)  # per panel: AQUA-KV, AQUA-KV (GPTQ predictors), the searched plans
+    print("ok: the GPTQ-predictor family")
+
 
 if __name__ == "__main__":
     main()
