@@ -23,10 +23,11 @@ import subprocess
 import sys
 import time
 
-# The numerical tests: ridge, fit, model, grad (backward), kernels, ccache and the runtime (libkvrt). The stories260K-based
+# The numerical tests: ridge, fit, GPTQ (Cholesky and inverse through LAPACK), model, grad (backward), kernels, ccache and
+# the runtime (libkvrt). The stories260K-based
 # model and backward tests are quick; test_model_smollm (minutes) and test_fit_stories run once in
 # the normal suite.
-DEFAULT_TESTS = ("^(test_ridge|test_fit|test_model|test_model_hf|test_model_matmul|test_model_stories|"
+DEFAULT_TESTS = ("^(test_ridge|test_fit|test_gptq|test_model|test_model_hf|test_model_matmul|test_model_stories|"
                  "test_backward|test_backward_stories|test_kernels|test_grids|test_kv_stream|test_ccache|test_runtime)$")
 
 # OpenBLAS x86-64 core types and the /proc/cpuinfo flags their kernels need (all of them).
