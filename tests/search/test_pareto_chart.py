@@ -17,6 +17,28 @@ def ev(bits, kl, ppl, ctx, chunks):
             "tokens_evaluated": ctx * chunks, "chunks": chunks}
 
 
+def plan(b, ctx, bits, kl, ppl):
+    return {"plan": f"/x/search-ctx{ctx}-{b:g}bits.kvplan", "budget_bits": b, "context": ctx, "feasible": True,
+            "cheapest_bits": 2.0, "predicted": {"kl_sum": kl / 2},
+            "measured_heldout": {"kl_mean": kl, "ppl": ppl, "ppl_ref": 10.0, "top1_agreement": 0.95,
+                                 "bits_per_value_total": bits}}
+
+
+def chart_8k(script, single, searched):
+    """The chart of single methods (name -> kvrun eval JSON) and one searched plan at 8K: the verdict per method
+    name, the SVG's texts and its polylines."""
+    d = tempfile.mkdtemp()
+    os.makedirs(os.path.join(d, "single", "ctx8192"))
+    for name, r in single.items():
+        json.dump(r, open(os.path.join(d, "single", "ctx8192", name + ".json"), "w"))
+    json.dump({"plans": [searched], "seconds": {"total": 1.0}}, open(os.path.join(d, "search.json"), "w"))
+    out = subprocess.run([sys.executable, script, d], capture_output=True, text=True, check=True).stdout
+    rows = {l.split("|")[2].strip(): l.split("|")[-2].strip() for l in out.splitlines() if l.startswith("| 8192 |")}
+    svg = ET.parse(os.path.join(d, "pareto.svg")).getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    return rows, [t.text for t in svg.iter(f"{ns}text")], svg.findall(f".//{ns}polyline")
+
+
 def main():
     script = sys.argv[1]
     d = tempfile.mkdtemp()
@@ -29,11 +51,6 @@ def main():
     for (c, name), r in single.items():
         json.dump(r, open(os.path.join(d, "single", c, name + ".json"), "w"))
 
-    def plan(b, ctx, bits, kl, ppl):
-        return {"plan": f"/x/search-ctx{ctx}-{b:g}bits.kvplan", "budget_bits": b, "context": ctx, "feasible": True,
-                "cheapest_bits": 2.0, "predicted": {"kl_sum": kl / 2},
-                "measured_heldout": {"kl_mean": kl, "ppl": ppl, "ppl_ref": 10.0, "top1_agreement": 0.95,
-                                     "bits_per_value_total": bits}}
     plans = [plan(3.8125, 2048, 3.81, 0.03, 10.3),   # beats kivi-2
              plan(3.1094, 2048, 3.10, 0.06, 10.5),   # KL worse than higgs-2: does not beat
              plan(3.2031, 8192, 3.20, 0.10, 12.6),   # KL better, ppl worse than kivi-2 at 8K: does not beat
@@ -62,43 +79,27 @@ def main():
 
     # a pruned single method (results.sh CONFIG@POLICYB) is its own family, and a perplexity 10^4 times the
     # others' puts the perplexity panel on a log axis
-    d2 = tempfile.mkdtemp()
-    os.makedirs(os.path.join(d2, "single", "ctx8192"))
-    for name, r in {"kivi-4": ev(5.3, 0.004, 10.1, 8192, 1), "kivi-4@h2o0.125": ev(2.18, 0.23, 12.7, 8192, 1),
-                    "kivi-2@h2o0.125": ev(2.2, 0.31, 13.6, 8192, 1), "kivi-1g128": ev(1.6, 8.6, 150000.0, 8192, 1)}.items():
-        json.dump(r, open(os.path.join(d2, "single", "ctx8192", name + ".json"), "w"))
-    json.dump({"plans": [plan(2.0, 8192, 1.996, 0.25, 12.9)], "seconds": {"total": 1.0}},
-              open(os.path.join(d2, "search.json"), "w"))
-    out = subprocess.run([sys.executable, script, d2], capture_output=True, text=True, check=True).stdout
-    rows = {l.split("|")[2].strip(): l.split("|")[-2].strip() for l in out.splitlines() if l.startswith("| 8192 |")}
+    rows, texts, lines = chart_8k(script, {"kivi-4": ev(5.3, 0.004, 10.1, 8192, 1),
+                                           "kivi-4@h2o0.125": ev(2.18, 0.23, 12.7, 8192, 1),
+                                           "kivi-2@h2o0.125": ev(2.2, 0.31, 13.6, 8192, 1),
+                                           "kivi-1g128": ev(1.6, 8.6, 150000.0, 8192, 1)},
+                                  plan(2.0, 8192, 1.996, 0.25, 12.9))
     assert rows["KIVI-4@h2o0.125"] == "not beaten by the searched plans below these bits", rows  # KL 0.23 < 0.25
     assert rows["KIVI-2@h2o0.125"] == "beats (the searched plan at 1.996 bits)", rows
-    svg = ET.parse(os.path.join(d2, "pareto.svg")).getroot()
-    texts = [t.text for t in svg.iter(f"{ns}text")]
     assert "KIVI @ H2O" in texts and "KIVI" in texts, texts
     assert "1e+05" in texts, texts  # the perplexity panel's log ticks (the KL panel's are 1e-03 ... 1e+01)
-    lines = svg.findall(f".//{ns}polyline")
     assert len(lines) == 2 * (2 + 1), len(lines)  # per panel: KIVI, KIVI @ H2O, the searched plans
     print("ok: pruned family and the log perplexity axis")
 
     # AQUA-KV with GPTQ predictors (results.sh aqua-Nq) is a family of its own beside AQUA-KV
-    d3 = tempfile.mkdtemp()
-    os.makedirs(os.path.join(d3, "single", "ctx8192"))
-    for name, r in {"aqua-3": ev(4.2, 0.003, 10.04, 8192, 1), "aqua-4": ev(4.98, 0.0009, 10.01, 8192, 1),
-                    "aqua-3q": ev(3.8, 0.0035, 10.045, 8192, 1), "aqua-4q": ev(4.59, 0.001, 10.012, 8192, 1)}.items():
-        json.dump(r, open(os.path.join(d3, "single", "ctx8192", name + ".json"), "w"))
-    json.dump({"plans": [plan(4.59, 8192, 4.58, 0.0008, 10.011)], "seconds": {"total": 1.0}},
-              open(os.path.join(d3, "search.json"), "w"))
-    out = subprocess.run([sys.executable, script, d3], capture_output=True, text=True, check=True).stdout
-    rows = {l.split("|")[2].strip(): l.split("|")[-2].strip() for l in out.splitlines() if l.startswith("| 8192 |")}
+    rows, texts, lines = chart_8k(script, {"aqua-3": ev(4.2, 0.003, 10.04, 8192, 1), "aqua-4": ev(4.98, 0.0009, 10.01, 8192, 1),
+                                           "aqua-3q": ev(3.8, 0.0035, 10.045, 8192, 1),
+                                           "aqua-4q": ev(4.59, 0.001, 10.012, 8192, 1)},
+                                  plan(4.59, 8192, 4.58, 0.0008, 10.011))
     assert rows["AQUA-KV-4q"] == "beats", rows
-    svg = ET.parse(os.path.join(d3, "pareto.svg")).getroot()
-    texts = [t.text for t in svg.iter(f"{ns}text")]
     assert "AQUA-KV" in texts and "AQUA-KV (GPTQ predictors)" in texts, texts
-    lines = svg.findall(f".//{ns}polyline")
     assert len(lines) == 2 * (2 + 1), len(lines)  # per panel: AQUA-KV, AQUA-KV (GPTQ predictors), the searched plans
     print("ok: the GPTQ-predictor family")
-
 
 if __name__ == "__main__":
     main()
