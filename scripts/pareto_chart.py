@@ -15,7 +15,8 @@ import math
 import os
 import sys
 
-NAMES = {"kivi": "KIVI", "higgs": "HIGGS", "aqua": "AQUA-KV", "fp8": "FP8", "nvfp4": "NVFP4", "xquant": "XQuant"}
+NAMES = {"kivi": "KIVI", "higgs": "HIGGS", "aqua": "AQUA-KV", "fp8": "FP8", "nvfp4": "NVFP4", "xquant": "XQuant",
+         "aqua+q": "AQUA-KV (GPTQ predictors)"}
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 
 
@@ -35,11 +36,9 @@ def family(cfg):
 
 
 def family_name(fam):
-    """The legend's name of a family: KIVI, KIVI @ H2O for KIVI under H2O's token pruning, AQUA-KV (GPTQ
-    predictors) for aqua-Nq."""
+    """The legend's name of a family: KIVI, or KIVI @ H2O for KIVI under H2O's token pruning."""
     base, _, policy = fam.partition("@")
-    base, gptq = (base[:-2], True) if base.endswith("+q") else (base, False)
-    return NAMES.get(base, base) + (" (GPTQ predictors)" if gptq else "") + (" @ " + policy.upper() if policy else "")
+    return NAMES.get(base, base) + (" @ " + policy.upper() if policy else "")
 
 
 def context_of(r):

@@ -101,5 +101,6 @@ def main():
     assert len(lines) == 2 * (2 + 1), len(lines)  # per panel: AQUA-KV, AQUA-KV (GPTQ predictors), the searched plans
     print("ok: the GPTQ-predictor family")
 
+
 if __name__ == "__main__":
     main()
