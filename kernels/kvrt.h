@@ -313,9 +313,18 @@ kv_status kv_predictor_apply(float *y, const kv_plan_predictor *pr, const float 
  * allocated exactly (kv_rt_stats says how many bytes, and which part is the accounted payload). */
 typedef struct kv_rt kv_rt;
 
+/* Devices (RUNTIME.md §10). On KV_RT_DEVICE_CUDA the cache lives in GPU memory and the float arrays every call
+ * takes (k_pre, k, v, q, out) are device pointers, while positions (pos) and sequence lists stay on the host;
+ * the device work is ordered on one stream (kv_rt_options.stream, kv_rt_stream). Opening one runs a
+ * self-check the first time each kind of codec is seen in the process (kv_rt_selfcheck); a disagreement
+ * between the CPU and the GPU fails the open with the codec and the size of the difference.
+ * KV_RT_DEVICE_CUDA_MODEL is the same backend with its kernels run on the CPU by their host model (host
+ * pointers): what tests and the self-check compare the GPU with. Not on a device yet (KV_EUNSUPPORTED at
+ * open): token pruning, prompt statistics, HIGGS groups spanning heads, head_dim above 256. */
 typedef enum kv_rt_device {
     KV_RT_DEVICE_CPU = 0,
-    KV_RT_DEVICE_CUDA = 1 /* the CUDA backend (issue 14): KV_EUNSUPPORTED in this version */
+    KV_RT_DEVICE_CUDA = 1,
+    KV_RT_DEVICE_CUDA_MODEL = 2
 } kv_rt_device;
 
 typedef struct kv_rt_options {
@@ -343,6 +352,10 @@ typedef struct kv_rt_options {
      * PyramidKV; 0 = the plan's prune_window). 0 (default): what the plan's own policy needs. */
     int prompt_stats;
     int prompt_window;
+    /* KV_RT_DEVICE_CUDA: the stream every device operation of the runtime is ordered on (borrowed: the engine's
+     * own, so that the keys, values and queries it computes are ready when the runtime reads them, and its next
+     * kernels see the outputs); NULL: a stream of the runtime's own (kv_rt_stream). */
+    kv_stream stream;
 } kv_rt_options;
 
 /* Open a runtime for plan (validated here: every stream's method must be one this runtime applies:
@@ -364,6 +377,14 @@ kv_status kv_rt_append(kv_rt *rt, int layer, int seq, int n, const int32_t *pos,
  * sequence holds up to each query's own position, computed from the compressed form. */
 kv_status kv_rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, size_t ldq, float *out,
                        size_t ldo);
+/* A decoding step of several sequences at once: one new token per listed sequence (n_seqs distinct
+ * sequences; row i of k_pre/k/v, stride ld, is seqs[i]'s, at position kv_rt_length-of-that-layer), then their
+ * attention (row i of q and out is seqs[i]'s). Equal to the calls one sequence at a time; on a device the
+ * sequences, whatever their lengths, are attended in one launch (up to KV_DA_MAX_BATCH = 32 per launch). */
+kv_status kv_rt_append_batch(kv_rt *rt, int layer, int n_seqs, const int *seqs, const float *k_pre, const float *k,
+                             const float *v, size_t ld);
+kv_status kv_rt_attend_batch(kv_rt *rt, int layer, int n_seqs, const int *seqs, const float *q, size_t ldq, float *out,
+                             size_t ldo);
 /* Tokens appended to seq in the last layer (the next position); -1 for a bad seq. */
 int kv_rt_length(const kv_rt *rt, int seq);
 /* The prompt of seq is complete (every layer appended and attended): apply the plan's token selection
@@ -422,6 +443,10 @@ kv_status kv_rt_get_stats(const kv_rt *rt, int seq, kv_rt_stats *out);
  * per sequence). Over every (layer, stream) the byte counts add up to kv_rt_get_stats' (one walk,
  * rt_runtime.c), so the honest bits of a plan are the value-weighted mean of its streams' (kvcal search). */
 kv_status kv_rt_get_stream_stats(const kv_rt *rt, int seq, int layer, int stream, kv_rt_stats *out);
+
+/* The CUDA stream a KV_RT_DEVICE_CUDA runtime orders its work on (results of append/attend are complete when it
+ * reaches them; a D2H copy on it, or cudaStreamSynchronize, waits for them); NULL for other devices. */
+kv_stream kv_rt_stream(const kv_rt *rt);
 
 /* The plan's choices as the runtime applies them (for tools): sinks, recent. */
 int kv_rt_sinks(const kv_rt *rt);

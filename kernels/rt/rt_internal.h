@@ -98,6 +98,10 @@ typedef struct rt_stream {
     uint16_t *fp;       /* fp_rows x kv_dim f16: the sinks held (min(n, sinks) rows), then the window */
     int fp_rows;
     rt_hstore *heads;   /* n_kv_heads when the plan prunes tokens (the pruned region [sinks, sel_end)), else NULL */
+    /* device runtimes (rt_dev.c): fp and the blocks' data are device memory, fp holds room for fp_cap rows, and
+     * dtab is the device copy of the block descriptors (room for dtab_cap) */
+    int fp_cap, dtab_cap;
+    struct kv_dblock *dtab;
 } rt_stream;
 
 /* The token policy's state of one (sequence, layer) (rt_policy.c). */
@@ -141,6 +145,7 @@ typedef struct rt_seq {
     int prompt_ended;    /* the prompt ended (selection applied): later tokens follow the decoding semantics */
     uint64_t allocated;  /* cache storage bytes (blocks, block descriptors, f16 rows, kept positions) */
     uint64_t overhead;   /* the descriptor part of allocated */
+    struct rt_arena *arena; /* device runtimes: the pages holding the sequence's blocks (rt_dev.c) */
 } rt_seq;
 
 /* Per-thread scratch of attention. */
@@ -177,6 +182,7 @@ struct kv_rt {
     int hold_prompt;     /* a prompt stays in f16 until it ends (pruning plans, prompt_stats) */
     int collect_acc;     /* accumulate attention while the prompt is open (H2O; prompt_stats) and after (H2O) */
     int wq_rows;         /* last queries kept while the prompt is open (SnapKV/PyramidKV: window; prompt_stats) */
+    struct rt_devstate *dv; /* device runtimes (KV_RT_DEVICE_CUDA, _CUDA_MODEL): the device side, else NULL */
 };
 
 static inline rt_stream *rt_stream_of(kv_rt *rt, int seq, int layer, int stream) {
@@ -259,7 +265,7 @@ void rt_rope_rows_at(const kv_rt *rt, float *x, size_t ld, int n, const int32_t 
 kv_status rt_recon_ensure(kv_rt *rt, int seq, int layer, int stream);
 /* Drop reconstructions no later layer of this step reads (after attending `layer`). */
 void rt_recon_release(kv_rt *rt, int seq, int layer);
-void rt_recon_free(rt_recon *r);
+void rt_recon_free(kv_rt *rt, rt_recon *r);
 /* Predictor inputs of rows [t0, t0 + m) (absolute token indices, compressed) of (layer, stream). */
 kv_status rt_recon_inputs(kv_rt *rt, int seq, int layer, int stream, int t0, const float **inputs);
 
@@ -348,6 +354,9 @@ kv_status rt_policy_settle(kv_rt *rt, int seq, int layer, int *handled, float *x
 /* Storage helpers of rt_runtime.c: a stream's f16 rows resized to exactly `rows` (accounted), and its
  * first m window rows dropped. */
 kv_status rt_fp_resize(kv_rt *rt, rt_seq *sq, rt_stream *st, int rows);
+/* A compressed block of tokens [t0, t0 + m) joins the stream (bytes: what its allocation adds to the sequence's). */
+kv_status rt_block_push(kv_rt *rt, rt_seq *sq, rt_stream *st, int t0, int m, uint8_t *data, size_t bytes,
+                        const uint32_t *codes);
 kv_status rt_window_drop(kv_rt *rt, int seq, rt_stream *st, int m);
 /* Free the per-head blocks of a stream (stream_clear). */
 void rt_hstore_clear(rt_hstore *hs);

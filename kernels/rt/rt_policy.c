@@ -630,6 +630,9 @@ kv_status kv_rt_prompt_copy(kv_rt *dst, int dst_seq, const kv_rt *src, int src_s
     if (!dst || !src || dst == src || dst_seq < 0 || dst_seq >= dst->opt.n_seqs || src_seq < 0 ||
         src_seq >= src->opt.n_seqs)
         return KV_ERR(KV_EINVAL, "kv_rt_prompt_copy: bad arguments");
+    if (dst->dv || src->dv)
+        return KV_ERR(KV_EUNSUPPORTED, "kv_rt_prompt_copy: runtimes on a device (%s) do not copy prompts",
+                      dst->dv ? "destination" : "source");
     if (dst->n_layers != src->n_layers || dst->n_kv_heads != src->n_kv_heads || dst->head_dim != src->head_dim ||
         dst->n_heads != src->n_heads)
         return KV_ERR(KV_EINVAL, "kv_rt_prompt_copy: the runtimes are for different model shapes");

@@ -15,13 +15,18 @@
  * (one block = one call of the same size), so a reconstruction equals, bit for bit, the one the
  * encoder formed when it quantized the residual. */
 #include "kvrt.h"
+#include "rt_dev.h"
 #include "rt_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-void rt_recon_free(rt_recon *r) {
+void rt_recon_free(kv_rt *rt, rt_recon *r) {
     if (!r) return;
+    if (rt->dv) {
+        rt_dev_recon_free(rt, r);
+        return;
+    }
     kv_aligned_free(r->x);
     memset(r, 0, sizeof *r);
 }
@@ -85,6 +90,7 @@ static void recon_block(void *ctx, int item, int thread) {
 }
 
 kv_status rt_recon_ensure(kv_rt *rt, int seq, int layer, int stream) {
+    if (rt->dv) return rt_dev_recon_ensure(rt, seq, layer, stream);
     rt_recon *r = &rt->seqs[seq].recon[layer * 2 + stream];
     const rt_stream *st = rt_stream_of(rt, seq, layer, stream);
     const rt_codec *c = rt_codec_of(rt, layer, stream);
@@ -133,5 +139,5 @@ void rt_recon_release(kv_rt *rt, int seq, int layer) {
     if (rt->opt.keep_reconstructions) return; /* kept, and extended chunk by chunk as tokens are compressed */
     rt_seq *sq = &rt->seqs[seq];
     for (int i = 0; i < rt->n_layers * 2; i++)
-        if (sq->recon[i].x && rt->recon_last_use[i] <= layer) rt_recon_free(&sq->recon[i]);
+        if (sq->recon[i].x && rt->recon_last_use[i] <= layer) rt_recon_free(rt, &sq->recon[i]);
 }

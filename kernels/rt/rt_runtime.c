@@ -2,6 +2,7 @@
  * hold sequences, append tokens (compressing what the cache semantics say), report what is held.
  * Attention is in rt_attend.c, the codecs in rt_codec.c and the per-method kernel files. */
 #include "kvrt.h"
+#include "rt_dev.h"
 #include "rt_internal.h"
 
 #include <math.h>
@@ -12,9 +13,14 @@ static const char *sname(int stream) { return stream == KV_PLAN_K ? "K" : "V"; }
 
 /* ---- sequences ----------------------------------------------------------------------------------- */
 static void stream_clear(kv_rt *rt, rt_seq *sq, rt_stream *st) {
-    for (int b = 0; b < st->n_blocks; b++) free(st->blocks[b].data);
+    if (rt->dv) { /* blocks live in the sequence's arena (rt_dev_seq_clear) */
+        rt->dv->dev->ops->free(rt->dv->dev, st->fp);
+        rt->dv->dev->ops->free(rt->dv->dev, st->dtab);
+    } else {
+        for (int b = 0; b < st->n_blocks; b++) free(st->blocks[b].data);
+        free(st->fp);
+    }
     free(st->blocks);
-    free(st->fp);
     rt_hstore *heads = st->heads;
     for (int h = 0; heads && h < rt->n_kv_heads; h++) rt_hstore_clear(&heads[h]);
     memset(st, 0, sizeof *st);
@@ -26,8 +32,9 @@ static void stream_clear(kv_rt *rt, rt_seq *sq, rt_stream *st) {
 static void seq_clear(kv_rt *rt, rt_seq *sq) {
     for (int i = 0; i < rt->n_layers * 2; i++) {
         stream_clear(rt, sq, &sq->st[i]);
-        rt_recon_free(&sq->recon[i]);
+        rt_recon_free(rt, &sq->recon[i]);
     }
+    if (rt->dv) rt_dev_seq_clear(rt, sq);
     memset(sq->layer_n, 0, (size_t)rt->n_layers * sizeof(int));
     rt_policy_seq_clear(rt, sq);
     rt_squat_seq_clear(rt, sq);
@@ -39,6 +46,7 @@ static void seq_clear(kv_rt *rt, rt_seq *sq) {
 kv_status rt_fp_resize(kv_rt *rt, rt_seq *sq, rt_stream *st, int rows) {
     const size_t row_bytes = (size_t)rt->kv_dim * 2u;
     if (rows == st->fp_rows) return KV_OK;
+    if (rt->dv) return rt_dev_fp_resize(rt, sq, st, rows);
     if (rows == 0) {
         free(st->fp);
         st->fp = NULL;
@@ -52,8 +60,8 @@ kv_status rt_fp_resize(kv_rt *rt, rt_seq *sq, rt_stream *st, int rows) {
     return KV_OK;
 }
 
-static kv_status block_push(kv_rt *rt, rt_seq *sq, rt_stream *st, int t0, int m, uint8_t *data, size_t bytes,
-                            const uint32_t *codes) {
+kv_status rt_block_push(kv_rt *rt, rt_seq *sq, rt_stream *st, int t0, int m, uint8_t *data, size_t bytes,
+                        const uint32_t *codes) {
     (void)rt;
     if (st->n_blocks == st->cap_blocks) {
         const int cap = st->cap_blocks ? st->cap_blocks * 2 : 16;
@@ -74,6 +82,7 @@ static kv_status block_push(kv_rt *rt, rt_seq *sq, rt_stream *st, int t0, int m,
 /* Compress window tokens [comp_end, comp_end + m) of (layer, stream) into one block; their f16 rows
  * start at fp row `row` (the caller drops them from the window afterwards). x, pred: m x kv_dim. */
 static kv_status compress_chunk(kv_rt *rt, int seq, int layer, int stream, int row, int m, float *x, float *pred) {
+    if (rt->dv) return rt_dev_compress(rt, seq, layer, stream, row, m, x, pred);
     rt_seq *sq = &rt->seqs[seq];
     rt_stream *st = rt_stream_of(rt, seq, layer, stream);
     const rt_codec *c = rt_codec_of(rt, layer, stream);
@@ -114,7 +123,7 @@ static kv_status compress_chunk(kv_rt *rt, int seq, int layer, int stream, int r
         free(data);
         return kv_error_wrap(s, "layer %d %s, tokens %d..%d: ", layer, sname(stream), t0, t0 + m - 1);
     }
-    if ((s = block_push(rt, sq, st, t0, m, data, L.total, shared ? shared : (const uint32_t *)data)) != KV_OK) {
+    if ((s = rt_block_push(rt, sq, st, t0, m, data, L.total, shared ? shared : (const uint32_t *)data)) != KV_OK) {
         free(data);
         return s;
     }
@@ -125,6 +134,7 @@ static kv_status compress_chunk(kv_rt *rt, int seq, int layer, int stream, int r
 /* Drop the first m window rows (compressed now) from the f16 rows. */
 kv_status rt_window_drop(kv_rt *rt, int seq, rt_stream *st, int m) {
     if (m == 0) return KV_OK;
+    if (rt->dv) return rt_dev_window_drop(rt, &rt->seqs[seq], st, m);
     const size_t kvd = (size_t)rt->kv_dim;
     const int win0 = rt->sinks, rows_after = st->fp_rows - m;
     memmove(st->fp + (size_t)win0 * kvd, st->fp + (size_t)(win0 + m) * kvd,
@@ -161,14 +171,13 @@ static int settle_rows(const kv_rt *rt, int seq, int layer, int stream) {
     return rt_codec_of(rt, layer, stream)->rpc_ratio > 0.0f ? window : rt->recent;
 }
 
-kv_status kv_rt_append(kv_rt *rt, int layer, int seq, int n, const int32_t *pos, const float *k_pre, const float *k,
-                       const float *v, size_t ld) {
-    if (!rt || layer < 0 || layer >= rt->n_layers || seq < 0 || seq >= rt->opt.n_seqs || n < 0 ||
-        (n > 0 && (!pos || !k || !v)) || (n > 0 && ld < (size_t)rt->kv_dim))
-        return KV_ERR(KV_EINVAL, "kv_rt_append: bad arguments (layer %d, seq %d, n %d)", layer, seq, n);
+/* What an append does before its tokens join: the checks, the prompt's state, and the compression the cache
+ * semantics ask for (K before V: a V predictor may read this layer's reconstructed K; nothing while a prompt
+ * that will be pruned is open). */
+static kv_status append_begin(kv_rt *rt, int layer, int seq, int n, const int32_t *pos, const float *k_pre) {
     rt_seq *sq = &rt->seqs[seq];
     const int have = sq->layer_n[layer];
-    for (int i = 0; i < n; i++)
+    for (int i = 0; pos && i < n; i++)
         if (pos[i] != have + i)
             return KV_ERR(KV_EINVAL, "kv_rt_append: layer %d seq %d holds %d tokens, token %d comes at position %d",
                           layer, seq, have, i, (int)pos[i]);
@@ -183,14 +192,15 @@ kv_status kv_rt_append(kv_rt *rt, int layer, int seq, int n, const int32_t *pos,
     if (n == 1 && layer == 0 && sq->prompt_open && have > 0 && (s = kv_rt_end_prompt(rt, seq)) != KV_OK) return s;
     if (n > 0 && !sq->prompt_ended) sq->prompt_open = 1;
     if ((s = rt_policy_reserve(rt, seq, layer, have + n)) != KV_OK) return s;
-    /* compress first (K before V: a V predictor may read this layer's reconstructed K); nothing while a
-     * prompt that will be pruned is open */
     const int hold = sq->prompt_open && rt->hold_prompt;
     int rows = hold ? 0 : settle_rows(rt, seq, layer, 0);
     const int rv = hold ? 0 : settle_rows(rt, seq, layer, 1);
     rows = rows > rv ? rows : rv;
+    if (rows == 0) return KV_OK;
     float *x = NULL, *pred = NULL;
-    if (rows > 0) {
+    if (rt->dv) {
+        if ((s = rt_dev_scratch(rt, rows, &x, &pred)) != KV_OK) return s;
+    } else {
         x = kv_aligned_alloc(64, (size_t)rows * (size_t)rt->kv_dim * sizeof(float));
         pred = kv_aligned_alloc(64, (size_t)rows * (size_t)rt->kv_dim * sizeof(float));
         if (!x || !pred) {
@@ -199,28 +209,78 @@ kv_status kv_rt_append(kv_rt *rt, int layer, int seq, int n, const int32_t *pos,
         }
     }
     int handled = 0;
-    if (!hold && rows > 0 && (s = rt_policy_settle(rt, seq, layer, &handled, x)) != KV_OK) goto done;
+    if (!hold && (s = rt_policy_settle(rt, seq, layer, &handled, x)) != KV_OK) goto done;
     for (int stream = 0; stream < 2 && !hold && !handled; stream++)
         if ((s = settle_stream(rt, seq, layer, stream, x, pred)) != KV_OK) goto done;
-    /* then the new tokens join the f16 rows (sinks first, then the window) */
+done:
+    if (!rt->dv) {
+        kv_aligned_free(x);
+        kv_aligned_free(pred);
+    }
+    return s;
+}
+
+/* The new tokens join the f16 rows (sinks first, then the window): CPU runtimes. */
+static kv_status append_rows(kv_rt *rt, int layer, int seq, int n, const float *k_pre, const float *k, const float *v,
+                             size_t ld) {
+    rt_seq *sq = &rt->seqs[seq];
     for (int stream = 0; stream < 2; stream++) {
         rt_stream *st = rt_stream_of(rt, seq, layer, stream);
         const int r0 = st->fp_rows;
-        if ((s = rt_fp_resize(rt, sq, st, r0 + n)) != KV_OK) goto done;
+        kv_status s = rt_fp_resize(rt, sq, st, r0 + n);
+        if (s != KV_OK) return s;
         const float *src = stream == KV_PLAN_V ? v : (rt_codec_of(rt, layer, 0)->pre_rope ? k_pre : k);
         for (int i = 0; i < n; i++)
             rt_f32_to_f16_row(st->fp + (size_t)(r0 + i) * (size_t)rt->kv_dim, src + (size_t)i * ld, (size_t)rt->kv_dim);
     }
-    sq->layer_n[layer] = have + n;
-done:
-    kv_aligned_free(x);
-    kv_aligned_free(pred);
+    return KV_OK;
+}
+
+kv_status kv_rt_append(kv_rt *rt, int layer, int seq, int n, const int32_t *pos, const float *k_pre, const float *k,
+                       const float *v, size_t ld) {
+    if (!rt || layer < 0 || layer >= rt->n_layers || seq < 0 || seq >= rt->opt.n_seqs || n < 0 ||
+        (n > 0 && (!pos || !k || !v)) || (n > 0 && ld < (size_t)rt->kv_dim))
+        return KV_ERR(KV_EINVAL, "kv_rt_append: bad arguments (layer %d, seq %d, n %d)", layer, seq, n);
+    kv_status s = append_begin(rt, layer, seq, n, pos, k_pre);
+    if (s == KV_OK && n > 0)
+        s = rt->dv ? rt_dev_store(rt, layer, 1, &seq, n, k_pre, k, v, ld) : append_rows(rt, layer, seq, n, k_pre, k, v, ld);
+    if (s == KV_OK) rt->seqs[seq].layer_n[layer] += n;
     return s;
 }
 
-kv_status kv_rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, size_t ldq, float *out, size_t ldo) {
-    if (!rt || layer < 0 || layer >= rt->n_layers || seq < 0 || seq >= rt->opt.n_seqs || n_q < 1 || !q || !out)
-        return KV_ERR(KV_EINVAL, "kv_rt_attend: bad arguments (layer %d, seq %d, %d rows)", layer, seq, n_q);
+/* The listed sequences, each once and in range. */
+static kv_status check_batch(const kv_rt *rt, const char *fn, int layer, int n_seqs, const int *seqs) {
+    if (layer < 0 || layer >= rt->n_layers || n_seqs < 1 || n_seqs > rt->opt.n_seqs || !seqs)
+        return KV_ERR(KV_EINVAL, "%s: bad arguments (layer %d, %d sequences)", fn, layer, n_seqs);
+    for (int i = 0; i < n_seqs; i++) {
+        if (seqs[i] < 0 || seqs[i] >= rt->opt.n_seqs)
+            return KV_ERR(KV_EINVAL, "%s: sequence %d out of range (0..%d)", fn, seqs[i], rt->opt.n_seqs - 1);
+        for (int j = 0; j < i; j++)
+            if (seqs[j] == seqs[i]) return KV_ERR(KV_EINVAL, "%s: sequence %d listed twice", fn, seqs[i]);
+    }
+    return KV_OK;
+}
+
+kv_status kv_rt_append_batch(kv_rt *rt, int layer, int n_seqs, const int *seqs, const float *k_pre, const float *k,
+                             const float *v, size_t ld) {
+    if (!rt || !k || !v || (rt && ld < (size_t)rt->kv_dim))
+        return KV_ERR(KV_EINVAL, "kv_rt_append_batch: bad arguments");
+    kv_status s = check_batch(rt, "kv_rt_append_batch", layer, n_seqs, seqs);
+    for (int i = 0; s == KV_OK && i < n_seqs; i++) s = append_begin(rt, layer, seqs[i], 1, NULL, k_pre);
+    if (s != KV_OK) return s;
+    if (rt->dv) {
+        s = rt_dev_store(rt, layer, n_seqs, seqs, 1, k_pre, k, v, ld);
+    } else {
+        for (int i = 0; s == KV_OK && i < n_seqs; i++) {
+            const size_t off = (size_t)i * ld;
+            s = append_rows(rt, layer, seqs[i], 1, k_pre ? k_pre + off : NULL, k + off, v + off, ld);
+        }
+    }
+    for (int i = 0; s == KV_OK && i < n_seqs; i++) rt->seqs[seqs[i]].layer_n[layer] += 1;
+    return s;
+}
+
+static kv_status attend_checks(const kv_rt *rt, int layer, int seq, int n_q, size_t ldq, size_t ldo) {
     const int qd = rt->n_heads * rt->head_dim;
     if (ldq < (size_t)qd || ldo < (size_t)qd)
         return KV_ERR(KV_EINVAL, "kv_rt_attend: row strides %zu, %zu below %d", ldq, ldo, qd);
@@ -231,10 +291,56 @@ kv_status kv_rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, s
     if (rt->seqs[seq].st[layer * 2].heads && rt->seqs[seq].ps[layer].sel_end > rt->sinks && n_q > whole)
         return KV_ERR(KV_EINVAL, "kv_rt_attend: %d query rows, but layer %d of sequence %d appended only %d tokens since "
                       "its prompt was pruned (the rows must be the step's own tokens)", n_q, layer, seq, whole);
-    kv_status s = rt_attend(rt, layer, seq, n_q, q, ldq, out, ldo);
-    if (s == KV_OK) s = rt_policy_saw_queries(rt, seq, layer, n_q, q, ldq);
-    if (s == KV_OK) s = rt_squat_saw_queries(rt, seq, layer, n_q, q, ldq);
+    return KV_OK;
+}
+
+/* After an attend of (layer, seq): what the token policy and SQuat's prompt subspace record of its queries,
+ * and the reconstructions no later layer reads. */
+static kv_status attend_after(kv_rt *rt, int layer, int seq, int n_q, const float *q, size_t ldq) {
+    kv_status s = rt_policy_saw_queries(rt, seq, layer, n_q, q, ldq);
+    if (s == KV_OK && rt->squat_prompt) {
+        const float *hq = q;
+        if (rt->dv) s = rt_dev_host_queries(rt, n_q, q, ldq, &hq);
+        if (s == KV_OK) s = rt_squat_saw_queries(rt, seq, layer, n_q, hq, ldq);
+    }
     rt_recon_release(rt, seq, layer);
+    return s;
+}
+
+kv_status kv_rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, size_t ldq, float *out, size_t ldo) {
+    if (!rt || layer < 0 || layer >= rt->n_layers || seq < 0 || seq >= rt->opt.n_seqs || n_q < 1 || !q || !out)
+        return KV_ERR(KV_EINVAL, "kv_rt_attend: bad arguments (layer %d, seq %d, %d rows)", layer, seq, n_q);
+    kv_status s = attend_checks(rt, layer, seq, n_q, ldq, ldo);
+    if (s != KV_OK) return s;
+    s = rt->dv ? rt_dev_attend(rt, layer, 1, &seq, n_q, &q, ldq, &out, ldo) : rt_attend(rt, layer, seq, n_q, q, ldq, out, ldo);
+    const kv_status s2 = attend_after(rt, layer, seq, n_q, q, ldq);
+    return s != KV_OK ? s : s2;
+}
+
+kv_status kv_rt_attend_batch(kv_rt *rt, int layer, int n_seqs, const int *seqs, const float *q, size_t ldq, float *out,
+                             size_t ldo) {
+    if (!rt || !q || !out) return KV_ERR(KV_EINVAL, "kv_rt_attend_batch: bad arguments");
+    kv_status s = check_batch(rt, "kv_rt_attend_batch", layer, n_seqs, seqs);
+    for (int i = 0; s == KV_OK && i < n_seqs; i++) s = attend_checks(rt, layer, seqs[i], 1, ldq, ldo);
+    if (s != KV_OK) return s;
+    if (rt->dv) {
+        const float **qs = malloc((size_t)n_seqs * sizeof *qs);
+        float **outs = malloc((size_t)n_seqs * sizeof *outs);
+        if (!qs || !outs) {
+            free(qs), free(outs);
+            return KV_ERR(KV_ENOMEM, "out of memory");
+        }
+        for (int i = 0; i < n_seqs; i++) qs[i] = q + (size_t)i * ldq, outs[i] = out + (size_t)i * ldo;
+        s = rt_dev_attend(rt, layer, n_seqs, seqs, 1, qs, ldq, outs, ldo);
+        free(qs), free(outs);
+    } else {
+        for (int i = 0; s == KV_OK && i < n_seqs; i++)
+            s = rt_attend(rt, layer, seqs[i], 1, q + (size_t)i * ldq, ldq, out + (size_t)i * ldo, ldo);
+    }
+    for (int i = 0; i < n_seqs; i++) {
+        const kv_status s2 = attend_after(rt, layer, seqs[i], 1, q + (size_t)i * ldq, ldq);
+        if (s == KV_OK) s = s2;
+    }
     return s;
 }
 
@@ -296,6 +402,20 @@ static void seq_stats(const kv_rt *rt, int seq, int only_layer, int only_stream,
         o->allocated_bytes += sq->allocated;
         o->overhead_bytes += sq->overhead;
     }
+    if (rt->dv && only_layer < 0 && only_stream < 0) {
+        /* device memory is held in arena pages and f16 rows with room to grow: what is not accounted is overhead */
+        uint64_t acc = 0;
+        for (int i = 0; i < rt->n_layers * 2; i++) {
+            const rt_stream *st = &sq->st[i];
+            acc += (uint64_t)st->fp_rows * (uint64_t)rt->kv_dim * 2u;
+            for (int b = 0; b < st->n_blocks; b++) {
+                rt_layout L;
+                rt_codec_layout(&rt->codec[i], st->blocks[b].m, &L);
+                acc += L.total;
+            }
+        }
+        o->overhead_bytes += sq->allocated - acc - sq->overhead; /* sq->overhead (host descriptors) counted above */
+    }
 }
 
 /* bits per value from the byte counts (the one formula of kv_rt_get_stats and kv_rt_get_stream_stats) */
@@ -339,6 +459,7 @@ kv_status kv_rt_decode_head(kv_rt *rt, int layer, int seq, int kv_head, float *k
     if (!rt || layer < 0 || layer >= rt->n_layers || seq < 0 || seq >= rt->opt.n_seqs || kv_head < 0 ||
         kv_head >= rt->n_kv_heads || !k_out || !v_out)
         return KV_ERR(KV_EINVAL, "kv_rt_decode_head: bad arguments");
+    if (rt->dv) return rt_dev_decode_head(rt, layer, seq, kv_head, k_out, v_out);
     const int n = rt_head_rows(rt, seq, layer, kv_head);
     kv_status s;
     for (int stream = 0; stream < 2; stream++)
@@ -375,6 +496,7 @@ void kv_rt_close(kv_rt *rt) {
             if (sq->st) seq_clear(rt, sq);
             for (int i = 0; sq->st && i < rt->n_layers * 2; i++) free(sq->st[i].heads);
             rt_squat_seq_free(rt, sq);
+            free(sq->arena);
             free(sq->ps);
             free(sq->st);
             free(sq->recon);
@@ -397,6 +519,7 @@ void kv_rt_close(kv_rt *rt) {
     free(rt->rope_cos);
     free(rt->rope_sin);
     free(rt->recon_last_use);
+    rt_dev_close(rt);
     free(rt);
 }
 
@@ -422,9 +545,8 @@ kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt)
     if (!out) return KV_ERR(KV_EINVAL, "kv_rt_open: NULL output");
     *out = NULL;
     if (!plan || !opt) return KV_ERR(KV_EINVAL, "kv_rt_open: NULL plan or options");
-    if (opt->device != KV_RT_DEVICE_CPU)
-        return KV_ERR(KV_EUNSUPPORTED, "runtime: device %d is not available in this build (the CUDA runtime is not "
-                      "implemented yet)", (int)opt->device);
+    if (opt->device != KV_RT_DEVICE_CPU && opt->device != KV_RT_DEVICE_CUDA && opt->device != KV_RT_DEVICE_CUDA_MODEL)
+        return KV_ERR(KV_EINVAL, "runtime: unknown device %d", (int)opt->device);
     if (opt->n_seqs < 1 || opt->n_seqs > 4096) return KV_ERR(KV_EINVAL, "runtime: %d sequences (1..4096)", opt->n_seqs);
     if (opt->capacity < 0 || opt->n_threads < 0 || !(opt->scale >= 0.0f) || !isfinite(opt->scale))
         return KV_ERR(KV_EINVAL, "runtime: bad capacity %d / threads %d / scale %g", opt->capacity, opt->n_threads,
@@ -509,6 +631,7 @@ kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt)
         }
     }
     if ((s = rt_policy_open(rt)) != KV_OK) goto done;
+    if (opt->device != KV_RT_DEVICE_CPU && (s = rt_dev_open(rt)) != KV_OK) goto done;
     for (int q = 0; q < opt->n_seqs; q++) {
         rt_seq *sq = &rt->seqs[q];
         sq->layer_n = calloc((size_t)rt->n_layers, sizeof(int));
