@@ -444,6 +444,32 @@ kv_status kv_rt_get_stats(const kv_rt *rt, int seq, kv_rt_stats *out);
  * rt_runtime.c), so the honest bits of a plan are the value-weighted mean of its streams' (kvcal search). */
 kv_status kv_rt_get_stream_stats(const kv_rt *rt, int seq, int layer, int stream, kv_rt_stats *out);
 
+/* The CPU-vs-device self-check (RUNTIME.md §10.4): `plan` opened on the CPU and on opt->device (CUDA or its host
+ * model; opt as for kv_rt_open, n_seqs and capacity ignored) and fed the same synthetic sequence: a prompt of
+ * sinks + 2 chunks + 10 tokens in one step, then 4 decoding steps. Every stream's decoded cache must equal the
+ * CPU's bit for bit (AQUA-KV reconstructions, which come from cuBLAS products on the GPU: within 1e-5 of the
+ * row's largest value for 999 values in 1000) and every attention output checked (the prompt's last 8 rows,
+ * every decoding row) must lie within the runtime's bound of exact attention (RUNTIME.md §4). KV_ENUMERIC
+ * with the codec and the size of the disagreement otherwise (also in report->what). kv_rt_open runs it for a
+ * CUDA runtime the first time each kind of codec appears in the process. report may be NULL. */
+typedef struct kv_rt_check {
+    int passed;
+    char device[16];
+    double seconds;
+    double worst_ratio;        /* largest output error / its bound */
+    uint64_t rows_checked;     /* query vectors checked against the bound */
+    uint64_t values_compared;  /* decoded cache values compared */
+    uint64_t values_differing; /* ... that are not the CPU's bits (predicted streams only, when it passes) */
+    double max_recon_rel;      /* the largest of those differences, relative to its row's largest value */
+    char what[320];            /* the first disagreement, or "" */
+} kv_rt_check;
+kv_status kv_rt_selfcheck(const kv_plan *plan, const kv_rt_options *opt, kv_rt_check *report);
+/* One small plan per kind of codec the device serves (`kvrun selfcheck`): SmolLM2's attention shape (3 KV heads of
+ * 64, 9 query heads; RoPE theta 10000 for pre-RoPE entries), 4 layers, 4 sinks, chunks of 32. Entry i (0 <= i <
+ * kv_rt_selfcheck_catalog_size()) into *plan (the caller frees it) and its name (borrowed). */
+int kv_rt_selfcheck_catalog_size(void);
+kv_status kv_rt_selfcheck_catalog(int i, kv_plan **plan, const char **name);
+
 /* The CUDA stream a KV_RT_DEVICE_CUDA runtime orders its work on (results of append/attend are complete when it
  * reaches them; a D2H copy on it, or cudaStreamSynchronize, waits for them); NULL for other devices. */
 kv_stream kv_rt_stream(const kv_rt *rt);

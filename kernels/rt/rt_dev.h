@@ -129,6 +129,14 @@ kv_status rt_dev_decode_head(kv_rt *rt, int layer, int seq, int kv_head, float *
 /* Queries on the host for the host-side consumers (SQuat's prompt subspace): q itself for the host model. */
 kv_status rt_dev_host_queries(kv_rt *rt, int n_q, const float *q, size_t ldq, const float **host_q);
 
+/* Faults the host model injects for the self-check's own tests (0: none): 1 shifts every attention output by
+ * 1e-3 of itself, 2 flips the lowest bit of the first code word of every block it encodes. */
+extern int rt_dev_host_fault;
+
+/* kv_rt_open's guard: the self-check of a CUDA runtime's plan when a kind of codec in it was not checked yet in
+ * this process (rt_selfcheck.c). */
+kv_status rt_selfcheck_guard(const kv_plan *plan, const kv_rt_options *opt);
+
 /* The launch shape of an attention call (kv_da_configure): rows per block, tile, splits. */
 void rt_dev_configure(kv_dattn *A, int n_max);
 

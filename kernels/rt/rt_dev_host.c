@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+int rt_dev_host_fault = 0;
+
 static kv_status h_alloc(rt_dev *d, void **p, size_t bytes) {
     (void)d;
     *p = kv_aligned_alloc(64, bytes ? bytes : 4);
@@ -71,7 +73,10 @@ static kv_status h_gemm_nt(rt_dev *d, int M, int N, int K, const float *A, int l
 
 static kv_status h_encode(rt_dev *d, const rt_codec *c, const kv_quant *dq, uint8_t *blk, int m, const float *x) {
     (void)d, (void)dq; /* the host's tables are the codec's own */
-    return rt_codec_encode(c, blk, m, x);
+    const kv_status s = rt_codec_encode(c, blk, m, x);
+    if (s == KV_OK && rt_dev_host_fault == 2 && c->kind != RT_F16 && c->kind != RT_F32 && c->share_from < 0)
+        ((uint32_t *)blk)[0] ^= 1u;
+    return s;
 }
 
 static kv_status h_recon_add(rt_dev *d, const kv_dcodec *c, const kv_dblock *table, int b0, int b1, int first_token,
@@ -112,7 +117,11 @@ static kv_status h_attend(rt_dev *d, const kv_dattn *A) {
         for (int h = 0; h < A->H; h++)
             for (int row = 0; row < A->n_q; row++)
                 for (int g = 0; g < A->G; g++)
-                    for (int c = 0; c < A->hd; c++) kv_da_combine_channel(A, z, h, row, g, c);
+                    for (int c = 0; c < A->hd; c++) {
+                        kv_da_combine_channel(A, z, h, row, g, c);
+                        float *o = &A->seq[z].out[(size_t)row * (size_t)A->ldo + (size_t)(h * A->G + g) * (size_t)A->hd + (size_t)c];
+                        if (rt_dev_host_fault == 1) *o *= 1.001f;
+                    }
     return KV_OK;
 }
 

@@ -652,6 +652,7 @@ kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt)
         if ((s = kv_pool_create(&rt->pool, rt->n_threads)) != KV_OK) goto done;
         rt->own_pool = 1;
     }
+    if (opt->device == KV_RT_DEVICE_CUDA) s = rt_selfcheck_guard(plan, opt);
 done:
     if (s != KV_OK) {
         kv_rt_close(rt);

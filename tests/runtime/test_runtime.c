@@ -18,6 +18,7 @@
  * and the plans or calls the runtime cannot serve are refused by name. */
 #include "kv_test.h"
 #include "kvrt.h"
+#include "rt_dev.h"
 #include "rt_internal.h"
 #include "kv_kernels_internal.h"
 
@@ -837,6 +838,42 @@ START_TEST(test_batch_calls) {
     kv_rt_close(rt);
     free(k), free(v), free(q), free(o1), free(o2);
     kv_plan_free(p);
+}
+END_TEST
+
+/* The CPU-vs-device self-check on the host model: every catalogue entry passes, and each injected fault (an
+ * attention output off by 1e-3, one flipped code) is caught with the codec named. */
+START_TEST(test_selfcheck) {
+    double freq[32];
+    for (int i = 0; i < 32; i++) freq[i] = pow(10000.0, -2.0 * i / 64);
+    kv_rt_options o;
+    memset(&o, 0, sizeof o);
+    o.device = KV_RT_DEVICE_CUDA_MODEL, o.n_seqs = 1, o.n_heads = 9, o.n_threads = 1, o.rope_inv_freq = freq;
+    for (int i = 0; i < kv_rt_selfcheck_catalog_size(); i++) {
+        kv_plan *p = NULL;
+        const char *name = NULL;
+        ck_assert_kv_ok(kv_rt_selfcheck_catalog(i, &p, &name));
+        kv_rt_check rep;
+        ck_assert_kv_ok(kv_rt_selfcheck(p, &o, &rep));
+        ck_assert(rep.passed);
+        ck_assert_uint_gt(rep.rows_checked, 0);
+        ck_assert_uint_gt(rep.values_compared, 0);
+        printf("selfcheck %-32s worst/bound %.3g, %llu of %llu cache values differ (%.2g), %.3f s\n", name,
+               rep.worst_ratio, (unsigned long long)rep.values_differing, (unsigned long long)rep.values_compared,
+               rep.max_recon_rel, rep.seconds);
+        for (int fault = 1; fault <= 2; fault++) {
+            if (fault == 2 && (strcmp(name, "f16") == 0 || strcmp(name, "f32") == 0)) continue; /* nothing coded */
+            rt_dev_host_fault = fault;
+            const kv_status s = kv_rt_selfcheck(p, &o, &rep);
+            rt_dev_host_fault = 0;
+            ck_assert_msg(s == KV_ENUMERIC && !rep.passed, "%s: fault %d not caught", name, fault);
+            /* a flipped code shows first in an attention output over it, or in the decoded cache */
+            ck_assert_msg(strstr(rep.what, "outside the bound") || (fault == 2 && strstr(rep.what, "differs from the CPU")),
+                          "%s fault %d: %s", name, fault, rep.what);
+            ck_assert_ptr_nonnull(strstr(rep.what, "layer"));
+        }
+        kv_plan_free(p);
+    }
 }
 END_TEST
 
@@ -1690,6 +1727,7 @@ int main(void) {
     tcase_add_loop_test(tc, test_device_model, 0, (int)(sizeof k_cases / sizeof k_cases[0]));
     tcase_add_test(tc, test_device_model_long);
     tcase_add_test(tc, test_batch_calls);
+    tcase_add_test(tc, test_selfcheck);
     tcase_add_loop_test(tc, test_exp, 0, 2);
     tcase_add_test(tc, test_shift_by_max);
     tcase_add_test(tc, test_threads_agree);
