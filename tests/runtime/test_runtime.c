@@ -25,9 +25,64 @@
 #include <float.h>
 #include <math.h>
 
-/* The device the cases run on: the CPU runtime, or the CUDA backend's host model (RUNTIME.md §10), whose
- * attention sums a split's tokens (up to KV_DA_MAX_SPLIT) in one float accumulator: the tiled path's bound. */
+/* The device the cases run on: the CPU runtime, the CUDA backend's host model (RUNTIME.md §10), or (test_runtime_cuda,
+ * built with KV_TEST_CUDA) the GPU; a device's attention sums a split's tokens (up to KV_DA_MAX_SPLIT) in one float
+ * accumulator: the tiled path's bound. */
 static kv_rt_device g_device = KV_RT_DEVICE_CPU;
+
+/* Every attention output of a run, in order, when g_log_on (the GPU's and the host model's must agree bit for bit). */
+static int g_log_on;
+static float *g_log;
+static size_t g_log_n, g_log_cap;
+
+static void log_outputs(const float *out, size_t n) {
+    if (!g_log_on) return;
+    if (g_log_n + n > g_log_cap) {
+        g_log_cap = (g_log_n + n) * 2;
+        g_log = realloc(g_log, g_log_cap * sizeof(float));
+        ck_assert_ptr_nonnull(g_log);
+    }
+    memcpy(g_log + g_log_n, out, n * sizeof(float));
+    g_log_n += n;
+}
+
+/* Buffers a call hands the runtime: the host's, or device copies for the GPU (copied after the runtime's stream
+ * finished the previous call that read them). */
+typedef struct iobuf {
+    void *dev;
+    size_t bytes;
+} iobuf;
+
+#ifdef KV_TEST_CUDA
+#include <cuda_runtime_api.h>
+static void *io_in(kv_rt *rt, iobuf *b, const void *host, size_t bytes) {
+    if (g_device != KV_RT_DEVICE_CUDA) return (void *)host;
+    ck_assert_int_eq(cudaStreamSynchronize((cudaStream_t)kv_rt_stream(rt)), cudaSuccess);
+    if (bytes > b->bytes) {
+        if (b->dev) cudaFree(b->dev);
+        ck_assert_int_eq(cudaMalloc(&b->dev, bytes), cudaSuccess);
+        b->bytes = bytes;
+    }
+    ck_assert_int_eq(cudaMemcpy(b->dev, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    return b->dev;
+}
+static void io_out(kv_rt *rt, void *host, const iobuf *b, size_t bytes) {
+    if (g_device != KV_RT_DEVICE_CUDA) return;
+    ck_assert_int_eq(cudaStreamSynchronize((cudaStream_t)kv_rt_stream(rt)), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(host, b->dev, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+}
+static void io_free(iobuf *b) {
+    if (b->dev) cudaFree(b->dev);
+    b->dev = NULL, b->bytes = 0;
+}
+#else
+static void *io_in(kv_rt *rt, iobuf *b, const void *host, size_t bytes) {
+    (void)rt, (void)b, (void)bytes;
+    return (void *)host;
+}
+static void io_out(kv_rt *rt, void *host, const iobuf *b, size_t bytes) { (void)rt, (void)host, (void)b, (void)bytes; }
+static void io_free(iobuf *b) { (void)b; }
+#endif
 
 /* ---- plans ------------------------------------------------------------------------------------- */
 typedef struct sspec {
@@ -614,6 +669,8 @@ static double run_case(const rcase *c, int n_seqs, int n_threads) {
     double worst = 0;
     /* sequences advance in turn, seq q with a length offset, so that they interleave and differ */
     int *len = calloc((size_t)n_seqs, sizeof(int)), *steps = calloc((size_t)n_seqs, sizeof(int));
+    iobuf io[5];
+    memset(io, 0, sizeof io);
     for (int done = 0; !done;) {
         done = 1;
         for (int sq = 0; sq < n_seqs; sq++) {
@@ -631,9 +688,15 @@ static double run_case(const rcase *c, int n_seqs, int n_threads) {
                 /* post-RoPE keys: the runtime's own RoPE applied per head (what a model hands over) */
                 for (int h = 0; h < H; h++)
                     for (int i = 0; i < n; i++) rope_row(k + (size_t)i * kvd + (size_t)h * c->hd, c->hd, c->rope_half, freq, pos[i]);
-                ck_assert_kv_ok(kv_rt_append(rt, l, sq, n, pos, kp, k, v, (size_t)kvd));
+                const size_t kb = sizeof(float) * (size_t)n * kvd, qb = sizeof(float) * (size_t)n * qd;
+                const float *ikp = io_in(rt, &io[0], kp, kb), *ik = io_in(rt, &io[1], k, kb), *iv = io_in(rt, &io[2], v, kb);
+                ck_assert_kv_ok(kv_rt_append(rt, l, sq, n, pos, ikp, ik, iv, (size_t)kvd));
                 make_queries(q, c, n, len[sq], l, sq);
-                ck_assert_kv_ok(kv_rt_attend(rt, l, sq, n, q, (size_t)qd, out, (size_t)qd));
+                const float *iq = io_in(rt, &io[3], q, qb);
+                float *iout = g_device == KV_RT_DEVICE_CUDA ? io_in(rt, &io[4], out, qb) : out;
+                ck_assert_kv_ok(kv_rt_attend(rt, l, sq, n, iq, (size_t)qd, iout, (size_t)qd));
+                io_out(rt, out, &io[4], qb);
+                log_outputs(out, (size_t)n * qd);
                 if (check)
                     worst = fmax(worst, check_attend(rt, p, l, sq, len[sq] + n, n, q, out, H, G, c->hd,
                                                      n > RT_DIRECT_MAX_ROWS || g_device != KV_RT_DEVICE_CPU, c->name));
@@ -652,6 +715,7 @@ static double run_case(const rcase *c, int n_seqs, int n_threads) {
     ck_assert_uint_eq(st.allocated_bytes, 0);
     ck_assert_int_eq(kv_rt_length(rt, 0), 0);
     free(len), free(steps);
+    for (int i = 0; i < 5; i++) io_free(&io[i]);
     free(k), free(kp), free(v), free(q), free(out), free(pos), free(freq);
     kv_rt_close(rt);
     kv_plan_free(p);
@@ -1718,6 +1782,114 @@ START_TEST(test_squat_prompt_copy) {
 }
 END_TEST
 
+#ifdef KV_TEST_CUDA
+/* The device under test: the GPU, or with KV_TEST_FAKE_GPU=1 the host model again (to run this harness's own
+ * logic where there is no GPU). */
+static kv_rt_device g_gpu = KV_RT_DEVICE_CUDA;
+
+/* A case on the GPU: within the bound and the replay like every device, and the same bits as the host model (the
+ * kernels run the host model's code: kv_attn_math.h), for every attention output of the run. */
+static void cuda_vs_model(const rcase *c, int n_seqs) {
+    g_log_on = 1;
+    g_log_n = 0;
+    g_device = KV_RT_DEVICE_CUDA_MODEL;
+    run_case(c, n_seqs, 1);
+    const size_t n = g_log_n;
+    float *ref = malloc(n * sizeof(float));
+    ck_assert_ptr_nonnull(ref);
+    memcpy(ref, g_log, n * sizeof(float));
+    g_log_n = 0;
+    g_device = g_gpu;
+    const double w = run_case(c, n_seqs, 1);
+    g_device = KV_RT_DEVICE_CPU;
+    g_log_on = 0;
+    ck_assert_uint_eq(g_log_n, n);
+    size_t differ = 0, first = n;
+    double worst = 0;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&ref[i], &g_log[i], sizeof(float)) != 0) {
+            if (!differ) first = i;
+            differ++;
+            worst = fmax(worst, fabs((double)ref[i] - g_log[i]) / fmax(fabs((double)ref[i]), 1e-30));
+        }
+    printf("%-34s gpu: worst error / bound %.3g; %zu of %zu outputs differ from the host model", c->name, w, differ, n);
+    if (differ) printf(" (first at %zu: %.9g vs %.9g, largest relative %.3g)", first, ref[first], g_log[first], worst);
+    printf("\n");
+    fflush(stdout);
+    free(ref);
+    ck_assert_msg(differ == 0, "%s: %zu of %zu GPU outputs are not the host model's bits", c->name, differ, n);
+}
+
+START_TEST(test_cuda_cases) {
+    const rcase *c = &k_cases[_i];
+    if (strstr(c->name, "across heads") && c->k.method == KV_PLAN_HIGGS) return; /* refused on devices (test_device_model) */
+    if (getenv("KV_CUDA_QUICK") && _i % 4) return; /* under compute-sanitizer: every 4th case */
+    cuda_vs_model(c, 2);
+}
+END_TEST
+
+START_TEST(test_cuda_long) {
+    const rcase c1 = {"gpu long kivi-2", 1, 2, 3, 64, 4, 128, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 2700,
+                      2690, 1, 0, 0, NO_SQ};
+    const rcase c2 = {"gpu long higgs pre-rope", 2, 1, 3, 64, 4, 128, HG(0, 2, 16), HG(0, 2, 16), F16, F16, 0, 1, 0, 0,
+                      1500, 600, 1, 0, 0, NO_SQ};
+    const rcase c3 = {"gpu long aqua", 3, 3, 3, 64, 4, 128, U(2, 32, CH), HG(0, 2, 16), HG(0, 2, 256), HG(0, 2, 256), 1, 1,
+                      0, 1, 1200, 900, 1, 0, 0, NO_SQ};
+    cuda_vs_model(&c1, 1);
+    cuda_vs_model(&c2, 1);
+    cuda_vs_model(&c3, 1);
+}
+END_TEST
+
+/* The self-check on the GPU for every catalogue entry (what kv_rt_open runs), with its cost. */
+START_TEST(test_cuda_selfcheck) {
+    double freq[32];
+    for (int i = 0; i < 32; i++) freq[i] = pow(10000.0, -2.0 * i / 64);
+    kv_rt_options o;
+    memset(&o, 0, sizeof o);
+    o.device = g_gpu, o.n_seqs = 1, o.n_heads = 9, o.rope_inv_freq = freq;
+    int failed = 0;
+    for (int i = 0; i < kv_rt_selfcheck_catalog_size(); i++) {
+        kv_plan *p = NULL;
+        const char *name = NULL;
+        ck_assert_kv_ok(kv_rt_selfcheck_catalog(i, &p, &name));
+        kv_rt_check rep;
+        const kv_status s = kv_rt_selfcheck(p, &o, &rep);
+        printf("gpu selfcheck %-32s %s worst/bound %.3g, %llu of %llu cache values differ (%.2g), %.3f s%s%s\n", name,
+               s == KV_OK ? "ok  " : "FAIL", rep.worst_ratio, (unsigned long long)rep.values_differing,
+               (unsigned long long)rep.values_compared, rep.max_recon_rel, rep.seconds, s == KV_OK ? "" : ": ",
+               s == KV_OK ? "" : kv_error_last());
+        fflush(stdout);
+        failed += s != KV_OK;
+        kv_plan_free(p);
+    }
+    ck_assert_int_eq(failed, 0);
+}
+END_TEST
+
+int main(void) {
+    if (getenv("KV_TEST_FAKE_GPU")) {
+        g_gpu = KV_RT_DEVICE_CUDA_MODEL;
+    } else if (!kv_cuda_available()) {
+        printf("test_runtime_cuda: no usable CUDA device, skipping\n");
+        return 77;
+    }
+    Suite *s = suite_create("runtime_cuda");
+    TCase *tc = tcase_create("gpu");
+    tcase_set_timeout(tc, 1800);
+    tcase_add_loop_test(tc, test_cuda_cases, 0, (int)(sizeof k_cases / sizeof k_cases[0]));
+    tcase_add_test(tc, test_cuda_long);
+    tcase_add_test(tc, test_cuda_selfcheck);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK); /* CUDA must not be used across fork */
+    srunner_run_all(sr, CK_NORMAL);
+    const int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    free(g_log);
+    return failed == 0 ? 0 : 1;
+}
+#else
 int main(void) {
     Suite *s = suite_create("runtime");
     TCase *tc = tcase_create("runtime");
@@ -1741,3 +1913,4 @@ int main(void) {
     suite_add_tcase(s, tc);
     return kv_test_run(s);
 }
+#endif
