@@ -8,6 +8,7 @@
  * pool (kv_model_pool), each with a single-threaded BLAS call; a cache with its own `attend` (the
  * compressed runtime) computes attention itself. */
 #include "forward_internal.h"
+#include "model_cuda.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -429,6 +430,10 @@ kv_status kv_model_forward(kv_model *m, const kv_forward *f) {
     if (!m || !f || !f->tokens || f->n_seqs <= 0 || f->n_tokens <= 0)
         return KV_ERR(KV_EINVAL, "kv_model_forward: bad arguments");
     kv_status s;
+    if (m->gpu) {
+        if (f->cache && (s = check_cache(m, f->cache, f->n_seqs, f->seq_ids)) != KV_OK) return s;
+        return kv_model_cuda_forward(m, f);
+    }
     if (f->cache && (s = check_cache(m, f->cache, f->n_seqs, f->seq_ids)) != KV_OK) return s;
     const size_t rows = (size_t)f->n_seqs * (size_t)f->n_tokens;
     if ((s = ws_ensure_rows(m, rows)) != KV_OK) return s;

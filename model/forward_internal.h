@@ -5,6 +5,10 @@
 
 #include "kv_model.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Storage behind one kv_matrix (the kv_matrix fields point into it). */
 typedef struct kv_owned_matrix {
     kv_matrix m;
@@ -61,6 +65,7 @@ struct kv_model {
     void *src_user;
     unsigned char *held;     /* n_layers + 2: [0] embedding, [1] output, [2 + l] layer l */
     kv_pool *pool; /* the decode path's threads (kv_model_pool), n_threads of them */
+    struct kv_model_cuda *gpu; /* KV_MODEL_DEVICE_CUDA: the weights on the GPU and its forward (model_cuda.h) */
 };
 
 /* KV_OK when part (a layer or KV_MODEL_PART_*) is held, else KV_EINVAL naming it (forward.c's
@@ -120,4 +125,7 @@ typedef struct kv_model_raw_source {
 kv_status kv_model_create_raw(kv_model **out, const kv_arch *arch, kv_tensor_read_fn read,
                               const kv_model_raw_source *raw, void *user, const kv_model_options *opt, int stream);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -4,6 +4,7 @@
  * model's side: libkvrt does not know the model (it takes the RoPE frequencies and the thread pool
  * as options). */
 #include "forward_internal.h"
+#include "model_cuda.h"
 #include "kvrt.h"
 
 #include <stdlib.h>
@@ -56,7 +57,7 @@ static const kv_cache_ops k_rt_ops = {"runtime", rc_append, rc_view, rc_length, 
 
 /* Every stream in f16, nothing ever quantized: the cache this engine would hold without a plan.
  * Tokens still move from the window into f16 blocks of 64, so that no f16 array grows without bound. */
-static kv_status f16_plan(kv_plan **out, const kv_arch *a) {
+kv_status kv_model_f16_plan(kv_plan **out, const kv_arch *a) {
     kv_plan_fingerprint fp;
     memset(&fp, 0, sizeof fp);
     snprintf(fp.arch, sizeof fp.arch, "%s", a->arch);
@@ -78,7 +79,7 @@ kv_status kv_cache_rt_create(kv_cache **out, const kv_plan *plan, const kv_model
     if (!r) return KV_ERR(KV_ENOMEM, "out of memory for a KV cache");
     kv_status s = KV_OK;
     if (!plan) {
-        if ((s = f16_plan(&r->own_plan, a)) != KV_OK) goto done;
+        if ((s = kv_model_f16_plan(&r->own_plan, a)) != KV_OK) goto done;
         plan = r->own_plan;
     }
     const kv_plan_fingerprint *fp = &plan->fingerprint;
@@ -89,13 +90,14 @@ kv_status kv_cache_rt_create(kv_cache **out, const kv_plan *plan, const kv_model
     }
     kv_rt_options o;
     memset(&o, 0, sizeof o);
-    o.device = KV_RT_DEVICE_CPU;
+    o.device = m->gpu ? KV_RT_DEVICE_CUDA : KV_RT_DEVICE_CPU; /* a GPU model's cache is on the GPU, on its stream */
+    o.stream = kv_model_cuda_stream(m);
     o.n_seqs = n_seqs;
     o.n_heads = a->n_heads;
     o.capacity = capacity;
     o.n_threads = n_threads > 0 ? n_threads : m->n_threads;
     /* the model's own threads, so that decoding has one set of threads (forward_internal.h) */
-    if (o.n_threads == m->n_threads) o.pool = kv_model_pool((kv_model *)m);
+    if (o.n_threads == m->n_threads && !m->gpu) o.pool = kv_model_pool((kv_model *)m);
     o.rope_inv_freq = m->inv_freq_d;
     o.rope_layout = (int)a->rope_layout;
     o.keep_reconstructions = (flags & KV_CACHE_RT_KEEP_RECONSTRUCTIONS) != 0;

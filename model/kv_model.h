@@ -63,9 +63,18 @@ typedef enum kv_weight_storage {
                              summation order); f32/bf16 tensors and kv_model_create's sources become f32 */
 } kv_weight_storage;
 
+/* Where kv_model_forward runs. KV_MODEL_DEVICE_CUDA (RUNTIME.md §10.6): the weights are also decoded once to the
+ * GPU (f16, or f32 with KV_WEIGHTS_F32) and kv_model_forward runs there: tokens, logits and hidden stay host
+ * arrays, the cache must be a runtime cache made for this model (kv_cache_rt_create opens its runtime on the GPU,
+ * on the model's stream), a NULL cache attends exactly within the step over the runtime's f16 rows, and capture
+ * hooks are refused. Everything else (embed, layer_forward, logits, gradients) stays on the CPU. Layer-streamed
+ * models run on the CPU only. A build or machine without CUDA refuses the load (KV_EUNSUPPORTED). */
+typedef enum kv_model_device { KV_MODEL_DEVICE_CPU = 0, KV_MODEL_DEVICE_CUDA = 1 } kv_model_device;
+
 typedef struct kv_model_options {
     int n_threads;             /* threads for OpenMP and the BLAS; 0 = kv_default_threads() */
     kv_weight_storage weights; /* default KV_WEIGHTS_F32 */
+    kv_model_device device;    /* default KV_MODEL_DEVICE_CPU */
 } kv_model_options;
 
 /* Source of weights for kv_model_create: fill dst with the f32 values of tensor `name` (canonical
@@ -105,6 +114,8 @@ const float *kv_model_rope_inv_freq(const kv_model *m);
 /* The same in double precision, as the model computes its angles (head_dim/2 values; borrowed). */
 const double *kv_model_rope_inv_freq_d(const kv_model *m);
 size_t kv_model_weight_bytes(const kv_model *m);   /* bytes of weights held now (streamed: the parts acquired) */
+kv_model_device kv_model_device_of(const kv_model *m);
+size_t kv_model_device_weight_bytes(const kv_model *m); /* bytes of weights on the GPU (0 on the CPU) */
 int kv_model_threads(const kv_model *m);
 /* Set the thread count for OpenMP regions and the BLAS (0 = kv_default_threads()). */
 void kv_model_set_threads(kv_model *m, int n_threads);

@@ -2,6 +2,7 @@
  * file (dequantized to f32, kept as f16 or in the file's blocks), all at once or part by part
  * (layer-streamed weights: kv_model_acquire / kv_model_release), RoPE frequencies, getters. */
 #include "forward_internal.h"
+#include "model_cuda.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -372,6 +373,7 @@ kv_status kv_model_require(const kv_model *m, int part) {
 
 void kv_model_free(kv_model *m) {
     if (!m) return;
+    kv_model_cuda_free(m->gpu);
     if (m->store && m->layers)
         for (int l = 0; l < m->arch.n_layers; l++) free_layer(m, l);
     free_output(m);
@@ -467,6 +469,11 @@ kv_status kv_model_create_raw(kv_model **out, const kv_arch *arch, kv_tensor_rea
     compute_inv_freq(m->inv_freq_d, &m->arch, freq_factors);
     for (int i = 0; i < hd / 2; i++) m->inv_freq[i] = (float)m->inv_freq_d[i];
     s = KV_OK;
+    if (m->opt.device == KV_MODEL_DEVICE_CUDA) {
+        s = m->stream ? KV_ERR(KV_EUNSUPPORTED, "model: layer-streamed weights run on the CPU only") : kv_model_cuda_open(m);
+    } else if (m->opt.device != KV_MODEL_DEVICE_CPU) {
+        s = KV_ERR(KV_EINVAL, "unknown model device %d", (int)m->opt.device);
+    }
 done:
     kv_aligned_free(freq_factors);
     if (s != KV_OK) {
@@ -518,3 +525,6 @@ void kv_model_blas_threads(kv_model *m, int n) {
     openblas_set_num_threads(n);
     m->blas_threads = n;
 }
+
+kv_model_device kv_model_device_of(const kv_model *m) { return m && m->gpu ? KV_MODEL_DEVICE_CUDA : KV_MODEL_DEVICE_CPU; }
+size_t kv_model_device_weight_bytes(const kv_model *m) { return kv_model_cuda_weight_bytes(m); }

@@ -43,7 +43,7 @@ static kv_model *make_model(void) {
     a.n_layers = L, a.d_model = D, a.n_heads = NH, a.n_kv_heads = NKV, a.head_dim = HD, a.d_ff = FF;
     a.vocab_size = VOCAB, a.max_seq_len = 512, a.rms_eps = 1e-5f, a.rope_theta = 10000.0f;
     a.rope_layout = KV_ROPE_ADJACENT, a.tied_embeddings = 1, a.bos_id = 1, a.eos_id = 2;
-    kv_model_options opt = {1, 0};
+    kv_model_options opt = {1, 0, KV_MODEL_DEVICE_CPU};
     kv_model *m = NULL;
     ck_assert_kv_ok(kv_model_create(&m, &a, rand_tensor, NULL, &opt));
     return m;

@@ -77,7 +77,7 @@ static kv_model *make_model(const model_case *c) {
     kv_arch a;
     small_arch(&a, c);
     source src = {c, 1234};
-    kv_model_options opt = {1, 0};
+    kv_model_options opt = {1, 0, KV_MODEL_DEVICE_CPU};
     kv_model *m = NULL;
     ck_assert_kv_ok(kv_model_create(&m, &a, random_tensor, &src, &opt));
     return m;
@@ -211,7 +211,7 @@ START_TEST(test_fd_stories260k) {
     const char *dir = kv_test_data_dir();
     char path[1024];
     snprintf(path, sizeof path, "%s/stories260K/stories260K.bin", dir);
-    kv_model_options opt = {1, 0};
+    kv_model_options opt = {1, 0, KV_MODEL_DEVICE_CPU};
     kv_model *m = NULL;
     ck_assert_kv_ok(kv_model_open(&m, path, &opt));
     kv_grad *g = NULL;
@@ -250,7 +250,7 @@ START_TEST(test_threads_agree_stories260k) {
     char path[1024];
     snprintf(path, sizeof path, "%s/stories260K/stories260K.bin", dir);
     kv_model *m1 = NULL, *m2 = NULL;
-    kv_model_options o1 = {1, 0}, o2 = {2, 0};
+    kv_model_options o1 = {1, 0, KV_MODEL_DEVICE_CPU}, o2 = {2, 0, KV_MODEL_DEVICE_CPU};
     ck_assert_kv_ok(kv_model_open(&m1, path, &o1));
     ck_assert_kv_ok(kv_model_open(&m2, path, &o2));
     kv_grad *g1 = NULL, *g2 = NULL;
@@ -330,7 +330,7 @@ START_TEST(test_jax_reference) {
     a.n_layers = 2, a.d_model = 32, a.n_heads = 4, a.n_kv_heads = 2, a.head_dim = 8, a.d_ff = 48;
     a.vocab_size = 40, a.max_seq_len = 64, a.rms_eps = 1e-5f, a.rope_theta = 10000.0f;
     a.rope_layout = KV_ROPE_ADJACENT, a.bos_id = 1, a.eos_id = 2;
-    kv_model_options opt = {1, 0};
+    kv_model_options opt = {1, 0, KV_MODEL_DEVICE_CPU};
     kv_model *m = NULL;
     ck_assert_kv_ok(kv_model_create(&m, &a, jax_tensor, NULL, &opt));
     kv_grad *g = NULL, *g32 = NULL;

@@ -452,7 +452,7 @@ END_TEST
 
 START_TEST(test_f16_weights) {
     const int T = 21;
-    kv_model_options o = {0, 1};
+    kv_model_options o = {0, 1, KV_MODEL_DEVICE_CPU};
     kv_model *m16 = make_model(_i, &o), *m32 = make_model(_i, NULL);
     ck_assert_ptr_nonnull(kv_model_layer(m16, 0)->wq.f16);
     ck_assert_ptr_null(kv_model_layer(m16, 0)->wq.f32);

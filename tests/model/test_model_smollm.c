@@ -58,7 +58,7 @@ static int32_t *g_tokens; /* 16 * 512 ids */
 static void setup(void) {
     const char *path = getenv("KVCAL_DEFAULT_MODEL");
     ck_assert_kv_ok(kv_model_open(&g_model, path, NULL));
-    kv_model_options o = {0, KV_WEIGHTS_NATIVE};
+    kv_model_options o = {0, KV_WEIGHTS_NATIVE, KV_MODEL_DEVICE_CPU};
     ck_assert_kv_ok(kv_model_open(&g_native, path, &o));
     const char *raw = read_file("smollm2_llamacpp_tokens.i32", 16 * CTX * 4);
     g_tokens = malloc(16 * CTX * sizeof(int32_t));
