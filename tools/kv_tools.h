@@ -38,6 +38,10 @@ kv_status kv_tool_make_cache(kv_cache **out, kv_plan **plan_out, kv_model *m, co
                              const char *plan_path, const char *cache_kind, int n_seqs, int capacity, unsigned rt_flags);
 /* Parse a --weights value ("f32", "f16", "native"); -1 when it is none of them. */
 int kv_tool_weight_storage(const char *name);
+/* --device and --weights into model options: device "cpu" or "cuda" (RUNTIME.md §10.6; NULL = cpu), weights as
+ * kv_tool_weight_storage (NULL = dflt on the CPU, f16 on the GPU). KV_EXIT_OK, or a usage error. */
+int kv_tool_model_device(const char *tool, const char *device, const char *weights, kv_weight_storage dflt,
+                         kv_model_options *mo);
 
 /* Checks made before any work (exit codes: KV_EXIT_OK, or KV_EXIT_USAGE after a usage error naming
  * the problem). */
@@ -140,6 +144,7 @@ int kvrun_generate(int argc, char **argv); /* kvrun_generate.c: text generation 
 int kvrun_info(int argc, char **argv);     /* kvrun_info.c: describe a model file */
 int kvrun_inspect(int argc, char **argv);  /* kvrun_inspect.c: print a plan (YAML/JSON); --check it against a model */
 int kvrun_bench(int argc, char **argv);    /* kvrun_bench.c: prefill and decode speed, bytes held, with a plan or cache */
+int kvrun_selfcheck(int argc, char **argv); /* kvrun_selfcheck.c: the runtime's CPU-vs-device self-check */
 
 /* kvcal */
 int kvcal_grids(int argc, char **argv);    /* kvcal_grids.c: generate a HIGGS grid file */

@@ -7,6 +7,7 @@ static const kv_subcommand k_commands[] = {
     {"info", "describe a model: architecture, tensors, KV cache per token", kvrun_info},
     {"inspect", "print a compression plan (YAML/JSON); --check it against a model", kvrun_inspect},
     {"bench", "decode and prefill speed and bytes held, with a plan or an f32/f16 cache", kvrun_bench},
+    {"selfcheck", "the runtime's CPU-vs-GPU self-check for every kind of codec (or one plan)", kvrun_selfcheck},
     {NULL, NULL, NULL},
 };
 

@@ -35,7 +35,8 @@ static int argmax(const float *x, int n) {
 }
 
 int kvrun_bench(int argc, char **argv) {
-    const char *model = NULL, *tokp = NULL, *text = NULL, *plan_path = NULL, *cache_kind = "f16", *weights = "native";
+    const char *model = NULL, *tokp = NULL, *text = NULL, *plan_path = NULL, *cache_kind = "f16", *weights = NULL;
+    const char *device = NULL;
     long context = 0, decode = 32, batch = 1, threads = 0, seed = 1, prefill_chunk = 512;
     int json = 0, keep = 0;
     const kv_opt opts[] = {
@@ -51,7 +52,8 @@ int kvrun_bench(int argc, char **argv) {
         {"text", 0, KV_OPT_STRING, &text, "FILE", "take the prompts from this text (default: seeded random tokens)", 0},
         {"tokenizer", 0, KV_OPT_STRING, &tokp, "PATH", "tokenizer for --text (default: the model's own)", 0},
         {"seed", 0, KV_OPT_INT, &seed, "S", "seed of the random prompts (default 1)", 0},
-        {"weights", 0, KV_OPT_STRING, &weights, "KIND", "weight storage: native (default), f32, f16", 0},
+        {"weights", 0, KV_OPT_STRING, &weights, "KIND", "weight storage: native (the CPU's default), f32, f16 (the GPU's)", 0},
+        {"device", 0, KV_OPT_STRING, &device, "DEV", "cpu (default) or cuda (the model and its cache on the GPU)", 0},
         {"threads", 't', KV_OPT_INT, &threads, "N", "threads, 1..4 per CPU (default: KVCAL_THREADS or all CPUs)", 0},
         {"keep-reconstructions", 0, KV_OPT_FLAG, &keep, NULL, "AQUA-KV plans: keep the reconstructions across steps "
                                                                   "instead of rebuilding them (kernels/RUNTIME.md §6)", 0},
@@ -74,12 +76,12 @@ int kvrun_bench(int argc, char **argv) {
     if ((rc = kv_tool_threads(k_tool, threads, &n_threads)) != KV_EXIT_OK) return rc;
     if (strcmp(cache_kind, "f32") != 0 && strcmp(cache_kind, "f16") != 0)
         return kv_cli_usage_error(k_tool, "--cache must be f16 or f32, not '%s'", cache_kind);
-    const int storage = kv_tool_weight_storage(weights);
-    if (storage < 0) return kv_cli_usage_error(k_tool, "--weights must be native, f32 or f16, not '%s'", weights);
     kv_model_options mo;
     memset(&mo, 0, sizeof mo);
     mo.n_threads = n_threads;
-    mo.weights = (kv_weight_storage)storage;
+    if ((rc = kv_tool_model_device(k_tool, device, weights, KV_WEIGHTS_NATIVE, &mo)) != KV_EXIT_OK) return rc;
+    if (mo.device == KV_MODEL_DEVICE_CUDA && !plan_path && strcmp(cache_kind, "f32") == 0)
+        return kv_cli_usage_error(k_tool, "--device cuda holds the cache in the runtime: --cache f16 or --plan");
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;
     kv_cache *cache = NULL;

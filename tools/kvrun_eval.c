@@ -44,7 +44,7 @@ done:
 
 int kvrun_eval(int argc, char **argv) {
     const char *model = NULL, *tokp = NULL, *text = NULL, *protocol = "all", *plan = NULL, *task = NULL;
-    const char *filler = NULL, *lengths = NULL, *depths = "0.1,0.5,0.9";
+    const char *filler = NULL, *lengths = NULL, *depths = "0.1,0.5,0.9", *device = NULL, *weights = NULL;
     long ctx = 0, max_tokens = 0, batch = 1, threads = 0, prefill = 0, step = 0;
     long prompt_len = 0, score_len = 0, samples = 0, prefill_chunk = 512, trials = 1, seed = 0, answer_tokens = 8;
     int json = 0;
@@ -76,6 +76,10 @@ int kvrun_eval(int argc, char **argv) {
         {"seed", 's', KV_OPT_INT, &seed, "S", "passkey: seed of the keys and filler offsets (default 0)", 0},
         {"answer-tokens", 0, KV_OPT_INT, &answer_tokens, "N", "passkey: answer tokens generated at most (default 8)", 0},
         {"threads", 't', KV_OPT_INT, &threads, "N", "threads, 1..4 per CPU (default: KVCAL_THREADS or all CPUs)", 0},
+        {"device", 0, KV_OPT_STRING, &device, "DEV", "cpu (default) or cuda: the model and its KV cache on the GPU "
+                                                     "(kernels/RUNTIME.md §10)", 0},
+        {"weights", 0, KV_OPT_STRING, &weights, "KIND", "weight storage: f32 (the CPU's default), f16 (the GPU's "
+                                                        "default: f16 products accumulated in f32), native", 0},
         {"json", 0, KV_OPT_FLAG, &json, NULL, "print the result as one JSON object", 0},
         {NULL, 0, 0, NULL, NULL, NULL, 0},
     };
@@ -96,6 +100,10 @@ int kvrun_eval(int argc, char **argv) {
     kv_cli_args_free(&args);
     int n_threads = 0;
     if ((rc = kv_tool_threads(k_tool, threads, &n_threads)) != KV_EXIT_OK) return rc;
+    kv_model_options mo;
+    memset(&mo, 0, sizeof mo);
+    mo.n_threads = n_threads;
+    if ((rc = kv_tool_model_device(k_tool, device, weights, KV_WEIGHTS_F32, &mo)) != KV_EXIT_OK) return rc;
     if (prefill_chunk < 0 || prefill_chunk > (1L << 24)) return kv_cli_usage_error(k_tool, "--prefill-chunk in [0, 2^24]");
     if (task) {
         if (strcmp(task, "passkey") != 0) return kv_cli_usage_error(k_tool, "--task must be 'passkey', not '%s'", task);
@@ -106,7 +114,7 @@ int kvrun_eval(int argc, char **argv) {
         kv_model *m = NULL;
         kv_tokenizer *tok = NULL;
         kv_status s;
-        if ((s = kv_input_check(filler)) != KV_OK || (s = kv_tool_open_model(&m, &tok, model, tokp, n_threads)) != KV_OK) {
+        if ((s = kv_input_check(filler)) != KV_OK || (s = kv_tool_open_model_opt(&m, &tok, model, tokp, &mo)) != KV_OK) {
             kv_tokenizer_free(tok);
             kv_model_free(m);
             return kv_cli_fail(k_tool, s);
@@ -129,7 +137,7 @@ int kvrun_eval(int argc, char **argv) {
         size_t n_ids = 0;
         kv_status s;
         if ((s = kv_input_check(text)) != KV_OK) goto cont_done;
-        if ((s = kv_tool_open_model(&m, &tok, model, tokp, n_threads)) != KV_OK) goto cont_done;
+        if ((s = kv_tool_open_model_opt(&m, &tok, model, tokp, &mo)) != KV_OK) goto cont_done;
         kv_tool_warn_context(kv_model_arch(m), prompt_len + score_len, "--prompt-len + --score-len");
         const size_t per = (size_t)(prompt_len + score_len);
         size_t want = max_tokens ? (size_t)max_tokens : 0;
@@ -167,7 +175,7 @@ int kvrun_eval(int argc, char **argv) {
     size_t n_ids = 0;
     kv_status s;
     if ((s = kv_input_check(text)) != KV_OK) goto done; /* a device never ends: before loading anything */
-    if ((s = kv_tool_open_model(&m, &tok, model, tokp, n_threads)) != KV_OK) goto done;
+    if ((s = kv_tool_open_model_opt(&m, &tok, model, tokp, &mo)) != KV_OK) goto done;
     kv_tool_warn_context(kv_model_arch(m), ctx, "--ctx");
     /* with --max-tokens only what the chunks can use is read and tokenized (whole chunks of ctx tokens;
      * the llama.cpp protocol's BOS is added afterwards) */

@@ -33,7 +33,8 @@ static kv_status print_token(void *user, int32_t token) {
 }
 
 int kvrun_generate(int argc, char **argv) {
-    const char *model = NULL, *tokp = NULL, *prompt = "", *weights = "native", *plan_path = NULL, *cache_kind = "f32";
+    const char *model = NULL, *tokp = NULL, *prompt = "", *weights = NULL, *plan_path = NULL, *cache_kind = NULL;
+    const char *device = NULL;
     long n_new = 256, threads = 0, seed = 0, prefill_chunk = 512;
     double temp = 0.0, top_p = 1.0;
     int ignore_eos = 0;
@@ -48,9 +49,11 @@ int kvrun_generate(int argc, char **argv) {
         {"ignore-eos", 0, KV_OPT_FLAG, &ignore_eos, NULL, "do not stop at end-of-generation tokens", 0},
         {"threads", 't', KV_OPT_INT, &threads, "N", "threads, 1..4 per CPU (default: KVCAL_THREADS or all CPUs)", 0},
         {"weights", 0, KV_OPT_STRING, &weights, "KIND",
-         "weight storage: native (the file's blocks decoded on the fly; default), f32, f16", 0},
+         "weight storage: native (the file's blocks decoded on the fly; the CPU's default), f32, f16 (the GPU's)", 0},
+        {"device", 0, KV_OPT_STRING, &device, "DEV", "cpu (default) or cuda (the model and its cache on the GPU)", 0},
         {"plan", 0, KV_OPT_STRING, &plan_path, "PLAN", "hold the KV cache compressed as this plan says (the runtime)", 0},
-        {"cache", 0, KV_OPT_STRING, &cache_kind, "KIND", "without --plan: f32 (exact, default) or f16 (the runtime's f16 cache)", 0},
+        {"cache", 0, KV_OPT_STRING, &cache_kind, "KIND", "without --plan: f32 (exact; the CPU's default) or f16 (the "
+                                                         "runtime's f16 cache; the GPU's only one)", 0},
         {"prefill-chunk", 0, KV_OPT_INT, &prefill_chunk, "N", "prompt tokens per forward step (default 512; 0 = the "
                                                               "whole prompt at once)", 0},
         {NULL, 0, 0, NULL, NULL, NULL, 0},
@@ -72,11 +75,12 @@ int kvrun_generate(int argc, char **argv) {
     kv_model_options mo;
     memset(&mo, 0, sizeof mo);
     mo.n_threads = n_threads;
-    const int storage = kv_tool_weight_storage(weights);
-    if (storage < 0) return kv_cli_usage_error(k_tool, "--weights must be native, f32 or f16, not '%s'", weights);
+    if ((rc = kv_tool_model_device(k_tool, device, weights, KV_WEIGHTS_NATIVE, &mo)) != KV_EXIT_OK) return rc;
+    if (!cache_kind) cache_kind = mo.device == KV_MODEL_DEVICE_CUDA ? "f16" : "f32";
     if (strcmp(cache_kind, "f32") != 0 && strcmp(cache_kind, "f16") != 0)
         return kv_cli_usage_error(k_tool, "--cache must be f32 or f16, not '%s'", cache_kind);
-    mo.weights = (kv_weight_storage)storage;
+    if (mo.device == KV_MODEL_DEVICE_CUDA && strcmp(cache_kind, "f32") == 0)
+        return kv_cli_usage_error(k_tool, "--device cuda holds the cache in the runtime: --cache f16 or --plan");
 
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;

@@ -248,6 +248,24 @@ int kv_tool_weight_storage(const char *name) {
     return -1;
 }
 
+int kv_tool_model_device(const char *tool, const char *device, const char *weights, kv_weight_storage dflt,
+                         kv_model_options *mo) {
+    if (!device || strcmp(device, "cpu") == 0)
+        mo->device = KV_MODEL_DEVICE_CPU;
+    else if (strcmp(device, "cuda") == 0)
+        mo->device = KV_MODEL_DEVICE_CUDA;
+    else
+        return kv_cli_usage_error(tool, "--device must be cpu or cuda, not '%s'", device);
+    if (!weights) {
+        mo->weights = mo->device == KV_MODEL_DEVICE_CUDA ? KV_WEIGHTS_F16 : dflt;
+        return KV_EXIT_OK;
+    }
+    const int storage = kv_tool_weight_storage(weights);
+    if (storage < 0) return kv_cli_usage_error(tool, "--weights must be native, f32 or f16, not '%s'", weights);
+    mo->weights = (kv_weight_storage)storage;
+    return KV_EXIT_OK;
+}
+
 /* ---- checks before any work ----------------------------------------------------------------------- */
 int kv_tool_threads(const char *tool, long requested, int *n) {
     *n = 0;
