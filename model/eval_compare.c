@@ -28,8 +28,9 @@ static int row_argmax(const float *x, int n) {
     return best;
 }
 
-/* Score one row pair: NLLs of the target under both, KL(P || Q), whether the argmaxes agree. */
-static void score_row(const float *p_logits, const float *q_logits, int V, int target, double out[4]) {
+/* Score one row pair: NLLs of the target under both, KL(P || Q), whether the argmaxes agree, the argmaxes. */
+#define ROW_STATS 6
+static void score_row(const float *p_logits, const float *q_logits, int V, int target, double out[ROW_STATS]) {
     float mp, mq;
     double lp, lq;
     row_lse(p_logits, V, &mp, &lp);
@@ -42,7 +43,9 @@ static void score_row(const float *p_logits, const float *q_logits, int V, int t
     out[0] = -((double)(p_logits[target] - mp) - lp);
     out[1] = -((double)(q_logits[target] - mq) - lq);
     out[2] = kl > 0 ? kl : 0.0; /* rounding can make a zero divergence slightly negative */
-    out[3] = row_argmax(p_logits, V) == row_argmax(q_logits, V);
+    out[4] = row_argmax(p_logits, V);
+    out[5] = row_argmax(q_logits, V);
+    out[3] = out[4] == out[5];
 }
 
 typedef struct score_job {
@@ -56,7 +59,7 @@ static void score_range(void *ctx, size_t i0, size_t i1, int thread) {
     (void)thread;
     const score_job *jb = ctx;
     for (size_t i = i0; i < i1; i++)
-        score_row(jb->p + i * (size_t)jb->V, jb->q + i * (size_t)jb->V, jb->V, jb->targets[i], jb->rows + 4 * i);
+        score_row(jb->p + i * (size_t)jb->V, jb->q + i * (size_t)jb->V, jb->V, jb->targets[i], jb->rows + ROW_STATS * i);
 }
 
 /* The exact pass over one sample: in = [bos, the n_text tokens of text], the first n_tokens of it
@@ -92,7 +95,7 @@ kv_status kv_eval_compare(kv_model *m, kv_cache *cache, const int32_t *tokens, s
     float *h_c = kv_aligned_alloc(64, (size_t)ctx * d * sizeof(float));
     float *lg_ref = kv_aligned_alloc(64, (size_t)CMP_ROWS * V * sizeof(float));
     float *lg_c = kv_aligned_alloc(64, (size_t)CMP_ROWS * V * sizeof(float));
-    double *rows = malloc((size_t)CMP_ROWS * 4 * sizeof(double));
+    double *rows = malloc((size_t)CMP_ROWS * ROW_STATS * sizeof(double));
     if (!in || !h_ref || !h_c || !lg_ref || !lg_c || !rows) {
         s = KV_ERR(KV_ENOMEM, "out of memory for the comparison of %d-token chunks", ctx);
         goto done;
@@ -134,10 +137,15 @@ kv_status kv_eval_compare(kv_model *m, kv_cache *cache, const int32_t *tokens, s
             score_job sj = {lg_ref, lg_c, V, in + r0 + 1, rows};
             kv_model_for_rows(m, (size_t)nr, (size_t)nr * (size_t)V * 8, score_range, &sj);
             for (int i = 0; i < nr; i++) { /* sums in a fixed order */
-                sum_nll_ref += rows[4 * i];
-                sum_nll += rows[4 * i + 1];
-                sum_kl += rows[4 * i + 2];
-                agree += rows[4 * i + 3];
+                const double *ri = rows + ROW_STATS * i;
+                sum_nll_ref += ri[0];
+                sum_nll += ri[1];
+                sum_kl += ri[2];
+                agree += ri[3];
+                if (opt->argmax_ref && opt->argmax_cache && scored + (size_t)i < opt->argmax_cap) {
+                    opt->argmax_ref[scored + (size_t)i] = (int32_t)ri[4];
+                    opt->argmax_cache[scored + (size_t)i] = (int32_t)ri[5];
+                }
             }
             scored += (size_t)nr;
         }
@@ -212,7 +220,7 @@ kv_status kv_eval_continuation(kv_model *m, kv_cache *const *caches, int n_cache
     float *h_c = kv_aligned_alloc(64, (size_t)M * (size_t)d * sizeof(float));
     float *lg_ref = kv_aligned_alloc(64, (size_t)M * (size_t)V * sizeof(float));
     float *lg_c = kv_aligned_alloc(64, (size_t)CMP_ROWS * (size_t)V * sizeof(float));
-    double *rows = malloc((size_t)CMP_ROWS * 4 * sizeof(double));
+    double *rows = malloc((size_t)CMP_ROWS * ROW_STATS * sizeof(double));
     double *sums = calloc((size_t)(n_caches > 0 ? n_caches : 1) * 3, sizeof(double));
     if (!in || !h_ref || !h_c || !lg_ref || !lg_c || !rows || !sums) {
         s = KV_ERR(KV_ENOMEM, "out of memory for a continuation of %d + %d tokens (%.0f MiB of reference logits)", N, M,
@@ -263,9 +271,9 @@ kv_status kv_eval_continuation(kv_model *m, kv_cache *const *caches, int n_cache
                 score_job sj = {lg_ref + (size_t)r0 * (size_t)V, lg_c, V, in + N + r0 + 1, rows};
                 kv_model_for_rows(m, (size_t)nr, (size_t)nr * (size_t)V * 8, score_range, &sj);
                 for (int k = 0; k < nr; k++) { /* sums in a fixed order */
-                    sums[3 * i] += rows[4 * k + 1];
-                    sums[3 * i + 1] += rows[4 * k + 2];
-                    sums[3 * i + 2] += rows[4 * k + 3];
+                    sums[3 * i] += rows[ROW_STATS * k + 1];
+                    sums[3 * i + 1] += rows[ROW_STATS * k + 2];
+                    sums[3 * i + 2] += rows[ROW_STATS * k + 3];
                 }
             }
             res[i].seconds_continuation += kv_now_seconds() - t0;

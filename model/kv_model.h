@@ -374,6 +374,10 @@ typedef struct kv_compare_options {
     const char *progress_label; /* NULL: no progress */
     kv_compare_chunk_fn on_chunk; /* after each chunk, before the cache is reset (stats); may be NULL */
     void *user;
+    /* optional: the argmax of each scored position, exact and through the cache, in scoring order (the first
+     * argmax_cap positions; e.g. to compare the predictions of two devices) */
+    int32_t *argmax_ref, *argmax_cache;
+    size_t argmax_cap;
 } kv_compare_options;
 
 typedef struct kv_compare_result {

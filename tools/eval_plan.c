@@ -10,6 +10,7 @@
 #include "kvrt.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct chunk_totals {
@@ -43,6 +44,13 @@ static kv_status on_chunk(void *user, kv_cache *cache, size_t chunk) {
 kv_status kv_tool_eval_plan(kv_tool_plan_eval *out, kv_model *m, const char *model_path, const char *plan_path,
                             const int32_t *tokens, size_t n_tokens, int ctx, int bos, size_t max_chunks,
                             int prefill, int step, const char *progress_label) {
+    return kv_tool_eval_plan_ex(out, m, model_path, plan_path, tokens, n_tokens, ctx, bos, max_chunks, prefill, step,
+                                progress_label, NULL);
+}
+
+kv_status kv_tool_eval_plan_ex(kv_tool_plan_eval *out, kv_model *m, const char *model_path, const char *plan_path,
+                               const int32_t *tokens, size_t n_tokens, int ctx, int bos, size_t max_chunks,
+                               int prefill, int step, const char *progress_label, const char *predictions) {
     memset(out, 0, sizeof *out);
     kv_plan *plan = NULL;
     kv_model_file *mf = NULL;
@@ -56,8 +64,8 @@ kv_status kv_tool_eval_plan(kv_tool_plan_eval *out, kv_model *m, const char *mod
         kv_error_wrap(s, "plan '%s' does not belong to model '%s': ", plan_path, model_path);
         goto done;
     }
-    if ((s = kv_tool_eval_plan_loaded(out, m, plan, tokens, n_tokens, ctx, bos, max_chunks, prefill, step,
-                                      progress_label)) != KV_OK)
+    if ((s = kv_tool_eval_plan_loaded_ex(out, m, plan, tokens, n_tokens, ctx, bos, max_chunks, prefill, step,
+                                         progress_label, predictions)) != KV_OK)
         kv_error_wrap(s, "plan '%s': ", plan_path);
 done:
     kv_model_file_close(mf);
@@ -68,10 +76,28 @@ done:
 kv_status kv_tool_eval_plan_loaded(kv_tool_plan_eval *out, kv_model *m, const kv_plan *plan, const int32_t *tokens,
                                    size_t n_tokens, int ctx, int bos, size_t max_chunks, int prefill, int step,
                                    const char *progress_label) {
+    return kv_tool_eval_plan_loaded_ex(out, m, plan, tokens, n_tokens, ctx, bos, max_chunks, prefill, step,
+                                       progress_label, NULL);
+}
+
+kv_status kv_tool_eval_plan_loaded_ex(kv_tool_plan_eval *out, kv_model *m, const kv_plan *plan, const int32_t *tokens,
+                                      size_t n_tokens, int ctx, int bos, size_t max_chunks, int prefill, int step,
+                                      const char *progress_label, const char *predictions) {
     memset(out, 0, sizeof *out);
     kv_cache *cache = NULL;
+    int32_t *argmax = NULL;
+    size_t cap = 0;
+    if (predictions) { /* every scored position's argmax, exact and through the cache: (ctx - 1) per chunk */
+        size_t chunks = ctx > 1 ? n_tokens / (size_t)(ctx - 1) : 0;
+        if (max_chunks && chunks > max_chunks) chunks = max_chunks;
+        cap = chunks * (size_t)(ctx - 1);
+        if (!(argmax = malloc(2 * (cap ? cap : 1) * sizeof(int32_t)))) return KV_ERR(KV_ENOMEM, "out of memory");
+    }
     kv_status s = kv_cache_rt_create(&cache, plan, m, 1, ctx, 0, 0);
-    if (s != KV_OK) return s;
+    if (s != KV_OK) {
+        free(argmax);
+        return s;
+    }
     chunk_totals tot;
     memset(&tot, 0, sizeof tot);
     tot.rt = kv_cache_rt_runtime(cache);
@@ -87,7 +113,10 @@ kv_status kv_tool_eval_plan_loaded(kv_tool_plan_eval *out, kv_model *m, const kv
     o.progress_label = progress_label;
     o.on_chunk = on_chunk;
     o.user = &tot;
+    o.argmax_ref = argmax, o.argmax_cache = argmax ? argmax + cap : NULL, o.argmax_cap = cap;
     if ((s = kv_eval_compare(m, cache, tokens, n_tokens, &o, &out->cmp)) != KV_OK) goto done;
+    /* int32 little-endian: the exact pass's argmaxes, then the cache's (scoring order) */
+    if (predictions && (s = kv_write_file_atomic(predictions, argmax, 2 * cap * sizeof(int32_t))) != KV_OK) goto done;
     /* predictors and stored SQuat bases are held once per sequence's runtime: counted once per chunk */
     const uint64_t side_bytes = tot.predictor_bytes + tot.basis_bytes;
     out->bits_per_value =
@@ -120,6 +149,7 @@ kv_status kv_tool_eval_plan_loaded(kv_tool_plan_eval *out, kv_model *m, const kv
                "buffer)", ctx, plan->global.sinks, plan->global.recent);
 done:
     kv_cache_free(cache);
+    free(argmax);
     return s;
 }
 

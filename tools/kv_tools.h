@@ -94,6 +94,14 @@ kv_status kv_tool_eval_plan(kv_tool_plan_eval *out, kv_model *m, const char *mod
 kv_status kv_tool_eval_plan_loaded(kv_tool_plan_eval *out, kv_model *m, const kv_plan *plan, const int32_t *tokens,
                                    size_t n_tokens, int ctx, int bos, size_t max_chunks, int prefill, int step,
                                    const char *progress_label);
+/* The same writing every scored position's argmax to `predictions` (int32 little-endian: the exact pass's, then
+ * the cache's), e.g. to compare two devices' predictions (scripts/gpu-check.sh); NULL: none. */
+kv_status kv_tool_eval_plan_ex(kv_tool_plan_eval *out, kv_model *m, const char *model_path, const char *plan_path,
+                               const int32_t *tokens, size_t n_tokens, int ctx, int bos, size_t max_chunks,
+                               int prefill, int step, const char *progress_label, const char *predictions);
+kv_status kv_tool_eval_plan_loaded_ex(kv_tool_plan_eval *out, kv_model *m, const kv_plan *plan, const int32_t *tokens,
+                                      size_t n_tokens, int ctx, int bos, size_t max_chunks, int prefill, int step,
+                                      const char *progress_label, const char *predictions);
 void kv_tool_eval_plan_print(const kv_tool_plan_eval *e, int json);
 
 /* `kvrun eval --protocol continuation` and `--task passkey` (eval_long.c; DESIGN.md §9). */

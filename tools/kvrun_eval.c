@@ -45,6 +45,7 @@ done:
 int kvrun_eval(int argc, char **argv) {
     const char *model = NULL, *tokp = NULL, *text = NULL, *protocol = "all", *plan = NULL, *task = NULL;
     const char *filler = NULL, *lengths = NULL, *depths = "0.1,0.5,0.9", *device = NULL, *weights = NULL;
+    const char *predictions = NULL;
     long ctx = 0, max_tokens = 0, batch = 1, threads = 0, prefill = 0, step = 0;
     long prompt_len = 0, score_len = 0, samples = 0, prefill_chunk = 512, trials = 1, seed = 0, answer_tokens = 8;
     int json = 0;
@@ -80,6 +81,8 @@ int kvrun_eval(int argc, char **argv) {
                                                      "(kernels/RUNTIME.md §10)", 0},
         {"weights", 0, KV_OPT_STRING, &weights, "KIND", "weight storage: f32 (the CPU's default), f16 (the GPU's "
                                                         "default: f16 products accumulated in f32), native", 0},
+        {"predictions", 0, KV_OPT_STRING, &predictions, "FILE", "with --plan: write every scored position's argmax "
+                                                                "(int32: the exact pass's, then the cache's)", 0},
         {"json", 0, KV_OPT_FLAG, &json, NULL, "print the result as one JSON object", 0},
         {NULL, 0, 0, NULL, NULL, NULL, 0},
     };
@@ -167,6 +170,7 @@ int kvrun_eval(int argc, char **argv) {
     if (max_tokens < 0 || batch < 1 || batch > 4096)
         return kv_cli_usage_error(k_tool, "--max-tokens >= 0, --batch in [1, 4096]");
     if (plan && proto != KV_PPL_ALL) return kv_cli_usage_error(k_tool, "--plan evaluates with protocol 'all' only");
+    if (predictions && !plan) return kv_cli_usage_error(k_tool, "--predictions goes with --plan");
     if (prefill < 0 || step < 0 || prefill > ctx) return kv_cli_usage_error(k_tool, "--prefill in [0, ctx], --step >= 0");
 
     kv_model *m = NULL;
@@ -187,8 +191,8 @@ int kvrun_eval(int argc, char **argv) {
     }
     if (plan) {
         kv_tool_plan_eval e;
-        if ((s = kv_tool_eval_plan(&e, m, model, plan, ids, n_ids, (int)ctx, kv_tokenizer_bos(tok), max_chunks,
-                                   (int)prefill, (int)step, "eval")) != KV_OK)
+        if ((s = kv_tool_eval_plan_ex(&e, m, model, plan, ids, n_ids, (int)ctx, kv_tokenizer_bos(tok), max_chunks,
+                                      (int)prefill, (int)step, "eval", predictions)) != KV_OK)
             goto done;
         kv_tool_eval_plan_print(&e, json);
         goto done;

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_plans.h"
 #include "kv_kernels_internal.h"
 #include "kvrt.h"
 
@@ -31,79 +32,7 @@ static double now(int thread_time) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void die(kv_status s) {
-    fprintf(stderr, "bench_attend: %s: %s\n", kv_status_name(s), kv_error_last());
-    exit(1);
-}
-
-typedef struct method {
-    const char *name;
-    int kind; /* 0 f16, 1 kivi, 2 higgs, 3 aqua (layer 0 HIGGS-4, then predictors + HIGGS residuals) */
-    int bits;
-    int pre_rope;
-    int keep;  /* AQUA-KV: keep the reconstructions */
-} method;
-
-static kv_plan *make_plan(const method *me, int L, int H, int hd, int gqa) {
-    kv_plan_fingerprint fp;
-    memset(&fp, 0, sizeof fp);
-    snprintf(fp.arch, sizeof fp.arch, "llama");
-    fp.n_layers = L, fp.n_kv_heads = H, fp.head_dim = hd, fp.n_heads = H * gqa, fp.d_model = H * gqa * hd;
-    fp.vocab_size = 32, fp.rope_theta = 10000.0f;
-    kv_plan *p = NULL;
-    kv_status s = kv_plan_create(&p, &fp);
-    if (s != KV_OK) die(s);
-    p->global.sinks = me->kind == 0 ? 0 : 4;
-    p->global.recent = me->kind == 0 ? 64 : 128;
-    p->global.rht_seed = 5;
-    int gi = 0, g4 = 0;
-    if (me->kind >= 2) {
-        const int d = 2;
-        for (int pass = 0; pass < (me->kind == 3 ? 2 : 1); pass++) {
-            const int n = 1 << ((pass ? 4 : me->bits) * d);
-            float *g = malloc(sizeof(float) * (size_t)(d * n));
-            kv_rng r;
-            kv_rng_init(&r, 3);
-            for (int i = 0; i < d * n; i++) g[i] = (float)kv_rng_next_normal(&r);
-            if ((s = kv_plan_add_grid(p, d, n, g, pass ? &g4 : &gi)) != KV_OK) die(s);
-            free(g);
-        }
-    }
-    const int kvd = H * hd;
-    float *w = me->kind == 3 ? malloc(sizeof(float) * (size_t)kvd * 2 * kvd) : NULL, *b = NULL;
-    if (w) {
-        kv_rng r;
-        kv_rng_init(&r, 11);
-        b = calloc((size_t)kvd, sizeof(float));
-        for (size_t i = 0; i < (size_t)kvd * 2 * kvd; i++) w[i] = (float)(0.3 / sqrt((double)kvd) * kv_rng_next_normal(&r));
-    }
-    for (int l = 0; l < L; l++) {
-    kv_plan_stream *k = &p->layers[l].stream[KV_PLAN_K], *v = &p->layers[l].stream[KV_PLAN_V];
-    k->pre_rope = me->pre_rope;
-    if (me->kind == 3) {
-        k->method = v->method = KV_PLAN_HIGGS, k->bits = v->bits = 0, k->group_size = v->group_size = hd;
-        k->group_axis = v->group_axis = KV_PLAN_GROUP_CHANNELS, k->higgs_grid = v->higgs_grid = l ? gi : g4;
-        k->scale_dtype = v->scale_dtype = KV_DTYPE_F16;
-        if (l) {
-            const kv_plan_pred_input ik[1] = {{l - 1, KV_PLAN_K}}, iv[2] = {{l - 1, KV_PLAN_V}, {l, KV_PLAN_K}};
-            if ((s = kv_plan_set_predictor(p, l, KV_PLAN_K, 1, ik, w, b)) != KV_OK) die(s);
-            if ((s = kv_plan_set_predictor(p, l, KV_PLAN_V, 2, iv, w, b)) != KV_OK) die(s);
-        }
-    } else if (me->kind == 1) {
-        k->method = v->method = KV_PLAN_UNIFORM, k->bits = v->bits = me->bits;
-        k->group_size = v->group_size = 32, k->group_axis = KV_PLAN_GROUP_TOKENS, v->group_axis = KV_PLAN_GROUP_CHANNELS;
-        k->scale_dtype = v->scale_dtype = KV_DTYPE_F16;
-    } else if (me->kind == 2) {
-        k->method = v->method = KV_PLAN_HIGGS, k->bits = v->bits = 0, k->group_size = v->group_size = hd;
-        k->group_axis = v->group_axis = KV_PLAN_GROUP_CHANNELS, k->higgs_grid = v->higgs_grid = gi;
-        k->scale_dtype = v->scale_dtype = KV_DTYPE_F16;
-    }
-    }
-    free(w);
-    free(b);
-    if ((s = kv_plan_validate(p)) != KV_OK) die(s);
-    return p;
-}
+static void die(kv_status s) { bench_die("bench_attend", s); }
 
 int main(int argc, char **argv) {
     int contexts[16] = {1024, 4096, 8192}, n_ctx = 3, reps = 20, threads = 1, H = 3, gqa = 3, hd = 64, L = 30;
@@ -135,10 +64,11 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    const method methods[] = {{"f16", 0, 16, 0, 0},      {"kivi-2", 1, 2, 0, 0},   {"kivi-4", 1, 4, 0, 0},
-                              {"higgs-2", 2, 2, 0, 0},   {"higgs-2r", 2, 2, 1, 0}, {"higgs-4", 2, 4, 0, 0},
-                              {"aqua-2", 3, 2, 1, 0},    {"aqua-2k", 3, 2, 1, 1}};
-    const int nm = (int)(sizeof methods / sizeof methods[0]);
+    /* the CPU's rows of the methods' table (bench_plans.h) */
+    const char *names[] = {"f16", "kivi-2", "kivi-4", "higgs-2", "higgs-2r", "higgs-4", "aqua-2", "aqua-2k"};
+    const int nm = (int)(sizeof names / sizeof names[0]);
+    bench_method methods[8];
+    for (int i = 0; i < nm; i++) methods[i] = *bench_method_find(names[i]);
     /* the runtime calls the BLAS from its own threads (AQUA-KV's predictors): no BLAS threads besides */
     openblas_set_num_threads(1);
     const int kvd = H * hd, qd = H * gqa * hd;
@@ -165,7 +95,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < hd / 2; i++) freq[i] = pow(10000.0, -2.0 * i / hd);
         for (int mi = 0; mi < nm; mi++) {
             if (only && mi > 0 && strcmp(only, methods[mi].name) != 0) continue;
-            kv_plan *p = make_plan(&methods[mi], L, H, hd, gqa);
+            kv_plan *p = bench_make_plan(&methods[mi], L, H, hd, gqa);
             kv_rt_options o;
             memset(&o, 0, sizeof o);
             o.n_seqs = 1, o.n_heads = H * gqa, o.n_threads = threads, o.rope_inv_freq = freq;
