@@ -1820,15 +1820,28 @@ static void cuda_vs_model(const rcase *c, int n_seqs) {
     ck_assert_msg(differ == 0, "%s: %zu of %zu GPU outputs are not the host model's bits", c->name, differ, n);
 }
 
+/* KV_CUDA_CASES=name,name: only those cases (and not the long ones or the self-check): compute-sanitizer's racecheck
+ * is slow. KV_CUDA_QUICK=1: every 4th case (memcheck). */
+static int case_selected(const char *name) {
+    const char *list = getenv("KV_CUDA_CASES");
+    if (!list) return 1;
+    const size_t n = strlen(name);
+    for (const char *p = list; (p = strstr(p, name)) != NULL; p += n)
+        if ((p == list || p[-1] == ',') && (p[n] == ',' || p[n] == '\0')) return 1;
+    return 0;
+}
+
 START_TEST(test_cuda_cases) {
     const rcase *c = &k_cases[_i];
     if (strstr(c->name, "across heads") && c->k.method == KV_PLAN_HIGGS) return; /* refused on devices (test_device_model) */
     if (getenv("KV_CUDA_QUICK") && _i % 4) return; /* under compute-sanitizer: every 4th case */
+    if (!case_selected(c->name)) return;
     cuda_vs_model(c, 2);
 }
 END_TEST
 
 START_TEST(test_cuda_long) {
+    if (getenv("KV_CUDA_CASES") || getenv("KV_CUDA_QUICK")) return;
     const rcase c1 = {"gpu long kivi-2", 1, 2, 3, 64, 4, 128, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 2700,
                       2690, 1, 0, 0, NO_SQ};
     const rcase c2 = {"gpu long higgs pre-rope", 2, 1, 3, 64, 4, 128, HG(0, 2, 16), HG(0, 2, 16), F16, F16, 0, 1, 0, 0,
@@ -1843,6 +1856,7 @@ END_TEST
 
 /* The self-check on the GPU for every catalogue entry (what kv_rt_open runs), with its cost. */
 START_TEST(test_cuda_selfcheck) {
+    if (getenv("KV_CUDA_CASES") || getenv("KV_CUDA_QUICK")) return;
     double freq[32];
     for (int i = 0; i < 32; i++) freq[i] = pow(10000.0, -2.0 * i / 64);
     kv_rt_options o;
