@@ -183,8 +183,16 @@ kv_status c_gemm_nt(rt_dev *d, int M, int N, int K, const float *A, int lda, con
                     int ldc) {
     const float one = 1.0f;
     if (M <= 0) return KV_OK;
-    const cublasStatus_t r = cublasSgemm(static_cast<cuda_impl *>(d->impl)->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K,
-                                         &one, B, ldb, A, lda, &one, C, ldc);
+    cuda_impl *im = static_cast<cuda_impl *>(d->impl);
+    if (!im->cublas) { /* made on first use: only AQUA-KV's predictors need it, and it costs milliseconds */
+        if (cublasCreate(&im->cublas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(im->cublas, im->stream) != CUBLAS_STATUS_SUCCESS ||
+            cublasSetMathMode(im->cublas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS) {
+            if (im->cublas) cublasDestroy(im->cublas);
+            im->cublas = NULL;
+            return KV_ERR(KV_ECUDA, "runtime (CUDA): cuBLAS could not be set up");
+        }
+    }
+    const cublasStatus_t r = cublasSgemm(im->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, ldb, A, lda, &one, C, ldc);
     if (r != CUBLAS_STATUS_SUCCESS) return KV_ERR(KV_ECUDA, "cublasSgemm (%d x %d x %d): status %d", M, N, K, (int)r);
     return KV_OK;
 }
@@ -289,11 +297,6 @@ extern "C" kv_status rt_dev_cuda_create(rt_dev **out, kv_stream stream) {
     KV_CU(cudaDeviceGetAttribute(&im->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     KV_CU(cudaFuncSetAttribute(attend_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, im->smem_optin));
     if (im->own_stream) KV_CU(cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking));
-    if (cublasCreate(&im->cublas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(im->cublas, im->stream) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetMathMode(im->cublas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS) {
-        st = KV_ERR(KV_ECUDA, "runtime (CUDA): cuBLAS could not be set up");
-        goto done;
-    }
     *out = d;
     return KV_OK;
 done:

@@ -14,6 +14,9 @@ _Static_assert(KV_DC_F16 == (int)RT_F16 && KV_DC_F32 == (int)RT_F32 && KV_DC_UNI
                    KV_DC_HIGGS == (int)RT_HIGGS && KV_DC_FLOAT == (int)RT_FLOAT,
                "kv_dcodec kinds are rt_kind values");
 
+/* A launch's description travels as a kernel parameter (4 KiB at most on every CUDA architecture). */
+_Static_assert(sizeof(kv_dattn) <= 4096, "kv_dattn must fit the kernel parameter space");
+
 /* Bytes of one page of a sequence's block arena (a block larger than this gets a page of its own). */
 #define RT_ARENA_PAGE ((size_t)2 << 20)
 /* Alignment of blocks in the arena. */
