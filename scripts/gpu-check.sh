@@ -3,7 +3,9 @@
 # libraries and nothing of this project: everything is built and prepared here, carried there, and run in one call.
 #
 #   scripts/gpu-check.sh pack [BUILD_DIR] [DIR]    (here; BUILD_DIR built with nvcc, default build; DIR default
-#                                                  .devrun, git-ignored through .git/info/exclude)
+#                                                  .devrun, git-ignored through .git/info/exclude; the models,
+#                                                  plans and CPU results already in DIR are kept: KV_GPU_REFRESH=1
+#                                                  makes them again)
 #     - the binaries (kvrun, the CPU-vs-GPU harnesses, the benchmarks) and the CPU libraries they load, in one
 #       xz archive;
 #     - the models: stories260K, and SmolLM2-135M's layers 0-2 and 21-29 with its embedding in Q4_1 (a real model's
@@ -12,8 +14,10 @@
 #       FP8, NVFP4, KVmix RPC with per-layer bits) and the CPU's evaluation of each (kvrun eval --plan --json
 #       --predictions, f16 weights as the GPU holds them; and f32 for one plan), to compare with;
 #     - run.sh and compare.py.
-#   bash DIR/run.sh                               (there; results in $OUT, or DIR/out without it) in this order,
-#                                                  each step under a timeout so that the call ends in ~5 minutes:
+#   bash DIR/run.sh [STEPS]                       (there; results in $OUT/results.tar.gz and $OUT/summary.txt)
+#                                                  STEPS: a comma list of selfcheck,harness,eval,bench,sanitize
+#                                                  (default all), in this order, each step under a timeout so that
+#                                                  the whole call ends in about 7 minutes:
 #     1. kvrun selfcheck --device cuda: every kind of codec, and a real plan (its cost);
 #     2. the harness: test_kernels_cuda (quantizers, CPU vs GPU) and test_runtime_cuda (every runtime case on the GPU
 #        against the bound, the replay and the host model's bits; long sequences; the self-check catalogue);
@@ -35,7 +39,8 @@ for b in "${bins[@]}" tools/kvcal tests/bench/gguf_slice; do
   [ -x "$build/$b" ] || { echo "gpu-check: $build/$b missing: build with nvcc present (scripts/build.sh)" >&2; exit 1; }
 done
 smollm="$(bash "$here/scripts/fetch-model.sh")"
-rm -rf "$dir"
+[ "${KV_GPU_REFRESH:-0}" = 1 ] && rm -rf "$dir"
+rm -rf "$dir/pkg" "$dir/pkg.tar.xz"
 mkdir -p "$dir/pkg/bin" "$dir/pkg/lib" "$dir/data" "$dir/ref"
 grep -qx '/.devrun/' "$here/.git/info/exclude" 2>/dev/null || echo '/.devrun/' >> "$here/.git/info/exclude"
 for b in "${bins[@]}"; do cp "$build/$b" "$dir/pkg/bin/"; done
@@ -47,10 +52,12 @@ for b in "${bins[@]}"; do ldd "$build/$b"; done | awk '$2 == "=>" && $3 ~ /^\// 
 tar -C "$dir" -cJf "$dir/pkg.tar.xz" pkg
 rm -rf "$dir/pkg"
 
-# ---- models, text, plans and the CPU's results ----
+# ---- models, text, plans and the CPU's results (made once: minutes of fitting and evaluating) ----
+if [ ! -s "$dir/ref/done" ]; then
+rm -f "$dir/ref/evals.txt"
 cp "$data/stories260K/stories260K.bin" "$data/stories260K/tok512.bin" "$dir/data/"
 "$build/tests/bench/gguf_slice" "$smollm" "$dir/data/smol11.gguf" --keep 0-2,21-29 --embd-q4_1
-head -c 400000 "$data/wikitext-2-raw/wiki.test.raw" > "$dir/data/held.txt"
+head -c 60000 "$data/wikitext-2-raw/wiki.test.raw" > "$dir/data/held.txt" # 4096 tokens are evaluated
 calib="$build/gpu-check-calib.txt" # not carried
 head -c 400000 "$data/wikitext-2-raw/wiki.valid.raw" > "$calib"
 kvcal=("$build/tools/kvcal" fit --corpus "$calib" --no-checkpoint -q)
@@ -80,10 +87,12 @@ for spec in "stories $dir/data/stories260K.bin 5 256 4096" "smol11 $dir/data/smo
       tag="$m"; [ "$w" = f32 ] && tag="$m-f32"
       "$build/tools/kvrun" eval --model "$path" --text "$dir/data/held.txt" --ctx "$ctx" --max-tokens "$maxtok" \
         --plan "$plan" --weights "$w" --json --predictions "$dir/ref/$tag.pred" > "$dir/ref/$tag.json" 2> /dev/null
-      echo "$name $path $ctx $maxtok $plan $w $tag" >> "$dir/ref/evals.txt"
+      echo "$name ${path#"$dir"/} $ctx $maxtok ${plan#"$dir"/} $w $tag" >> "$dir/ref/evals.txt"
     done
   done
 done
+date -u +%FT%TZ > "$dir/ref/done"
+fi
 
 cat > "$dir/compare.py" <<'PY'
 # CPU vs GPU evaluations of the same plans (run.sh): perplexity exact and through the cache within 0.1% relative,
@@ -123,8 +132,11 @@ cat > "$dir/run.sh" <<'RUN'
 # The GPU check (scripts/gpu-check.sh). Every step has a timeout; the summary is printed last.
 set -u
 cd "$(dirname "$0")"
-out="${OUT:-$PWD/out}"
-mkdir -p "$out" gpu
+# everything goes to out/ here, and after every step into one archive in $OUT (a call brings back at most 8 files)
+final="${OUT:-$PWD/final}"
+out="$PWD/out"
+mkdir -p "$out" "$final" gpu
+save() { tar -C "$PWD" -czf "$final/results.tar.gz" out 2>/dev/null; cp "$out/summary.txt" "$final/" 2>/dev/null; }
 tar -xJf pkg.tar.xz
 cuda_libs=$(dirname "$(find / -name 'libcublasLt.so.13*' -not -path '/proc/*' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="$PWD/pkg/lib:$cuda_libs:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
@@ -135,35 +147,49 @@ summary="$out/summary.txt"
 step() { # name timeout log command...
   local name="$1" t="$2" log="$3"; shift 3
   local t0=$SECONDS
-  timeout "$t" "$@" > "$out/$log" 2>&1
+  timeout "$t" "$@" > "$out/$log" 2> "$out/$log.err"
   local rc=$?
   echo "$(printf '%-28s' "$name") exit $rc, $((SECONDS - t0)) s, log $log" | tee -a "$summary"
+  save
   return 0
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
+want() { [ -z "${1:-}" ] || [[ ",$steps," == *",$2,"* ]]; }
+steps="${1:-selfcheck,harness,eval,bench,sanitize}"
+if want x selfcheck; then
 step "selfcheck catalogue" 90 selfcheck.json $bin/kvrun selfcheck --device cuda --json
 step "selfcheck smol11 aqua2" 60 selfcheck_plan.json $bin/kvrun selfcheck --device cuda --plan data/smol11-aqua2.kvplan \
   --model data/smol11.gguf --json
-step "test_kernels_cuda" 90 test_kernels_cuda.txt $bin/test_kernels_cuda
-step "test_runtime_cuda" 180 test_runtime_cuda.txt $bin/test_runtime_cuda
+fi
+if want x harness; then
+step "test_kernels_cuda" 60 test_kernels_cuda.txt $bin/test_kernels_cuda
+step "test_runtime_cuda" 150 test_runtime_cuda.txt $bin/test_runtime_cuda
+fi
+if want x eval; then
 t0=$SECONDS
 while read -r name path ctx maxtok plan w tag; do
   timeout 60 $bin/kvrun eval --device cuda --model "$path" --text data/held.txt --ctx "$ctx" --max-tokens "$maxtok" \
     --plan "$plan" --weights "$w" --json --predictions "gpu/$tag.pred" > "gpu/$tag.json" 2> "gpu/$tag.err"
-  cp "gpu/$tag.json" "$out/" 2>/dev/null
+  cp "gpu/$tag.json" "gpu/$tag.err" "$out/" 2>/dev/null
 done < ref/evals.txt
 python3 compare.py ref gpu > "$out/eval.txt" 2>&1
 echo "$(printf '%-28s' 'eval cpu vs gpu') $(tail -1 "$out/eval.txt"), $((SECONDS - t0)) s" | tee -a "$summary"
-step "bench_attend_cuda" 120 bench_attend.txt $bin/bench_attend_cuda --json "$out/bench_attend.json" --reps 10
-step "bench_model_cuda" 110 bench_model.txt $bin/bench_model_cuda --contexts 4096,16384,32768 --batches 1 \
+save
+fi
+if want x bench; then
+step "bench_attend_cuda" 80 bench_attend.txt $bin/bench_attend_cuda --json "$out/bench_attend.json" --reps 10
+step "bench_model_cuda" 80 bench_model.txt $bin/bench_model_cuda --contexts 4096,16384,32768 --batches 1 \
   --methods f16,kivi-2,aqua-2,aqua-2k --steps 12 --json "$out/bench_model.json"
-step "bench_model_cuda batch 8" 60 bench_model_b8.txt $bin/bench_model_cuda --contexts 32768 --batches 8 \
+step "bench_model_cuda batch 8" 45 bench_model_b8.txt $bin/bench_model_cuda --contexts 32768 --batches 8 \
   --methods f16,kivi-2 --steps 8 --json "$out/bench_model_b8.json"
-step "memcheck (quarter)" 120 memcheck.txt env KV_CUDA_QUICK=1 compute-sanitizer --tool memcheck --leak-check full \
+fi
+if want x sanitize; then
+step "memcheck (quarter)" 75 memcheck.txt env KV_CUDA_QUICK=1 compute-sanitizer --tool memcheck --leak-check full \
   $bin/test_runtime_cuda
-step "racecheck (2 cases)" 90 racecheck.txt env KV_CUDA_CASES=kivi-2,higgs-2 compute-sanitizer --tool racecheck \
+step "racecheck (2 cases)" 60 racecheck.txt env KV_CUDA_CASES=kivi-2,higgs-2 compute-sanitizer --tool racecheck \
   --racecheck-report all $bin/test_runtime_cuda
+fi
 echo "== summary"
 cat "$summary"
 echo "== harness"; grep -E "Checks|FAIL|differ from the host model" "$out/test_runtime_cuda.txt" | grep -v " 0 of " | tail -8
@@ -174,5 +200,6 @@ import json; d=json.load(open('$out/selfcheck.json')); print('failed', d['failed
 echo "== eval"; tail -20 "$out/eval.txt"
 echo "== sanitizers"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Checks" "$out/memcheck.txt" "$out/racecheck.txt" | tail -6
 echo "== bench"; tail -30 "$out/bench_attend.txt"; tail -16 "$out/bench_model.txt"; tail -4 "$out/bench_model_b8.txt"
+save
 RUN
 echo "gpu-check: $(du -sh "$dir" | cut -f1) in $dir ($(du -sh "$dir/pkg.tar.xz" | cut -f1) of binaries); there: bash ${dir#"$here"/}/run.sh"
