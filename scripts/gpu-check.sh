@@ -25,7 +25,7 @@
 #        top-1 agreement between the devices' predictions >= 0.99 (compare.py);
 #     4. bench_attend_cuda (fused decoding attention vs the f16 baseline and the copy bandwidth) and bench_model_cuda
 #        (whole-model decoding);
-#     5. compute-sanitizer: memcheck on a quarter of the harness's cases, racecheck on two.
+#     5. compute-sanitizer: memcheck on a quarter of the harness's cases, racecheck on a few short ones.
 #   The last lines printed are the summary; full logs and JSON are in the output folder (BENCHMARKS.md "GPU runtime").
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -187,7 +187,7 @@ fi
 if want x sanitize; then
 step "memcheck (quarter)" 75 memcheck.txt env KV_CUDA_QUICK=1 compute-sanitizer --tool memcheck --leak-check full \
   $bin/test_runtime_cuda
-step "racecheck (2 cases)" 60 racecheck.txt env KV_CUDA_CASES=kivi-2,higgs-2 compute-sanitizer --tool racecheck \
+step "racecheck (tiny cases)" 90 racecheck.txt env KV_CUDA_TINY=1 compute-sanitizer --tool racecheck \
   --racecheck-report all $bin/test_runtime_cuda
 fi
 echo "== summary"
