@@ -182,22 +182,6 @@ typedef struct kv_dpiece {
 
 KV_HD void kv_da_put(float *dst, float v, int add) { *dst = add ? *dst + v : v; }
 
-/* Eight f16 values to floats (exact): one 16-byte load on the device when the address allows it. */
-KV_HD void kv_da_load8_f16(const uint16_t *src, float *o) {
-#if defined(__CUDA_ARCH__)
-    if (((uintptr_t)src & 15u) == 0) {
-        const uint4 w = *(const uint4 *)src;
-        const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-        for (int k = 0; k < 4; k++) {
-            o[2 * k] = kv_da_h2f((uint16_t)(u[k] & 0xffffu));
-            o[2 * k + 1] = kv_da_h2f((uint16_t)(u[k] >> 16));
-        }
-        return;
-    }
-#endif
-    for (int k = 0; k < 8; k++) o[k] = kv_da_h2f(src[k]);
-}
-
 /* Uniform blocks grouped along tokens whose channel runs start at word boundaries (G and the last group's
  * rows multiples of the per-word count): a unit is one word, per_word consecutive tokens of one channel. */
 KV_HD int kv_da_tok_aligned(const kv_dcodec *c, int m) {
@@ -250,13 +234,7 @@ KV_HD void kv_da_decode_unit(const kv_dcodec *c, const kv_dpiece *p, int h, int 
         float *o = dst + (size_t)(p->u0 + i) * (size_t)ld + (size_t)k;
         if (p->kind == KV_DP_F16) {
             const uint16_t *src = (const uint16_t *)p->rows + (size_t)i * C + (size_t)k;
-            if (n == 8) {
-                float f[8];
-                kv_da_load8_f16(src, f);
-                for (int e = 0; e < 8; e++) kv_da_put(o + e, f[e], add);
-            } else {
-                for (int e = 0; e < n; e++) kv_da_put(o + e, kv_da_h2f(src[e]), add);
-            }
+            for (int e = 0; e < n; e++) kv_da_put(o + e, kv_da_h2f(src[e]), add);
         } else {
             const float *src = (const float *)p->rows + (size_t)i * C + (size_t)k;
             for (int e = 0; e < n; e++) kv_da_put(o + e, src[e], add);
@@ -340,30 +318,20 @@ KV_HD void kv_da_decode_unit(const kv_dcodec *c, const kv_dpiece *p, int h, int 
 }
 
 /* ---- pieces of a tile ---------------------------------------------------------------------------- */
-/* The block holding token v (blocks sorted by t0 and consecutive): from *cursor (the last one found, tiles move
- * forward) in a few steps, else by bisection; the cursor follows. */
-KV_HD int kv_da_find_block(const kv_dblock *blocks, int n_blocks, int v, int *cursor) {
-    int c = *cursor;
-    if (c >= 0 && c < n_blocks && blocks[c].t0 <= v) {
-        for (int k = 0; k < 4 && c < n_blocks; k++, c++)
-            if (v < blocks[c].t0 + blocks[c].m) {
-                *cursor = c;
-                return c;
-            }
-    }
+/* The block holding token v (blocks sorted by t0 and consecutive). */
+KV_HD int kv_da_find_block(const kv_dblock *blocks, int n_blocks, int v) {
     int lo = 0, hi = n_blocks - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
         if (blocks[mid].t0 <= v) lo = mid; else hi = mid - 1;
     }
-    *cursor = lo;
     return lo;
 }
 
 /* List the pieces of tokens [a, e) of stream `s` for head h (destination rows from 0 = token a), at most
  * KV_DA_MAX_PIECES; returns the end of what they cover (< e when the pieces ran out). */
 KV_HD int kv_da_plan_stream(const kv_dcodec *c, const kv_dstream *st, int n, int sinks, int h, int a, int e,
-                            kv_dpiece *pc, int *np_out, int *cursor) {
+                            kv_dpiece *pc, int *np_out) {
     const size_t kvd = (size_t)c->kv_dim, off = (size_t)h * (size_t)c->head_dim;
     const int sinks_held = n < sinks ? n : sinks;
     int v = a, np = 0, units = 0;
@@ -385,7 +353,7 @@ KV_HD int kv_da_plan_stream(const kv_dcodec *c, const kv_dstream *st, int n, int
                 p.kind = KV_DP_F32;
                 p.rows = st->recon + (size_t)(v - sinks) * kvd + off;
             } else {
-                const kv_dblock *b = &st->blocks[kv_da_find_block(st->blocks, st->n_blocks, v, cursor)];
+                const kv_dblock *b = &st->blocks[kv_da_find_block(st->blocks, st->n_blocks, v)];
                 end = end < b->t0 + b->m ? end : b->t0 + b->m;
                 if (c->kind == KV_DC_F16 || c->kind == KV_DC_F32) { /* FP streams: blocks of rows */
                     p.kind = c->kind == KV_DC_F16 ? KV_DP_F16 : KV_DP_F32;
@@ -441,12 +409,7 @@ KV_HD int kv_da_limit(const kv_dattn *A, const kv_da_job *J, int j) {
 }
 
 /* ---- shared memory --------------------------------------------------------------------------------- */
-enum {
-    KV_DA_META_NPK = 0, KV_DA_META_NPV = 1, KV_DA_META_END = 2, KV_DA_META_UK = 3, KV_DA_META_UV = 4,
-    KV_DA_META_CURK = 5, KV_DA_META_CURV = 6, /* the block cursors of the two streams */
-    KV_DA_META_N = 8
-};
-#define KV_DA_PARTS 8 /* rows of a tile split in this many ranges for the softmax's maxima and sums */
+enum { KV_DA_META_NPK = 0, KV_DA_META_NPV = 1, KV_DA_META_END = 2, KV_DA_META_UK = 3, KV_DA_META_UV = 4, KV_DA_META_N = 8 };
 
 typedef struct kv_da_smem {
     kv_dpiece *pk, *pv;    /* KV_DA_MAX_PIECES each */
@@ -457,8 +420,6 @@ typedef struct kv_da_smem {
     float *ks, *vs;        /* tile x ld */
     float *s;              /* nqv x tile: scores, then weights */
     float *mx, *l, *corr;  /* nqv */
-    float *mxn;            /* nqv: the running maximum after the tile (mx takes it at the end of the tile) */
-    float *pm, *psum;      /* nqv x KV_DA_PARTS: the tile's partial maxima and sums */
     int hdp, ld;
 } kv_da_smem;
 
@@ -466,19 +427,17 @@ KV_HD int kv_da_round4(int x) { return (x + 3) / 4 * 4; }
 
 /* Bytes of shared memory a block with nqv query vectors needs (carve order below; every part 16-aligned). */
 KV_HD size_t kv_da_smem_bytes(const kv_dattn *A, int nqv) {
-    const size_t hdp = (size_t)kv_da_round4(A->hd), ld = (size_t)A->hd + 1, T = (size_t)A->tile, nv = (size_t)kv_da_round4(nqv);
+    const size_t hdp = (size_t)kv_da_round4(A->hd), ld = hdp + 4, T = (size_t)A->tile, nv = (size_t)kv_da_round4(nqv);
     const size_t pieces = 2 * KV_DA_MAX_PIECES * ((sizeof(kv_dpiece) + 15) / 16 * 16);
     const size_t ints = (size_t)kv_da_round4(KV_DA_META_N) + 2 * (size_t)kv_da_round4((int)T);
     const size_t nvec = 2 + (size_t)(A->codec[0].kind == KV_DC_HIGGS && A->codec[0].rotated) +
                         (size_t)(A->codec[1].kind == KV_DC_HIGGS && A->codec[1].rotated);
-    const size_t floats = nvec * nv * hdp + 2 * (size_t)kv_da_round4((int)(T * ld)) + nv * T + 4 * nv +
-                          2 * nv * KV_DA_PARTS;
+    const size_t floats = nvec * nv * hdp + 2 * T * ld + nv * T + 3 * nv;
     return pieces + 4 * ints + 4 * floats;
 }
 
 KV_HD void kv_da_carve(const kv_dattn *A, int nqv, void *raw, kv_da_smem *S) {
-    /* row stride of the tiles odd: a thread per row reads them without bank conflicts */
-    const int hdp = kv_da_round4(A->hd), ld = A->hd + 1, T = A->tile, nv = kv_da_round4(nqv);
+    const int hdp = kv_da_round4(A->hd), ld = hdp + 4, T = A->tile, nv = kv_da_round4(nqv);
     const size_t psz = (sizeof(kv_dpiece) + 15) / 16 * 16;
     uint8_t *p = (uint8_t *)raw;
     S->pk = (kv_dpiece *)p;
@@ -494,15 +453,12 @@ KV_HD void kv_da_carve(const kv_dattn *A, int nqv, void *raw, kv_da_smem *S) {
     S->qr = 0, S->orr = 0;
     if (A->codec[0].kind == KV_DC_HIGGS && A->codec[0].rotated) S->qr = f, f += (size_t)nv * hdp;
     if (A->codec[1].kind == KV_DC_HIGGS && A->codec[1].rotated) S->orr = f, f += (size_t)nv * hdp;
-    S->ks = f, f += (size_t)kv_da_round4(T * ld);
-    S->vs = f, f += (size_t)kv_da_round4(T * ld);
+    S->ks = f, f += (size_t)T * ld;
+    S->vs = f, f += (size_t)T * ld;
     S->s = f, f += (size_t)nv * T;
     S->mx = f, f += nv;
     S->l = f, f += nv;
-    S->corr = f, f += nv;
-    S->mxn = f, f += nv;
-    S->pm = f, f += (size_t)nv * KV_DA_PARTS;
-    S->psum = f;
+    S->corr = f;
 }
 
 /* ---- phases ---------------------------------------------------------------------------------------- */
@@ -521,7 +477,6 @@ KV_HD void kv_da_ph_init(const kv_dattn *A, const kv_da_job *J, kv_da_smem *S, i
         S->l[j] = 0.0f;
         S->corr[j] = 1.0f;
     }
-    if (tid == 0) S->meta[KV_DA_META_CURK] = S->meta[KV_DA_META_CURV] = -1;
 }
 
 /* HIGGS keys: the rotated queries H (D q) per group (as rt_higgs_prepare). */
@@ -543,10 +498,8 @@ KV_HD void kv_da_ph_plan(const kv_dattn *A, const kv_da_job *J, kv_da_smem *S, i
     const kv_dseq *sq = &A->seq[J->z];
     const int a = J->a, e = a + A->tile < J->a1 ? a + A->tile : J->a1;
     int npk = 0, npv = 0;
-    const int ek = kv_da_plan_stream(&A->codec[0], &sq->s[0], sq->n, A->sinks, J->h, a, e, S->pk, &npk,
-                                     &S->meta[KV_DA_META_CURK]);
-    const int ev = kv_da_plan_stream(&A->codec[1], &sq->s[1], sq->n, A->sinks, J->h, a, ek, S->pv, &npv,
-                                     &S->meta[KV_DA_META_CURV]);
+    const int ek = kv_da_plan_stream(&A->codec[0], &sq->s[0], sq->n, A->sinks, J->h, a, e, S->pk, &npk);
+    const int ev = kv_da_plan_stream(&A->codec[1], &sq->s[1], sq->n, A->sinks, J->h, a, ek, S->pv, &npv);
     if (ev < ek) { /* the values' pieces ran out first: cut the keys' at the same token */
         int k = 0, units = 0;
         for (; k < npk && S->pk[k].u0 < ev - a; k++) {
@@ -613,68 +566,45 @@ KV_HD void kv_da_ph_scores(const kv_dattn *A, const kv_da_job *J, kv_da_smem *S,
     }
 }
 
-/* The tile's rows [KV_DA_PARTS ranges] of vector j: range p is rows [p*T/P, (p+1)*T/P). */
-KV_HD int kv_da_part_lo(int T, int p) { return p * T / KV_DA_PARTS; }
-
-/* Partial maxima of the scores per (vector, range of rows). */
+/* Per query vector: the tile's maximum, the new running maximum and the correction of what came before. */
 KV_HD void kv_da_ph_max(const kv_dattn *A, const kv_da_job *J, kv_da_smem *S, int tid, int nt) {
     const int T = S->meta[KV_DA_META_END] - J->a;
-    for (int i = tid; i < J->nqv * KV_DA_PARTS; i += nt) {
-        const int j = i / KV_DA_PARTS, p = i - j * KV_DA_PARTS;
+    for (int j = tid; j < J->nqv; j += nt) {
         const float *s = S->s + j * A->tile;
         float mt = -INFINITY;
-        for (int r = kv_da_part_lo(T, p); r < kv_da_part_lo(T, p + 1); r++) mt = s[r] > mt ? s[r] : mt;
-        S->pm[i] = mt;
+        for (int r = 0; r < T; r++) mt = s[r] > mt ? s[r] : mt;
+        const float m_old = S->mx[j], m_new = mt > m_old ? mt : m_old;
+        S->corr[j] = (m_old == -INFINITY || m_new == m_old) ? (m_old == -INFINITY ? 0.0f : 1.0f) : kv_da_exp(m_old - m_new);
+        S->mx[j] = m_new;
     }
 }
 
-/* The new running maximum of vector j (the same in every item that asks: a maximum is exact). */
-KV_HD float kv_da_new_max(const kv_da_smem *S, int j) {
-    float m = S->mx[j];
-    for (int p = 0; p < KV_DA_PARTS; p++) m = S->pm[j * KV_DA_PARTS + p] > m ? S->pm[j * KV_DA_PARTS + p] : m;
-    return m;
-}
-
-/* Weights exp(s - m_new); item (j, 0) also the correction of what came before and the new maximum. */
 KV_HD void kv_da_ph_exp(const kv_dattn *A, const kv_da_job *J, kv_da_smem *S, int tid, int nt) {
     const int T = S->meta[KV_DA_META_END] - J->a;
     for (int i = tid; i < J->nqv * T; i += nt) {
         const int j = i / T, r = i - j * T;
         float *s = S->s + j * A->tile + r;
-        const float m = kv_da_new_max(S, j);
+        const float m = S->mx[j];
         *s = (m == -INFINITY || *s == -INFINITY) ? 0.0f : kv_da_exp(*s - m);
-        if (r == 0) {
-            const float m_old = S->mx[j];
-            S->corr[j] = m_old == -INFINITY ? 0.0f : m == m_old ? 1.0f : kv_da_exp(m_old - m);
-            S->mxn[j] = m;
-        }
     }
 }
 
-/* Partial sums of the weights (rows in order within a range) and, by every thread, the values' units. */
+/* The sums of exp (one thread per vector, tokens in order) and, by every thread, the values' units. */
 KV_HD void kv_da_ph_sum_load_v(const kv_dattn *A, const kv_da_job *J, kv_da_smem *S, int tid, int nt) {
     const int T = S->meta[KV_DA_META_END] - J->a;
-    for (int i = tid; i < J->nqv * KV_DA_PARTS; i += nt) {
-        const int j = i / KV_DA_PARTS, p = i - j * KV_DA_PARTS;
+    for (int j = tid; j < J->nqv; j += nt) {
         const float *s = S->s + j * A->tile;
         float sum = 0.0f;
-        for (int r = kv_da_part_lo(T, p); r < kv_da_part_lo(T, p + 1); r++) sum += s[r];
-        S->psum[i] = sum;
+        for (int r = 0; r < T; r++) sum += s[r];
+        S->l[j] = S->l[j] * S->corr[j] + sum;
     }
     kv_da_load(&A->codec[1], S->pv, S->meta[KV_DA_META_NPV], S->meta[KV_DA_META_UV], J->h, S->vs, S->ld, tid, nt);
 }
 
-/* The weighted values; item (j, 0) also the running sum (its ranges' sums in order) and maximum. */
 KV_HD void kv_da_ph_accum(const kv_dattn *A, const kv_da_job *J, kv_da_smem *S, int tid, int nt) {
     const int T = S->meta[KV_DA_META_END] - J->a, hd = A->hd;
     for (int i = tid; i < J->nqv * hd; i += nt) {
         const int j = i / hd, c = i - j * hd;
-        if (c == 0) {
-            float sum = 0.0f;
-            for (int p = 0; p < KV_DA_PARTS; p++) sum += S->psum[j * KV_DA_PARTS + p];
-            S->l[j] = S->l[j] * S->corr[j] + sum;
-            S->mx[j] = S->mxn[j];
-        }
         const float corr = S->corr[j], *w = S->s + j * A->tile;
         float o = S->o[j * S->hdp + c] * corr, orot = S->orr ? S->orr[j * S->hdp + c] * corr : 0.0f;
         for (int r = 0; r < T; r++) {

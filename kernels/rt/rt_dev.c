@@ -496,7 +496,7 @@ kv_status rt_dev_rope_reserve(kv_rt *rt, int n_pos) {
 /* ---- attention ----------------------------------------------------------------------------------------- */
 void rt_dev_configure(kv_dattn *A, int n_max) {
     const int nqv_max = A->hd <= 128 ? 32 : 16;
-    A->tile = A->hd <= 64 ? 128 : A->hd <= 128 ? 64 : 32; /* tiles of about 32 KiB of f32 keys and values */
+    A->tile = A->hd <= 128 ? 64 : 32;
     int rpb = nqv_max / A->G;
     rpb = rpb < 1 ? 1 : rpb > A->n_q ? A->n_q : rpb;
     A->rows_per_block = rpb;

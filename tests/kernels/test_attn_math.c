@@ -307,12 +307,11 @@ START_TEST(pieces_cover_the_tile) {
     memset(&c, 0, sizeof c);
     c.kind = KV_DC_UNIFORM, c.kv_dim = kvd, c.head_dim = hd, c.bits = 2, c.per_word = 16, c.group = 1;
     c.axis = KV_AXIS_CHANNELS, c.word_aligned = 0;
-    int cursor = -1; /* carried from tile to tile as the kernel does (starts moving forward from a), or fresh */
     for (int a = 0; a < n; a += 7)
         for (int e = a + 1; e <= n && e <= a + 64; e += 9) {
             kv_dpiece pc[KV_DA_MAX_PIECES];
-            int np = 0, fresh = -1;
-            const int end = kv_da_plan_stream(&c, &st, n, sinks, 1, a, e, pc, &np, (a / 7) % 2 ? &cursor : &fresh);
+            int np = 0;
+            const int end = kv_da_plan_stream(&c, &st, n, sinks, 1, a, e, pc, &np);
             ck_assert_int_le(np, KV_DA_MAX_PIECES);
             ck_assert(end == e || np == KV_DA_MAX_PIECES);
             ck_assert_int_gt(end, a);
