@@ -1,11 +1,10 @@
-/* plan_internal.h — internals shared by plan*.c and config*.c (not a public header).
+/* plan_internal.h — internals of the plan format shared by plan*.c and config.c (not a public header). Only
+ * kv_plan.h and kv_common.h: plan.c, plan_read.c and plan_write.c form the kvplan library (no JSON, no YAML).
  * Spec: formats/PLAN_FORMAT.md (cited as §N). */
 #ifndef KV_PLAN_INTERNAL_H
 #define KV_PLAN_INTERNAL_H
 
-#include <jansson.h>
-
-#include "kv_formats.h"
+#include "kv_plan.h"
 
 /* §4: the header and the section table entry of format 1.0. */
 #define KV_PLAN_MAGIC_BYTES "\x89KVPLAN\n"
@@ -54,10 +53,6 @@ void kv_buf_str(kv_buf *b, const char *s); /* §1 str: u32 length + bytes (NULL 
 /* Required/optional feature bits the content of p uses (§4; the ZLIB bit is the writer's). */
 uint64_t kv_plan_required_features(const kv_plan *p);
 uint64_t kv_plan_optional_features(const kv_plan *p);
-
-/* Emit a JSON value tree as a YAML document (block style; multi-line strings as literals).
- * Caller frees *out. */
-kv_status kv_yaml_from_json(char **out, const json_t *root);
 
 /* CRC-32 (zlib's crc32) of n bytes, any n. */
 uint32_t kv_plan_crc32(const uint8_t *p, size_t n);

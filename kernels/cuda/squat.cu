@@ -10,7 +10,7 @@
 
 __device__ static int squat_block_end(int t, int g, int d) { return t * g < d ? t * g : d; }
 
-__global__ void kv_squat_encode_kernel(uint8_t *codes, void *scales, void *zeros, float *k, float *err,
+static __global__ void kv_squat_encode_kernel(uint8_t *codes, void *scales, void *zeros, float *k, float *err,
                                        const float *w, size_t T, int d, int g, size_t G, int bits, int per,
                                        float eta, int pt, int *bad) {
     const int nblocks = (d + g - 1) / g;
@@ -110,7 +110,7 @@ done:
 }
 
 /* qhat[i][j] = sigma_i * v_i[j] from a column-major singular vector matrix. */
-__global__ void kv_squat_qhat_kernel(float *qhat, const float *sv, const float *vecs, int r, int d, int ld,
+static __global__ void kv_squat_qhat_kernel(float *qhat, const float *sv, const float *vecs, int r, int d, int ld,
                                      int vecs_are_rows) {
     for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < r * d; e += gridDim.x * blockDim.x) {
         const int i = e / d, j = e - i * d;
@@ -120,7 +120,7 @@ __global__ void kv_squat_qhat_kernel(float *qhat, const float *sv, const float *
     }
 }
 
-__global__ void kv_squat_finite_kernel(const float *x, size_t n, int *bad) {
+static __global__ void kv_squat_finite_kernel(const float *x, size_t n, int *bad) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         if (!kv_qm_is_finite(x[i])) atomicExch(bad, 1);
 }
