@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# The main job (README): install dependencies, build, fetch the default model, then on WikiText-2 (calibration
-# on the validation split, evaluation on the held-out test split): search one plan across methods at a budget
-# of 4 honest bits per value at 2048 tokens (kvcal search: per layer and stream, the candidate with the least
-# measured KL under the budget), and evaluate it against the uncompressed model and two single methods (KIVI-2
-# and HIGGS-2), with a searched plan at each baseline's own bits as well (equal-bits comparison); print the
-# table and the path of the Pareto chart. KIVI-1 with larger groups (kivi1g128) is the cheapest candidate, so
-# at HIGGS-2's bits the search can mix it with HIGGS-2 on the streams where it costs least (calib/SEARCH.md §8d).
-# About 8 minutes after the build on a 2-core machine, HIGGS grids cached (calib/SEARCH.md §8).
-#   scripts/main.sh [--all] [--budget B] [extra arguments for scripts/pareto.sh]
-# --all: the full every-method comparison instead (scripts/results.sh: eight fits and evaluations, ~50 min);
-# its extra arguments go to scripts/results.sh (e.g. --eval-tokens 40960). The whole frontier at 2K and 8K is
-# scripts/pareto.sh with its defaults (hours on 2 cores).
+# The main job (README; configs/experiments/main.ini): install dependencies, build, fetch the default model, then on
+# WikiText-2 (calibration on the validation split, evaluation on the held-out test split): search one plan across
+# methods at a budget of 4 honest bits per value at 2048 tokens (kvcal search: per layer and stream, the candidate
+# with the least measured KL under the budget), and evaluate it against the uncompressed model and two single methods
+# (KIVI-2 and HIGGS-2), with a searched plan at each baseline's own bits as well (equal-bits comparison); print the
+# table and the path of the Pareto chart. KIVI-1 with larger groups (kivi1g128) is the cheapest candidate, so at
+# HIGGS-2's bits the search can mix it with HIGGS-2 on the streams where it costs least (calib/SEARCH.md §1.1).
+# About 8 minutes after the build on a 2-core machine, HIGGS grids cached (calib/SEARCH.md §6).
+#   scripts/main.sh [--all] [--budget B] [extra arguments for scripts/experiment.sh]
+# --all: the full every-method comparison instead (configs/experiments/results.ini: eight fits and evaluations,
+# ~50 min); extra arguments go to it (e.g. --eval-tokens 40960). The whole frontier at 2K and 8K is scripts/pareto.sh
+# with its defaults (hours on 2 cores).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
@@ -34,12 +34,11 @@ echo "== model"
 ready=$(date +%s)
 if [ "$all" = 1 ]; then
   echo "== every method: calibrate on wiki.valid.raw, evaluate on wiki.test.raw"
-  bash scripts/results.sh --model "$model" --fit-tokens 32768 --eval-tokens 16384 --ctx 2048 "${args[@]}"
+  bash scripts/experiment.sh configs/experiments/results.ini --model "$model" --fit-tokens 32768 --eval-tokens 16384 \
+    --ctx 2048 "${args[@]}"
 else
   echo "== searched plan at $budget honest bits (2048 tokens) vs KIVI-2, HIGGS-2 and the uncompressed model"
-  bash scripts/pareto.sh --model "$model" --contexts 2048 --eval-tokens 4096 --methods "kivi-2 higgs-2" \
-    --budgets "$budget" --range "0 32" --candidates f16,kivi1g128,kivi2,kivi4,higgs2,aqua2r32 --search-fit-tokens 4096 \
-    --sens-ctx 256 --sens-samples 1 --prompts 0 --out "$here/build/main" "${args[@]}"
+  bash scripts/experiment.sh configs/experiments/main.ini --model "$model" --budgets "$budget" "${args[@]}"
 fi
 end=$(date +%s)
 echo "== set-up and build $((ready - start)) s, the job $((end - ready)) s"
