@@ -218,9 +218,8 @@ class Runner:
         self.vals["calib"] = subst(s.get("calib", "{data}/wikitext-2-raw/wiki.valid.raw"), self.vals)
         self.vals["heldout"] = subst(s.get("heldout", "{data}/wikitext-2-raw/wiki.test.raw"), self.vals)
         self.models = {}
+        # the experiment's model; None when it cannot be had (rows may name their own, `optional` ones are skipped)
         self.default_model, self.default_tok = self.model(s.get("model", "default"), s.get("tokenizer", ""))
-        if self.default_model is None:
-            die("the default model is unavailable (scripts/fetch-model.sh)", 1)
         self.vals["model"] = self.default_model or ""
         out = s.get("out") or os.path.join("{build}", "experiments", os.path.splitext(os.path.basename(exp.path))[0])
         self.out = os.path.abspath(subst(out, dict(self.vals, model_name=os.path.basename(self.default_model or ""))))
@@ -246,6 +245,7 @@ class Runner:
                 path = lines[-1] if r.returncode == 0 and lines and os.path.isfile(lines[-1]) else None
             else:
                 path = subst(spec, self.vals)
+                path = path if os.path.exists(path) else None
             self.models[spec] = path
         return self.models[spec], subst(tok, self.vals) if tok else ""
 
@@ -265,8 +265,13 @@ class Runner:
     def threads(self):
         return ["-t", self.opts["threads"]] if self.opts["threads"] else []
 
+    def need_model(self, what):
+        if self.default_model is None:
+            die(f"{what} needs the experiment's model, which is unavailable (scripts/fetch-model.sh)", 1)
+
     # stage: importance (KVmix)
     def importance(self):
+        self.need_model("[importance]")
         imp = self.exp.importance
         out = self.out
         prompts, max_len = imp.get("prompts", "20"), imp.get("max-len", "512")
@@ -382,6 +387,7 @@ class Runner:
 
     # stage: search + chart
     def search(self):
+        self.need_model("[search]")
         srch, s = self.exp.search, self.exp.settings
         lo, hi = map(float, srch.get("range", "2 5.5").split())
         pts = [str(float(b)).rstrip("0").rstrip(".") for b in words(srch.get("budgets", ""))]
