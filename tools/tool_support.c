@@ -129,6 +129,7 @@ kv_status kv_tool_tokenize_file_ex(int32_t **ids, size_t *n, char sha256[65], co
         if (cut == 0 && !eof && cont_flags >= 0 && (cut = last_line_cut(buf, len, from)) > 0)
             next_flags = KV_TOK_NO_SPACE_PREFIX;
         if (cut == 0) {
+            if (eof) break; /* the end, with nothing left to tokenize (an empty file or pipe) */
             /* a tokenizer that can only take the text whole (cont_flags < 0) reads a regular file whole */
             if ((!regular || cont_flags >= 0) && len > TOK_MAX_PENDING) {
                 s = KV_ERR(KV_EINVAL, "'%s': no place to cut the text (a space between words or a line break) in %d "
