@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 int kvcal_export(int argc, char **argv) {
     const char *tool = "kvcal export";
@@ -35,8 +36,23 @@ int kvcal_export(int argc, char **argv) {
         kv_cli_args_free(&a);
         return kv_cli_usage_error(tool, "--format must be compressed-tensors or modelopt (got '%s')", format);
     }
+    /* every input and the output before any work (exit 2, as every tool) */
+    {
+        struct stat sb;
+        if (!*model || stat(model, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+            kv_cli_args_free(&a);
+            return kv_cli_usage_error(tool, "--model '%s' is not a directory (a Hugging Face checkpoint with "
+                                      "config.json)", model);
+        }
+        const kv_tool_path ins[] = {{"--model", model}, {"--plan", plan_path}};
+        if ((rc = kv_tool_check_out_dir(tool, "--out", out, ins, 2)) != KV_EXIT_OK) {
+            kv_cli_args_free(&a);
+            return rc;
+        }
+    }
     kv_plan *p = NULL;
-    kv_status s = kv_plan_read(&p, plan_path);
+    kv_status s = kv_input_check(plan_path);
+    if (s == KV_OK) s = kv_plan_read(&p, plan_path);
     if (s == KV_OK) s = kv_export_hf(p, model, f, out);
     if (s == KV_OK && !a.quiet)
         printf("%s: %s scales of %d layers written to %s\n", tool, format, p->n_layers, out);

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* ---- incremental tokenization ------------------------------------------------------------------- */
 static int ascii_letter(unsigned char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'); }
@@ -306,6 +307,59 @@ int kv_tool_check_io(const char *tool, const kv_tool_path *inputs, int n_in, con
         for (int j = 0; j < i; j++)
             if (outputs[j].path && same_target(o->path, outputs[j].path))
                 return kv_cli_usage_error(tool, "%s and %s are the same file '%s'", outputs[j].what, o->what, o->path);
+    }
+    return KV_EXIT_OK;
+}
+
+/* Is `inner` (resolved) `outer` or below it? */
+static int path_within(const char *inner, const char *outer) {
+    const size_t n = strlen(outer);
+    if (strncmp(inner, outer, n) != 0) return 0;
+    return inner[n] == '\0' || inner[n] == '/' || (n == 1 && outer[0] == '/');
+}
+
+int kv_tool_check_out_dir(const char *tool, const char *what, const char *path, const kv_tool_path *inputs, int n_in) {
+    if (!path || !*path) return kv_cli_usage_error(tool, "%s: an output path is empty", what);
+    struct stat st;
+    char parent[PATH_MAX], rparent[PATH_MAX], rin[PATH_MAX];
+    if (stat(path, &st) == 0) {
+        if (!S_ISDIR(st.st_mode))
+            return kv_cli_usage_error(tool, "%s '%s' exists and is not a directory: the output is a new directory",
+                                      what, path);
+        DIR *d = opendir(path);
+        int empty = d != NULL;
+        for (struct dirent *e; d && empty && (e = readdir(d)) != NULL;)
+            empty = strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0;
+        if (d) closedir(d);
+        for (int j = 0; j < n_in; j++)
+            if (inputs[j].path && kv_same_file(path, inputs[j].path))
+                return kv_cli_usage_error(tool, "%s '%s' is the same directory as %s '%s': refusing to overwrite an "
+                                          "input", what, path, inputs[j].what, inputs[j].path);
+        if (!empty)
+            return kv_cli_usage_error(tool, "%s '%s' exists and is not empty: the output is written whole as a new "
+                                      "directory (remove it or name another)", what, path);
+    } else if (errno != ENOENT) {
+        return kv_cli_usage_error(tool, "%s '%s': %s", what, path, strerror(errno));
+    }
+    /* the parent must take the temporary directory and the rename */
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    snprintf(parent, sizeof parent, "%.*s", (int)n, path);
+    char *slash = strrchr(parent, '/');
+    if (!slash) snprintf(parent, sizeof parent, ".");
+    else if (slash == parent) slash[1] = '\0';
+    else *slash = '\0';
+    if (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode))
+        return kv_cli_usage_error(tool, "%s '%s': directory '%s' does not exist", what, path, parent);
+    if (access(parent, W_OK | X_OK) != 0)
+        return kv_cli_usage_error(tool, "%s '%s': directory '%s' is not writable: %s", what, path, parent,
+                                  strerror(errno));
+    if (!realpath(parent, rparent)) return kv_cli_usage_error(tool, "%s '%s': %s", what, path, strerror(errno));
+    for (int j = 0; j < n_in; j++) {
+        if (!inputs[j].path || !realpath(inputs[j].path, rin)) continue;
+        if (stat(rin, &st) == 0 && S_ISDIR(st.st_mode) && path_within(rparent, rin))
+            return kv_cli_usage_error(tool, "%s '%s' is inside %s '%s': refusing to write into an input", what, path,
+                                      inputs[j].what, inputs[j].path);
     }
     return KV_EXIT_OK;
 }
