@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The defects a hostile-input probe found (issue 32), each reproduced through the tools on stories260K:
+# empty inputs end at once, results to a full stdout fail, fits sharing a spill directory stay apart,
+# kvcal fit owns only its checkpoint files, kvcal search checks every input before any work, sizes
+# beyond memory are refused up front, and the low-severity cases.
+#   test_probe32.sh TOOLS_DIR   (data from $KVCAL_DATA_DIR; exit 77 = skipped)
+bin="$1"
+source "$(dirname "${BASH_SOURCE[0]}")/cli_test_lib.sh"
+head -c 300000 "$calib" > "$tmp/corpus.txt"
+: > "$tmp/empty.txt"
+common=(--seq-len 260 --max-tokens 6000 -q)
+
+# ---- 1: an empty text (file or pipe) ends at once with a message, in every tool ----
+empty_case() { # WHAT -- command... (run with the empty file and through an empty pipe, 30 s at most)
+  local what="$1"; shift 2
+  timeout 30 "$@" > /dev/null 2> "$tmp/err"
+  local rc=$?
+  if [ $rc -eq 124 ]; then bad "$what: still running after 30 s on an empty input"
+  elif [ $rc -ne 1 ]; then bad "$what: exit $rc on an empty input"; cat "$tmp/err"
+  else ok "$what: empty input refused ($(tail -1 "$tmp/err" | cut -c1-80)...)"; fi
+}
+empty_case "kvrun eval" -- "$bin/kvrun" eval --model "$model" --text "$tmp/empty.txt" --ctx 64
+empty_case "kvrun eval (pipe)" -- "$bin/kvrun" eval --model "$model" --text <(true) --ctx 64
+empty_case "kvrun eval continuation" -- "$bin/kvrun" eval --model "$model" --protocol continuation --text "$tmp/empty.txt" \
+  --prompt-len 64 --score-len 16
+empty_case "kvrun eval passkey" -- "$bin/kvrun" eval --model "$model" --task passkey --filler "$tmp/empty.txt" --length 400
+empty_case "kvcal fit" -- "$bin/kvcal" fit --model "$model" --corpus "$tmp/empty.txt" --out "$tmp/e.kvplan" --no-checkpoint -q
+empty_case "kvrun bench --text" -- "$bin/kvrun" bench --model "$model" --context 64 --text "$tmp/empty.txt"
+empty_case "kvprof budget" -- "$bin/kvprof" budget --model "$model" --corpus "$tmp/empty.txt"
+empty_case "kvprof importance" -- "$bin/kvprof" importance --model "$model" --corpus "$tmp/empty.txt" --out "$tmp/e.yaml"
+
+# ---- 12: results to a full stdout (/dev/full) fail with exit 1 ----
+"$bin/kvcal" fit --model "$model" --corpus "$tmp/corpus.txt" "${common[@]}" --method fp8 --no-checkpoint --out "$tmp/fp8.kvplan" \
+  > /dev/null 2>&1 || bad "fit fp8"
+if [ -w /dev/full ]; then
+  full_case() {
+    local what="$1"; shift 2
+    "$@" > /dev/full 2> "$tmp/err"
+    local rc=$?
+    if [ $rc -eq 1 ] && grep -q "standard output" "$tmp/err"; then ok "$what > /dev/full: exit 1"
+    else bad "$what > /dev/full: exit $rc"; cat "$tmp/err"; fi
+  }
+  full_case "kvrun inspect --json" -- "$bin/kvrun" inspect --json "$tmp/fp8.kvplan"
+  full_case "kvrun inspect" -- "$bin/kvrun" inspect "$tmp/fp8.kvplan"
+  full_case "kvrun info" -- "$bin/kvrun" info --model "$model"
+  full_case "kvrun eval --json" -- "$bin/kvrun" eval --model "$model" --text "$tmp/corpus.txt" --ctx 64 --max-tokens 128 --json
+  full_case "kvcal --help" -- "$bin/kvcal" --help
+else
+  echo "note: no /dev/full here; the full-stdout cases not run"
+fi
+
+# ---- 3: two fits sharing memory.spill_dir at the same time give the plan of a fit alone ----
+mkdir "$tmp/spill" && echo keep > "$tmp/spill/user.txt"
+spill=(--model "$model" --corpus "$tmp/corpus.txt" "${common[@]}" --method kivi --no-checkpoint --set "memory.spill_dir=$tmp/spill")
+"$bin/kvcal" fit "${spill[@]}" --out "$tmp/solo.kvplan" > /dev/null 2>&1 || bad "solo spilled fit"
+"$bin/kvcal" fit "${spill[@]}" --out "$tmp/r1.kvplan" > /dev/null 2> "$tmp/r1.err" & p1=$!
+"$bin/kvcal" fit "${spill[@]}" --out "$tmp/r2.kvplan" > /dev/null 2> "$tmp/r2.err" & p2=$!
+wait $p1; rc1=$?; wait $p2; rc2=$?
+if [ $rc1 -ne 0 ] || [ $rc2 -ne 0 ]; then bad "concurrent spilled fits: exit $rc1 / $rc2"; cat "$tmp/r1.err" "$tmp/r2.err"
+else
+  layers() { "$bin/kvrun" inspect --json "$1" | python3 -c "import json,sys; print(json.dumps(json.load(sys.stdin)['layers']))"; }
+  solo="$(layers "$tmp/solo.kvplan")"
+  [ "$solo" = "$(layers "$tmp/r1.kvplan")" ] && [ "$solo" = "$(layers "$tmp/r2.kvplan")" ] &&
+    ok "two fits sharing a spill directory give the solo fit's plan" || bad "concurrent spilled fits differ from the solo fit"
+fi
+[ "$(ls "$tmp/spill")" = user.txt ] && ok "the spill directory keeps only the user's file" ||
+  { bad "the spill directory after the fits: $(ls "$tmp/spill")"; }
+"$bin/kvcal" fit "${spill[@]/$tmp\/spill/$tmp/newspill}" --out "$tmp/r3.kvplan" > /dev/null 2>&1 || bad "fit with a new spill dir"
+[ ! -e "$tmp/newspill" ] && ok "a spill directory the fit created is removed" || bad "a created spill directory was left"
+exit $fail
