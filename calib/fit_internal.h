@@ -97,10 +97,14 @@ kv_status kv_fit_ckpt_load_shard(const char *dir, int layer, int64_t shard, int6
  * fsync'd), then every file of other layers is removed. */
 kv_status kv_fit_ckpt_commit(const char *dir, const char *inputs_hash, int layer, int n_layers, int64_t n_shards,
                              const kv_plan *plan, const double *report);
-/* Remove every checkpoint file (keep the directory). */
+/* Remove every checkpoint file (keep the directory). Only the names this module writes are removed. */
 void kv_fit_ckpt_clear(const char *dir);
-/* Remove the checkpoint files and the directory (missing ones are fine). */
+/* Remove the checkpoint files, the owner file and the directory (missing ones are fine; a directory
+ * still holding other files stays). */
 kv_status kv_fit_ckpt_remove(const char *dir);
+/* After a failed save of a later layer: remove its partial files, keeping layer `keep`'s checkpoint
+ * (keep < 0: no checkpoint was complete, remove everything as kv_fit_ckpt_remove). */
+void kv_fit_ckpt_drop_partial(const char *dir, int keep);
 
 /* ---- XQuant (fit_xquant.c) ---- */
 struct kv_quant;

@@ -67,4 +67,29 @@ fi
   { bad "the spill directory after the fits: $(ls "$tmp/spill")"; }
 "$bin/kvcal" fit "${spill[@]/$tmp\/spill/$tmp/newspill}" --out "$tmp/r3.kvplan" > /dev/null 2>&1 || bad "fit with a new spill dir"
 [ ! -e "$tmp/newspill" ] && ok "a spill directory the fit created is removed" || bad "a created spill directory was left"
+
+# ---- 9: kvcal fit owns only its checkpoint files; a directory it did not create is refused ----
+fitc=(--model "$model" --corpus "$tmp/corpus.txt" "${common[@]}" --method kivi)
+mkdir "$tmp/u.kvplan.ckpt"
+for f in state.txt plan.notes report.pdf manifest.bak state.0.0.bin; do echo mine > "$tmp/u.kvplan.ckpt/$f"; done
+expect 2 "was not made by kvcal fit" "kvcal fit refuses a checkpoint directory it did not create" -- \
+  "$bin/kvcal" fit "${fitc[@]}" --out "$tmp/u.kvplan"
+[ "$(ls "$tmp/u.kvplan.ckpt" | wc -l)" -eq 5 ] && [ ! -e "$tmp/u.kvplan" ] && ok "the user's files are untouched" ||
+  bad "the user's checkpoint-like files were changed: $(ls "$tmp/u.kvplan.ckpt")"
+mkdir "$tmp/elsewhere" && echo mine > "$tmp/elsewhere/state.1.0.bin" && ln -s "$tmp/elsewhere" "$tmp/l.kvplan.ckpt"
+expect 2 "symbolic link" "kvcal fit refuses a symlinked checkpoint directory" -- "$bin/kvcal" fit "${fitc[@]}" --out "$tmp/l.kvplan"
+[ -f "$tmp/elsewhere/state.1.0.bin" ] || bad "a file behind the symlink was removed"
+# a checkpoint of its own, stopped after layer 1, with a user's file added: resumed, only ours removed
+KVCAL_FIT_STOP_AFTER_LAYER=1 "$bin/kvcal" fit "${fitc[@]}" --out "$tmp/o.kvplan" > /dev/null 2>&1
+[ -f "$tmp/o.kvplan.ckpt/kvcal-fit-checkpoint" ] && [ -f "$tmp/o.kvplan.ckpt/manifest" ] || bad "no checkpoint of its own"
+echo mine > "$tmp/o.kvplan.ckpt/plan.notes"
+expect 0 "" "kvcal fit resumes from its own checkpoint" -- "$bin/kvcal" fit "${fitc[@]}" --out "$tmp/o.kvplan"
+[ "$(ls "$tmp/o.kvplan.ckpt" 2>&1)" = plan.notes ] && ok "only the fit's own checkpoint files were removed" ||
+  bad "after the resumed fit the checkpoint directory holds: $(ls "$tmp/o.kvplan.ckpt" 2>&1)"
+# low: a failed checkpoint save (the manifest cannot be written, as on a full disk) leaves no
+# checkpoint without its manifest
+mkdir -p "$tmp/f.kvplan.ckpt/manifest" && touch "$tmp/f.kvplan.ckpt/kvcal-fit-checkpoint"
+expect 1 "manifest" "kvcal fit: a checkpoint that cannot be written fails" -- "$bin/kvcal" fit "${fitc[@]}" --out "$tmp/f.kvplan"
+left="$(cd "$tmp/f.kvplan.ckpt" 2>/dev/null && ls | grep -E '^(state|plan|report)\.')"
+[ -z "$left" ] && ok "no checkpoint files without a manifest" || bad "files without a manifest: $left"
 exit $fail
