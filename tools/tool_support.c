@@ -364,6 +364,15 @@ int kv_tool_check_out_dir(const char *tool, const char *what, const char *path, 
     return KV_EXIT_OK;
 }
 
+kv_status kv_tool_check_memory(double bytes, const char *what) {
+    const uint64_t total = kv_memory_total_bytes();
+    if (total > 0 && bytes > (double)total)
+        return KV_ERR(KV_ENOMEM, "%s needs about %.1f GiB of memory, more than the %.1f GiB this machine has: "
+                      "refused before allocating (ask for less)", what, bytes / 1073741824.0,
+                      (double)total / 1073741824.0);
+    return KV_OK;
+}
+
 void kv_tool_warn_context(const kv_arch *a, long n, const char *what) {
     if (a->max_seq_len > 0 && n > a->max_seq_len)
         kv_log(KV_LOG_WARN, "%s %ld is longer than the %d tokens the model was trained for (max_seq_len; RoPE scaling "

@@ -92,4 +92,53 @@ mkdir -p "$tmp/f.kvplan.ckpt/manifest" && touch "$tmp/f.kvplan.ckpt/kvcal-fit-ch
 expect 1 "manifest" "kvcal fit: a checkpoint that cannot be written fails" -- "$bin/kvcal" fit "${fitc[@]}" --out "$tmp/f.kvplan"
 left="$(cd "$tmp/f.kvplan.ckpt" 2>/dev/null && ls | grep -E '^(state|plan|report)\.')"
 [ -z "$left" ] && ok "no checkpoint files without a manifest" || bad "files without a manifest: $left"
+
+# ---- 10: kvcal search checks every input before any work (and creates --out-dir only for its plans) ----
+head -c 400 "$heldout" > "$tmp/ho400.txt"
+srch=(--model "$model" --corpus "$tmp/corpus.txt" --budget-bits 8 --context 512 --candidates kivi2,kivi4 --fit-tokens 4096
+      --prompts 0 -q)
+t0=$(date +%s)
+expect 1 "heldout '.*' has .* tokens, fewer than one validation chunk" "search: a 400-byte --heldout refused before the fits" -- \
+  "$bin/kvcal" search "${srch[@]}" --heldout "$tmp/ho400.txt" --out "$tmp/s1.kvplan"
+[ $(( $(date +%s) - t0 )) -le 5 ] || bad "search took $(( $(date +%s) - t0 )) s to refuse a short --heldout"
+[ ! -e "$tmp/s1.kvplan" ] || bad "a refused search left a plan"
+expect 1 "fewer than one validation chunk" "search --out-dir with a short --heldout" -- \
+  "$bin/kvcal" search "${srch[@]}" --heldout "$tmp/ho400.txt" --out-dir "$tmp/sd/a/b"
+[ ! -e "$tmp/sd" ] && ok "a refused search created no --out-dir" || bad "a refused search created --out-dir"
+expect 2 "no existing directory\|is not writable\|is not a directory" "search --out-dir under a file" -- \
+  "$bin/kvcal" search "${srch[@]}" --heldout "$heldout" --out-dir "$tmp/ho400.txt/x"
+for o in "--fit-tokens 99999999999999" "--select-chunks 9223372036854775807" "--sens-samples 4611686018427387904" \
+         "--eval-chunks 9223372036854775807"; do
+  # shellcheck disable=SC2086
+  expect 2 "must be at most" "search $o refused as a usage error" -- "$bin/kvcal" search "${srch[@]}" $o --heldout "$heldout" \
+    --out "$tmp/s2.kvplan"
+done
+long="$(printf 'kivi2,%.0s' $(seq 1 200))kivi4"
+expect 2 "more than the 1023" "search --candidates longer than its buffer is refused, not cut" -- \
+  "$bin/kvcal" search "${srch[@]}" --candidates "$long" --heldout "$heldout" --out "$tmp/s2.kvplan"
+# low: --pruned with every point infeasible: exit 1, not 0 with no plan
+expect 1 "no point got a plan" "search --pruned with every budget infeasible" -- "$bin/kvcal" search --model "$model" \
+  --corpus "$tmp/corpus.txt" --heldout "$heldout" --budget-bits 0.01,0.02 --context 512 --candidates kivi2 --fit-tokens 4096 \
+  --prompts 0 --pruned kivi2@h2o0.5 --out-dir "$tmp/sp" -q
+smollm="${KVCAL_DEFAULT_MODEL:-}"
+if [ -n "$smollm" ] && [ -f "$smollm" ]; then # --context against the model: the validation's memory, before the fits
+  for i in 1 2 3 4 5; do cat "$heldout"; done > "$tmp/ho-long.txt"
+  t0=$(date +%s)
+  expect 1 "needs about .* GiB of memory" "search --context 1048576 on SmolLM2 refused before the fits" -- "$bin/kvcal" search \
+    --model "$smollm" --corpus "$calib" --heldout "$tmp/ho-long.txt" --budget-bits 8 --context 1048576 --select-chunks 0 \
+    --eval-chunks 1 --out "$tmp/s3.kvplan" -q
+  [ $(( $(date +%s) - t0 )) -le 120 ] || bad "search took $(( $(date +%s) - t0 )) s to refuse --context 1048576"
+fi
+
+# ---- 11: sizes beyond memory refused up front, with the estimate ----
+expect 1 "needs about .* GiB of memory" "kvrun bench --batch 4096 --context 2^22 refused" -- \
+  "$bin/kvrun" bench --model "$model" --context 4194304 --batch 4096 --decode 1
+expect 1 "needs about .* GiB of memory" "kvrun bench --context 2^22 --prefill-chunk 0 --cache f32 x 64 refused" -- \
+  "$bin/kvrun" bench --model "$model" --context 4194304 --batch 64 --prefill-chunk 0 --cache f32 --decode 1
+mem_gib=$(awk '/MemTotal/ {print int($2 / 1048576)}' /proc/meminfo)
+if [ "$mem_gib" -lt 60 ]; then
+  expect 1 "needs about 64.0 GiB of memory" "kvcal grids --samples 2^31 --dim 8 refused" -- \
+    "$bin/kvcal" grids --dim 8 --size 256 --samples 2147483648 --out "$tmp/g.grid"
+  [ ! -e "$tmp/g.grid" ] || bad "a refused grids left a file"
+fi
 exit $fail
