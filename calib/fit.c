@@ -208,6 +208,19 @@ static kv_status grid_index(kv_plan *p, int d, int n, const kv_fit_config *cfg, 
             pts = NULL;
         }
         kv_error_clear();
+        /* valid CRCs say the file is whole, not that its points are a grid: its MSE on fresh N(0, 1) samples
+         * must be within 4x the Gaussian distortion-rate bound 2^(-2 log2(n) / d) (Lloyd-Max grids are within
+         * 2.72x, the high-rate limit of the 1-D case); a degenerate one (points collapsed) is regenerated */
+        double mse = 0.0;
+        const double bound = pow(2.0, -2.0 * log2((double)n) / d);
+        if (pts && (kv_grid_mse(&mse, pts, d, n, 0x5eedULL, 20000) != KV_OK || !(mse <= 4.0 * bound))) {
+            kv_log(KV_LOG_WARN, "fit: the cached HIGGS grid %s is degenerate (MSE per dimension %.4g on fresh samples; a "
+                   "sound grid of %d points in %d dimensions has at most %.4g): generating it again", path, mse, n, d,
+                   4.0 * bound);
+            free(pts);
+            pts = NULL;
+            kv_error_clear();
+        }
         if (pts) kv_log(KV_LOG_INFO, "fit: HIGGS grid d = %d, n = %d from the cache %s", d, n, path);
     }
     if (!pts) {

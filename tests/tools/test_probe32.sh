@@ -141,4 +141,54 @@ if [ "$mem_gib" -lt 60 ]; then
     "$bin/kvcal" grids --dim 8 --size 256 --samples 2147483648 --out "$tmp/g.grid"
   [ ! -e "$tmp/g.grid" ] || bad "a refused grids left a file"
 fi
+
+# ---- low: a cached HIGGS grid with valid CRCs but degenerate points is checked (its MSE) and regenerated ----
+export KVCAL_GRID_CACHE="$tmp/grids"
+higgs=(--model "$model" --corpus "$tmp/corpus.txt" --seq-len 260 --max-tokens 6000 --method higgs --bits 2 --no-checkpoint
+       --set higgs.grid_samples=65536 --set higgs.grid_iters=30)
+"$bin/kvcal" fit "${higgs[@]}" --out "$tmp/h1.kvplan" > /dev/null 2>&1 || bad "higgs fit"
+g="$(ls "$KVCAL_GRID_CACHE"/*.grid 2>/dev/null | head -1)"
+if [ -n "$g" ]; then
+  python3 - "$g" <<'PY'
+import struct, sys, zlib
+p = sys.argv[1]; b = bytearray(open(p, "rb").read())
+h = struct.unpack_from("<I", b, 12)[0]  # header size (calib/GRID_FORMAT.md)
+n_pts = (len(b) - h) // 4
+b[h:] = struct.pack(f"<{n_pts}f", *([0.001] * n_pts))  # every point at the origin: a valid file, not a grid
+struct.pack_into("<I", b, 40, zlib.crc32(bytes(b[h:])) & 0xffffffff)
+struct.pack_into("<I", b, 44, zlib.crc32(bytes(b[:44])) & 0xffffffff)
+open(p, "wb").write(bytes(b))
+PY
+  "$bin/kvcal" fit "${higgs[@]}" --out "$tmp/h2.kvplan" > /dev/null 2> "$tmp/h2.err" || bad "higgs fit with a degenerate cache"
+  grep -q "is degenerate" "$tmp/h2.err" && ok "a degenerate cached grid is detected" || { bad "a degenerate cached grid was used"; tail -3 "$tmp/h2.err"; }
+  layers() { "$bin/kvrun" inspect --json "$1" | python3 -c "import json,sys; d=json.load(sys.stdin); print(json.dumps(d['layers']), json.dumps(d.get('grids')))"; }
+  [ "$(layers "$tmp/h1.kvplan")" = "$(layers "$tmp/h2.kvplan")" ] && ok "the regenerated grid gives the same plan" ||
+    bad "the plan after a degenerate cached grid differs"
+else
+  bad "no cached grid in $KVCAL_GRID_CACHE"
+fi
+unset KVCAL_GRID_CACHE
+
+# ---- low: --bits 2.5, narrowing and overflow of counts, the 'nothing was compressed' cause ----
+expect 2 "token precisions are 16, 8, 4, 3 or 2" "kvprof budget --bits 2.5 refused" -- \
+  "$bin/kvprof" budget --model "$model" --corpus "$tmp/corpus.txt" --bits 2.5
+for o in "--prompt-len 9223372036854775807 --score-len 9223372036854775807" "--passkey-length 9223372036854775744" \
+         "--samples 9223372036854775807" "--prompt-len 4294967298"; do
+  # shellcheck disable=SC2086
+  expect 2 "" "kvprof budget $o refused" -- "$bin/kvprof" budget --model "$model" --corpus "$tmp/corpus.txt" $o
+done
+for o in "--prompt-len 9223372036854775807 --score-len 9223372036854775807" "--prompt-len 64 --score-len 16 --step 4294967297" \
+         "--prompt-len 64 --score-len 16 --samples 9223372036854775807" "--prompt-len 4294967298 --score-len 1"; do
+  # shellcheck disable=SC2086
+  expect 2 "" "kvrun eval continuation $o refused" -- "$bin/kvrun" eval --model "$model" --protocol continuation \
+    --text "$tmp/corpus.txt" $o
+done
+expect 2 "" "kvrun eval --step 4294967297 refused" -- "$bin/kvrun" eval --model "$model" --text "$tmp/corpus.txt" --ctx 256 \
+  --step 4294967297
+"$bin/kvcal" fit --model "$model" --corpus "$tmp/corpus.txt" "${common[@]}" --method kivi --no-checkpoint --out "$tmp/k.kvplan" \
+  > /dev/null 2>&1 || bad "kivi fit"
+expect 0 "went in as one prompt step" "kvrun eval --prefill = --ctx names the cause" -- "$bin/kvrun" eval --model "$model" \
+  --text "$tmp/corpus.txt" --ctx 256 --prefill 256 --plan "$tmp/k.kvplan" --max-tokens 600
+expect 0 "never fill the 4 sinks" "kvrun eval with short chunks names that cause" -- "$bin/kvrun" eval --model "$model" \
+  --text "$tmp/corpus.txt" --ctx 100 --plan "$tmp/k.kvplan" --max-tokens 600
 exit $fail
