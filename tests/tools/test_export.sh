@@ -172,6 +172,28 @@ head -c 100 "$tmp/hf/model-00002-of-00002.safetensors" > "$tmp/hf-bad/model-0000
 { [ $? -eq 1 ] && [ ! -e "$tmp/x4" ]; } || { echo "FAIL: truncated shard"; cat "$tmp/r.err"; fail=1; }
 ls -d "$tmp"/*kvcal-tmp* > /dev/null 2>&1 && { echo "FAIL: a temporary directory was left behind"; fail=1; }
 echo "ok: failed exports leave no output"
+# a 400 MB shard is copied in bounded blocks: the export's peak RSS stays far below the shard (8)
+mkdir "$tmp/hf-large" && cp "$tmp/hf/config.json" "$tmp/hf-large/"
+python3 - "$tmp/hf-large/model.safetensors" <<'PY'
+import json, os, struct, sys
+n = 100 << 20  # floats: 400 MiB of zeros, written as a hole
+h = json.dumps({"model.layers.0.self_attn.k_proj.weight": {"dtype": "F32", "shape": [n], "data_offsets": [0, 4 * n]}}).encode()
+h += b" " * (-len(h) % 8)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h)
+    f.truncate(8 + len(h) + 4 * n)
+PY
+rss_kb=$(python3 - "$kvcal" "$tmp/tensor.kvplan" "$tmp/hf-large" "$tmp/out-large" <<'PY'
+import resource, subprocess, sys
+kvcal, plan, model, out = sys.argv[1:5]
+rc = subprocess.call([kvcal, "export", "--plan", plan, "--model", model, "--format", "compressed-tensors", "--out", out, "-q"])
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss if rc == 0 else -1)
+PY
+)
+if [ "$rss_kb" -lt 0 ]; then echo "FAIL: export of a 400 MB shard"; fail=1
+elif [ "$rss_kb" -gt 65536 ]; then echo "FAIL: export of a 400 MB shard peaked at $((rss_kb / 1024)) MiB RSS"; fail=1
+else echo "ok: a 400 MB shard exported with a peak RSS of $((rss_kb / 1024)) MiB"; fi
+rm -rf "$tmp/hf-large" "$tmp/out-large"
 # a 20 MB config.json is refused without reading it whole (8)
 mkdir "$tmp/hf-big" && cp "$tmp/hf/"* "$tmp/hf-big/"
 python3 -c "import json,sys; c=json.load(open(sys.argv[1])); c['pad']='x'*(20<<20); json.dump(c,open(sys.argv[2],'w'))" \
