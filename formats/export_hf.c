@@ -379,7 +379,8 @@ static kv_status st_read_header(st_file *f, int fd, const char *path) {
     f->data_len = size - f->data_at;
     const char *name;
     json_t *v;
-    json_object_foreach(s == KV_OK ? f->hdr : NULL, name, v) {
+    json_t *hdr = s == KV_OK ? f->hdr : NULL; /* NULL: no entries */
+    json_object_foreach(hdr, name, v) {
         if (strcmp(name, "__metadata__") == 0) continue;
         const json_t *o = json_object_get(v, "data_offsets");
         const json_t *b = json_array_get(o, 0), *en = json_array_get(o, 1);
