@@ -128,9 +128,10 @@ int kvprof_budget(int argc, char **argv) {
         return kv_cli_usage_error(k_tool, "%s", kv_error_last());
     }
     for (int i = 0; i < nbits; i++) {
-        if (!(bv[i] == 16 || bv[i] == 8 || bv[i] == 4 || bv[i] == 3 || bv[i] == 2)) { /* 2.5 is not 2 */
+        if (!(bv[i] >= 1 && bv[i] <= 32 && bv[i] == floor(bv[i]))) { /* 2.5 is not 2 */
             free(sets);
-            return kv_cli_usage_error(k_tool, "--bits %g: token precisions are 16, 8, 4, 3 or 2", bv[i]);
+            return kv_cli_usage_error(k_tool, "--bits %g: token precisions are whole numbers of bits (16, 8, 4, 3 or "
+                                      "2)", bv[i]);
         }
         bits[i] = (int)bv[i];
     }
