@@ -78,6 +78,7 @@ kv_status kv_fit_store_init(kv_fit_store *st, const char *spill_dir, int h_f16, 
             goto done;
         }
         strcpy(st->top, spill_dir);
+        st->dir[0] = '\0'; /* "" until mkdtemp made it: kv_fit_store_free removes nothing before */
         st->made_top = stat(spill_dir, &sb) != 0;
         if (kv_mkdir_p(spill_dir) != 0) {
             s = KV_ERR(KV_EIO, "creating the spill directory '%s' (memory.spill_dir): %s", spill_dir, strerror(errno));
@@ -114,7 +115,7 @@ done:
 
 void kv_fit_store_free(kv_fit_store *st) {
     if (!st) return;
-    if (st->spill && st->dir) {
+    if (st->spill && st->dir && st->dir[0]) {
         for (int64_t j = 0; j < st->n_local; j++)
             for (int slot = 0; slot < KV_FIT_ROLES; slot++) {
                 char *p = slot_path(st, slot, st->shard_ids[j]);
