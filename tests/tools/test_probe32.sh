@@ -130,7 +130,9 @@ if [ -n "$smollm" ] && [ -f "$smollm" ]; then # --context against the model: the
   [ $(( $(date +%s) - t0 )) -le 120 ] || bad "search took $(( $(date +%s) - t0 )) s to refuse --context 1048576"
 fi
 
-# ---- 11: sizes beyond memory refused up front, with the estimate ----
+# ---- 11: sizes beyond memory refused up front, with the estimate (and ordinary sizes still run) ----
+expect 0 "decode_tokens_per_second" "kvrun bench at an ordinary size runs" -- "$bin/kvrun" bench --model "$model" --context 256 \
+  --decode 2 --batch 2
 expect 1 "needs about .* GiB of memory" "kvrun bench --batch 4096 --context 2^22 refused" -- \
   "$bin/kvrun" bench --model "$model" --context 4194304 --batch 4096 --decode 1
 expect 1 "needs about .* GiB of memory" "kvrun bench --context 2^22 --prefill-chunk 0 --cache f32 x 64 refused" -- \
