@@ -312,6 +312,8 @@ kv_status kv_plan_check_fingerprint(const kv_plan *p, const kv_plan_fingerprint 
 
 /* Names of enum values ("uniform", "tokens", "snapkv", "f16", "K"); NULL for unknown values. */
 const char *kv_plan_method_name(int method);
+/* The method named `name` ("uniform", "nvfp4", ...), or -1. */
+int kv_plan_method_from_name(const char *name);
 const char *kv_plan_axis_name(int axis);
 const char *kv_plan_pack_name(int pack);
 const char *kv_plan_prune_name(int prune);
