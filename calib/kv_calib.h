@@ -214,6 +214,13 @@ typedef struct kv_fit_options {
      * so a cached grid is exactly the one that would be generated. */
     const char *grid_cache_dir;
 } kv_fit_options;
+/* The file kvcal fit writes into a checkpoint directory it creates: a directory without it is not
+ * kvcal's. */
+#define KV_FIT_CKPT_OWNER "kvcal-fit-checkpoint"
+/* Before any work: KV_OK when dir does not exist or is a checkpoint directory kvcal fit created (it has
+ * KV_FIT_CKPT_OWNER); KV_EINVAL, naming the reason, for a symbolic link, a file, or a directory
+ * without the owner file (the fit neither uses nor cleans up a directory it did not create). */
+kv_status kv_fit_ckpt_check_dir(const char *dir);
 
 /* Options with the defaults above (no checkpoint, stop_after_layer -1). */
 void kv_fit_options_init(kv_fit_options *o);

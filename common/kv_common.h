@@ -142,6 +142,9 @@ double kv_now_seconds(void);
 /* Aligned allocation (alignment a power of two >= sizeof(void*)); size 0 gives a valid pointer.
  * Returns NULL on failure without recording an error (callers add context). */
 void *kv_aligned_alloc(size_t alignment, size_t size);
+/* The machine's physical memory in bytes (sysconf), 0 when unknown. Tools refuse work whose memory
+ * estimate exceeds it before allocating (an overcommitting kernel would let it grow until killed). */
+uint64_t kv_memory_total_bytes(void);
 void kv_aligned_free(void *p);
 /* Overflow-checked multiply for sizes: returns 0 and sets *out, or -1 on overflow. */
 int kv_size_mul(size_t *out, size_t a, size_t b);

@@ -318,10 +318,16 @@ typedef enum kv_export_format { KV_EXPORT_COMPRESSED_TENSORS = 0, KV_EXPORT_MODE
  * stream that is not FP8 E4M3 / NVFP4, methods or scale counts that differ between streams, keys
  * before RoPE, E5M2, NVFP4 in compressed-tensors, per-head scales in modelopt). */
 kv_status kv_export_check(const kv_plan *p, kv_export_format f);
-/* A copy of the Hugging Face checkpoint model_dir in out_dir (created; files copied) with the plan's
- * scales as model.layers.N.self_attn.{k,v}_scale (kv_scales.safetensors, added to the index when there
- * is one) and config.json's kv_cache_scheme (compressed-tensors) or hf_quant_config.json (modelopt).
- * KV_EMISMATCH when config.json's layer or KV-head count differs from the plan's. */
+/* A new directory out_dir: a copy of the Hugging Face checkpoint model_dir with the plan's scales in
+ * the engines' names and shapes and the quantization metadata they read (export_hf.c says which;
+ * kernels/FLOAT_KV.md cites the engines' code). Written into a temporary directory beside out_dir
+ * and renamed to it at the end: out_dir must not exist or be an empty directory (the caller checks
+ * that before any work; a rename onto a directory that is not empty fails with KV_EIO). Files are
+ * copied in blocks of 1 MiB; config.json, the index, hf_quant_config.json and safetensors headers are
+ * read with a cap of KV_EXPORT_JSON_MAX bytes. KV_EMISMATCH when config.json does not describe the
+ * plan's model (layers, hidden size, heads, KV heads, head dim, vocabulary, RoPE theta);
+ * KV_EUNSUPPORTED when the plan or the checkpoint's own quantization_config cannot take the format. */
+#define KV_EXPORT_JSON_MAX (16u << 20)
 kv_status kv_export_hf(const kv_plan *p, const char *model_dir, kv_export_format f, const char *out_dir);
 
 /* ---- kvcal fit configuration (YAML; config.c; keys documented in configs/kvcal-example.yaml) ----

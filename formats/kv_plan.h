@@ -38,7 +38,8 @@ typedef enum kv_plan_method {
      * KV head (kv_plan_stream.fp_scales) */
     KV_PLAN_FP8_E4M3 = 3, /* bits 8 */
     KV_PLAN_FP8_E5M2 = 4, /* bits 8 */
-    KV_PLAN_NVFP4 = 5     /* bits 4, group_size 16 (E4M3 block scales), group_axis channels */
+    KV_PLAN_NVFP4 = 5,    /* bits 4, group_size 16 (E4M3 block scales), group_axis channels */
+    KV_PLAN_METHOD_COUNT  /* not a method: the number of methods (each has a row in the codec tables) */
 } kv_plan_method;
 
 /* Which way a uniform quantization group runs. */
@@ -311,6 +312,8 @@ kv_status kv_plan_check_fingerprint(const kv_plan *p, const kv_plan_fingerprint 
 
 /* Names of enum values ("uniform", "tokens", "snapkv", "f16", "K"); NULL for unknown values. */
 const char *kv_plan_method_name(int method);
+/* The method named `name` ("uniform", "nvfp4", ...), or -1. */
+int kv_plan_method_from_name(const char *name);
 const char *kv_plan_axis_name(int axis);
 const char *kv_plan_pack_name(int pack);
 const char *kv_plan_prune_name(int prune);

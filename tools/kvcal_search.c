@@ -17,8 +17,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <unistd.h>
+#include <sys/stat.h>
 
 #define MAX_CANDS 32
+#define MAX_COUNT (1L << 30) /* the most tokens or chunks a count option may ask for */
 static const char *const k_default_cands =
     "f16,kivi2,kivi3,kivi4,higgs2,higgs3,aqua2,aqua3,aqua2r32,aqua2r64,aqua3r32,fp8,nvfp4";
 #define MAX_BUDGETS 32
@@ -100,11 +104,45 @@ static kv_status parse_numbers(double *v, long *at, int *n, int max, const char 
     return KV_OK;
 }
 
+/* A directory that does not exist yet (--out-dir, created with its parents when the plans are written):
+ * its nearest existing ancestor must be a writable directory. */
+static int check_new_dir(const char *tool, const char *dir) {
+    char p[4096];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return kv_cli_usage_error(tool, "--out-dir: path too long");
+    for (;;) {
+        char *slash = strrchr(p, '/');
+        while (slash && slash > p && slash[1] == '\0') { /* trailing slashes */
+            *slash = '\0';
+            slash = strrchr(p, '/');
+        }
+        if (!slash) {
+            snprintf(p, sizeof p, ".");
+        } else if (slash == p) {
+            p[1] = '\0';
+        } else {
+            *slash = '\0';
+        }
+        struct stat sb;
+        if (stat(p, &sb) == 0) {
+            if (!S_ISDIR(sb.st_mode))
+                return kv_cli_usage_error(tool, "--out-dir '%s': '%s' is not a directory", dir, p);
+            if (access(p, W_OK | X_OK) != 0)
+                return kv_cli_usage_error(tool, "--out-dir '%s': directory '%s' is not writable: %s", dir, p,
+                                          strerror(errno));
+            return KV_EXIT_OK;
+        }
+        if (strcmp(p, ".") == 0 || strcmp(p, "/") == 0)
+            return kv_cli_usage_error(tool, "--out-dir '%s': no existing directory above it", dir);
+    }
+}
+
 /* "a,b,c" -> candidate indices (unknown: KV_EINVAL naming the known ones; duplicates refused). */
 static kv_status parse_candidates(int *idx, int *n, const char *list) {
     *n = 0;
     char buf[1024];
-    snprintf(buf, sizeof buf, "%s", list);
+    if (snprintf(buf, sizeof buf, "%s", list) >= (int)sizeof buf)
+        return KV_ERR(KV_EINVAL, "--candidates: the list has %zu bytes, more than the %zu it may hold", strlen(list),
+                      sizeof buf - 1);
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         int k;
         kv_status s = kv_search_candidate_find(&k, t);
@@ -728,6 +766,15 @@ int kvcal_search(int argc, char **argv) {
                                 "--eval-chunks >= 1, --eval-tokens, --prompts and --select-chunks >= 0");
         goto end;
     }
+    /* counts of tokens or chunks beyond any corpus: refused here, so that the sums of what the run reads
+     * below cannot overflow */
+    if (fit_tokens > MAX_COUNT || fit_seq > (1L << 20) || sens_ctx > (1L << 20) || sens_samples > MAX_COUNT ||
+        eval_chunks > MAX_COUNT || eval_tokens > MAX_COUNT || prompts > MAX_COUNT || select_chunks > MAX_COUNT) {
+        rc = kv_cli_usage_error(tool, "--fit-tokens, --sens-samples, --eval-chunks, --eval-tokens, --prompts and "
+                                "--select-chunks must be at most %ld, --fit-seq-len and --sens-ctx at most 2^20",
+                                (long)MAX_COUNT);
+        goto end;
+    }
     if (strcmp(pred_inputs, "chained") != 0 && strcmp(pred_inputs, "free") != 0) {
         rc = kv_cli_usage_error(tool, "--predictor-inputs must be chained or free (got '%s')", pred_inputs);
         goto end;
@@ -760,16 +807,23 @@ int kvcal_search(int argc, char **argv) {
         goto end;
     }
     if ((rc = kv_tool_threads(tool, threads, &n_threads)) != KV_EXIT_OK) goto end;
-    if (out_dir && kv_mkdir_p(out_dir) != 0) {
-        s = KV_ERR(KV_EIO, "--out-dir '%s': cannot create it", out_dir);
-        goto fail;
-    }
     {
         const kv_tool_path ins[] = {{"--model", model}, {"--tokenizer", tokenizer}, {"--corpus", corpus},
                                     {"--heldout", heldout}};
         kv_tool_path outs[MAX_BUDGETS * MAX_CONTEXTS];
         for (int p = 0; p < n_points; p++) outs[p].what = out ? "--out" : "--out-dir", outs[p].path = points[p].path;
-        if ((rc = kv_tool_check_io(tool, ins, 4, outs, n_points)) != KV_EXIT_OK) goto end;
+        /* --out-dir is created only when the plans are written, after every check: a missing one is
+         * checked where it would be created (its nearest existing ancestor must take it) */
+        struct stat sb;
+        const int dir_exists = out_dir && stat(out_dir, &sb) == 0;
+        if (out_dir && dir_exists && !S_ISDIR(sb.st_mode)) {
+            rc = kv_cli_usage_error(tool, "--out-dir '%s' exists and is not a directory", out_dir);
+            goto end;
+        }
+        if (out_dir && !dir_exists && (rc = check_new_dir(tool, out_dir)) != KV_EXIT_OK) goto end;
+        if ((rc = kv_tool_check_io(tool, ins, 4, outs, out_dir && !dir_exists ? 0 : n_points)) != KV_EXIT_OK) goto end;
+        /* corpora that never end (devices), or missing, before anything is loaded */
+        if ((s = kv_input_check(corpus)) != KV_OK || (s = kv_input_check(heldout)) != KV_OK) goto fail;
     }
     /* ---- model, tokens ---- */
     const double t0 = kv_now_seconds();
@@ -814,6 +868,27 @@ int kvcal_search(int argc, char **argv) {
             ho_need = need > ho_need ? need : ho_need;
         }
         if ((s = kv_tool_tokenize_file_max(&ho, &n_ho, NULL, tok, heldout, ho_need)) != KV_OK) goto fail;
+        /* every point is validated on at least one chunk of its context: checked before any fit */
+        for (int k = 0; k < n_ctx; k++)
+            if (n_ho < (size_t)(contexts[k] - 1)) {
+                s = KV_ERR(KV_EINVAL, "--heldout '%s' has %zu tokens, fewer than one validation chunk of %ld at "
+                           "--context %ld: use a longer held-out text or a shorter --context", heldout, n_ho,
+                           contexts[k] - 1, contexts[k]);
+                goto fail;
+            }
+    }
+    {   /* the memory of the largest step, before any fit: the validation at the longest --context (the exact
+         * and the compressed forward side by side: two hidden-state buffers, the f32 exact cache and at most
+         * as much for the compressed one, the forward workspace over the whole chunk) */
+        const kv_arch *ar = kv_model_arch(m);
+        const double c = (double)max_ctx, kvd = (double)ar->n_kv_heads * ar->head_dim;
+        const double est = (double)kv_model_weight_bytes(m) + 2.0 * c * ar->d_model * 4.0 +
+                           2.0 * c * ar->n_layers * 2.0 * kvd * 4.0 + kv_model_forward_bytes(m, c, c) +
+                           4.0 * ((double)n_ids + (double)n_ho);
+        char what[160];
+        snprintf(what, sizeof what, "the validation at --context %ld on this model (%d layers, %d KV heads of %d)",
+                 max_ctx, ar->n_layers, ar->n_kv_heads, ar->head_dim);
+        if ((s = kv_tool_check_memory(est, what)) != KV_OK) goto fail;
     }
     const int32_t bos = kv_tokenizer_bos(tok);
     const kv_arch *arch = kv_model_arch(m);
@@ -1206,6 +1281,8 @@ int kvcal_search(int argc, char **argv) {
         point_yaml(yaml, sizeof yaml, pt, context, plan, L, select_chunks > 0, pruned, cands);
         pv.config_yaml = yaml;
         if ((s = kv_plan_creation_time(&pv.created)) == KV_OK) s = kv_plan_set_provenance(plan, &pv);
+        if (s == KV_OK && out_dir && kv_mkdir_p(out_dir) != 0)
+            s = KV_ERR(KV_EIO, "--out-dir '%s': cannot create it: %s", out_dir, strerror(errno));
         if (s == KV_OK) s = kv_plan_write(plan, pt->path, NULL);
         if (plan_owned) kv_plan_free(plan);
         layered_release(&lp);
@@ -1219,6 +1296,15 @@ int kvcal_search(int argc, char **argv) {
             goto fail;
         pt->seconds_eval = kv_now_seconds() - tv;
         seconds_eval += pt->seconds_eval;
+    }
+    {   /* with --pruned, every point may have been refused one by one: no plan at all is a failure */
+        int n_plans = 0;
+        for (int p = 0; p < n_points; p++) n_plans += points[p].feasible;
+        if (n_plans == 0) {
+            s = KV_ERR(KV_EINVAL, "no point got a plan: every --budget-bits is below the cheapest assembly of these "
+                       "candidates and below every pruned contender's measured bits");
+            goto fail;
+        }
     }
     /* ---- report ---- */
     if (json) {

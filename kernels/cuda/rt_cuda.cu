@@ -3,10 +3,10 @@
 // and the fused attention: kv_attn_math.h's block program run by KV_DA_THREADS threads per block, then the
 // combine of the splits. Every kernel's per-element work is a KV_HD function the host model (rt_dev_host.c)
 // runs too; this file compiles with -fmad=false so that both give the same bits.
-#include <cublas_v2.h>
 
 #include <new>
 
+#include "kv_cuda_dl.h"
 #include "kv_cuda_util.h"
 #include "rt_dev.h"
 
@@ -185,15 +185,17 @@ static kv_status c_gemm_nt(rt_dev *d, int M, int N, int K, const float *A, int l
     const float one = 1.0f;
     if (M <= 0) return KV_OK;
     cuda_impl *im = static_cast<cuda_impl *>(d->impl);
+    const kv_cublas_fns *bl = kv_cuda_cublas(); /* loaded on first use (kv_cuda_dl.h) */
+    if (!bl) return kv_error_wrap(KV_ECUDA, "runtime (CUDA): ");
     if (!im->cublas) { /* made on first use: only AQUA-KV's predictors need it, and it costs milliseconds */
-        if (cublasCreate(&im->cublas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(im->cublas, im->stream) != CUBLAS_STATUS_SUCCESS ||
-            cublasSetMathMode(im->cublas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS) {
-            if (im->cublas) cublasDestroy(im->cublas);
+        if (bl->create(&im->cublas) != CUBLAS_STATUS_SUCCESS || bl->set_stream(im->cublas, im->stream) != CUBLAS_STATUS_SUCCESS ||
+            bl->set_math_mode(im->cublas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS) {
+            if (im->cublas) bl->destroy(im->cublas);
             im->cublas = NULL;
             return KV_ERR(KV_ECUDA, "runtime (CUDA): cuBLAS could not be set up");
         }
     }
-    const cublasStatus_t r = cublasSgemm(im->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, ldb, A, lda, &one, C, ldc);
+    const cublasStatus_t r = bl->sgemm(im->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, ldb, A, lda, &one, C, ldc);
     if (r != CUBLAS_STATUS_SUCCESS) return KV_ERR(KV_ECUDA, "cublasSgemm (%d x %d x %d): status %d", M, N, K, (int)r);
     return KV_OK;
 }
@@ -261,7 +263,7 @@ static void c_close(rt_dev *d) {
     if (!d) return;
     cuda_impl *im = static_cast<cuda_impl *>(d->impl);
     if (im) {
-        if (im->cublas) cublasDestroy(im->cublas);
+        if (im->cublas) kv_cuda_cublas()->destroy(im->cublas); /* loaded when made */
         if (im->stream) cudaStreamSynchronize(im->stream);
         if (im->stream && im->own_stream) cudaStreamDestroy(im->stream);
         delete im;

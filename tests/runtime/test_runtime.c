@@ -1134,7 +1134,7 @@ static double layer_budget(const kv_plan *p, int l) {
     return bmax - (bmax - bmin) * l / (p->n_layers - 1);
 }
 
-/* The quantizer of head h's own blocks (one head wide), written out independently of rt_codec_head_init:
+/* The quantizer of head h's own blocks (one head wide), written out independently of kv_rti_codec_head_init:
  * HIGGS signs at the head's channel offset, a float stream's per-head scale. */
 static kv_quant head_quant(kv_quant q, int h, int hd) {
     if (q.kind == KV_QUANT_HIGGS) q.higgs.channel0 = (uint64_t)h * (uint64_t)hd;
