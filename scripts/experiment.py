@@ -4,7 +4,7 @@ held-out text, write JSON and a table. What an experiment is lives in a configur
 (configs/experiments/*.ini, format in configs/experiments/README.md); a method is a row there, not a script.
 
     scripts/experiment.sh CONFIG.ini [--KEY VALUE ...] [--set K=V ...] [--row NAME=ARGS ...] [-D KEY=VALUE ...]
-                          [--reuse] [--update] [-t N] [--dry-run]
+                          [--reuse] [--update] [-t N] [-v] [--dry-run]
 
 Stages, in order, each present only when the configuration asks for it:
   importance  kvprof importance on the calibration text, writing the allocations the rows read ([importance])
@@ -152,7 +152,8 @@ def parse_args(argv):
         print(__doc__)
         sys.exit(0 if argv else 2)
     exp = Experiment(argv[0])
-    opts = {"set": [], "reuse": False, "update": False, "threads": None, "dry": False, "argv": list(argv)}
+    opts = {"set": [], "reuse": False, "update": False, "threads": None, "dry": False, "verbose": False,
+            "argv": list(argv)}
     i = 1
     while i < len(argv):
         a = argv[i]
@@ -165,6 +166,8 @@ def parse_args(argv):
             opts["update"] = True
         elif a == "--dry-run":
             opts["dry"] = True
+        elif a in ("-v", "--verbose"):
+            opts["verbose"] = True
         elif a in ("-t", "--threads"):
             opts["threads"] = argv[i + 1]
             i += 1
@@ -232,6 +235,7 @@ class Runner:
         if not self.run_list:
             die(f"{exp.path}: nothing to run (`run` is empty)")
         self.single = os.path.join(self.out, "single") if exp.search is not None else self.out
+        self.n_logs = 0  # OUT/logs/NN-TAG.log, numbered in the order the commands ran
 
     def model(self, spec, tok):
         """(model path, tokenizer path or ''): `default` is the fetched default model (None when it cannot be had),
@@ -249,17 +253,32 @@ class Runner:
             self.models[spec] = path
         return self.models[spec], subst(tok, self.vals) if tok else ""
 
-    def sh(self, cmd, stdout=None, time_to=None):
-        """Run a command (echoed to stderr); stdout to a file when given."""
-        log("$ " + " ".join(shlex.quote(c) for c in cmd) + (f" > {stdout}" if stdout else ""))
+    def sh(self, cmd, stdout=None, time_to=None, tag=None):
+        """Run a command; stdout to a file when given. Quiet (the default): the command line and everything the tool
+        prints on stderr (per-layer fit diagnostics, progress) go to OUT/logs/NN-TAG.log, and a failure prints the
+        log's last lines; --verbose: echoed and passed through to the terminal."""
+        line = "$ " + " ".join(shlex.quote(c) for c in cmd) + (f" > {stdout}" if stdout else "")
+        if self.opts["dry"] or self.opts["verbose"]:
+            log(line)
         if self.opts["dry"]:
             return 0
         if time_to:
             cmd = ["/usr/bin/time", "-f", "%M %e %U %S", "-o", time_to] + cmd
-        with open(stdout, "w") if stdout else open(os.devnull, "w") as f:
-            r = subprocess.run(cmd, stdout=f if stdout else None)
+        self.n_logs += 1
+        tag = tag or os.path.basename(cmd[0])
+        log_path = os.path.join(self.out, "logs", "%02d-%s.log" % (self.n_logs, re.sub(r"[^A-Za-z0-9._@-]", "_", tag)))
+        os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        with open(log_path, "w") as lf:
+            lf.write(line + "\n")
+            lf.flush()
+            with open(stdout, "w") if stdout else open(os.devnull, "w") as f:
+                r = subprocess.run(cmd, stdout=f if stdout else (None if self.opts["verbose"] else lf),
+                                   stderr=None if self.opts["verbose"] else lf)
         if r.returncode != 0:
-            die(f"command failed ({r.returncode}): {cmd[0]} ...", 1)
+            if not self.opts["verbose"]:
+                tail = open(log_path, errors="replace").read().splitlines()[-15:]
+                sys.stderr.write("".join(f"  | {t}\n" for t in tail))
+            die(f"command failed ({r.returncode}): {cmd[0]} ... (log: {log_path})", 1)
         return r.returncode
 
     def threads(self):
@@ -280,7 +299,7 @@ class Runner:
                  "--prompts", prompts, "--max-len", max_len, "--out", f"{out}/importance.yaml", "--svg",
                  f"{out}/importance.svg", "--config-out", f"{out}/kvmix.yaml", "--random-config-out",
                  f"{out}/random.yaml", "--compare-forward"] + words(imp.get("args", "")), stdout=f"{out}/importance.txt")
-        if not self.opts["dry"]:
+        if not self.opts["dry"] and self.opts["verbose"]:
             sys.stderr.write(open(f"{out}/importance.txt").read())
         # more random allocations: the draw depends only on the layer count, --high-frac and the seed, so a minimal
         # importance run (2 prompts of 16 tokens) is enough to have the tool write it
@@ -288,7 +307,7 @@ class Runner:
         for sd in seeds:
             self.sh([self.kvprof, "importance", "-q", "--model", self.default_model, "--corpus", self.vals["calib"],
                      "--prompts", "2", "--max-len", "16", "--out", f"{out}/random{sd}.importance.yaml",
-                     "--random-config-out", f"{out}/random{sd}.yaml", "--random-seed", sd])
+                     "--random-config-out", f"{out}/random{sd}.yaml", "--random-seed", sd], tag=f"importance-random{sd}")
         if self.opts["dry"]:
             return
         # the same allocations without RPC: every per-layer ratio set to 0; and the uniform allocation
@@ -326,13 +345,14 @@ class Runner:
         else:
             log(f"== {plan_name}: fit on {os.path.basename(self.vals['calib'])} ({fit_tokens or 'configured'} tokens)")
             t0 = time.time()
-            self.sh(fit, stdout=f"{out}/{plan_name}.fit.txt", time_to=f"{out}/{plan_name}.time" if timed else None)
+            self.sh(fit, stdout=f"{out}/{plan_name}.fit.txt", time_to=f"{out}/{plan_name}.time" if timed else None,
+                    tag=f"{plan_name}.fit")
             if not self.opts["dry"]:
                 open(secs_file, "w").write(f"{time.time() - t0}\n")
         if timed and not self.opts["dry"]:
             print_time_line(out, plan_name)
         if truthy(r.get("inspect", s.get("inspect", "false"))):
-            self.sh([self.kvrun, "inspect", "--json", plan], stdout=f"{out}/{plan_name}.plan.json")
+            self.sh([self.kvrun, "inspect", "--json", plan], stdout=f"{out}/{plan_name}.plan.json", tag=f"{plan_name}.inspect")
         if not truthy(r.get("evaluate", s.get("evaluate", "true"))):
             return None
         ctxs = words(r.get("ctx", "").replace(",", " ")) or self.ctxs or [""]
@@ -348,7 +368,7 @@ class Runner:
                   + (["--ctx", c] if c else []) + (["--max-tokens", s["eval-tokens"]] if s.get("eval-tokens") else [])
                   + words(subst(s.get("eval-args", ""), vals)) + words(subst(r.get("eval", ""), vals))
                   + self.threads() + ["--json"])
-            self.sh(ev, stdout=res + ".part")
+            self.sh(ev, stdout=res + ".part", tag=f"{plan_name}.eval{c}")
             if self.opts["dry"]:
                 continue
             j = json.load(open(res + ".part"))
@@ -414,7 +434,7 @@ class Runner:
                    + (["--pruned-layers", srch["pruned-layers"]] if srch.get("pruned-layers") else [])
                    + (["--select-chunks", srch["select-chunks"]] if srch.get("select-chunks") else [])
                    + words(srch.get("search-args", "")) + self.opts["set"] + self.threads() + ["--json"])
-            self.sh(cmd, stdout=f"{out}/search.json.part")
+            self.sh(cmd, stdout=f"{out}/search.json.part", tag="search")
             if not self.opts["dry"]:
                 os.replace(f"{out}/search.json.part", f"{out}/search.json")
         if not self.opts["dry"]:
@@ -446,9 +466,21 @@ class Runner:
         self.table()
         if self.exp.search is not None:
             self.search()
-        if self.exp.settings.get("compare"):
-            return self.compare()
-        return 0
+        rc = self.compare() if self.exp.settings.get("compare") else 0
+        if not self.opts["dry"]:
+            self.where()
+        return rc
+
+    def where(self):
+        """Where the run wrote its plans, results and logs: the last lines a user reads."""
+        plans = sorted(glob.glob(os.path.join(self.single, "*.kvplan")))
+        searched = sorted(glob.glob(os.path.join(self.out, "search", "*.kvplan")))
+        print(f"plans: {len(plans)} in {self.single}/" + (f", {len(searched)} searched in {self.out}/search/"
+                                                          if searched else ""))
+        reports = [p for p in [os.path.join(self.out, "search.json"), os.path.join(self.single, "table.md")]
+                   if os.path.exists(p)]
+        print("results: " + ", ".join(reports + [f"{self.single}/NAME.json (kvrun eval per plan)"]))
+        print(f"logs: {self.out}/logs/ (every command and what it printed)", flush=True)
 
 
 def environment():
