@@ -152,12 +152,9 @@ static const char *sname(int stream) { return stream == KV_PLAN_K ? "K" : "V"; }
 
 /* with_predictor: also copy src's predictor (the one-stream plans of the sensitivity, whose inputs are f16) */
 static kv_status copy_stream(kv_plan *dst, const kv_plan *src, int layer, int stream, int with_predictor) {
+    /* the policy of plan surgery here; the copy itself (and its shape checks) is the format's kv_plan_stream_copy */
     if (!dst || !src || layer < 0 || layer >= dst->n_layers || layer >= src->n_layers || stream < 0 || stream > 1)
         return KV_ERR(KV_EINVAL, "kv_search_copy_stream: bad arguments (layer %d, stream %d)", layer, stream);
-    if (dst->n_layers != src->n_layers || dst->fingerprint.n_kv_heads != src->fingerprint.n_kv_heads ||
-        dst->fingerprint.head_dim != src->fingerprint.head_dim)
-        return KV_ERR(KV_EINVAL, "plan surgery: layer %d %s: the plans are for models of different shapes", layer,
-                      sname(stream));
     if (!same_global(&dst->global, &src->global))
         return KV_ERR(KV_EINVAL, "plan surgery: layer %d %s: the plans differ in their global settings (sinks %d/%d, "
                       "recent %d/%d, pruning, RHT seed): streams of one plan share them", layer, sname(stream),
@@ -179,53 +176,8 @@ static kv_status copy_stream(kv_plan *dst, const kv_plan *src, int layer, int st
     if (ds->predictor || ds->squat)
         return KV_ERR(KV_EINVAL, "plan surgery: layer %d %s of the destination carries a predictor or SQuat "
                       "parameters", layer, sname(stream));
-    int grid = -1;
-    if (ss->higgs_grid >= 0) {
-        if (ss->higgs_grid >= src->n_grids)
-            return KV_ERR(KV_EINVAL, "plan surgery: layer %d %s: grid %d of %d", layer, sname(stream), ss->higgs_grid,
-                          src->n_grids);
-        const kv_plan_grid *g = &src->grids[ss->higgs_grid];
-        for (int i = 0; i < dst->n_grids && grid < 0; i++)
-            if (dst->grids[i].d == g->d && dst->grids[i].n == g->n &&
-                memcmp(dst->grids[i].points, g->points, (size_t)g->n * (size_t)g->d * sizeof(float)) == 0)
-                grid = i;
-        if (grid < 0) {
-            kv_status s = kv_plan_add_grid(dst, g->d, g->n, g->points, &grid);
-            if (s != KV_OK) return s;
-        }
-    }
-    float *old_scales = ds->fp_scales;
-    *ds = *ss; /* every scalar field; the owned pointers are set below */
-    ds->predictor = NULL;
-    ds->squat = NULL;
-    ds->fp_scales = old_scales;
-    ds->higgs_grid = grid;
-    if (ss->n_fp_scales > 0 && ss->fp_scales) {
-        ds->n_fp_scales = 0;
-        kv_status s = kv_plan_set_fp_scales(dst, layer, stream, ss->n_fp_scales, ss->fp_scales);
-        if (s != KV_OK) return s;
-    } else {
-        free(ds->fp_scales);
-        ds->fp_scales = NULL;
-        ds->n_fp_scales = 0;
-    }
-    if (ss->squat) {
-        const kv_plan_squat *q = ss->squat;
-        kv_status s = kv_plan_set_squat(dst, layer, q->r, q->lambda, q->g, q->basis);
-        if (s != KV_OK) return s;
-        ds->squat->static_subspace = q->static_subspace;
-    }
-    if (with_predictor && ss->predictor) {
-        const kv_plan_predictor *pr = ss->predictor;
-        kv_status s = kv_plan_set_predictor(dst, layer, stream, pr->n_inputs, pr->inputs, pr->weight, pr->bias);
-        if (s == KV_OK && pr->rank >= 1) s = kv_plan_set_predictor_factors(dst, layer, stream, pr->rank, pr->left, pr->right);
-        if (s == KV_OK) s = kv_plan_set_predictor_dtype(dst, layer, stream, pr->dtype); /* already rounded: exact */
-        if (s == KV_OK && pr->qbits > 0) /* 1.4: the codes, whose values the weight already is */
-            s = kv_plan_set_predictor_quantized(dst, layer, stream, pr->qbits, pr->qgroup, pr->qcodes, pr->qscale,
-                                                pr->qoffset);
-        return s;
-    }
-    return KV_OK;
+    /* the stream itself, deeply (its grid, its codec's parameters, SQuat, the predictor when asked): the format's */
+    return kv_plan_stream_copy(dst, src, layer, stream, with_predictor ? KV_PLAN_COPY_PREDICTOR : 0u);
 }
 
 kv_status kv_search_copy_stream(kv_plan *dst, const kv_plan *src, int layer, int stream) {

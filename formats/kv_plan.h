@@ -259,6 +259,14 @@ kv_status kv_plan_set_fp_scales(kv_plan *p, int layer, int stream, int n, const 
 int kv_plan_method_is_float(int method);
 /* Append a grid (points n*d copied); its index goes to *index (may be NULL). */
 kv_status kv_plan_add_grid(kv_plan *p, int d, int n, const float *points, int *index);
+/* Copy stream (layer, stream) of src into the same place of dst, deeply: its scalar fields, its HIGGS grid (found
+ * among dst's grids by value, else appended), its method's parameters (the codec's copy), its SQuat parameters
+ * (keys), and with KV_PLAN_COPY_PREDICTOR its predictor (without it, a stream with a predictor is refused:
+ * KV_EUNSUPPORTED). Whatever dst's stream owned is released first. The plans must be of one model shape; whether
+ * the copied stream makes sense beside dst's other streams (a shared-codes partner, global settings) is the
+ * caller's policy (calib/search.c). */
+#define KV_PLAN_COPY_PREDICTOR 1u
+kv_status kv_plan_stream_copy(kv_plan *dst, const kv_plan *src, int layer, int stream, unsigned flags);
 /* Replace the provenance with a deep copy of src (its NULL strings become empty). */
 kv_status kv_plan_set_provenance(kv_plan *p, const kv_plan_provenance *src);
 /* Replace the report: names[n_metrics], values[n_layers*2*n_metrics] copied; n_metrics 0 clears it. */

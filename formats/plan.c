@@ -175,6 +175,50 @@ static void squat_free(kv_plan_squat *sq) {
     free(sq);
 }
 
+/* An owned array copied: *dst = a copy of src's n floats (or bytes), NULL for a NULL src; 1 on success. */
+static int copy_floats(float **dst, const float *src, size_t n) {
+    *dst = src ? dup_floats(src, n) : NULL;
+    return !src || *dst;
+}
+
+static int copy_bytes(uint8_t **dst, const uint8_t *src, size_t n) {
+    *dst = src ? malloc(n ? n : 1) : NULL;
+    if (*dst) memcpy(*dst, src, n);
+    return !src || *dst;
+}
+
+/* A deep copy of a predictor (NULL when out of memory). */
+static kv_plan_predictor *predictor_copy(const kv_plan_predictor *pr) {
+    kv_plan_predictor *c = malloc(sizeof *c);
+    if (!c) return NULL;
+    *c = *pr;
+    c->weight = c->bias = c->left = c->right = c->qscale = c->qoffset = NULL;
+    c->qcodes = NULL;
+    const size_t o = (size_t)pr->out_dim, in = (size_t)pr->in_dim, r = (size_t)(pr->rank > 0 ? pr->rank : 0);
+    const size_t ng = pr->qgroup > 0 ? in / (size_t)pr->qgroup : 0;
+    int ok = copy_floats(&c->weight, pr->weight, o * in) && copy_floats(&c->bias, pr->bias, o) &&
+             copy_floats(&c->left, pr->left, o * r) && copy_floats(&c->right, pr->right, r * in) &&
+             copy_bytes(&c->qcodes, pr->qcodes, o * in) && copy_floats(&c->qscale, pr->qscale, o * ng) &&
+             copy_floats(&c->qoffset, pr->qoffset, o * ng);
+    if (!ok) {
+        predictor_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* A deep copy of SQuat parameters, the basis n_kv_heads x r x head_dim (NULL when out of memory). */
+static kv_plan_squat *squat_copy(const kv_plan_squat *q, int n_kv_heads, int head_dim) {
+    kv_plan_squat *c = malloc(sizeof *c);
+    if (!c) return NULL;
+    *c = *q;
+    if (!copy_floats(&c->basis, q->basis, (size_t)n_kv_heads * (size_t)q->r * (size_t)head_dim)) {
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
 static void report_clear(kv_plan_report *r) {
     if (r->names)
         for (int i = 0; i < r->n_metrics; i++) free(r->names[i]);
@@ -483,6 +527,58 @@ kv_status kv_plan_add_grid(kv_plan *p, int d, int n, const float *points, int *i
     p->grids[p->n_grids].points = pts;
     if (index) *index = p->n_grids;
     p->n_grids++;
+    return KV_OK;
+}
+
+kv_status kv_plan_stream_copy(kv_plan *dst, const kv_plan *src, int layer, int stream, unsigned flags) {
+    if (!dst || !src || layer < 0 || layer >= dst->n_layers || layer >= src->n_layers || stream < 0 || stream > 1)
+        return KV_ERR(KV_EINVAL, "kv_plan_stream_copy: bad arguments (layer %d, stream %d)", layer, stream);
+    if (dst->n_layers != src->n_layers || dst->fingerprint.n_kv_heads != src->fingerprint.n_kv_heads ||
+        dst->fingerprint.head_dim != src->fingerprint.head_dim)
+        return KV_ERR(KV_EINVAL, "kv_plan_stream_copy: layer %d stream %d: the plans are for models of different "
+                      "shapes", layer, stream);
+    const kv_plan_stream *ss = &src->layers[layer].stream[stream];
+    const kv_plan_codec *codec = kv_plan_codec_of((int)ss->method);
+    if (!codec) return KV_ERR(KV_EINVAL, "kv_plan_stream_copy: layer %d stream %d: unknown method %d", layer, stream,
+                              (int)ss->method);
+    if (ss->predictor && !(flags & KV_PLAN_COPY_PREDICTOR))
+        return KV_ERR(KV_EUNSUPPORTED, "layer %d stream %d has an AQUA-KV predictor, which depends on other streams' "
+                      "reconstructions (copied only on request)", layer, stream);
+    int grid = -1;
+    if (ss->higgs_grid >= 0) {
+        if (ss->higgs_grid >= src->n_grids)
+            return KV_ERR(KV_EINVAL, "kv_plan_stream_copy: layer %d stream %d: grid %d of %d", layer, stream,
+                          ss->higgs_grid, src->n_grids);
+        const kv_plan_grid *g = &src->grids[ss->higgs_grid];
+        for (int i = 0; i < dst->n_grids && grid < 0; i++)
+            if (dst->grids[i].d == g->d && dst->grids[i].n == g->n &&
+                memcmp(dst->grids[i].points, g->points, (size_t)g->n * (size_t)g->d * sizeof(float)) == 0)
+                grid = i;
+        if (grid < 0) {
+            kv_status s = kv_plan_add_grid(dst, g->d, g->n, g->points, &grid);
+            if (s != KV_OK) return s;
+        }
+    }
+    /* the copy is built apart and swapped in only when every part succeeded: dst never holds half a stream */
+    kv_plan_stream c = *ss;
+    c.predictor = NULL, c.squat = NULL, c.fp_scales = NULL, c.n_fp_scales = 0;
+    c.higgs_grid = grid;
+    kv_status s = codec->copy_params ? codec->copy_params(&c, ss) : KV_OK;
+    if (s == KV_OK && ss->squat) {
+        const kv_plan_squat *q = ss->squat;
+        c.squat = squat_copy(q, (int)src->fingerprint.n_kv_heads, (int)src->fingerprint.head_dim);
+        if (!c.squat) s = KV_ERR(KV_ENOMEM, "out of memory copying SQuat parameters");
+    }
+    if (s == KV_OK && ss->predictor && (flags & KV_PLAN_COPY_PREDICTOR)) {
+        c.predictor = predictor_copy(ss->predictor);
+        if (!c.predictor) s = KV_ERR(KV_ENOMEM, "out of memory copying a predictor");
+    }
+    if (s != KV_OK) {
+        stream_release(&c);
+        return s;
+    }
+    stream_release(&dst->layers[layer].stream[stream]);
+    dst->layers[layer].stream[stream] = c;
     return KV_OK;
 }
 

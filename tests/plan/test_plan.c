@@ -1159,6 +1159,35 @@ START_TEST(test_predictor_q4) {
 }
 END_TEST
 
+/* kv_plan_stream_copy: every stream of the 1.4 sample (HIGGS grids, shared codes, FP8 scales, SQuat with a static
+ * basis, low-rank, f16 and 4-bit predictors) copied into the 1.0 sample makes the 1.4 sample exactly; the copy owns
+ * its memory (the source freed, the copy still validates and round-trips: ASan checks the rest); a stream with a
+ * predictor is refused without KV_PLAN_COPY_PREDICTOR and leaves the destination as it was; another shape is
+ * refused. */
+START_TEST(test_stream_copy) {
+    kv_plan *src = NULL, *dst = sample(), *want = NULL;
+    ck_assert_kv_ok(plan_sample_make_v1_4(&src));
+    ck_assert_kv_ok(plan_sample_make_v1_4(&want));
+    char why[256];
+    ck_assert_int_eq(kv_plan_stream_copy(dst, src, 1, KV_PLAN_V, 0), KV_EUNSUPPORTED);
+    kv_plan *orig = sample();
+    ck_assert_msg(plan_equal(dst, orig, why, sizeof why), "a refused copy changed the plan: %s", why);
+    kv_plan_free(orig);
+    for (int l = 0; l < src->n_layers; l++)
+        for (int st = 0; st < 2; st++) ck_assert_kv_ok(kv_plan_stream_copy(dst, src, l, st, KV_PLAN_COPY_PREDICTOR));
+    ck_assert_msg(plan_equal(dst, want, why, sizeof why), "the copied plan differs: %s", why);
+    kv_plan_free(src);
+    ck_assert_kv_ok(kv_plan_validate(dst));
+    assert_roundtrip(dst);
+    kv_plan *other = sample();
+    other->fingerprint.head_dim *= 2;
+    ck_assert_int_eq(kv_plan_stream_copy(other, dst, 0, KV_PLAN_K, KV_PLAN_COPY_PREDICTOR), KV_EINVAL);
+    kv_plan_free(other);
+    kv_plan_free(dst);
+    kv_plan_free(want);
+}
+END_TEST
+
 /* f16 predictors: the setter rounds to the nearest f16 (checked against an independent rounding of
  * the f16 grid: 1 + 2^-11 lies halfway between 1 and 1 + 2^-10 and rounds to even, 1), refuses a
  * value beyond the f16 range; validation refuses an f16 predictor holding a non-f16 value; the file
@@ -1368,6 +1397,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_predictor_q4);
     tcase_add_test(tc, test_predictor_f16);
     tcase_add_test(tc, test_float_methods);
+    tcase_add_test(tc, test_stream_copy);
     tcase_add_loop_test(tc, test_corrupt_list, 0, N_CORRUPT);
     tcase_add_test(tc, test_corrupt_zlib);
     tcase_add_test(tc, test_corrupt_file_message);
