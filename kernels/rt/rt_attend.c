@@ -231,6 +231,13 @@ static void item_scores(const attn_job *jb, int h, int a, int b, const float *qv
                 continue;
             }
         }
+        if (kc->pre_rope && p.kind == RT_PIECE_BLOCK && p.codec->kind == RT_HIGGS) { /* rt_higgs.c: no tile */
+            const uint32_t *codes;
+            const uint8_t *params;
+            rt_block_parts(p.codec, p.blk, &codes, &params);
+            if (rt_higgs_scores_rope(rt, p.codec, codes, params, p.r0, p.r0 + len, p.kh, p.p0, p.pos, qv, nqv, o, ld))
+                continue;
+        }
         if (!kc->pre_rope && p.kind == RT_PIECE_RECON) {
             rt_f32_scores(p.recon + (size_t)h * hd, (size_t)kvd, len, hd, qv, nqv, o, ld);
             continue;

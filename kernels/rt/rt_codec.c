@@ -234,33 +234,6 @@ static void decode_uniform(const rt_codec *c, const rt_block *b, int r0, int r1,
     }
 }
 
-static void decode_higgs(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
-    const uint32_t *idx;
-    const uint8_t *params;
-    rt_block_parts(c, b, &idx, &params);
-    const void *norms = params;
-    const kv_higgs *q = &c->q.higgs;
-    const size_t C = (size_t)c->kv_dim, g = (size_t)q->group, hd = (size_t)c->head_dim, d = (size_t)q->dim;
-    const size_t per_group = g / d, c0 = (size_t)h * hd;
-    /* the groups that hold the head's channels: [c0 / g, (c0 + hd - 1) / g] */
-    const size_t g_lo = c0 / g, g_hi = (c0 + hd - 1) / g;
-    float v[KV_HIGGS_MAX_GROUP], y[KV_HIGGS_MAX_GROUP];
-    uint8_t ib[KV_HIGGS_MAX_GROUP];
-    for (int t = r0; t < r1; t++) {
-        for (size_t gi = g_lo; gi <= g_hi; gi++) {
-            const size_t grp = (size_t)t * (C / g) + gi;
-            const float mul = kv_qm_higgs_dec_mul(kv_qm_param_load(norms, grp, (int)q->norm_type), g);
-            kv_unpack_range(ib, idx, grp * per_group, per_group, c->bits, c->per_word);
-            for (size_t p = 0; p < per_group; p++)
-                for (size_t k = 0; k < d; k++) v[p * d + k] = q->grid[(size_t)ib[p] * d + k] * mul;
-            kv_higgs_decode_transform(y, v, g, c->signs + gi * g);
-            /* copy the part of the group inside the head */
-            const size_t a = gi * g > c0 ? gi * g : c0, e = (gi + 1) * g < c0 + hd ? (gi + 1) * g : c0 + hd;
-            memcpy(out + (size_t)(t - r0) * ldo + (a - c0), y + (a - gi * g), (e - a) * sizeof(float));
-        }
-    }
-}
-
 void rt_codec_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
     const size_t hd = (size_t)c->head_dim, C = (size_t)c->kv_dim;
     const uint8_t *blk = b->data;
@@ -277,7 +250,7 @@ void rt_codec_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, 
         decode_uniform(c, b, r0, r1, h, out, ldo);
         return;
     case RT_HIGGS:
-        decode_higgs(c, b, r0, r1, h, out, ldo);
+        rt_higgs_decode_head(c, b, r0, r1, h, out, ldo);
         return;
     case RT_FLOAT:
         rt_float_decode_head(c, b, r0, r1, h, out, ldo);

@@ -8,8 +8,16 @@
  * D H (sum_t p_t (norm_t / g) grid[idx_t]): the weighted grid points are accumulated in the rotated
  * domain and transformed back once per group and step.
  * These kernels serve groups that lie inside one head (g divides head_dim); other layouts are read
- * through decoded tiles (rt_attend.c). */
+ * through decoded tiles (rt_attend.c).
+ *
+ * Vector paths (rt_higgs_avx2.c, RUNTIME.md §3.1), for 4-bit indices (16 grid points) on word boundaries, when the
+ * CPU has AVX2: scores by table lookups in registers, 8 tokens per vector (the portable loop's bits); values with
+ * the grid points looked up 8 pieces per vector and fused multiply-adds (within the bound); decoding to the real
+ * domain (the portable bits); and keys stored before RoPE scored without a tile: decoded, rotated and dotted per
+ * token (the decoded tile's keys bit for bit, dot products within the bound). The portable loops below stay the
+ * reference and the path for every other layout and CPU (tests/runtime/test_rt_fastpaths.c compares them). */
 #include "kvrt.h"
+#include "rt_higgs_kernels.h"
 #include "rt_internal.h"
 
 #include <string.h>
@@ -38,7 +46,7 @@ void rt_higgs_prepare(const rt_codec *c, int h, const float *q, float *prep) {
     }
 }
 
-void rt_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+static void scores_portable(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
                      int h, const float *prep, int nq, float *out, size_t ld) {
     (void)m;
     const kv_higgs *hq = &c->q.higgs;
@@ -65,7 +73,7 @@ void rt_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *pa
     }
 }
 
-void rt_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+static void accum_portable(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
                     int h, const float *p, size_t ld, int nq, float *racc) {
     (void)m;
     const kv_higgs *hq = &c->q.higgs;
@@ -90,6 +98,150 @@ void rt_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *par
             }
         }
     }
+}
+
+/* The AVX2 kernels (rt_higgs_avx2.c) take 4-bit indices (16 grid points) whose head and group boundaries fall
+ * on words: a head's pieces and a group's pieces multiples of 8, tokens a whole number of words. */
+static int words_aligned(const rt_codec *c) {
+    const kv_higgs *hq = &c->q.higgs;
+    const int d = hq->dim;
+    return c->bits == 4 && c->per_word == 8 && (c->head_dim / d) % 8 == 0 && (hq->group / d) % 8 == 0 &&
+           (c->kv_dim / d) % 8 == 0 && c->head_dim / hq->group <= RT_HIGGS_MAX_HGROUPS && rt_avx2_usable();
+}
+
+void rt_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+                     int h, const float *prep, int nq, float *out, size_t ld) {
+    if (!words_aligned(c)) {
+        scores_portable(c, codes, params, m, r0, r1, h, prep, nq, out, ld);
+        return;
+    }
+    const kv_higgs *hq = &c->q.higgs;
+    const size_t hd = (size_t)c->head_dim, g = (size_t)hq->group, d = (size_t)hq->dim;
+    const size_t ws = (size_t)c->kv_dim / d / 8, words = hd / d / 8, wpg = g / d / 8, ng = hd / g;
+    const size_t gpt = (size_t)c->kv_dim / g, g0 = (size_t)h * ng, pf = hd / d * (size_t)hq->size;
+    float mul[8 * RT_HIGGS_MAX_HGROUPS];
+    int t = r0;
+    for (; t + 8 <= r1; t += 8) {
+        for (size_t gi = 0; gi < ng; gi++)
+            for (int i = 0; i < 8; i++)
+                mul[gi * 8 + (size_t)i] =
+                    kv_qm_higgs_dec_mul(rt_param(params, (size_t)(t + i) * gpt + g0 + gi, (int)hq->norm_type), g);
+        rt_higgs_scores16_avx2(codes, (size_t)t * ws + (size_t)h * words, ws, (int)words, (int)wpg, prep, pf, nq, mul,
+                               (int)ng, out + (size_t)(t - r0), ld);
+    }
+    if (t < r1) scores_portable(c, codes, params, m, t, r1, h, prep, nq, out + (size_t)(t - r0), ld);
+}
+
+void rt_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+                    int h, const float *p, size_t ld, int nq, float *racc) {
+    const kv_higgs *hq = &c->q.higgs;
+    const size_t hd = (size_t)c->head_dim, g = (size_t)hq->group, ng = hd / g;
+    /* the weights p_t norm_t / g of a run of tokens per query and group, at most 4096 floats */
+    const size_t run = (size_t)nq * ng <= 64 ? 4096 / ((size_t)nq * ng) : 0;
+    if (hq->dim != 2 || hq->size != 16 || run == 0 || !words_aligned(c)) {
+        accum_portable(c, codes, params, m, r0, r1, h, p, ld, nq, racc);
+        return;
+    }
+    const size_t d = 2, ws = (size_t)c->kv_dim / d / 8, words = hd / d / 8, wpg = g / d / 8;
+    const size_t gpt = (size_t)c->kv_dim / g, g0 = (size_t)h * ng, R = run < 64 ? run : 64;
+    float wt[4096], mul[64], gx[16], gy[16];
+    for (int i = 0; i < 16; i++) gx[i] = hq->grid[2 * i], gy[i] = hq->grid[2 * i + 1];
+    for (int t0 = r0; t0 < r1; t0 += (int)R) {
+        const int n = r1 - t0 < (int)R ? r1 - t0 : (int)R;
+        for (size_t gi = 0; gi < ng; gi++) {
+            for (int i = 0; i < n; i++)
+                mul[i] = kv_qm_higgs_dec_mul(rt_param(params, (size_t)(t0 + i) * gpt + g0 + gi, (int)hq->norm_type), g);
+            for (int j = 0; j < nq; j++)
+                for (int i = 0; i < n; i++)
+                    wt[((size_t)j * ng + gi) * R + (size_t)i] = p[(size_t)j * ld + (size_t)(t0 - r0 + i)] * mul[i];
+        }
+        rt_higgs_accum16_avx2(codes, (size_t)t0 * ws + (size_t)h * words, ws, n, (int)words, (int)wpg, gx,
+                              gy, wt, ng * R, R, nq, racc, (int)hd);
+    }
+}
+
+static void decode_portable(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
+    const uint32_t *idx;
+    const uint8_t *params;
+    rt_block_parts(c, b, &idx, &params);
+    const void *norms = params;
+    const kv_higgs *q = &c->q.higgs;
+    const size_t C = (size_t)c->kv_dim, g = (size_t)q->group, hd = (size_t)c->head_dim, d = (size_t)q->dim;
+    const size_t per_group = g / d, c0 = (size_t)h * hd;
+    /* the groups that hold the head's channels: [c0 / g, (c0 + hd - 1) / g] */
+    const size_t g_lo = c0 / g, g_hi = (c0 + hd - 1) / g;
+    float v[KV_HIGGS_MAX_GROUP], y[KV_HIGGS_MAX_GROUP];
+    uint8_t ib[KV_HIGGS_MAX_GROUP];
+    for (int t = r0; t < r1; t++) {
+        for (size_t gi = g_lo; gi <= g_hi; gi++) {
+            const size_t grp = (size_t)t * (C / g) + gi;
+            const float mul = kv_qm_higgs_dec_mul(kv_qm_param_load(norms, grp, (int)q->norm_type), g);
+            kv_unpack_range(ib, idx, grp * per_group, per_group, c->bits, c->per_word);
+            for (size_t p = 0; p < per_group; p++)
+                for (size_t k = 0; k < d; k++) v[p * d + k] = q->grid[(size_t)ib[p] * d + k] * mul;
+            kv_higgs_decode_transform(y, v, g, c->signs + gi * g);
+            /* copy the part of the group inside the head */
+            const size_t a = gi * g > c0 ? gi * g : c0, e = (gi + 1) * g < c0 + hd ? (gi + 1) * g : c0 + hd;
+            memcpy(out + (size_t)(t - r0) * ldo + (a - c0), y + (a - gi * g), (e - a) * sizeof(float));
+        }
+    }
+}
+
+/* Rows [r0, r1) of head h decoded to the real domain. The AVX2 kernel takes groups inside the head (d = 2, 16
+ * points, head_dim <= 128) and gives the portable loop's values bit for bit (rt_higgs_avx2.c). */
+void rt_higgs_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
+    const kv_higgs *hq = &c->q.higgs;
+    const size_t hd = (size_t)c->head_dim, g = (size_t)hq->group;
+    if (!c->higgs_direct || hq->dim != 2 || hq->size != 16 || hd > 128 || !words_aligned(c)) {
+        decode_portable(c, b, r0, r1, h, out, ldo);
+        return;
+    }
+    const uint32_t *idx;
+    const uint8_t *params;
+    rt_block_parts(c, b, &idx, &params);
+    const size_t d = 2, ws = (size_t)c->kv_dim / d / 8, words = hd / d / 8, wpg = g / d / 8, ng = hd / g;
+    const size_t gpt = (size_t)c->kv_dim / g, g0 = (size_t)h * ng;
+    float gx[16], gy[16], mul[RT_HIGGS_MAX_HGROUPS * 64];
+    for (int i = 0; i < 16; i++) gx[i] = hq->grid[2 * i], gy[i] = hq->grid[2 * i + 1];
+    for (int t0 = r0; t0 < r1; t0 += 64) {
+        const int n = r1 - t0 < 64 ? r1 - t0 : 64;
+        for (size_t gi = 0; gi < ng; gi++)
+            for (int i = 0; i < n; i++)
+                mul[gi * 64 + (size_t)i] =
+                    kv_qm_higgs_dec_mul(rt_param(params, (size_t)(t0 + i) * gpt + g0 + gi, (int)hq->norm_type), g);
+        rt_higgs_decode16_avx2(idx, (size_t)t0 * ws + (size_t)h * words, ws, n, (int)words, (int)wpg, gx, gy, mul, 64,
+                               c->signs + (size_t)h * hd, out + (size_t)(t0 - r0) * ldo, ldo);
+    }
+}
+
+/* Scores of keys stored before RoPE (rows [r0, r1) of a block, positions p0 + i or pos[i]) against nq scaled query
+ * vectors, decoded, rotated and dotted token by token without a tile (rt_higgs_scores_rope16_avx2: the keys are the
+ * decoded tile's bits, the dot products those of rt_f32_scores up to summation order). 0 when the layout is not
+ * one the kernel takes: the caller reads decoded tiles then. */
+int rt_higgs_scores_rope(const kv_rt *rt, const rt_codec *c, const uint32_t *codes, const uint8_t *params, int r0,
+                         int r1, int h, int p0, const int32_t *pos, const float *q, int nq, float *out, size_t ld) {
+    const kv_higgs *hq = &c->q.higgs;
+    const size_t hd = (size_t)c->head_dim, g = (size_t)hq->group;
+    if (!c->higgs_direct || hq->dim != 2 || hq->size != 16 || !(hd == 32 || hd == 64 || hd == 128) || nq > RT_MAX_QV ||
+        !words_aligned(c))
+        return 0;
+    const size_t d = 2, ws = (size_t)c->kv_dim / d / 8, words = hd / d / 8, wpg = g / d / 8, ng = hd / g;
+    const size_t gpt = (size_t)c->kv_dim / g, g0 = (size_t)h * ng;
+    float gx[16], gy[16], mul[RT_HIGGS_MAX_HGROUPS * 64], qs[RT_MAX_QV * 128];
+    for (int i = 0; i < 16; i++) gx[i] = hq->grid[2 * i], gy[i] = hq->grid[2 * i + 1];
+    rt_higgs_split_queries_avx2(q, nq, (int)hd, qs);
+    const int rope = rt->opt.rope_layout == KV_ROPE_ADJACENT ? 1 : 2;
+    for (int t0 = r0; t0 < r1; t0 += 64) {
+        const int n = r1 - t0 < 64 ? r1 - t0 : 64;
+        for (size_t gi = 0; gi < ng; gi++)
+            for (int i = 0; i < n; i++)
+                mul[gi * 64 + (size_t)i] =
+                    kv_qm_higgs_dec_mul(rt_param(params, (size_t)(t0 + i) * gpt + g0 + gi, (int)hq->norm_type), g);
+        rt_higgs_scores_rope16_avx2(codes, (size_t)t0 * ws + (size_t)h * words, ws, n, (int)words, (int)wpg, gx, gy, mul,
+                                    64, c->signs + (size_t)h * hd, rope, rt->rope_cos, rt->rope_sin, hd / 2,
+                                    p0 + (t0 - r0), pos ? pos + (t0 - r0) : NULL, qs, nq, out + (size_t)(t0 - r0), ld);
+    }
+    return 1;
 }
 
 void rt_higgs_finish(const rt_codec *c, int h, int nq, float *racc, float *acc) {

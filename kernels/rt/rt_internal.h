@@ -237,6 +237,12 @@ void rt_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *pa
 void rt_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
                     int h, const float *p, size_t ld, int nq, float *racc);
 void rt_higgs_finish(const rt_codec *c, int h, int nq, float *racc, float *acc);
+/* Keys stored before RoPE: scores of rows [r0, r1) of a block (positions p0 + i, or pos[i]) against nq scaled query
+ * vectors without a decoded tile; 0 (nothing done) for layouts the vector kernel does not take. */
+int rt_higgs_scores_rope(const kv_rt *rt, const rt_codec *c, const uint32_t *codes, const uint8_t *params, int r0,
+                         int r1, int h, int p0, const int32_t *pos, const float *q, int nq, float *out, size_t ld);
+/* Rows [r0, r1) of KV head h of a HIGGS block decoded to the real domain (rt_codec_decode_head's HIGGS case). */
+void rt_higgs_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo);
 
 /* FP8 / NVFP4 (rt_float.c): the codec's kind, packing and element table from c->q.fp; kernels as the
  * uniform ones (params: the NVFP4 block scales); decode of one head's rows. */
