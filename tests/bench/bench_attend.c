@@ -65,9 +65,9 @@ int main(int argc, char **argv) {
         }
     }
     /* the CPU's rows of the methods' table (bench_plans.h) */
-    const char *names[] = {"f16", "kivi-2", "kivi-4", "higgs-2", "higgs-2r", "higgs-4", "aqua-2", "aqua-2k"};
+    const char *names[] = {"f16", "kivi-2", "kivi-4", "higgs-2", "higgs-2r", "higgs-4", "aqua-2", "aqua-2r32", "aqua-2k"};
     const int nm = (int)(sizeof names / sizeof names[0]);
-    bench_method methods[8];
+    bench_method methods[9];
     for (int i = 0; i < nm; i++) methods[i] = *bench_method_find(names[i]);
     /* the runtime calls the BLAS from its own threads (AQUA-KV's predictors): no BLAS threads besides */
     openblas_set_num_threads(1);
