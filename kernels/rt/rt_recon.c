@@ -67,13 +67,21 @@ kv_status rt_recon_inputs(kv_rt *rt, int seq, int layer, int stream, int t0, con
     return KV_OK;
 }
 
-/* One block's reconstruction: the prediction from the inputs' rows plus the decoded residual. */
+/* Work items of a rebuild: runs of consecutive blocks. A block some encoder may still read is a run of its own,
+ * predicted by one call of exactly its rows (the bits the encoder formed); settled blocks of a low-rank predictor
+ * go in runs of several blocks, predicted from the factors by one call per run (fewer, larger products). */
+typedef struct recon_run {
+    int b0, nb;    /* blocks b0 .. b0 + nb - 1 of the stream */
+    int factored;
+} recon_run;
+
 typedef struct recon_job {
     kv_rt *rt;
-    int seq, layer, stream, first; /* blocks first.. of the stream */
+    int seq, layer, stream;
     rt_recon *r;
     const float *in[KV_PLAN_MAX_PRED_INPUTS]; /* the inputs' reconstructions, row 0 = token sinks */
-    int settled_end;                /* tokens below it are compressed by every predicted stream of the sequence */
+    const recon_run *runs;
+    size_t zoff;                    /* scratch: a block's residual, then from zoff the factored product's z */
     kv_status status;
 } recon_job;
 
@@ -102,30 +110,47 @@ static void predict_factored(float *y, const kv_plan_predictor *pr, const float 
                 kv_dim);
 }
 
-static void recon_block(void *ctx, int item, int thread) {
+/* A block's residual (or whole value, without a predictor) decoded: HIGGS groups inside heads head by head
+ * through rt_higgs_decode_head (its vector path: the same bits as kv_higgs_decode_ref's), else the codec's decode. */
+static kv_status decode_block(const rt_codec *c, const rt_block *blk, float *out) {
+    if (c->kind == RT_HIGGS && c->higgs_direct) {
+        for (int h = 0; h < c->n_kv_heads; h++)
+            rt_higgs_decode_head(c, blk, 0, blk->m, h, out + (size_t)h * (size_t)c->head_dim, (size_t)c->kv_dim);
+        return KV_OK;
+    }
+    return rt_codec_decode(c, blk, out);
+}
+
+static void recon_run_item(void *ctx, int item, int thread) {
     recon_job *jb = ctx;
     kv_rt *rt = jb->rt;
+    const recon_run *run = &jb->runs[item];
     const rt_stream *st = rt_stream_of(rt, jb->seq, jb->layer, jb->stream);
     const rt_codec *c = rt_codec_of(rt, jb->layer, jb->stream);
-    const rt_block *blk = &st->blocks[jb->first + item];
-    const size_t kvd = (size_t)rt->kv_dim, row0 = (size_t)(blk->t0 - rt->sinks);
+    const rt_block *b0 = &st->blocks[run->b0], *bl = &st->blocks[run->b0 + run->nb - 1];
+    const size_t kvd = (size_t)rt->kv_dim, row0 = (size_t)(b0->t0 - rt->sinks);
+    const size_t rows = (size_t)(bl->t0 + bl->m - b0->t0);
     float *dst = jb->r->x + row0 * kvd;
-    kv_status s;
-    if (!c->pred) {
-        s = rt_codec_decode(c, blk, dst);
-    } else {
+    float *tmp = rt->scratch[thread].buf; /* reserved by rt_recon_ensure: a block, then z */
+    kv_status s = KV_OK;
+    if (c->pred) {
         const float *inputs[KV_PLAN_MAX_PRED_INPUTS];
         for (int i = 0; i < c->pred->n_inputs; i++) inputs[i] = jb->in[i] + row0 * kvd;
-        float *tmp = rt->scratch[thread].buf; /* reserved for a block (and z) by rt_recon_ensure */
-        if (c->pred->rank >= 1 && blk->t0 + blk->m <= jb->settled_end) {
-            predict_factored(dst, c->pred, inputs, (size_t)blk->m, rt->kv_dim, tmp + (size_t)blk->m * kvd);
-            s = KV_OK;
-        } else {
-            s = kv_predictor_apply(dst, c->pred, inputs, (size_t)blk->m, rt->kv_dim);
+        if (run->factored)
+            predict_factored(dst, c->pred, inputs, rows, rt->kv_dim, tmp + jb->zoff);
+        else
+            s = kv_predictor_apply(dst, c->pred, inputs, rows, rt->kv_dim);
+    }
+    for (int k = 0; s == KV_OK && k < run->nb; k++) {
+        const rt_block *blk = &st->blocks[run->b0 + k];
+        float *d = jb->r->x + (size_t)(blk->t0 - rt->sinks) * kvd;
+        if (!c->pred) {
+            s = decode_block(c, blk, d);
+            continue;
         }
-        if (s == KV_OK) s = rt_codec_decode(c, blk, tmp);
+        if ((s = decode_block(c, blk, tmp)) != KV_OK) break;
         const size_t n = (size_t)blk->m * kvd;
-        for (size_t i = 0; s == KV_OK && i < n; i++) dst[i] = dst[i] + tmp[i];
+        for (size_t i = 0; i < n; i++) d[i] = d[i] + tmp[i];
     }
     if (s != KV_OK) __atomic_store_n(&jb->status, s, __ATOMIC_RELAXED);
 }
@@ -143,34 +168,60 @@ kv_status rt_recon_ensure(kv_rt *rt, int seq, int layer, int stream) {
     memset(&jb, 0, sizeof jb);
     jb.rt = rt, jb.seq = seq, jb.layer = layer, jb.stream = stream, jb.r = r;
     /* blocks are consecutive chunks: the ones after the rows already reconstructed */
-    jb.first = st->n_blocks;
-    int max_m = 0;
+    int first = st->n_blocks, max_m = 0;
     for (int b = 0; b < st->n_blocks; b++)
         if (st->blocks[b].t0 - rt->sinks >= r->rows) {
-            jb.first = b < jb.first ? b : jb.first;
+            first = b < first ? b : first;
             max_m = st->blocks[b].m > max_m ? st->blocks[b].m : max_m;
         }
+    const int nbl = st->n_blocks - first;
+    const int low_rank = c->pred && c->pred->rank >= 1;
+    const int sett = c->pred ? settled_end(rt, seq) : 0;
+    /* settled blocks of a low-rank predictor: up to 2 runs per thread of about equal rows; others one per block */
+    int n_sett = 0;
+    while (low_rank && n_sett < nbl && st->blocks[first + n_sett].t0 + st->blocks[first + n_sett].m <= sett) n_sett++;
+    const int per_run = n_sett ? (n_sett + 2 * rt->n_threads - 1) / (2 * rt->n_threads) : 1;
+    recon_run *runs = malloc((size_t)(nbl ? nbl : 1) * sizeof *runs);
+    if (!runs) return KV_ERR(KV_ENOMEM, "runtime: out of memory for a reconstruction");
+    int n_runs = 0, max_rows = 0;
+    for (int b = 0; b < nbl;) {
+        const int nb = b < n_sett ? (n_sett - b < per_run ? n_sett - b : per_run) : 1;
+        runs[n_runs++] = (recon_run){first + b, nb, b < n_sett};
+        const int rows = st->blocks[first + b + nb - 1].t0 + st->blocks[first + b + nb - 1].m - st->blocks[first + b].t0;
+        max_rows = rows > max_rows ? rows : max_rows;
+        b += nb;
+    }
+    jb.runs = runs;
     if (c->pred) {
         /* the inputs first (recursively), serially: they must cover every block here */
         for (int i = 0; i < c->pred->n_inputs; i++) {
             const int il = c->pred->inputs[i].layer, is = c->pred->inputs[i].stream;
             const rt_stream *in = rt_stream_of(rt, seq, il, is);
-            if (in->comp_end < st->comp_end)
+            if (in->comp_end < st->comp_end) {
+                free(runs);
                 return KV_ERR(KV_EINVAL, "runtime: layer %d %s predicts from layer %d %s, which has not compressed "
                               "tokens %d..%d yet (layers must be appended in order)", layer, stream ? "V" : "K", il,
                               is ? "V" : "K", in->comp_end, st->comp_end - 1);
-            if ((s = rt_recon_ensure(rt, seq, il, is)) != KV_OK) return s;
+            }
+            if ((s = rt_recon_ensure(rt, seq, il, is)) != KV_OK) {
+                free(runs);
+                return s;
+            }
             jb.in[i] = rt->seqs[seq].recon[il * 2 + is].x;
         }
-        const size_t zf = c->pred->rank >= 1 ? (size_t)max_m * (size_t)c->pred->rank : 0;
+        const size_t zf = low_rank ? (size_t)max_rows * (size_t)c->pred->rank : 0;
+        jb.zoff = (size_t)max_m * (size_t)rt->kv_dim;
         for (int t = 0; t < rt->n_threads; t++)
-            if ((s = rt_scratch_reserve(&rt->scratch[t], (size_t)max_m * (size_t)rt->kv_dim + zf)) != KV_OK) return s;
-        jb.settled_end = settled_end(rt, seq);
+            if ((s = rt_scratch_reserve(&rt->scratch[t], jb.zoff + zf)) != KV_OK) {
+                free(runs);
+                return s;
+            }
     }
-    /* blocks in parallel, each predicted by one single-threaded GEMM call of exactly its rows */
+    /* runs in parallel, each predicted by single-threaded GEMM calls */
     const int blas_threads = rt_blas_threads_begin();
-    kv_pool_run(rt->pool, st->n_blocks - jb.first, recon_block, &jb);
+    kv_pool_run(rt->pool, n_runs, recon_run_item, &jb);
     rt_blas_threads_end(blas_threads);
+    free(runs);
     if (jb.status != KV_OK)
         return KV_ERR(jb.status, "runtime: reconstructing layer %d %s failed (%s)", layer, stream ? "V" : "K",
                       kv_status_name(jb.status));
