@@ -201,7 +201,7 @@ kv_status c_encode(rt_dev *d, const rt_codec *c, const kv_quant *dq, uint8_t *bl
     kv_status st = KV_OK;
     const size_t n = (size_t)m * (size_t)c->kv_dim;
     rt_layout L;
-    rt_codec_layout(c, m, &L);
+    kv_rti_codec_layout(c, m, &L);
     uint32_t *codes = reinterpret_cast<uint32_t *>(blk);
     uint8_t *params = blk + L.code_bytes;
     const kv_stream s = reinterpret_cast<kv_stream>(stream_of(d));
@@ -275,7 +275,7 @@ const rt_dev_ops k_cuda_ops = {
 
 } // namespace
 
-extern "C" kv_status rt_dev_cuda_create(rt_dev **out, kv_stream stream) {
+extern "C" kv_status kv_rti_dev_cuda_create(rt_dev **out, kv_stream stream) {
     kv_status st = KV_OK;
     *out = NULL;
     if (!kv_cuda_available()) return KV_ERR(KV_EUNSUPPORTED, "runtime: no usable CUDA device (no driver or no GPU)");
@@ -304,4 +304,4 @@ done:
     return st;
 }
 
-extern "C" kv_stream rt_dev_cuda_stream(rt_dev *d) { return reinterpret_cast<kv_stream>(stream_of(d)); }
+extern "C" kv_stream kv_rti_dev_cuda_stream(rt_dev *d) { return reinterpret_cast<kv_stream>(stream_of(d)); }

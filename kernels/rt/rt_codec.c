@@ -10,7 +10,7 @@
 
 static const char *stream_name(int stream) { return stream == KV_PLAN_K ? "K" : "V"; }
 
-kv_status rt_codec_init(rt_codec *c, const kv_plan *p, int layer, int stream, kv_grid_search *const *search) {
+kv_status kv_rti_codec_init(rt_codec *c, const kv_plan *p, int layer, int stream, kv_grid_search *const *search) {
     memset(c, 0, sizeof *c);
     const kv_plan_stream *ps = &p->layers[layer].stream[stream];
     const kv_plan_fingerprint *fp = &p->fingerprint;
@@ -51,7 +51,7 @@ kv_status rt_codec_init(rt_codec *c, const kv_plan *p, int layer, int stream, kv
     case KV_PLAN_NVFP4: {
         kv_status s = kv_quant_from_plan(&c->q, p, layer, stream);
         if (s != KV_OK) return kv_error_wrap(s, "plan: ");
-        return rt_float_init(c);
+        return kv_rti_float_init(c);
     }
     default:
         return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: unknown method %d", layer, stream_name(stream),
@@ -62,7 +62,7 @@ kv_status rt_codec_init(rt_codec *c, const kv_plan *p, int layer, int stream, kv
         c->bits = c->q.uniform.bits;
         c->per_word = kv_qm_per_word(c->bits, c->q.uniform.pack11);
         if (c->q.uniform.axis == KV_AXIS_TOKENS) c->granule = c->q.uniform.group;
-        return ps->squat ? rt_squat_codec_init(c, p, layer) : KV_OK;
+        return ps->squat ? kv_rti_squat_codec_init(c, p, layer) : KV_OK;
     }
     c->kind = RT_HIGGS;
     const kv_higgs *h = &c->q.higgs;
@@ -92,10 +92,10 @@ static kv_status float_head_init(rt_codec *dst, const rt_codec *full, int h) {
         dst->q.fp.scales = full->q.fp.scales + h;
         dst->q.fp.n_scales = 1;
     }
-    return rt_float_init(dst);
+    return kv_rti_float_init(dst);
 }
 
-kv_status rt_codec_head_init(rt_codec *dst, const rt_codec *full, int h) {
+kv_status kv_rti_codec_head_init(rt_codec *dst, const rt_codec *full, int h) {
     *dst = *full;
     dst->kv_dim = full->head_dim;
     dst->n_kv_heads = 1;
@@ -104,7 +104,7 @@ kv_status rt_codec_head_init(rt_codec *dst, const rt_codec *full, int h) {
     dst->granule = 1;
     dst->share_from = -1;
     dst->signs = NULL;
-    dst->lut = NULL; /* a table is the codec's own (rt_codec_free frees it) */
+    dst->lut = NULL; /* a table is the codec's own (kv_rti_codec_free frees it) */
     dst->squat = NULL; /* SQuat with token pruning is refused at open */
     dst->sq_basis = NULL;
     if (full->kind == RT_FLOAT) return float_head_init(dst, full, h);
@@ -121,7 +121,7 @@ kv_status rt_codec_head_init(rt_codec *dst, const rt_codec *full, int h) {
     return KV_OK;
 }
 
-void rt_codec_free(rt_codec *c) {
+void kv_rti_codec_free(rt_codec *c) {
     if (!c) return;
     free(c->signs);
     c->signs = NULL;
@@ -132,7 +132,7 @@ void rt_codec_free(rt_codec *c) {
     c->sq_basis = NULL;
 }
 
-void rt_codec_layout(const rt_codec *c, int m, rt_layout *out) {
+void kv_rti_codec_layout(const rt_codec *c, int m, rt_layout *out) {
     memset(out, 0, sizeof *out);
     const size_t n = (size_t)m * (size_t)c->kv_dim;
     if (c->kind == RT_F16 || c->kind == RT_F32) {
@@ -149,10 +149,10 @@ void rt_codec_layout(const rt_codec *c, int m, rt_layout *out) {
     out->total = (size_t)st.total_bytes;
 }
 
-kv_status rt_codec_encode(const rt_codec *c, uint8_t *blk, int m, const float *x) {
+kv_status kv_rti_codec_encode(const rt_codec *c, uint8_t *blk, int m, const float *x) {
     const size_t n = (size_t)m * (size_t)c->kv_dim;
     if (c->kind == RT_F16) {
-        rt_f32_to_f16_row((uint16_t *)blk, x, n);
+        kv_rti_f32_to_f16_row((uint16_t *)blk, x, n);
         return KV_OK;
     }
     if (c->kind == RT_F32) {
@@ -160,9 +160,9 @@ kv_status rt_codec_encode(const rt_codec *c, uint8_t *blk, int m, const float *x
         return KV_OK;
     }
     if (c->squat) /* a programming error: SQuat needs the sequence's encoders */
-        return KV_ERR(KV_EINVAL, "plan layer %d K: SQuat keys are encoded through rt_squat_encode", c->layer);
+        return KV_ERR(KV_EINVAL, "plan layer %d K: SQuat keys are encoded through kv_rti_squat_encode", c->layer);
     rt_layout L;
-    rt_codec_layout(c, m, &L);
+    kv_rti_codec_layout(c, m, &L);
     uint32_t *codes = (uint32_t *)blk;
     uint8_t *params = blk + L.code_bytes;
     if (c->kind == RT_FLOAT) return kv_fpq_encode_ref(codes, params, &c->q.fp, (size_t)m, (size_t)c->kv_dim, x);
@@ -172,9 +172,9 @@ kv_status rt_codec_encode(const rt_codec *c, uint8_t *blk, int m, const float *x
     return kv_higgs_encode_ref(codes, params, &c->q.higgs, (size_t)m, (size_t)c->kv_dim, x);
 }
 
-kv_status rt_codec_encode_squat(const rt_codec *c, uint8_t *blk, int m, const float *x, kv_squat *const *enc) {
+kv_status kv_rti_codec_encode_squat(const rt_codec *c, uint8_t *blk, int m, const float *x, kv_squat *const *enc) {
     rt_layout L;
-    rt_codec_layout(c, m, &L);
+    kv_rti_codec_layout(c, m, &L);
     const size_t n = (size_t)m * (size_t)c->kv_dim, hd = (size_t)c->head_dim;
     uint8_t *params = blk + L.code_bytes, *cs = malloc(n ? n : 1);
     if (!cs) return KV_ERR(KV_ENOMEM, "out of memory");
@@ -199,10 +199,10 @@ kv_status rt_codec_encode_squat(const rt_codec *c, uint8_t *blk, int m, const fl
 static void decode_uniform(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
     const int m = b->m;
     rt_layout L;
-    rt_codec_layout(c, m, &L);
+    kv_rti_codec_layout(c, m, &L);
     const uint32_t *codes;
     const uint8_t *params;
-    rt_block_parts(c, b, &codes, &params);
+    kv_rti_block_parts(c, b, &codes, &params);
     const void *scales = params, *zeros = params + L.param_bytes;
     const kv_uniform *q = &c->q.uniform;
     const size_t C = (size_t)c->kv_dim, G = (size_t)q->group, hd = (size_t)c->head_dim, c0 = (size_t)h * hd;
@@ -234,13 +234,13 @@ static void decode_uniform(const rt_codec *c, const rt_block *b, int r0, int r1,
     }
 }
 
-void rt_codec_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
+void kv_rti_codec_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
     const size_t hd = (size_t)c->head_dim, C = (size_t)c->kv_dim;
     const uint8_t *blk = b->data;
     switch (c->kind) {
     case RT_F16:
         for (int t = r0; t < r1; t++)
-            rt_f16_to_f32_row(out + (size_t)(t - r0) * ldo, (const uint16_t *)blk + (size_t)t * C + (size_t)h * hd, hd);
+            kv_rti_f16_to_f32_row(out + (size_t)(t - r0) * ldo, (const uint16_t *)blk + (size_t)t * C + (size_t)h * hd, hd);
         return;
     case RT_F32:
         for (int t = r0; t < r1; t++)
@@ -250,20 +250,20 @@ void rt_codec_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, 
         decode_uniform(c, b, r0, r1, h, out, ldo);
         return;
     case RT_HIGGS:
-        rt_higgs_decode_head(c, b, r0, r1, h, out, ldo);
+        kv_rti_higgs_decode_head(c, b, r0, r1, h, out, ldo);
         return;
     case RT_FLOAT:
-        rt_float_decode_head(c, b, r0, r1, h, out, ldo);
+        kv_rti_float_decode_head(c, b, r0, r1, h, out, ldo);
         return;
     }
 }
 
-kv_status rt_codec_decode(const rt_codec *c, const rt_block *b, float *out) {
+kv_status kv_rti_codec_decode(const rt_codec *c, const rt_block *b, float *out) {
     const int m = b->m;
     const uint8_t *blk = b->data;
     const size_t n = (size_t)m * (size_t)c->kv_dim;
     if (c->kind == RT_F16) {
-        rt_f16_to_f32_row(out, (const uint16_t *)blk, n);
+        kv_rti_f16_to_f32_row(out, (const uint16_t *)blk, n);
         return KV_OK;
     }
     if (c->kind == RT_F32) {
@@ -271,10 +271,10 @@ kv_status rt_codec_decode(const rt_codec *c, const rt_block *b, float *out) {
         return KV_OK;
     }
     rt_layout L;
-    rt_codec_layout(c, m, &L);
+    kv_rti_codec_layout(c, m, &L);
     const uint32_t *codes;
     const uint8_t *params;
-    rt_block_parts(c, b, &codes, &params);
+    kv_rti_block_parts(c, b, &codes, &params);
     if (c->kind == RT_FLOAT) return kv_fpq_decode_ref(out, &c->q.fp, (size_t)m, (size_t)c->kv_dim, codes, params);
     if (c->kind == RT_UNIFORM)
         return kv_uniform_decode_ref(out, &c->q.uniform, (size_t)m, (size_t)c->kv_dim, codes, params,
@@ -282,9 +282,9 @@ kv_status rt_codec_decode(const rt_codec *c, const rt_block *b, float *out) {
     return kv_higgs_decode_ref(out, &c->q.higgs, (size_t)m, (size_t)c->kv_dim, codes, params);
 }
 
-void rt_block_parts(const rt_codec *c, const rt_block *blk, const uint32_t **codes, const uint8_t **params) {
+void kv_rti_block_parts(const rt_codec *c, const rt_block *blk, const uint32_t **codes, const uint8_t **params) {
     rt_layout L;
-    rt_codec_layout(c, blk->m, &L);
+    kv_rti_codec_layout(c, blk->m, &L);
     *codes = blk->codes;
     *params = blk->data + L.code_bytes;
 }

@@ -8,7 +8,7 @@
  * D H (sum_t p_t (norm_t / g) grid[idx_t]): the weighted grid points are accumulated in the rotated
  * domain and transformed back once per group and step.
  * These kernels serve groups that lie inside one head (g divides head_dim); other layouts are read
- * through decoded tiles (rt_attend.c).
+ * through decoded tiles (kv_rti_attend.c).
  *
  * Vector paths (rt_higgs_avx2.c, RUNTIME.md §3.1), for 4-bit indices (16 grid points) on word boundaries, when the
  * CPU has AVX2: scores by table lookups in registers, 8 tokens per vector (the portable loop's bits); values with
@@ -22,11 +22,11 @@
 
 #include <string.h>
 
-size_t rt_higgs_prep_floats(const rt_codec *c) {
+size_t kv_rti_higgs_prep_floats(const rt_codec *c) {
     return (size_t)c->head_dim / (size_t)c->q.higgs.dim * (size_t)c->q.higgs.size;
 }
 
-void rt_higgs_prepare(const rt_codec *c, int h, const float *q, float *prep) {
+void kv_rti_higgs_prepare(const rt_codec *c, int h, const float *q, float *prep) {
     const kv_higgs *hq = &c->q.higgs;
     const size_t hd = (size_t)c->head_dim, g = (size_t)hq->group, d = (size_t)hq->dim, n = (size_t)hq->size;
     const float *signs = c->signs + (size_t)h * hd;
@@ -106,10 +106,10 @@ static int words_aligned(const rt_codec *c) {
     const kv_higgs *hq = &c->q.higgs;
     const int d = hq->dim;
     return c->bits == 4 && c->per_word == 8 && (c->head_dim / d) % 8 == 0 && (hq->group / d) % 8 == 0 &&
-           (c->kv_dim / d) % 8 == 0 && c->head_dim / hq->group <= RT_HIGGS_MAX_HGROUPS && rt_avx2_usable();
+           (c->kv_dim / d) % 8 == 0 && c->head_dim / hq->group <= RT_HIGGS_MAX_HGROUPS && kv_rti_avx2_usable();
 }
 
-void rt_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+void kv_rti_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
                      int h, const float *prep, int nq, float *out, size_t ld) {
     if (!words_aligned(c)) {
         scores_portable(c, codes, params, m, r0, r1, h, prep, nq, out, ld);
@@ -126,13 +126,13 @@ void rt_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *pa
             for (int i = 0; i < 8; i++)
                 mul[gi * 8 + (size_t)i] =
                     kv_qm_higgs_dec_mul(rt_param(params, (size_t)(t + i) * gpt + g0 + gi, (int)hq->norm_type), g);
-        rt_higgs_scores16_avx2(codes, (size_t)t * ws + (size_t)h * words, ws, (int)words, (int)wpg, prep, pf, nq, mul,
+        kv_rti_higgs_scores16_avx2(codes, (size_t)t * ws + (size_t)h * words, ws, (int)words, (int)wpg, prep, pf, nq, mul,
                                (int)ng, out + (size_t)(t - r0), ld);
     }
     if (t < r1) scores_portable(c, codes, params, m, t, r1, h, prep, nq, out + (size_t)(t - r0), ld);
 }
 
-void rt_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+void kv_rti_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
                     int h, const float *p, size_t ld, int nq, float *racc) {
     const kv_higgs *hq = &c->q.higgs;
     const size_t hd = (size_t)c->head_dim, g = (size_t)hq->group, ng = hd / g;
@@ -155,7 +155,7 @@ void rt_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *par
                 for (int i = 0; i < n; i++)
                     wt[((size_t)j * ng + gi) * R + (size_t)i] = p[(size_t)j * ld + (size_t)(t0 - r0 + i)] * mul[i];
         }
-        rt_higgs_accum16_avx2(codes, (size_t)t0 * ws + (size_t)h * words, ws, n, (int)words, (int)wpg, gx,
+        kv_rti_higgs_accum16_avx2(codes, (size_t)t0 * ws + (size_t)h * words, ws, n, (int)words, (int)wpg, gx,
                               gy, wt, ng * R, R, nq, racc, (int)hd);
     }
 }
@@ -163,7 +163,7 @@ void rt_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *par
 static void decode_portable(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
     const uint32_t *idx;
     const uint8_t *params;
-    rt_block_parts(c, b, &idx, &params);
+    kv_rti_block_parts(c, b, &idx, &params);
     const void *norms = params;
     const kv_higgs *q = &c->q.higgs;
     const size_t C = (size_t)c->kv_dim, g = (size_t)q->group, hd = (size_t)c->head_dim, d = (size_t)q->dim;
@@ -189,7 +189,7 @@ static void decode_portable(const rt_codec *c, const rt_block *b, int r0, int r1
 
 /* Rows [r0, r1) of head h decoded to the real domain. The AVX2 kernel takes groups inside the head (d = 2, 16
  * points, head_dim <= 128) and gives the portable loop's values bit for bit (rt_higgs_avx2.c). */
-void rt_higgs_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
+void kv_rti_higgs_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
     const kv_higgs *hq = &c->q.higgs;
     const size_t hd = (size_t)c->head_dim, g = (size_t)hq->group;
     if (!c->higgs_direct || hq->dim != 2 || hq->size != 16 || hd > 128 || !words_aligned(c)) {
@@ -198,7 +198,7 @@ void rt_higgs_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, 
     }
     const uint32_t *idx;
     const uint8_t *params;
-    rt_block_parts(c, b, &idx, &params);
+    kv_rti_block_parts(c, b, &idx, &params);
     const size_t d = 2, ws = (size_t)c->kv_dim / d / 8, words = hd / d / 8, wpg = g / d / 8, ng = hd / g;
     const size_t gpt = (size_t)c->kv_dim / g, g0 = (size_t)h * ng;
     float gx[16], gy[16], mul[RT_HIGGS_MAX_HGROUPS * 64];
@@ -209,16 +209,16 @@ void rt_higgs_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, 
             for (int i = 0; i < n; i++)
                 mul[gi * 64 + (size_t)i] =
                     kv_qm_higgs_dec_mul(rt_param(params, (size_t)(t0 + i) * gpt + g0 + gi, (int)hq->norm_type), g);
-        rt_higgs_decode16_avx2(idx, (size_t)t0 * ws + (size_t)h * words, ws, n, (int)words, (int)wpg, gx, gy, mul, 64,
+        kv_rti_higgs_decode16_avx2(idx, (size_t)t0 * ws + (size_t)h * words, ws, n, (int)words, (int)wpg, gx, gy, mul, 64,
                                c->signs + (size_t)h * hd, out + (size_t)(t0 - r0) * ldo, ldo);
     }
 }
 
 /* Scores of keys stored before RoPE (rows [r0, r1) of a block, positions p0 + i or pos[i]) against nq scaled query
- * vectors, decoded, rotated and dotted token by token without a tile (rt_higgs_scores_rope16_avx2: the keys are the
- * decoded tile's bits, the dot products those of rt_f32_scores up to summation order). 0 when the layout is not
+ * vectors, decoded, rotated and dotted token by token without a tile (kv_rti_higgs_scores_rope16_avx2: the keys are the
+ * decoded tile's bits, the dot products those of kv_rti_f32_scores up to summation order). 0 when the layout is not
  * one the kernel takes: the caller reads decoded tiles then. */
-int rt_higgs_scores_rope(const kv_rt *rt, const rt_codec *c, const uint32_t *codes, const uint8_t *params, int r0,
+int kv_rti_higgs_scores_rope(const kv_rt *rt, const rt_codec *c, const uint32_t *codes, const uint8_t *params, int r0,
                          int r1, int h, int p0, const int32_t *pos, const float *q, int nq, float *out, size_t ld) {
     const kv_higgs *hq = &c->q.higgs;
     const size_t hd = (size_t)c->head_dim, g = (size_t)hq->group;
@@ -229,7 +229,7 @@ int rt_higgs_scores_rope(const kv_rt *rt, const rt_codec *c, const uint32_t *cod
     const size_t gpt = (size_t)c->kv_dim / g, g0 = (size_t)h * ng;
     float gx[16], gy[16], mul[RT_HIGGS_MAX_HGROUPS * 64], qs[RT_MAX_QV * 128];
     for (int i = 0; i < 16; i++) gx[i] = hq->grid[2 * i], gy[i] = hq->grid[2 * i + 1];
-    rt_higgs_split_queries_avx2(q, nq, (int)hd, qs);
+    kv_rti_higgs_split_queries_avx2(q, nq, (int)hd, qs);
     const int rope = rt->opt.rope_layout == KV_ROPE_ADJACENT ? 1 : 2;
     for (int t0 = r0; t0 < r1; t0 += 64) {
         const int n = r1 - t0 < 64 ? r1 - t0 : 64;
@@ -237,14 +237,14 @@ int rt_higgs_scores_rope(const kv_rt *rt, const rt_codec *c, const uint32_t *cod
             for (int i = 0; i < n; i++)
                 mul[gi * 64 + (size_t)i] =
                     kv_qm_higgs_dec_mul(rt_param(params, (size_t)(t0 + i) * gpt + g0 + gi, (int)hq->norm_type), g);
-        rt_higgs_scores_rope16_avx2(codes, (size_t)t0 * ws + (size_t)h * words, ws, n, (int)words, (int)wpg, gx, gy, mul,
+        kv_rti_higgs_scores_rope16_avx2(codes, (size_t)t0 * ws + (size_t)h * words, ws, n, (int)words, (int)wpg, gx, gy, mul,
                                     64, c->signs + (size_t)h * hd, rope, rt->rope_cos, rt->rope_sin, hd / 2,
                                     p0 + (t0 - r0), pos ? pos + (t0 - r0) : NULL, qs, nq, out + (size_t)(t0 - r0), ld);
     }
     return 1;
 }
 
-void rt_higgs_finish(const rt_codec *c, int h, int nq, float *racc, float *acc) {
+void kv_rti_higgs_finish(const rt_codec *c, int h, int nq, float *racc, float *acc) {
     const size_t hd = (size_t)c->head_dim, g = (size_t)c->q.higgs.group;
     const float *signs = c->signs + (size_t)h * hd;
     float y[KV_RT_MAX_HEAD_DIM];

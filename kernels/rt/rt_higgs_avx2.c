@@ -41,7 +41,7 @@ RT_AVX2 static inline __m256 lut16(const float *t, __m256i iv, __m256 mk) {
     return _mm256_blendv_ps(lo, hi, mk);
 }
 
-/* Scores of 8 tokens for JN (1..4) query vectors; see rt_higgs_scores16_avx2. */
+/* Scores of 8 tokens for JN (1..4) query vectors; see kv_rti_higgs_scores16_avx2. */
 RT_AVX2 __attribute__((always_inline)) static inline void scores8_t(const int JN, const uint32_t *codes, size_t w0,
                                                                     size_t ws, int words, int wpg, const float *lut,
                                                                     size_t pf, const float *mul, int ng,
@@ -73,7 +73,7 @@ RT_AVX2 __attribute__((always_inline)) static inline void scores8_t(const int JN
 /* Scores of 8 tokens against nq query vectors' tables: token i's indices start at word w0 + i * ws (the head's
  * `words` words, wpg per group of the head), lut + j * pf + p * 16 is query j's table of piece p, mul[gi * 8 + i]
  * token i's multiplier of group gi (ng groups), out[j * ld + i] the scores. */
-RT_AVX2 void rt_higgs_scores16_avx2(const uint32_t *codes, size_t w0, size_t ws, int words, int wpg, const float *lut,
+RT_AVX2 void kv_rti_higgs_scores16_avx2(const uint32_t *codes, size_t w0, size_t ws, int words, int wpg, const float *lut,
                                     size_t pf, int nq, const float *mul, int ng, float *out, size_t ld) {
     (void)words;
     for (int j0 = 0; j0 < nq; j0 += 4) {
@@ -90,7 +90,7 @@ RT_AVX2 void rt_higgs_scores16_avx2(const uint32_t *codes, size_t w0, size_t ws,
 }
 
 /* Values of n tokens for JN (1..3) query vectors over NW (1 or 2) words of the head from word wa; see
- * rt_higgs_accum16_avx2. The accumulators are named variables so that they stay in registers (12 at most, with
+ * kv_rti_higgs_accum16_avx2. The accumulators are named variables so that they stay in registers (12 at most, with
  * the grid's 4 halves); unused ones are compiled away. */
 RT_AVX2 __attribute__((always_inline)) static inline void accum_t(const int JN, const int NW, const uint32_t *codes,
                                                                   size_t w0, size_t ws, int n, int wa, int wpg,
@@ -161,7 +161,7 @@ RT_AVX2 __attribute__((always_inline)) static inline void accum_t(const int JN, 
 /* Values in the rotated domain for d = 2: racc[j][c] += wt[j][g(c)][i] grid[idx][c % 2] over n tokens (token i's
  * indices start at word w0 + i * ws; `words` words of the head, wpg per group; wt + j * ldw + gi * ldg + i the
  * weight p_i norm_i / g of group gi), gx, gy the grid's x and y coordinates (16 each), racc nq rows of hd. */
-RT_AVX2 void rt_higgs_accum16_avx2(const uint32_t *codes, size_t w0, size_t ws, int n, int words, int wpg,
+RT_AVX2 void kv_rti_higgs_accum16_avx2(const uint32_t *codes, size_t w0, size_t ws, int n, int words, int wpg,
                                    const float *gx, const float *gy, const float *wt, size_t ldw, size_t ldg, int nq,
                                    float *racc, int hd) {
     for (int j0 = 0; j0 < nq; j0 += 3) {
@@ -195,7 +195,7 @@ RT_AVX2 void rt_higgs_accum16_avx2(const uint32_t *codes, size_t w0, size_t ws, 
  * +1 or -1, which rounds a + b or a - b exactly once: the same bits as kv_qm_fwht); stages 16 and up whole vectors.
  * Stages in kv_qm_fwht's order, then the signs, then one unpack back to channel order. signs: the head's hd signs;
  * mul[gi * ldm + i]: token i's multiplier of the head's group gi. words <= 16 (head_dim <= 128). */
-RT_AVX2 void rt_higgs_decode16_avx2(const uint32_t *codes, size_t w0, size_t ws, int n, int words, int wpg,
+RT_AVX2 void kv_rti_higgs_decode16_avx2(const uint32_t *codes, size_t w0, size_t ws, int n, int words, int wpg,
                                     const float *gx, const float *gy, const float *mul, size_t ldm,
                                     const float *signs, float *out, size_t ldo) {
     const __m256i shr = _mm256_setr_epi32(0, 4, 16, 20, 8, 12, 24, 28);
@@ -251,10 +251,10 @@ RT_AVX2 void rt_higgs_decode16_avx2(const uint32_t *codes, size_t w0, size_t ws,
     }
 }
 
-/* Keys stored before RoPE, fused: per token the head's key decoded as rt_higgs_decode16_avx2 does (the same bits),
+/* Keys stored before RoPE, fused: per token the head's key decoded as kv_rti_higgs_decode16_avx2 does (the same bits),
  * rotated to its position with rt_rope.c's arithmetic (two products and a sum, never fused: the same bits as the
  * decoded tile rotated), all in the split lane order, then dotted with the query vectors held in that order
- * (fused multiply-adds: within the runtime's bound, as rt_f32_scores). W words (head_dim = 16 W), wpg words per
+ * (fused multiply-adds: within the runtime's bound, as kv_rti_f32_scores). W words (head_dim = 16 W), wpg words per
  * group. rope: 1 adjacent pairs, 2 halves. cs, sn: the RoPE table rows of token i at cs + pos_i * half. */
 RT_AVX2 __attribute__((always_inline)) static inline void scores_rope_t(
     const int W, const uint32_t *codes, size_t w0, size_t ws, int n, int wpg, const float *gx, const float *gy,
@@ -497,8 +497,8 @@ RT_AVX2 __attribute__((always_inline)) static inline void scores_rope4_t(
     }
 }
 
-/* Query vectors (nq x head_dim, channel order) in the split lane order of rt_higgs_scores_rope16_avx2. */
-RT_AVX2 void rt_higgs_split_queries_avx2(const float *q, int nq, int hd, float *qs) {
+/* Query vectors (nq x head_dim, channel order) in the split lane order of kv_rti_higgs_scores_rope16_avx2. */
+RT_AVX2 void kv_rti_higgs_split_queries_avx2(const float *q, int nq, int hd, float *qs) {
     for (int j = 0; j < nq; j++)
         for (int w = 0; w < hd / 16; w++) {
             const float *r = q + (size_t)j * (size_t)hd + 16 * w;
@@ -509,7 +509,7 @@ RT_AVX2 void rt_higgs_split_queries_avx2(const float *q, int nq, int hd, float *
         }
 }
 
-RT_AVX2 void rt_higgs_scores_rope16_avx2(const uint32_t *codes, size_t w0, size_t ws, int n, int words, int wpg,
+RT_AVX2 void kv_rti_higgs_scores_rope16_avx2(const uint32_t *codes, size_t w0, size_t ws, int n, int words, int wpg,
                                          const float *gx, const float *gy, const float *mul, size_t ldm,
                                          const float *signs, int rope, const float *cs, const float *sn, size_t half,
                                          int p0, const int32_t *pos, const float *qs, int nq, float *out, size_t ld) {
@@ -525,24 +525,24 @@ RT_AVX2 void rt_higgs_scores_rope16_avx2(const uint32_t *codes, size_t w0, size_
         scores_rope_t(8, codes, w0, ws, n, wpg, gx, gy, mul, ldm, signs, rope, cs, sn, half, p0, pos, qs, nq, out, ld);
 }
 
-#else /* no x86 AVX2 code in this build: never called (rt_higgs.c asks rt_avx2_usable first) */
-void rt_higgs_scores16_avx2(const uint32_t *codes, size_t w0, size_t ws, int words, int wpg, const float *lut,
+#else /* no x86 AVX2 code in this build: never called (rt_higgs.c asks kv_rti_avx2_usable first) */
+void kv_rti_higgs_scores16_avx2(const uint32_t *codes, size_t w0, size_t ws, int words, int wpg, const float *lut,
                             size_t pf, int nq, const float *mul, int ng, float *out, size_t ld) {
     (void)codes, (void)w0, (void)ws, (void)words, (void)wpg, (void)lut, (void)pf, (void)nq, (void)mul, (void)ng,
         (void)out, (void)ld;
 }
-void rt_higgs_accum16_avx2(const uint32_t *codes, size_t w0, size_t ws, int n, int words, int wpg, const float *gx,
+void kv_rti_higgs_accum16_avx2(const uint32_t *codes, size_t w0, size_t ws, int n, int words, int wpg, const float *gx,
                            const float *gy, const float *wt, size_t ldw, size_t ldg, int nq, float *racc, int hd) {
     (void)codes, (void)w0, (void)ws, (void)n, (void)words, (void)wpg, (void)gx, (void)gy, (void)wt, (void)ldw,
         (void)ldg, (void)nq, (void)racc, (void)hd;
 }
-void rt_higgs_decode16_avx2(const uint32_t *codes, size_t w0, size_t ws, int n, int words, int wpg, const float *gx,
+void kv_rti_higgs_decode16_avx2(const uint32_t *codes, size_t w0, size_t ws, int n, int words, int wpg, const float *gx,
                             const float *gy, const float *mul, size_t ldm, const float *signs, float *out, size_t ldo) {
     (void)codes, (void)w0, (void)ws, (void)n, (void)words, (void)wpg, (void)gx, (void)gy, (void)mul, (void)ldm,
         (void)signs, (void)out, (void)ldo;
 }
-void rt_higgs_split_queries_avx2(const float *q, int nq, int hd, float *qs) { (void)q, (void)nq, (void)hd, (void)qs; }
-void rt_higgs_scores_rope16_avx2(const uint32_t *codes, size_t w0, size_t ws, int n, int words, int wpg, const float *gx,
+void kv_rti_higgs_split_queries_avx2(const float *q, int nq, int hd, float *qs) { (void)q, (void)nq, (void)hd, (void)qs; }
+void kv_rti_higgs_scores_rope16_avx2(const uint32_t *codes, size_t w0, size_t ws, int n, int words, int wpg, const float *gx,
                                  const float *gy, const float *mul, size_t ldm, const float *signs, int rope,
                                  const float *cs, const float *sn, size_t half, int p0, const int32_t *pos,
                                  const float *qs, int nq, float *out, size_t ld) {

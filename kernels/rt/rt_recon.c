@@ -31,10 +31,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-void rt_recon_free(kv_rt *rt, rt_recon *r) {
+void kv_rti_recon_free(kv_rt *rt, rt_recon *r) {
     if (!r) return;
     if (rt->dv) {
-        rt_dev_recon_free(rt, r);
+        kv_rti_dev_recon_free(rt, r);
         return;
     }
     kv_aligned_free(r->x);
@@ -54,12 +54,12 @@ static kv_status recon_reserve(kv_rt *rt, rt_recon *r, int rows) {
     return KV_OK;
 }
 
-kv_status rt_recon_inputs(kv_rt *rt, int seq, int layer, int stream, int t0, const float **inputs) {
+kv_status kv_rti_recon_inputs(kv_rt *rt, int seq, int layer, int stream, int t0, const float **inputs) {
     const rt_codec *c = rt_codec_of(rt, layer, stream);
     const kv_plan_predictor *pr = c->pred;
     for (int i = 0; i < pr->n_inputs; i++) {
         const int il = pr->inputs[i].layer, is = pr->inputs[i].stream;
-        kv_status s = rt_recon_ensure(rt, seq, il, is);
+        kv_status s = kv_rti_recon_ensure(rt, seq, il, is);
         if (s != KV_OK) return s;
         const rt_recon *r = &rt->seqs[seq].recon[il * 2 + is];
         inputs[i] = r->x + (size_t)(t0 - rt->sinks) * (size_t)rt->kv_dim;
@@ -111,14 +111,14 @@ static void predict_factored(float *y, const kv_plan_predictor *pr, const float 
 }
 
 /* A block's residual (or whole value, without a predictor) decoded: HIGGS groups inside heads head by head
- * through rt_higgs_decode_head (its vector path: the same bits as kv_higgs_decode_ref's), else the codec's decode. */
+ * through kv_rti_higgs_decode_head (its vector path: the same bits as kv_higgs_decode_ref's), else the codec's decode. */
 static kv_status decode_block(const rt_codec *c, const rt_block *blk, float *out) {
     if (c->kind == RT_HIGGS && c->higgs_direct) {
         for (int h = 0; h < c->n_kv_heads; h++)
-            rt_higgs_decode_head(c, blk, 0, blk->m, h, out + (size_t)h * (size_t)c->head_dim, (size_t)c->kv_dim);
+            kv_rti_higgs_decode_head(c, blk, 0, blk->m, h, out + (size_t)h * (size_t)c->head_dim, (size_t)c->kv_dim);
         return KV_OK;
     }
-    return rt_codec_decode(c, blk, out);
+    return kv_rti_codec_decode(c, blk, out);
 }
 
 static void recon_run_item(void *ctx, int item, int thread) {
@@ -131,7 +131,7 @@ static void recon_run_item(void *ctx, int item, int thread) {
     const size_t kvd = (size_t)rt->kv_dim, row0 = (size_t)(b0->t0 - rt->sinks);
     const size_t rows = (size_t)(bl->t0 + bl->m - b0->t0);
     float *dst = jb->r->x + row0 * kvd;
-    float *tmp = rt->scratch[thread].buf; /* reserved by rt_recon_ensure: a block, then z */
+    float *tmp = rt->scratch[thread].buf; /* reserved by kv_rti_recon_ensure: a block, then z */
     kv_status s = KV_OK;
     if (c->pred) {
         const float *inputs[KV_PLAN_MAX_PRED_INPUTS];
@@ -155,8 +155,8 @@ static void recon_run_item(void *ctx, int item, int thread) {
     if (s != KV_OK) __atomic_store_n(&jb->status, s, __ATOMIC_RELAXED);
 }
 
-kv_status rt_recon_ensure(kv_rt *rt, int seq, int layer, int stream) {
-    if (rt->dv) return rt_dev_recon_ensure(rt, seq, layer, stream);
+kv_status kv_rti_recon_ensure(kv_rt *rt, int seq, int layer, int stream) {
+    if (rt->dv) return kv_rti_dev_recon_ensure(rt, seq, layer, stream);
     rt_recon *r = &rt->seqs[seq].recon[layer * 2 + stream];
     const rt_stream *st = rt_stream_of(rt, seq, layer, stream);
     const rt_codec *c = rt_codec_of(rt, layer, stream);
@@ -203,7 +203,7 @@ kv_status rt_recon_ensure(kv_rt *rt, int seq, int layer, int stream) {
                               "tokens %d..%d yet (layers must be appended in order)", layer, stream ? "V" : "K", il,
                               is ? "V" : "K", in->comp_end, st->comp_end - 1);
             }
-            if ((s = rt_recon_ensure(rt, seq, il, is)) != KV_OK) {
+            if ((s = kv_rti_recon_ensure(rt, seq, il, is)) != KV_OK) {
                 free(runs);
                 return s;
             }
@@ -212,15 +212,15 @@ kv_status rt_recon_ensure(kv_rt *rt, int seq, int layer, int stream) {
         const size_t zf = low_rank ? (size_t)max_rows * (size_t)c->pred->rank : 0;
         jb.zoff = (size_t)max_m * (size_t)rt->kv_dim;
         for (int t = 0; t < rt->n_threads; t++)
-            if ((s = rt_scratch_reserve(&rt->scratch[t], jb.zoff + zf)) != KV_OK) {
+            if ((s = kv_rti_scratch_reserve(&rt->scratch[t], jb.zoff + zf)) != KV_OK) {
                 free(runs);
                 return s;
             }
     }
     /* runs in parallel, each predicted by single-threaded GEMM calls */
-    const int blas_threads = rt_blas_threads_begin();
+    const int blas_threads = kv_rti_blas_threads_begin();
     kv_pool_run(rt->pool, n_runs, recon_run_item, &jb);
-    rt_blas_threads_end(blas_threads);
+    kv_rti_blas_threads_end(blas_threads);
     free(runs);
     if (jb.status != KV_OK)
         return KV_ERR(jb.status, "runtime: reconstructing layer %d %s failed (%s)", layer, stream ? "V" : "K",
@@ -229,9 +229,9 @@ kv_status rt_recon_ensure(kv_rt *rt, int seq, int layer, int stream) {
     return KV_OK;
 }
 
-void rt_recon_release(kv_rt *rt, int seq, int layer) {
+void kv_rti_recon_release(kv_rt *rt, int seq, int layer) {
     if (rt->opt.keep_reconstructions) return; /* kept, and extended chunk by chunk as tokens are compressed */
     rt_seq *sq = &rt->seqs[seq];
     for (int i = 0; i < rt->n_layers * 2; i++)
-        if (sq->recon[i].x && rt->recon_last_use[i] <= layer) rt_recon_free(rt, &sq->recon[i]);
+        if (sq->recon[i].x && rt->recon_last_use[i] <= layer) kv_rti_recon_free(rt, &sq->recon[i]);
 }

@@ -360,7 +360,7 @@ static int seen(uint64_t h) {
     return 0;
 }
 
-kv_status rt_selfcheck_guard(const kv_plan *plan, const kv_rt_options *opt) {
+kv_status kv_rti_selfcheck_guard(const kv_plan *plan, const kv_rt_options *opt) {
     if (t_in_check || opt->device != KV_RT_DEVICE_CUDA) return KV_OK;
     uint64_t hs[2 * 512];
     int n = 0, fresh = 0;

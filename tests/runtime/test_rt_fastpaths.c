@@ -74,9 +74,9 @@ static uint8_t *higgs_block(const rt_codec *c, int m, uint64_t seed, rt_block *b
     kv_rng_init(&r, seed);
     for (int i = 0; i < m * kvd; i++) x[i] = (float)(kv_rng_next_normal(&r) * ((i % 11) == 4 ? 4.0 : 1.0));
     rt_layout L;
-    rt_codec_layout(c, m, &L);
+    kv_rti_codec_layout(c, m, &L);
     uint8_t *data = malloc(L.total);
-    ck_assert_kv_ok(rt_codec_encode(c, data, m, x));
+    ck_assert_kv_ok(kv_rti_codec_encode(c, data, m, x));
     free(x);
     *b = (rt_block){0, m, data, (const uint32_t *)data};
     return data;
@@ -87,18 +87,18 @@ START_TEST(test_higgs_kernels_match_portable) {
     const hcase *hc = &k_hcases[_i];
     kv_plan *p = higgs_plan(hc);
     rt_codec kc, vc;
-    ck_assert_kv_ok(rt_codec_init(&kc, p, 0, KV_PLAN_K, NULL));
-    ck_assert_kv_ok(rt_codec_init(&vc, p, 0, KV_PLAN_V, NULL));
+    ck_assert_kv_ok(kv_rti_codec_init(&kc, p, 0, KV_PLAN_K, NULL));
+    ck_assert_kv_ok(kv_rti_codec_init(&vc, p, 0, KV_PLAN_V, NULL));
     const int hd = hc->hd, m = 131;
     rt_block kb, vb;
     uint8_t *kd = higgs_block(&kc, m, 5u + (uint64_t)_i, &kb), *vd = higgs_block(&vc, m, 6u + (uint64_t)_i, &vb);
     const uint32_t *kcodes, *vcodes;
     const uint8_t *kpar, *vpar;
-    rt_block_parts(&kc, &kb, &kcodes, &kpar);
-    rt_block_parts(&vc, &vb, &vcodes, &vpar);
+    kv_rti_block_parts(&kc, &kb, &kcodes, &kpar);
+    kv_rti_block_parts(&vc, &vb, &vcodes, &vpar);
     const int nqs[] = {1, 3, 4, 5, 12};
     const int ranges[][2] = {{0, 131}, {3, 100}, {7, 8}, {16, 24}, {1, 130}, {64, 64}};
-    const size_t pf = rt_higgs_prep_floats(&kc), ld = 160;
+    const size_t pf = kv_rti_higgs_prep_floats(&kc), ld = 160;
     float *q = malloc(sizeof(float) * 12 * (size_t)hd), *prep = malloc(sizeof(float) * 12 * pf);
     float *s0 = malloc(sizeof(float) * 12 * ld), *s1 = malloc(sizeof(float) * 12 * ld);
     float *pw = malloc(sizeof(float) * 12 * ld), *init = malloc(sizeof(float) * 12 * (size_t)hd);
@@ -114,14 +114,14 @@ START_TEST(test_higgs_kernels_match_portable) {
                 for (int i = 0; i < nq * hd; i++) q[i] = (float)(0.3 * kv_rng_next_normal(&r));
                 for (int i = 0; i < nq * (int)ld; i++) pw[i] = (float)kv_rng_next_uniform(&r);
                 for (int i = 0; i < nq * hd; i++) init[i] = (float)kv_rng_next_normal(&r);
-                for (int j = 0; j < nq; j++) rt_higgs_prepare(&kc, h, q + (size_t)j * hd, prep + (size_t)j * pf);
+                for (int j = 0; j < nq; j++) kv_rti_higgs_prepare(&kc, h, q + (size_t)j * hd, prep + (size_t)j * pf);
                 /* scores: the same bits */
                 kv_simd_level_limit(KV_SIMD_NONE);
                 memset(s0, 0, sizeof(float) * 12 * ld);
-                rt_higgs_scores(&kc, kcodes, kpar, m, r0, r1, h, prep, nq, s0, ld);
+                kv_rti_higgs_scores(&kc, kcodes, kpar, m, r0, r1, h, prep, nq, s0, ld);
                 kv_simd_level_limit(KV_SIMD_AVX2);
                 memset(s1, 0, sizeof(float) * 12 * ld);
-                rt_higgs_scores(&kc, kcodes, kpar, m, r0, r1, h, prep, nq, s1, ld);
+                kv_rti_higgs_scores(&kc, kcodes, kpar, m, r0, r1, h, prep, nq, s1, ld);
                 for (int j = 0; j < nq; j++)
                     for (int t = 0; t < n; t++) {
                         const float x0 = s0[(size_t)j * ld + (size_t)t], x1 = s1[(size_t)j * ld + (size_t)t];
@@ -133,9 +133,9 @@ START_TEST(test_higgs_kernels_match_portable) {
                 {
                     float *d0 = malloc(sizeof(float) * (size_t)(n + 1) * (size_t)hd), *d1 = malloc(sizeof(float) * (size_t)(n + 1) * (size_t)hd);
                     kv_simd_level_limit(KV_SIMD_NONE);
-                    rt_codec_decode_head(&kc, &kb, r0, r1, h, d0, (size_t)hd);
+                    kv_rti_codec_decode_head(&kc, &kb, r0, r1, h, d0, (size_t)hd);
                     kv_simd_level_limit(KV_SIMD_AVX2);
-                    rt_codec_decode_head(&kc, &kb, r0, r1, h, d1, (size_t)hd);
+                    kv_rti_codec_decode_head(&kc, &kb, r0, r1, h, d1, (size_t)hd);
                     ck_assert_msg(memcmp(d0, d1, sizeof(float) * (size_t)n * (size_t)hd) == 0,
                                   "case %d rows %d..%d head %d: decoded keys differ from the portable decode", _i, r0, r1, h);
                     free(d0), free(d1);
@@ -143,10 +143,10 @@ START_TEST(test_higgs_kernels_match_portable) {
                 /* values: within the two summations' bound */
                 kv_simd_level_limit(KV_SIMD_NONE);
                 memcpy(a0, init, sizeof(float) * (size_t)nq * (size_t)hd);
-                rt_higgs_accum(&vc, vcodes, vpar, m, r0, r1, h, pw, ld, nq, a0);
+                kv_rti_higgs_accum(&vc, vcodes, vpar, m, r0, r1, h, pw, ld, nq, a0);
                 kv_simd_level_limit(KV_SIMD_AVX2);
                 memcpy(a1, init, sizeof(float) * (size_t)nq * (size_t)hd);
-                rt_higgs_accum(&vc, vcodes, vpar, m, r0, r1, h, pw, ld, nq, a1);
+                kv_rti_higgs_accum(&vc, vcodes, vpar, m, r0, r1, h, pw, ld, nq, a1);
                 /* |w_t v_t| per channel in the rotated domain: the decoded grid point times norm / g, i.e. the
                  * rotated-domain value before D H; rebuilt here from the codes */
                 const kv_higgs *hq = &vc.q.higgs;
@@ -176,17 +176,17 @@ START_TEST(test_higgs_kernels_match_portable) {
             }
     kv_simd_level_limit(KV_SIMD_AVX2);
     /* the fused path ran where it applies (2-D grids of 16 points on a CPU with AVX2) */
-    if (rt_avx2_usable() && hc->d == 2 && hc->n == 16) ck_assert_int_gt(differ, 0);
+    if (kv_rti_avx2_usable() && hc->d == 2 && hc->n == 16) ck_assert_int_gt(differ, 0);
     printf("higgs case %d: %d of %d values differ from the portable loop's bits (all within the bound)\n", _i, differ,
            compared);
     free(q), free(prep), free(s0), free(s1), free(pw), free(init), free(a0), free(a1), free(vdec), free(kd), free(vd);
-    rt_codec_free(&kc);
-    rt_codec_free(&vc);
+    kv_rti_codec_free(&kc);
+    kv_rti_codec_free(&vc);
     kv_plan_free(p);
 }
 END_TEST
 
-/* A runtime shell holding what rt_rope.c and rt_higgs_scores_rope read: the model's RoPE table. */
+/* A runtime shell holding what rt_rope.c and kv_rti_higgs_scores_rope read: the model's RoPE table. */
 static void rope_shell(kv_rt *rt, int hd, int layout, int npos) {
     memset(rt, 0, sizeof *rt);
     rt->head_dim = hd;
@@ -214,9 +214,9 @@ START_TEST(test_rope_rows_match_portable) {
             kv_rng_init(&r, 3 + hi);
             for (int i = 0; i < n * hd; i++) x0[i] = x1[i] = (float)(3.0 * kv_rng_next_normal(&r));
             kv_simd_level_limit(KV_SIMD_NONE);
-            rt_rope_rows(&rt, x0, (size_t)hd, n, p0);
+            kv_rti_rope_rows(&rt, x0, (size_t)hd, n, p0);
             kv_simd_level_limit(KV_SIMD_AVX2);
-            rt_rope_rows(&rt, x1, (size_t)hd, n, p0);
+            kv_rti_rope_rows(&rt, x1, (size_t)hd, n, p0);
             ck_assert_msg(memcmp(x0, x1, sizeof(float) * (size_t)n * (size_t)hd) == 0, "head_dim %d layout %d: RoPE differs", hd,
                           layout);
             free(x0), free(x1), free(rt.rope_cos), free(rt.rope_sin);
@@ -228,13 +228,13 @@ START_TEST(test_higgs_prerope_scores) {
     const hcase *hc = &k_hcases[_i];
     kv_plan *p = higgs_plan(hc);
     rt_codec kc;
-    ck_assert_kv_ok(rt_codec_init(&kc, p, 0, KV_PLAN_K, NULL));
+    ck_assert_kv_ok(kv_rti_codec_init(&kc, p, 0, KV_PLAN_K, NULL));
     const int hd = hc->hd, m = 131, npos = 6000;
     rt_block kb;
     uint8_t *kd = higgs_block(&kc, m, 21u + (uint64_t)_i, &kb);
     const uint32_t *codes;
     const uint8_t *par;
-    rt_block_parts(&kc, &kb, &codes, &par);
+    kv_rti_block_parts(&kc, &kb, &codes, &par);
     const size_t ld = 160;
     float *q = malloc(sizeof(float) * 12 * (size_t)hd), *s1 = malloc(sizeof(float) * 12 * ld);
     float *tile = malloc(sizeof(float) * (size_t)m * (size_t)hd);
@@ -254,15 +254,15 @@ START_TEST(test_higgs_prerope_scores) {
                     for (int i = 0; i < n; i++) pos[i] = use_pos ? 11 + 41 * i : p0 + i; /* kept tokens: any positions */
                     for (int i = 0; i < nq * hd; i++) q[i] = (float)(0.3 * kv_rng_next_normal(&r));
                     kv_simd_level_limit(KV_SIMD_AVX2);
-                    if (!rt_higgs_scores_rope(&rt, &kc, codes, par, r0, r1, h, p0, use_pos ? pos : NULL, q, nq, s1, ld)) {
-                        ck_assert(!(rt_avx2_usable() && hc->d == 2 && hc->n == 16)); /* it must run where it applies */
+                    if (!kv_rti_higgs_scores_rope(&rt, &kc, codes, par, r0, r1, h, p0, use_pos ? pos : NULL, q, nq, s1, ld)) {
+                        ck_assert(!(kv_rti_avx2_usable() && hc->d == 2 && hc->n == 16)); /* it must run where it applies */
                         continue;
                     }
                     ran++;
                     /* the reference: the decoded tile (portable), rotated (portable), dotted in double */
                     kv_simd_level_limit(KV_SIMD_NONE);
-                    rt_codec_decode_head(&kc, &kb, r0, r1, h, tile, (size_t)hd);
-                    for (int i = 0; i < n; i++) rt_rope_rows(&rt, tile + (size_t)i * hd, (size_t)hd, 1, use_pos ? pos[i] : p0 + i);
+                    kv_rti_codec_decode_head(&kc, &kb, r0, r1, h, tile, (size_t)hd);
+                    for (int i = 0; i < n; i++) kv_rti_rope_rows(&rt, tile + (size_t)i * hd, (size_t)hd, 1, use_pos ? pos[i] : p0 + i);
                     for (int j = 0; j < nq; j++)
                         for (int i = 0; i < n; i++) {
                             double exact = 0, mag = 0;
@@ -281,7 +281,7 @@ START_TEST(test_higgs_prerope_scores) {
     kv_simd_level_limit(KV_SIMD_AVX2);
     printf("higgs case %d: %d pre-RoPE score calls checked\n", _i, ran);
     free(q), free(s1), free(tile), free(pos), free(kd);
-    rt_codec_free(&kc);
+    kv_rti_codec_free(&kc);
     kv_plan_free(p);
 }
 END_TEST
