@@ -285,6 +285,10 @@ int kvcal_fit(int argc, char **argv) {
                                         ck);
                 goto end;
             }
+            if (kv_fit_ckpt_check_dir(ck) != KV_OK) { /* a symlink, or a directory kvcal fit did not create */
+                rc = kv_cli_usage_error(tool, "%s", kv_error_last());
+                goto end;
+            }
         }
     }
     /* corpora that never end (devices) are refused before anything is loaded */

@@ -207,37 +207,13 @@ static void item_scores(const attn_job *jb, int h, int a, int b, const float *qv
             kv_rti_f16_scores(p.fp + (size_t)h * hd, (size_t)kvd, len, hd, qv, nqv, o, ld);
             continue;
         }
-        if (!kc->pre_rope && p.kind == RT_PIECE_BLOCK) {
-            const rt_codec *c = p.codec;
-            const uint32_t *codes;
-            const uint8_t *params;
-            const int r0 = p.r0, r1 = p.r0 + len;
-            kv_rti_block_parts(c, p.blk, &codes, &params);
-            if (c->kind == RT_F16) {
-                kv_rti_f16_scores((const uint16_t *)p.blk->data + (size_t)r0 * (size_t)c->kv_dim + (size_t)p.kh * hd,
-                              (size_t)c->kv_dim, len, hd, qv, nqv, o, ld);
-                continue;
-            }
-            if (c->kind == RT_UNIFORM) {
-                kv_rti_uniform_scores(c, codes, params, p.blk->m, r0, r1, p.kh, qv, nqv, o, ld);
-                continue;
-            }
-            if (c->kind == RT_FLOAT) {
-                kv_rti_float_scores(c, codes, params, p.blk->m, r0, r1, p.kh, qv, nqv, o, ld);
-                continue;
-            }
-            if (c->kind == RT_HIGGS && c->higgs_direct) {
-                kv_rti_higgs_scores(c, codes, params, p.blk->m, r0, r1, p.kh, hprep, nqv, o, ld);
-                continue;
-            }
+        if (!kc->pre_rope && p.kind == RT_PIECE_BLOCK && p.codec->direct) { /* the codec reads its codes */
+            p.codec->ops->scores(p.codec, p.blk, p.r0, p.r0 + len, p.kh, qv, hprep, nqv, o, ld);
+            continue;
         }
-        if (kc->pre_rope && p.kind == RT_PIECE_BLOCK && p.codec->kind == RT_HIGGS) { /* rt_higgs.c: no tile */
-            const uint32_t *codes;
-            const uint8_t *params;
-            kv_rti_block_parts(p.codec, p.blk, &codes, &params);
-            if (kv_rti_higgs_scores_rope(rt, p.codec, codes, params, p.r0, p.r0 + len, p.kh, p.p0, p.pos, qv, nqv, o, ld))
-                continue;
-        }
+        if (kc->pre_rope && p.kind == RT_PIECE_BLOCK && p.codec->ops->scores_rope && /* keys before RoPE, no tile */
+            p.codec->ops->scores_rope(rt, p.codec, p.blk, p.r0, p.r0 + len, p.kh, p.p0, p.pos, qv, nqv, o, ld))
+            continue;
         if (!kc->pre_rope && p.kind == RT_PIECE_RECON) {
             kv_rti_f32_scores(p.recon + (size_t)h * hd, (size_t)kvd, len, hd, qv, nqv, o, ld);
             continue;
@@ -257,7 +233,7 @@ static void item_values(const attn_job *jb, int h, int a, int b, const float *pr
     const kv_rt *rt = jb->rt;
     const rt_codec *vc = rt_codec_of(rt, jb->layer, KV_PLAN_V);
     const int hd = rt->head_dim, kvd = rt->kv_dim, nqv = jb->nqv;
-    int any_higgs = 0;
+    int any_rot = 0;
     rt_piece p;
     for (int v = a; v < b; v = p.b) {
         kv_rti_piece_at(rt, jb->seq, jb->layer, KV_PLAN_V, h, v, b, &p);
@@ -272,23 +248,12 @@ static void item_values(const attn_job *jb, int h, int a, int b, const float *pr
             continue;
         }
         const rt_codec *c = p.codec;
-        const uint32_t *codes;
-        const uint8_t *params;
-        const int r0 = p.r0, r1 = p.r0 + len;
-        const size_t cd = (size_t)c->kv_dim, off = (size_t)p.kh * (size_t)hd;
-        kv_rti_block_parts(c, p.blk, &codes, &params);
-        if (c->kind == RT_F16) {
-            kv_rti_f16_accum((const uint16_t *)p.blk->data + (size_t)r0 * cd + off, cd, len, hd, pp, ld, nqv, acc);
-        } else if (c->kind == RT_F32) {
-            kv_rti_f32_accum((const float *)p.blk->data + (size_t)r0 * cd + off, cd, len, hd, pp, ld, nqv, acc);
-        } else if (c->kind == RT_UNIFORM) {
-            kv_rti_uniform_accum(c, codes, params, p.blk->m, r0, r1, p.kh, pp, ld, nqv, acc);
-        } else if (c->kind == RT_FLOAT) {
-            kv_rti_float_accum(c, codes, params, p.blk->m, r0, r1, p.kh, pp, ld, nqv, acc);
-        } else if (c->higgs_direct) {
-            if (!any_higgs) memset(racc, 0, (size_t)nqv * (size_t)hd * sizeof(float));
-            any_higgs = 1;
-            kv_rti_higgs_accum(c, codes, params, p.blk->m, r0, r1, p.kh, pp, ld, nqv, racc);
+        if (c->direct && c->ops->finish) { /* accumulated in the codec's rotated domain, taken back once below */
+            if (!any_rot) memset(racc, 0, (size_t)nqv * (size_t)hd * sizeof(float));
+            any_rot = 1;
+            c->ops->accum(c, p.blk, p.r0, p.r0 + len, p.kh, pp, ld, nqv, racc);
+        } else if (c->direct) {
+            c->ops->accum(c, p.blk, p.r0, p.r0 + len, p.kh, pp, ld, nqv, acc);
         } else {
             for (int t0 = p.a; t0 < p.b; t0 += RT_TILE) {
                 const int t1 = t0 + RT_TILE < p.b ? t0 + RT_TILE : p.b;
@@ -298,7 +263,7 @@ static void item_values(const attn_job *jb, int h, int a, int b, const float *pr
         }
     }
     /* the head's own blocks and whole-token blocks rotate with the same signs (the head's channels) */
-    if (any_higgs) kv_rti_higgs_finish(vc, h, nqv, racc, acc);
+    if (any_rot) vc->ops->finish(vc, h, nqv, racc, acc);
 }
 
 /* Sum of n values in 8 lanes (lanes pairwise, then the tail in order). */
@@ -629,8 +594,8 @@ kv_status kv_rti_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, 
             for (int c = 0; c < hd; c++) dst[c] = src[c] * rt->scale;
         }
     const rt_codec *kc = rt_codec_of(rt, layer, KV_PLAN_K);
-    if (kc->kind == RT_HIGGS && kc->higgs_direct && !kc->pre_rope && !kc->pred) {
-        jb.hprep_floats = kv_rti_higgs_prep_floats(kc);
+    if (kc->ops->prep_floats && kc->direct && !kc->pre_rope && !kc->pred) { /* tables per query vector */
+        jb.hprep_floats = kc->ops->prep_floats(kc);
         hprep = kv_aligned_alloc(64, (size_t)H * (size_t)jb.nqv * jb.hprep_floats * sizeof(float));
         if (!hprep) {
             s = KV_ERR(KV_ENOMEM, "runtime: out of memory for HIGGS query tables");
@@ -638,7 +603,7 @@ kv_status kv_rti_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, 
         }
         for (int h = 0; h < H; h++)
             for (int j = 0; j < jb.nqv; j++)
-                kv_rti_higgs_prepare(kc, h, qv + ((size_t)h * (size_t)jb.nqv + (size_t)j) * (size_t)hd,
+                kc->ops->prepare(kc, h, qv + ((size_t)h * (size_t)jb.nqv + (size_t)j) * (size_t)hd,
                                  hprep + ((size_t)h * (size_t)jb.nqv + (size_t)j) * jb.hprep_floats);
     }
     const size_t need = (size_t)jb.nqv * RT_SEGMENT + 2 * (size_t)jb.nqv * (size_t)hd + (size_t)RT_TILE * (size_t)hd;

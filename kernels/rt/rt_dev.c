@@ -29,7 +29,7 @@ static rt_dev *dev_of(const kv_rt *rt) { return rt->dv->dev; }
 
 /* ---- device tables of the codecs --------------------------------------------------------------------- */
 /* A device copy of n bytes of host data, owned by the runtime (freed at close). */
-static kv_status dev_table(kv_rt *rt, const void *host, size_t bytes, void **out) {
+kv_status kv_rti_dev_table(kv_rt *rt, const void *host, size_t bytes, void **out) {
     rt_devstate *dv = rt->dv;
     *out = NULL;
     if (dv->n_owned == dv->cap_owned) {
@@ -60,10 +60,8 @@ static kv_status dev_refusals(const kv_rt *rt) {
                       rt->head_dim);
     for (int i = 0; i < rt->n_layers * 2; i++) {
         const rt_codec *c = &rt->codec[i];
-        if (c->kind == RT_HIGGS && (!c->higgs_direct || c->q.higgs.group > KV_DA_MAX_HGROUP))
-            return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: HIGGS groups of %d channels on the device must lie inside "
-                          "a head (head_dim %d) and hold at most %d channels", c->layer, sname(c->stream),
-                          c->q.higgs.group, rt->head_dim, KV_DA_MAX_HGROUP);
+        const kv_status s = c->ops->dev_check ? c->ops->dev_check(rt, c) : KV_OK;
+        if (s != KV_OK) return s;
     }
     return KV_OK;
 }
@@ -81,48 +79,7 @@ static kv_status fill_dcodec(kv_rt *rt, int i) {
     d->recon = c->pred != NULL;
     d->bits = c->bits;
     d->per_word = c->per_word;
-    kv_status s = KV_OK;
-    void *p = NULL;
-    switch (c->kind) {
-    case RT_F16:
-    case RT_F32:
-        return KV_OK;
-    case RT_UNIFORM:
-        d->axis = (int)c->q.uniform.axis;
-        d->group = c->q.uniform.group;
-        d->ptype = (int)c->q.uniform.param_type;
-        d->word_aligned = c->kv_dim % c->per_word == 0 && c->head_dim % c->per_word == 0;
-        return KV_OK;
-    case RT_HIGGS: {
-        const kv_higgs *h = &c->q.higgs;
-        d->hdim = h->dim;
-        d->hgroup = h->group;
-        d->ntype = (int)h->norm_type;
-        d->rotated = !c->pre_rope;
-        if ((s = dev_table(rt, h->grid, (size_t)h->size * (size_t)h->dim * sizeof(float), &p)) != KV_OK) return s;
-        d->grid = (const float *)p;
-        dq->higgs.grid = (const float *)p;
-        dq->higgs.search = NULL;
-        if ((s = dev_table(rt, c->signs, (size_t)c->kv_dim * sizeof(float), &p)) != KV_OK) return s;
-        d->signs = (const float *)p;
-        return KV_OK;
-    }
-    case RT_FLOAT: {
-        const kv_fpq *f = &c->q.fp;
-        d->fformat = (int)f->format;
-        d->n_scales = f->n_scales;
-        d->scale_channels = f->scale_channels;
-        d->word_aligned = c->kv_dim % c->per_word == 0 && c->head_dim % c->per_word == 0;
-        if ((s = dev_table(rt, f->scales, (size_t)f->n_scales * sizeof(float), &p)) != KV_OK) return s;
-        d->scales = (const float *)p;
-        dq->fp.scales = (const float *)p;
-        if ((s = dev_table(rt, c->lut, (size_t)(f->format == KV_FP_NVFP4 ? 16 : 256) * sizeof(float), &p)) != KV_OK)
-            return s;
-        d->lut = (const float *)p;
-        return KV_OK;
-    }
-    }
-    return KV_ERR(KV_EINVAL, "runtime (device): codec kind %d", (int)c->kind);
+    return c->ops->dev_describe(rt, c, d, dq);
 }
 
 kv_status kv_rti_dev_open(kv_rt *rt) {
@@ -148,8 +105,8 @@ kv_status kv_rti_dev_open(kv_rt *rt) {
         const kv_plan_predictor *pr = rt->codec[i].pred;
         if (!pr) continue;
         void *w = NULL, *b = NULL;
-        if ((s = dev_table(rt, pr->weight, (size_t)pr->out_dim * (size_t)pr->in_dim * sizeof(float), &w)) != KV_OK ||
-            (s = dev_table(rt, pr->bias, (size_t)pr->out_dim * sizeof(float), &b)) != KV_OK)
+        if ((s = kv_rti_dev_table(rt, pr->weight, (size_t)pr->out_dim * (size_t)pr->in_dim * sizeof(float), &w)) != KV_OK ||
+            (s = kv_rti_dev_table(rt, pr->bias, (size_t)pr->out_dim * sizeof(float), &b)) != KV_OK)
             goto done;
         dv->pred_w[i] = (float *)w;
         dv->pred_b[i] = (float *)b;

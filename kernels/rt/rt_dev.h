@@ -105,6 +105,9 @@ typedef struct rt_arena {
 } rt_arena;
 
 /* ---- rt_dev.c: the runtime's data paths on a device -------------------------------------------- */
+/* A device copy of n bytes of host data, owned by the runtime (freed at close): the codecs' tables
+ * (rt_codec_ops.dev_describe). */
+kv_status kv_rti_dev_table(kv_rt *rt, const void *host, size_t bytes, void **out);
 kv_status kv_rti_dev_open(kv_rt *rt);            /* after the codecs: backend, device codecs, predictors */
 void kv_rti_dev_close(kv_rt *rt);
 void kv_rti_dev_seq_clear(kv_rt *rt, rt_seq *sq);  /* every device allocation of the sequence */

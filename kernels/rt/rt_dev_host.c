@@ -74,7 +74,7 @@ static kv_status h_gemm_nt(rt_dev *d, int M, int N, int K, const float *A, int l
 static kv_status h_encode(rt_dev *d, const rt_codec *c, const kv_quant *dq, uint8_t *blk, int m, const float *x) {
     (void)d, (void)dq; /* the host's tables are the codec's own */
     const kv_status s = kv_rti_codec_encode(c, blk, m, x);
-    if (s == KV_OK && kv_rti_dev_host_fault == 2 && c->kind != RT_F16 && c->kind != RT_F32 && c->share_from < 0)
+    if (s == KV_OK && kv_rti_dev_host_fault == 2 && c->q.kind != KV_QUANT_F16 && c->share_from < 0)
         ((uint32_t *)blk)[0] ^= 1u;
     return s;
 }

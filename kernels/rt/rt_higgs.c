@@ -13,9 +13,10 @@
  * Vector paths (rt_higgs_avx2.c, RUNTIME.md §3.1), for 4-bit indices (16 grid points) on word boundaries, when the
  * CPU has AVX2: scores by table lookups in registers, 8 tokens per vector (the portable loop's bits); values with
  * the grid points looked up 8 pieces per vector and fused multiply-adds (within the bound); decoding to the real
- * domain (the portable bits); and keys stored before RoPE scored without a tile: decoded, rotated and dotted per
- * token (the decoded tile's keys bit for bit, dot products within the bound). The portable loops below stay the
- * reference and the path for every other layout and CPU (tests/runtime/test_rt_fastpaths.c compares them). */
+ * domain (the portable bits: the row's decode_head in rt_codec_higgs.c); and keys stored before RoPE scored without
+ * a tile (the row's scores_rope): decoded, rotated and dotted per token (the decoded tile's keys bit for bit, dot
+ * products within the bound). The portable loops stay the reference and the path for every other layout and CPU
+ * (tests/runtime/test_rt_fastpaths.c compares them). */
 #include "kvrt.h"
 #include "rt_higgs_kernels.h"
 #include "rt_internal.h"
@@ -100,9 +101,7 @@ static void accum_portable(const rt_codec *c, const uint32_t *codes, const uint8
     }
 }
 
-/* The AVX2 kernels (rt_higgs_avx2.c) take 4-bit indices (16 grid points) whose head and group boundaries fall
- * on words: a head's pieces and a group's pieces multiples of 8, tokens a whole number of words. */
-static int words_aligned(const rt_codec *c) {
+int kv_rti_higgs_words_aligned(const rt_codec *c) {
     const kv_higgs *hq = &c->q.higgs;
     const int d = hq->dim;
     return c->bits == 4 && c->per_word == 8 && (c->head_dim / d) % 8 == 0 && (hq->group / d) % 8 == 0 &&
@@ -111,7 +110,7 @@ static int words_aligned(const rt_codec *c) {
 
 void kv_rti_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
                      int h, const float *prep, int nq, float *out, size_t ld) {
-    if (!words_aligned(c)) {
+    if (!kv_rti_higgs_words_aligned(c)) {
         scores_portable(c, codes, params, m, r0, r1, h, prep, nq, out, ld);
         return;
     }
@@ -138,7 +137,7 @@ void kv_rti_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t 
     const size_t hd = (size_t)c->head_dim, g = (size_t)hq->group, ng = hd / g;
     /* the weights p_t norm_t / g of a run of tokens per query and group, at most 4096 floats */
     const size_t run = (size_t)nq * ng <= 64 ? 4096 / ((size_t)nq * ng) : 0;
-    if (hq->dim != 2 || hq->size != 16 || run == 0 || !words_aligned(c)) {
+    if (hq->dim != 2 || hq->size != 16 || run == 0 || !kv_rti_higgs_words_aligned(c)) {
         accum_portable(c, codes, params, m, r0, r1, h, p, ld, nq, racc);
         return;
     }
@@ -160,60 +159,6 @@ void kv_rti_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t 
     }
 }
 
-static void decode_portable(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
-    const uint32_t *idx;
-    const uint8_t *params;
-    kv_rti_block_parts(c, b, &idx, &params);
-    const void *norms = params;
-    const kv_higgs *q = &c->q.higgs;
-    const size_t C = (size_t)c->kv_dim, g = (size_t)q->group, hd = (size_t)c->head_dim, d = (size_t)q->dim;
-    const size_t per_group = g / d, c0 = (size_t)h * hd;
-    /* the groups that hold the head's channels: [c0 / g, (c0 + hd - 1) / g] */
-    const size_t g_lo = c0 / g, g_hi = (c0 + hd - 1) / g;
-    float v[KV_HIGGS_MAX_GROUP], y[KV_HIGGS_MAX_GROUP];
-    uint8_t ib[KV_HIGGS_MAX_GROUP];
-    for (int t = r0; t < r1; t++) {
-        for (size_t gi = g_lo; gi <= g_hi; gi++) {
-            const size_t grp = (size_t)t * (C / g) + gi;
-            const float mul = kv_qm_higgs_dec_mul(kv_qm_param_load(norms, grp, (int)q->norm_type), g);
-            kv_unpack_range(ib, idx, grp * per_group, per_group, c->bits, c->per_word);
-            for (size_t p = 0; p < per_group; p++)
-                for (size_t k = 0; k < d; k++) v[p * d + k] = q->grid[(size_t)ib[p] * d + k] * mul;
-            kv_higgs_decode_transform(y, v, g, c->signs + gi * g);
-            /* copy the part of the group inside the head */
-            const size_t a = gi * g > c0 ? gi * g : c0, e = (gi + 1) * g < c0 + hd ? (gi + 1) * g : c0 + hd;
-            memcpy(out + (size_t)(t - r0) * ldo + (a - c0), y + (a - gi * g), (e - a) * sizeof(float));
-        }
-    }
-}
-
-/* Rows [r0, r1) of head h decoded to the real domain. The AVX2 kernel takes groups inside the head (d = 2, 16
- * points, head_dim <= 128) and gives the portable loop's values bit for bit (rt_higgs_avx2.c). */
-void kv_rti_higgs_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
-    const kv_higgs *hq = &c->q.higgs;
-    const size_t hd = (size_t)c->head_dim, g = (size_t)hq->group;
-    if (!c->higgs_direct || hq->dim != 2 || hq->size != 16 || hd > 128 || !words_aligned(c)) {
-        decode_portable(c, b, r0, r1, h, out, ldo);
-        return;
-    }
-    const uint32_t *idx;
-    const uint8_t *params;
-    kv_rti_block_parts(c, b, &idx, &params);
-    const size_t d = 2, ws = (size_t)c->kv_dim / d / 8, words = hd / d / 8, wpg = g / d / 8, ng = hd / g;
-    const size_t gpt = (size_t)c->kv_dim / g, g0 = (size_t)h * ng;
-    float gx[16], gy[16], mul[RT_HIGGS_MAX_HGROUPS * 64];
-    for (int i = 0; i < 16; i++) gx[i] = hq->grid[2 * i], gy[i] = hq->grid[2 * i + 1];
-    for (int t0 = r0; t0 < r1; t0 += 64) {
-        const int n = r1 - t0 < 64 ? r1 - t0 : 64;
-        for (size_t gi = 0; gi < ng; gi++)
-            for (int i = 0; i < n; i++)
-                mul[gi * 64 + (size_t)i] =
-                    kv_qm_higgs_dec_mul(rt_param(params, (size_t)(t0 + i) * gpt + g0 + gi, (int)hq->norm_type), g);
-        kv_rti_higgs_decode16_avx2(idx, (size_t)t0 * ws + (size_t)h * words, ws, n, (int)words, (int)wpg, gx, gy, mul, 64,
-                               c->signs + (size_t)h * hd, out + (size_t)(t0 - r0) * ldo, ldo);
-    }
-}
-
 /* Scores of keys stored before RoPE (rows [r0, r1) of a block, positions p0 + i or pos[i]) against nq scaled query
  * vectors, decoded, rotated and dotted token by token without a tile (kv_rti_higgs_scores_rope16_avx2: the keys are the
  * decoded tile's bits, the dot products those of kv_rti_f32_scores up to summation order). 0 when the layout is not
@@ -223,7 +168,7 @@ int kv_rti_higgs_scores_rope(const kv_rt *rt, const rt_codec *c, const uint32_t 
     const kv_higgs *hq = &c->q.higgs;
     const size_t hd = (size_t)c->head_dim, g = (size_t)hq->group;
     if (!c->higgs_direct || hq->dim != 2 || hq->size != 16 || !(hd == 32 || hd == 64 || hd == 128) || nq > RT_MAX_QV ||
-        !words_aligned(c))
+        !kv_rti_higgs_words_aligned(c))
         return 0;
     const size_t d = 2, ws = (size_t)c->kv_dim / d / 8, words = hd / d / 8, wpg = g / d / 8, ng = hd / g;
     const size_t gpt = (size_t)c->kv_dim / g, g0 = (size_t)h * ng;

@@ -39,9 +39,14 @@ extern "C" {
 
 typedef enum rt_kind { RT_F16 = 0, RT_F32 = 1, RT_UNIFORM = 2, RT_HIGGS = 3, RT_FLOAT = 4 /* FP8 / NVFP4 */ } rt_kind;
 
+struct rt_codec_ops;
+
 /* How one (layer, stream) is stored and read. Shared by every sequence; immutable after open. */
 typedef struct rt_codec {
-    rt_kind kind;
+    const struct rt_codec_ops *ops; /* the plan method's row of the codec table (rt_codecs.c) */
+    rt_kind kind;                  /* the storage kind (the device codec's KV_DC_* number, rt_dev.c) */
+    int direct;                    /* 1: attention reads the codes through ops->scores / ops->accum (keys after
+                                      RoPE); 0: through decoded tiles (e.g. HIGGS groups spanning heads) */
     int layer, stream;
     int kv_dim, head_dim, n_kv_heads;
     int pre_rope;                  /* keys stored before RoPE (rotated when read) */
@@ -66,6 +71,8 @@ typedef struct rt_layout {
     size_t groups;
 } rt_layout;
 void kv_rti_codec_layout(const rt_codec *c, int m, rt_layout *out);
+/* The layout of a quantizer's block (uniform, HIGGS, float rows of the table): from kv_quant_storage. */
+void kv_rti_quant_layout(const rt_codec *c, int m, rt_layout *out);
 
 /* One compressed chunk: tokens [t0, t0 + m) of the sequence. */
 typedef struct rt_block {
@@ -202,7 +209,60 @@ int kv_rti_head_rows(const kv_rt *rt, int seq, int layer, int h);
 /* Position of row v of KV head h. */
 int kv_rti_row_position(const kv_rt *rt, int seq, int layer, int h, int v);
 
-/* ---- codecs (rt_codec.c, rt_uniform.c, rt_higgs.c) ---- */
+/* ---- the codec table (rt_codecs.c): one row per plan method --------------------------------------------
+ * A row says what the runtime does with a stream of its method; rt_codec.c, rt_attend.c and rt_dev.c call the
+ * row and never branch on the method. A method's row and functions live in its own file (rt_codec_fp.c,
+ * rt_codec_uniform.c, rt_codec_higgs.c, rt_codec_float.c), its attention kernels in rt_fp.c, rt_uniform.c,
+ * rt_higgs.c, rt_float.c. Adding a method: its enum value (kv_plan.h), its files, one row in rt_codecs.c. */
+struct kv_dcodec;
+typedef struct rt_codec_ops {
+    const char *name;
+    int squat_keys;        /* 1: a key stream of this method may be quantized by SQuat (same storage) */
+    int bound;             /* the attention bound's terms (rt_selfcheck.c): 0 |x| per value, 1 |x| + 2 |zero|
+                              (uniform), 2 the group's norm (HIGGS) */
+    /* The quantizer descriptor of a stream record (kv_quant_from_plan; calibration quantizes through it too). */
+    kv_status (*quant)(kv_quant *q, const kv_plan *p, int layer, int stream);
+    /* The method's part of the codec (kind, packing, tables, direct); the common fields and c->q are set. */
+    kv_status (*init)(rt_codec *c, const kv_plan *p, int layer, int stream, kv_grid_search *const *search);
+    /* The codec of one KV head's kept tokens (token pruning), after the common fields were copied; NULL:
+     * nothing more to do. */
+    kv_status (*head_init)(rt_codec *dst, const rt_codec *full, int h);
+    void (*layout)(const rt_codec *c, int m, rt_layout *out);
+    kv_status (*encode)(const rt_codec *c, uint8_t *blk, int m, const float *x);
+    kv_status (*decode)(const rt_codec *c, const rt_block *b, float *out);
+    void (*decode_head)(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo);
+    /* Attention from the codes of one KV head (c->direct; keys after RoPE), rows [r0, r1) of block b:
+     *   prep_floats/prepare: per query vector, tables built once per step (NULL / 0: none);
+     *   scores: out[j * ld + (t - r0)] = q_j . k_hat[t];
+     *   accum:  acc[j * hd + c] += sum_t p[j * ld + (t - r0)] v_hat[t][c], or, with finish, in a rotated domain
+     *           that finish(c, h, nq, racc, acc) takes back once per step. */
+    size_t (*prep_floats)(const rt_codec *c);
+    void (*prepare)(const rt_codec *c, int h, const float *q, float *prep);
+    void (*scores)(const rt_codec *c, const rt_block *b, int r0, int r1, int h, const float *q, const float *prep,
+                   int nq, float *out, size_t ld);
+    void (*accum)(const rt_codec *c, const rt_block *b, int r0, int r1, int h, const float *p, size_t ld, int nq,
+                  float *acc);
+    void (*finish)(const rt_codec *c, int h, int nq, float *racc, float *acc);
+    /* Keys stored before RoPE (c->pre_rope) scored from the codes without a decoded tile: rows [r0, r1) of block b
+     * at positions p0 + (t - r0), or pos[t - r0], rotated with rt's RoPE; out as scores. Returns 0 (nothing done)
+     * when the codec's layout is not one it takes (the caller reads decoded tiles then); NULL: always tiles. */
+    int (*scores_rope)(const kv_rt *rt, const rt_codec *c, const rt_block *b, int r0, int r1, int h, int p0,
+                       const int32_t *pos, const float *q, int nq, float *out, size_t ld);
+    /* The device column (RUNTIME.md §10): what the device cannot serve (NULL: all), and the device codec's
+     * fields and tables (uploaded through kv_rti_dev_table), with dq the device copy of c->q. */
+    kv_status (*dev_check)(const kv_rt *rt, const rt_codec *c);
+    kv_status (*dev_describe)(kv_rt *rt, const rt_codec *c, struct kv_dcodec *d, kv_quant *dq);
+} rt_codec_ops;
+/* The row of a plan method, or NULL for a value that is not one. */
+const rt_codec_ops *kv_rti_codec_ops(int method);
+extern const rt_codec_ops kv_rti_codec_fp, kv_rti_codec_uniform, kv_rti_codec_higgs, kv_rti_codec_fp8_e4m3,
+    kv_rti_codec_fp8_e5m2, kv_rti_codec_nvfp4;
+/* A quantizer's refusal of a stream's values, naming the stream (the caller adds the plan). */
+kv_status kv_rti_quant_refusal(kv_status s, int layer, int stream);
+/* "K" / "V". */
+static inline const char *rt_stream_name(int stream) { return stream == KV_PLAN_K ? "K" : "V"; }
+
+/* ---- codecs (rt_codec.c: what every method shares; the rows above for the rest) ---- */
 kv_status kv_rti_codec_init(rt_codec *c, const kv_plan *p, int layer, int stream, kv_grid_search *const *search);
 /* The codec of KV head h's tokens alone: full's quantizer on blocks of head_dim channels (HIGGS signs of
  * the head's channels: kv_higgs.channel0). Kernels read its blocks as head 0. */
@@ -238,11 +298,14 @@ void kv_rti_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t 
                     int h, const float *p, size_t ld, int nq, float *racc);
 void kv_rti_higgs_finish(const rt_codec *c, int h, int nq, float *racc, float *acc);
 /* Keys stored before RoPE: scores of rows [r0, r1) of a block (positions p0 + i, or pos[i]) against nq scaled query
- * vectors without a decoded tile; 0 (nothing done) for layouts the vector kernel does not take. */
+ * vectors without a decoded tile; 0 (nothing done) for layouts the vector kernel does not take (the row's
+ * scores_rope). */
 int kv_rti_higgs_scores_rope(const kv_rt *rt, const rt_codec *c, const uint32_t *codes, const uint8_t *params, int r0,
                          int r1, int h, int p0, const int32_t *pos, const float *q, int nq, float *out, size_t ld);
-/* Rows [r0, r1) of KV head h of a HIGGS block decoded to the real domain (kv_rti_codec_decode_head's HIGGS case). */
-void kv_rti_higgs_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo);
+/* 1 when the AVX2 kernels of rt_higgs_avx2.c take the codec's blocks: 4-bit indices (16 grid points) whose head and
+ * group boundaries fall on words (a head's and a group's pieces multiples of 8, tokens whole words), at most
+ * RT_HIGGS_MAX_HGROUPS groups per head, and a CPU with AVX2. */
+int kv_rti_higgs_words_aligned(const rt_codec *c);
 
 /* FP8 / NVFP4 (rt_float.c): the codec's kind, packing and element table from c->q.fp; kernels as the
  * uniform ones (params: the NVFP4 block scales); decode of one head's rows. */

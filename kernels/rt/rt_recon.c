@@ -110,17 +110,6 @@ static void predict_factored(float *y, const kv_plan_predictor *pr, const float 
                 kv_dim);
 }
 
-/* A block's residual (or whole value, without a predictor) decoded: HIGGS groups inside heads head by head
- * through kv_rti_higgs_decode_head (its vector path: the same bits as kv_higgs_decode_ref's), else the codec's decode. */
-static kv_status decode_block(const rt_codec *c, const rt_block *blk, float *out) {
-    if (c->kind == RT_HIGGS && c->higgs_direct) {
-        for (int h = 0; h < c->n_kv_heads; h++)
-            kv_rti_higgs_decode_head(c, blk, 0, blk->m, h, out + (size_t)h * (size_t)c->head_dim, (size_t)c->kv_dim);
-        return KV_OK;
-    }
-    return kv_rti_codec_decode(c, blk, out);
-}
-
 static void recon_run_item(void *ctx, int item, int thread) {
     recon_job *jb = ctx;
     kv_rt *rt = jb->rt;
@@ -145,10 +134,10 @@ static void recon_run_item(void *ctx, int item, int thread) {
         const rt_block *blk = &st->blocks[run->b0 + k];
         float *d = jb->r->x + (size_t)(blk->t0 - rt->sinks) * kvd;
         if (!c->pred) {
-            s = decode_block(c, blk, d);
+            s = kv_rti_codec_decode(c, blk, d);
             continue;
         }
-        if ((s = decode_block(c, blk, tmp)) != KV_OK) break;
+        if ((s = kv_rti_codec_decode(c, blk, tmp)) != KV_OK) break;
         const size_t n = (size_t)blk->m * kvd;
         for (size_t i = 0; i < n; i++) d[i] = d[i] + tmp[i];
     }
