@@ -644,7 +644,8 @@ int kvcal_search(int argc, char **argv) {
         {"tokenizer", 0, KV_OPT_STRING, &tokenizer, "T", "tokenizer (default: the model's own)", 0},
         {"corpus", 'c', KV_OPT_STRING, &corpus, "FILE", "calibration text: the fits, then (disjoint tokens) the "
                                                         "sensitivities and the importance proxy", 1},
-        {"heldout", 0, KV_OPT_STRING, &heldout, "FILE", "held-out text for the end-to-end validation", 1},
+        {"heldout", 0, KV_OPT_STRING, &heldout, "FILE", "held-out text for the end-to-end validation (default: the "
+                                                         "corpus's tokens after every token the search reads)", 0},
         {"budget-bits", 'B', KV_OPT_STRING, &budget_list, "B[,B...]", "honest total bits per value at --context, as "
                                                                        "kvrun eval --plan reports bits_per_value_total "
                                                                        "(several: one plan per budget and context; "
@@ -705,7 +706,7 @@ int kvcal_search(int argc, char **argv) {
     }
     kv_cli_args a;
     int rc = kv_cli_parse(&a, tool,
-                          "--model M --corpus FILE --heldout FILE --budget-bits B[,B...] (--out PLAN | --out-dir DIR) "
+                          "--model M --corpus FILE [--heldout FILE] --budget-bits B[,B...] (--out PLAN | --out-dir DIR) "
                           "[--context N[,N...]] [--candidates LIST] [--json] [--set key=value ...]",
                           "Choose, for every layer and stream, one of several single-method plans so that the "
                           "summed per-stream KL sensitivity is least under a budget of honest total bits per value "
@@ -823,7 +824,7 @@ int kvcal_search(int argc, char **argv) {
         if (out_dir && !dir_exists && (rc = check_new_dir(tool, out_dir)) != KV_EXIT_OK) goto end;
         if ((rc = kv_tool_check_io(tool, ins, 4, outs, out_dir && !dir_exists ? 0 : n_points)) != KV_EXIT_OK) goto end;
         /* corpora that never end (devices), or missing, before anything is loaded */
-        if ((s = kv_input_check(corpus)) != KV_OK || (s = kv_input_check(heldout)) != KV_OK) goto fail;
+        if ((s = kv_input_check(corpus)) != KV_OK || (heldout && (s = kv_input_check(heldout)) != KV_OK)) goto fail;
     }
     /* ---- model, tokens ---- */
     const double t0 = kv_now_seconds();
@@ -846,8 +847,16 @@ int kvcal_search(int argc, char **argv) {
     /* --pruned-layers: the per-layer tables on as many chunks again, after the selection's: the allocation is fitted
      * to its table's text, so the selection must measure the allocated plan on other text (SEARCH.md §5.5) */
     const size_t table_need = n_lopt > 0 ? select_need : 0;
+    size_t ho_need = 0; /* the most any point's validation reads */
+    for (int p = 0; p < n_points; p++) {
+        const size_t need = points[p].eval_chunks * (size_t)(contexts[points[p].ctx_index] - 1);
+        ho_need = need > ho_need ? need : ho_need;
+    }
+    /* every token the search reads from the corpus: without --heldout the validation takes the tokens after them,
+     * so it never scores text a fit, a sensitivity, the proxy or the selection saw */
+    const size_t corpus_used = (size_t)fit_tokens + extra + select_need + table_need;
     if ((s = kv_tool_tokenize_file_max(&ids, &n_ids, corpus_sha, tok, corpus,
-                                       (size_t)fit_tokens + extra + select_need + table_need)) != KV_OK)
+                                       corpus_used + (heldout ? 0 : ho_need))) != KV_OK)
         goto fail;
     if (n_ids < (size_t)fit_tokens + sens_need) {
         s = KV_ERR(KV_EINVAL, "corpus '%s' has %zu tokens; the fits take %ld and the sensitivities %zu more", corpus,
@@ -861,22 +870,36 @@ int kvcal_search(int argc, char **argv) {
                    table_need ? ", twice with --pruned-layers" : "");
         goto fail;
     }
-    {
-        size_t ho_need = 0; /* the most any point's validation reads */
-        for (int p = 0; p < n_points; p++) {
-            const size_t need = points[p].eval_chunks * (size_t)(contexts[points[p].ctx_index] - 1);
-            ho_need = need > ho_need ? need : ho_need;
-        }
+    if (heldout) {
         if ((s = kv_tool_tokenize_file_max(&ho, &n_ho, NULL, tok, heldout, ho_need)) != KV_OK) goto fail;
-        /* every point is validated on at least one chunk of its context: checked before any fit */
-        for (int k = 0; k < n_ctx; k++)
-            if (n_ho < (size_t)(contexts[k] - 1)) {
+    } else {
+        n_ho = n_ids > corpus_used ? n_ids - corpus_used : 0;
+        if (n_ho > 0) {
+            if (!(ho = malloc(n_ho * sizeof *ho))) {
+                s = KV_ERR(KV_ENOMEM, "out of memory (%zu held-out tokens)", n_ho);
+                goto fail;
+            }
+            memcpy(ho, ids + corpus_used, n_ho * sizeof *ho);
+        }
+    }
+    /* every point is validated on at least one chunk of its context: checked before any fit */
+    for (int k = 0; k < n_ctx; k++)
+        if (n_ho < (size_t)(contexts[k] - 1)) {
+            if (heldout)
                 s = KV_ERR(KV_EINVAL, "--heldout '%s' has %zu tokens, fewer than one validation chunk of %ld at "
                            "--context %ld: use a longer held-out text or a shorter --context", heldout, n_ho,
                            contexts[k] - 1, contexts[k]);
-                goto fail;
-            }
-    }
+            else
+                s = KV_ERR(KV_EINVAL, "corpus '%s' has %zu tokens: the search reads the first %zu and, without "
+                           "--heldout, validates on the tokens after them, fewer than one chunk of %ld at --context "
+                           "%ld: give --heldout FILE or a longer corpus", corpus, n_ids, corpus_used,
+                           contexts[k] - 1, contexts[k]);
+            goto fail;
+        }
+    if (!heldout)
+        kv_log(KV_LOG_INFO, "search: no --heldout: the plans are validated on the corpus's tokens %zu..%zu, after (and "
+               "disjoint from) every token the fits, sensitivities, proxy and selection read", corpus_used,
+               corpus_used + (n_ho < ho_need ? n_ho : ho_need));
     {   /* the memory of the largest step, before any fit: the validation at the longest --context (the exact
          * and the compressed forward side by side: two hidden-state buffers, the f32 exact cache and at most
          * as much for the compressed one, the forward workspace over the whole chunk) */
@@ -1308,7 +1331,10 @@ int kvcal_search(int argc, char **argv) {
     }
     /* ---- report ---- */
     if (json) {
-        printf("{\n  \"budget_bits\": [");
+        printf("{\n  \"heldout\": ");
+        if (heldout) kv_tool_json_string(stdout, heldout);
+        else printf("\"corpus tokens from %zu\"", corpus_used);
+        printf(",\n  \"budget_bits\": [");
         for (int b = 0; b < n_budgets; b++) printf("%s%.6g", b ? ", " : "", budgets[b]);
         printf("], \"contexts\": [");
         for (int k = 0; k < n_ctx; k++) printf("%s%ld", k ? ", " : "", contexts[k]);

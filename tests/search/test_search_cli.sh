@@ -467,4 +467,20 @@ for b in 6.5 8; do
     --plan "$tmp/sq/search-ctx256-${b}bits.kvplan" --text "$heldout" --ctx 256 --max-tokens 1024 --json
   python3 "$check_same" "$tmp/out" "$tmp/sq.json" $b 256 || fail=1
 done
+# without --heldout: validated on the corpus's tokens after every token the search reads (said on stderr and in the
+# JSON); a corpus with no room for one validation chunk after them is refused before any fit
+nohold=(--model "$model" --tokenizer "$tok" --corpus "$calib" --fit-tokens 4096 --sens-ctx 128 --prompts 4
+        --set cache.recent=64 --select-chunks 0 --context 256 --eval-chunks 2 --candidates kivi2,kivi4 --budget-bits 7)
+expect 0 "no --heldout: the plans are validated on the corpus's tokens 5120..5630" "search without --heldout" -- \
+  "$kvcal" search "${nohold[@]}" --out "$tmp/nh.kvplan" --json
+python3 - "$tmp/out" <<'PY' && ok "JSON names the corpus tail as the held-out text" || bad "JSON without --heldout"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["heldout"] == "corpus tokens from 5120", r["heldout"]
+assert r["plans"][0]["feasible"] and r["plans"][0]["measured_heldout"]["kl_mean"] > 0
+PY
+head -c 8000 "$calib" > "$tmp/short.txt"
+expect 1 "without --heldout, validates on the tokens after them" "a corpus without room to validate" -- \
+  "$kvcal" search "${nohold[@]}" --corpus "$tmp/short.txt" --out "$tmp/nh2.kvplan"
+[ ! -e "$tmp/nh2.kvplan" ] && ok "no plan from the refused search" || bad "refused search wrote a plan"
 exit $fail
