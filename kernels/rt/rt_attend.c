@@ -211,6 +211,9 @@ static void item_scores(const attn_job *jb, int h, int a, int b, const float *qv
             p.codec->ops->scores(p.codec, p.blk, p.r0, p.r0 + len, p.kh, qv, hprep, nqv, o, ld);
             continue;
         }
+        if (kc->pre_rope && p.kind == RT_PIECE_BLOCK && p.codec->ops->scores_rope && /* keys before RoPE, no tile */
+            p.codec->ops->scores_rope(rt, p.codec, p.blk, p.r0, p.r0 + len, p.kh, p.p0, p.pos, qv, nqv, o, ld))
+            continue;
         if (!kc->pre_rope && p.kind == RT_PIECE_RECON) {
             kv_rti_f32_scores(p.recon + (size_t)h * hd, (size_t)kvd, len, hd, qv, nqv, o, ld);
             continue;

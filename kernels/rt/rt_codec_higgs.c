@@ -1,8 +1,11 @@
 /* rt_codec_higgs.c — the codec table's row of HIGGS streams (plan method higgs: randomized Hadamard transform,
  * per-group norm, nearest point of a Gaussian grid; the AQUA-KV backbone), RUNTIME.md §3. Attention reads the
- * codes (rt_higgs.c) when the groups lie inside a head; otherwise through decoded tiles. */
+ * codes (rt_higgs.c) when the groups lie inside a head; otherwise through decoded tiles. With AVX2 and 4-bit indices
+ * on word boundaries (RUNTIME.md §3.1) a head's rows are decoded by rt_higgs_avx2.c (the portable loop's bits) and
+ * keys stored before RoPE are scored from the codes without a tile. */
 #include "kvrt.h"
 #include "rt_dev.h"
+#include "rt_higgs_kernels.h"
 #include "rt_internal.h"
 
 #include <stdlib.h>
@@ -65,14 +68,24 @@ static kv_status higgs_encode(const rt_codec *c, uint8_t *blk, int m, const floa
     return kv_higgs_encode_ref((uint32_t *)blk, blk + L.code_bytes, &c->q.higgs, (size_t)m, (size_t)c->kv_dim, x);
 }
 
+static void higgs_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo);
+
+/* A whole block (AQUA-KV's reconstructions, rt_recon.c): groups inside heads head by head through
+ * higgs_decode_head (its vector path gives kv_higgs_decode_ref's bits), others by the reference decoder. */
 static kv_status higgs_decode(const rt_codec *c, const rt_block *b, float *out) {
+    if (c->higgs_direct) {
+        for (int h = 0; h < c->n_kv_heads; h++)
+            higgs_decode_head(c, b, 0, b->m, h, out + (size_t)h * (size_t)c->head_dim, (size_t)c->kv_dim);
+        return KV_OK;
+    }
     const uint32_t *codes;
     const uint8_t *params;
     kv_rti_block_parts(c, b, &codes, &params);
     return kv_higgs_decode_ref(out, &c->q.higgs, (size_t)b->m, (size_t)c->kv_dim, codes, params);
 }
 
-static void higgs_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
+static void decode_head_portable(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out,
+                                 size_t ldo) {
     const uint32_t *idx;
     const uint8_t *params;
     kv_rti_block_parts(c, b, &idx, &params);
@@ -99,6 +112,33 @@ static void higgs_decode_head(const rt_codec *c, const rt_block *b, int r0, int 
     }
 }
 
+/* Rows [r0, r1) of head h decoded to the real domain. The AVX2 kernel takes groups inside the head (d = 2, 16
+ * points, head_dim <= 128) and gives the portable loop's values bit for bit (rt_higgs_avx2.c). */
+static void higgs_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
+    const kv_higgs *hq = &c->q.higgs;
+    const size_t hd = (size_t)c->head_dim, g = (size_t)hq->group;
+    if (!c->higgs_direct || hq->dim != 2 || hq->size != 16 || hd > 128 || !kv_rti_higgs_words_aligned(c)) {
+        decode_head_portable(c, b, r0, r1, h, out, ldo);
+        return;
+    }
+    const uint32_t *idx;
+    const uint8_t *params;
+    kv_rti_block_parts(c, b, &idx, &params);
+    const size_t d = 2, ws = (size_t)c->kv_dim / d / 8, words = hd / d / 8, wpg = g / d / 8, ng = hd / g;
+    const size_t gpt = (size_t)c->kv_dim / g, g0 = (size_t)h * ng;
+    float gx[16], gy[16], mul[RT_HIGGS_MAX_HGROUPS * 64];
+    for (int i = 0; i < 16; i++) gx[i] = hq->grid[2 * i], gy[i] = hq->grid[2 * i + 1];
+    for (int t0 = r0; t0 < r1; t0 += 64) {
+        const int n = r1 - t0 < 64 ? r1 - t0 : 64;
+        for (size_t gi = 0; gi < ng; gi++)
+            for (int i = 0; i < n; i++)
+                mul[gi * 64 + (size_t)i] =
+                    kv_qm_higgs_dec_mul(rt_param(params, (size_t)(t0 + i) * gpt + g0 + gi, (int)hq->norm_type), g);
+        kv_rti_higgs_decode16_avx2(idx, (size_t)t0 * ws + (size_t)h * words, ws, n, (int)words, (int)wpg, gx, gy, mul,
+                                   64, c->signs + (size_t)h * hd, out + (size_t)(t0 - r0) * ldo, ldo);
+    }
+}
+
 static void higgs_scores(const rt_codec *c, const rt_block *b, int r0, int r1, int h, const float *q, const float *prep,
                          int nq, float *out, size_t ld) {
     (void)q;
@@ -114,6 +154,14 @@ static void higgs_accum(const rt_codec *c, const rt_block *b, int r0, int r1, in
     const uint8_t *params;
     kv_rti_block_parts(c, b, &codes, &params);
     kv_rti_higgs_accum(c, codes, params, b->m, r0, r1, h, p, ld, nq, racc);
+}
+
+static int higgs_scores_rope(const kv_rt *rt, const rt_codec *c, const rt_block *b, int r0, int r1, int h, int p0,
+                             const int32_t *pos, const float *q, int nq, float *out, size_t ld) {
+    const uint32_t *codes;
+    const uint8_t *params;
+    kv_rti_block_parts(c, b, &codes, &params);
+    return kv_rti_higgs_scores_rope(rt, c, codes, params, r0, r1, h, p0, pos, q, nq, out, ld);
 }
 
 static kv_status higgs_dev_check(const kv_rt *rt, const rt_codec *c) {
@@ -145,6 +193,6 @@ const rt_codec_ops kv_rti_codec_higgs = {
     .name = "higgs", .bound = 2, .quant = higgs_quant, .init = higgs_init, .head_init = higgs_head_init,
     .layout = kv_rti_quant_layout, .encode = higgs_encode, .decode = higgs_decode, .decode_head = higgs_decode_head,
     .prep_floats = kv_rti_higgs_prep_floats, .prepare = kv_rti_higgs_prepare, .scores = higgs_scores,
-    .accum = higgs_accum, .finish = kv_rti_higgs_finish, .dev_check = higgs_dev_check,
+    .accum = higgs_accum, .finish = kv_rti_higgs_finish, .scores_rope = higgs_scores_rope, .dev_check = higgs_dev_check,
     .dev_describe = higgs_dev_describe,
 };

@@ -8,8 +8,17 @@
  * D H (sum_t p_t (norm_t / g) grid[idx_t]): the weighted grid points are accumulated in the rotated
  * domain and transformed back once per group and step.
  * These kernels serve groups that lie inside one head (g divides head_dim); other layouts are read
- * through decoded tiles (kv_rti_attend.c). */
+ * through decoded tiles (kv_rti_attend.c).
+ *
+ * Vector paths (rt_higgs_avx2.c, RUNTIME.md §3.1), for 4-bit indices (16 grid points) on word boundaries, when the
+ * CPU has AVX2: scores by table lookups in registers, 8 tokens per vector (the portable loop's bits); values with
+ * the grid points looked up 8 pieces per vector and fused multiply-adds (within the bound); decoding to the real
+ * domain (the portable bits: the row's decode_head in rt_codec_higgs.c); and keys stored before RoPE scored without
+ * a tile (the row's scores_rope): decoded, rotated and dotted per token (the decoded tile's keys bit for bit, dot
+ * products within the bound). The portable loops stay the reference and the path for every other layout and CPU
+ * (tests/runtime/test_rt_fastpaths.c compares them). */
 #include "kvrt.h"
+#include "rt_higgs_kernels.h"
 #include "rt_internal.h"
 
 #include <string.h>
@@ -38,7 +47,7 @@ void kv_rti_higgs_prepare(const rt_codec *c, int h, const float *q, float *prep)
     }
 }
 
-void kv_rti_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+static void scores_portable(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
                      int h, const float *prep, int nq, float *out, size_t ld) {
     (void)m;
     const kv_higgs *hq = &c->q.higgs;
@@ -65,7 +74,7 @@ void kv_rti_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t
     }
 }
 
-void kv_rti_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+static void accum_portable(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
                     int h, const float *p, size_t ld, int nq, float *racc) {
     (void)m;
     const kv_higgs *hq = &c->q.higgs;
@@ -90,6 +99,94 @@ void kv_rti_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t 
             }
         }
     }
+}
+
+int kv_rti_higgs_words_aligned(const rt_codec *c) {
+    const kv_higgs *hq = &c->q.higgs;
+    const int d = hq->dim;
+    return c->bits == 4 && c->per_word == 8 && (c->head_dim / d) % 8 == 0 && (hq->group / d) % 8 == 0 &&
+           (c->kv_dim / d) % 8 == 0 && c->head_dim / hq->group <= RT_HIGGS_MAX_HGROUPS && kv_rti_avx2_usable();
+}
+
+void kv_rti_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+                     int h, const float *prep, int nq, float *out, size_t ld) {
+    if (!kv_rti_higgs_words_aligned(c)) {
+        scores_portable(c, codes, params, m, r0, r1, h, prep, nq, out, ld);
+        return;
+    }
+    const kv_higgs *hq = &c->q.higgs;
+    const size_t hd = (size_t)c->head_dim, g = (size_t)hq->group, d = (size_t)hq->dim;
+    const size_t ws = (size_t)c->kv_dim / d / 8, words = hd / d / 8, wpg = g / d / 8, ng = hd / g;
+    const size_t gpt = (size_t)c->kv_dim / g, g0 = (size_t)h * ng, pf = hd / d * (size_t)hq->size;
+    float mul[8 * RT_HIGGS_MAX_HGROUPS];
+    int t = r0;
+    for (; t + 8 <= r1; t += 8) {
+        for (size_t gi = 0; gi < ng; gi++)
+            for (int i = 0; i < 8; i++)
+                mul[gi * 8 + (size_t)i] =
+                    kv_qm_higgs_dec_mul(rt_param(params, (size_t)(t + i) * gpt + g0 + gi, (int)hq->norm_type), g);
+        kv_rti_higgs_scores16_avx2(codes, (size_t)t * ws + (size_t)h * words, ws, (int)words, (int)wpg, prep, pf, nq, mul,
+                               (int)ng, out + (size_t)(t - r0), ld);
+    }
+    if (t < r1) scores_portable(c, codes, params, m, t, r1, h, prep, nq, out + (size_t)(t - r0), ld);
+}
+
+void kv_rti_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+                    int h, const float *p, size_t ld, int nq, float *racc) {
+    const kv_higgs *hq = &c->q.higgs;
+    const size_t hd = (size_t)c->head_dim, g = (size_t)hq->group, ng = hd / g;
+    /* the weights p_t norm_t / g of a run of tokens per query and group, at most 4096 floats */
+    const size_t run = (size_t)nq * ng <= 64 ? 4096 / ((size_t)nq * ng) : 0;
+    if (hq->dim != 2 || hq->size != 16 || run == 0 || !kv_rti_higgs_words_aligned(c)) {
+        accum_portable(c, codes, params, m, r0, r1, h, p, ld, nq, racc);
+        return;
+    }
+    const size_t d = 2, ws = (size_t)c->kv_dim / d / 8, words = hd / d / 8, wpg = g / d / 8;
+    const size_t gpt = (size_t)c->kv_dim / g, g0 = (size_t)h * ng, R = run < 64 ? run : 64;
+    float wt[4096], mul[64], gx[16], gy[16];
+    for (int i = 0; i < 16; i++) gx[i] = hq->grid[2 * i], gy[i] = hq->grid[2 * i + 1];
+    for (int t0 = r0; t0 < r1; t0 += (int)R) {
+        const int n = r1 - t0 < (int)R ? r1 - t0 : (int)R;
+        for (size_t gi = 0; gi < ng; gi++) {
+            for (int i = 0; i < n; i++)
+                mul[i] = kv_qm_higgs_dec_mul(rt_param(params, (size_t)(t0 + i) * gpt + g0 + gi, (int)hq->norm_type), g);
+            for (int j = 0; j < nq; j++)
+                for (int i = 0; i < n; i++)
+                    wt[((size_t)j * ng + gi) * R + (size_t)i] = p[(size_t)j * ld + (size_t)(t0 - r0 + i)] * mul[i];
+        }
+        kv_rti_higgs_accum16_avx2(codes, (size_t)t0 * ws + (size_t)h * words, ws, n, (int)words, (int)wpg, gx,
+                              gy, wt, ng * R, R, nq, racc, (int)hd);
+    }
+}
+
+/* Scores of keys stored before RoPE (rows [r0, r1) of a block, positions p0 + i or pos[i]) against nq scaled query
+ * vectors, decoded, rotated and dotted token by token without a tile (kv_rti_higgs_scores_rope16_avx2: the keys are the
+ * decoded tile's bits, the dot products those of kv_rti_f32_scores up to summation order). 0 when the layout is not
+ * one the kernel takes: the caller reads decoded tiles then. */
+int kv_rti_higgs_scores_rope(const kv_rt *rt, const rt_codec *c, const uint32_t *codes, const uint8_t *params, int r0,
+                         int r1, int h, int p0, const int32_t *pos, const float *q, int nq, float *out, size_t ld) {
+    const kv_higgs *hq = &c->q.higgs;
+    const size_t hd = (size_t)c->head_dim, g = (size_t)hq->group;
+    if (!c->higgs_direct || hq->dim != 2 || hq->size != 16 || !(hd == 32 || hd == 64 || hd == 128) || nq > RT_MAX_QV ||
+        !kv_rti_higgs_words_aligned(c))
+        return 0;
+    const size_t d = 2, ws = (size_t)c->kv_dim / d / 8, words = hd / d / 8, wpg = g / d / 8, ng = hd / g;
+    const size_t gpt = (size_t)c->kv_dim / g, g0 = (size_t)h * ng;
+    float gx[16], gy[16], mul[RT_HIGGS_MAX_HGROUPS * 64], qs[RT_MAX_QV * 128];
+    for (int i = 0; i < 16; i++) gx[i] = hq->grid[2 * i], gy[i] = hq->grid[2 * i + 1];
+    kv_rti_higgs_split_queries_avx2(q, nq, (int)hd, qs);
+    const int rope = rt->opt.rope_layout == KV_ROPE_ADJACENT ? 1 : 2;
+    for (int t0 = r0; t0 < r1; t0 += 64) {
+        const int n = r1 - t0 < 64 ? r1 - t0 : 64;
+        for (size_t gi = 0; gi < ng; gi++)
+            for (int i = 0; i < n; i++)
+                mul[gi * 64 + (size_t)i] =
+                    kv_qm_higgs_dec_mul(rt_param(params, (size_t)(t0 + i) * gpt + g0 + gi, (int)hq->norm_type), g);
+        kv_rti_higgs_scores_rope16_avx2(codes, (size_t)t0 * ws + (size_t)h * words, ws, n, (int)words, (int)wpg, gx, gy, mul,
+                                    64, c->signs + (size_t)h * hd, rope, rt->rope_cos, rt->rope_sin, hd / 2,
+                                    p0 + (t0 - r0), pos ? pos + (t0 - r0) : NULL, qs, nq, out + (size_t)(t0 - r0), ld);
+    }
+    return 1;
 }
 
 void kv_rti_higgs_finish(const rt_codec *c, int h, int nq, float *racc, float *acc) {

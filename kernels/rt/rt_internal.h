@@ -243,6 +243,11 @@ typedef struct rt_codec_ops {
     void (*accum)(const rt_codec *c, const rt_block *b, int r0, int r1, int h, const float *p, size_t ld, int nq,
                   float *acc);
     void (*finish)(const rt_codec *c, int h, int nq, float *racc, float *acc);
+    /* Keys stored before RoPE (c->pre_rope) scored from the codes without a decoded tile: rows [r0, r1) of block b
+     * at positions p0 + (t - r0), or pos[t - r0], rotated with rt's RoPE; out as scores. Returns 0 (nothing done)
+     * when the codec's layout is not one it takes (the caller reads decoded tiles then); NULL: always tiles. */
+    int (*scores_rope)(const kv_rt *rt, const rt_codec *c, const rt_block *b, int r0, int r1, int h, int p0,
+                       const int32_t *pos, const float *q, int nq, float *out, size_t ld);
     /* The device column (RUNTIME.md §10): what the device cannot serve (NULL: all), and the device codec's
      * fields and tables (uploaded through kv_rti_dev_table), with dq the device copy of c->q. */
     kv_status (*dev_check)(const kv_rt *rt, const rt_codec *c);
@@ -292,6 +297,15 @@ void kv_rti_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t
 void kv_rti_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
                     int h, const float *p, size_t ld, int nq, float *racc);
 void kv_rti_higgs_finish(const rt_codec *c, int h, int nq, float *racc, float *acc);
+/* Keys stored before RoPE: scores of rows [r0, r1) of a block (positions p0 + i, or pos[i]) against nq scaled query
+ * vectors without a decoded tile; 0 (nothing done) for layouts the vector kernel does not take (the row's
+ * scores_rope). */
+int kv_rti_higgs_scores_rope(const kv_rt *rt, const rt_codec *c, const uint32_t *codes, const uint8_t *params, int r0,
+                         int r1, int h, int p0, const int32_t *pos, const float *q, int nq, float *out, size_t ld);
+/* 1 when the AVX2 kernels of rt_higgs_avx2.c take the codec's blocks: 4-bit indices (16 grid points) whose head and
+ * group boundaries fall on words (a head's and a group's pieces multiples of 8, tokens whole words), at most
+ * RT_HIGGS_MAX_HGROUPS groups per head, and a CPU with AVX2. */
+int kv_rti_higgs_words_aligned(const rt_codec *c);
 
 /* FP8 / NVFP4 (rt_float.c): the codec's kind, packing and element table from c->q.fp; kernels as the
  * uniform ones (params: the NVFP4 block scales); decode of one head's rows. */

@@ -4,7 +4,7 @@ cache type, through llama-cpp-python on the CPU, measured like `kvrun bench` (a 
 random tokens prefilled, then K single-token greedy steps; the decode time is the K steps).
 
     python tests/bench/bench_llamacpp_kv.py MODEL.gguf --context N [--decode K] [--threads T]
-        [--type-k f16|q8_0|q4_0] [--type-v f16|q8_0|q4_0] [--flash-attn]
+        [--type-k f16|q8_0|q4_0|q4_1|iq4_nl] [--type-v ...] [--flash-attn]
 
 Quantized V caches need flash attention in llama.cpp. Prints one JSON object: decode and prefill
 tokens/s, the KV cache's size as llama.cpp allocates it (n_ctx x layers x its type's bytes), peak RSS
@@ -23,9 +23,10 @@ from llama_cpp import Llama
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "model"))
 from bench_llamacpp import splitmix  # noqa: E402  (the same seeded token ids as the other benchmarks)
 
-TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
-# bytes per value of a type as stored (block of 32: q8_0 34 bytes, q4_0 18 bytes)
-BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0,
+         "q4_1": llama_cpp.GGML_TYPE_Q4_1, "iq4_nl": llama_cpp.GGML_TYPE_IQ4_NL}
+# bytes per value of a type as stored (blocks of 32: q8_0 34 bytes, q4_0 18, q4_1 20 (scale and minimum), iq4_nl 18)
+BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32, "iq4_nl": 18 / 32}
 
 
 def main():

@@ -5,7 +5,8 @@
  *             (honest bits B + 1); kivi-2g128: values along 128 channels (and keys 32 tokens)
  *   higgs-B   HIGGS d = 2, 2^(2B) points, a group per head (B + 32 / head_dim bits); -r: keys before RoPE
  *   aqua-B    layer 0 HIGGS-4, then random predictors (K from the previous K, V from the previous V and
- *             this K) with HIGGS-B residuals, keys before RoPE; aqua-Bk keeps the reconstructions
+ *             this K) with HIGGS-B residuals, keys before RoPE; aqua-Bk keeps the reconstructions;
+ *             aqua-2r32: rank-32 predictors (random factors, plan 1.3), as `kvcal search`'s aqua2r32
  *   fp8       E4M3, a scale per KV head; nvfp4: E2M1 with E4M3 scales per 16 channels
  * Every plan but f16 keeps 4 sinks and a window of 128 (the runtime's defaults). */
 #ifndef KV_BENCH_PLANS_H
@@ -25,13 +26,14 @@ typedef struct bench_method {
     int pre_rope;
     int keep;   /* AQUA-KV: keep the reconstructions */
     int vgroup; /* kivi: values' channel group */
+    int rank;   /* AQUA-KV: rank of the predictors' factors (0: full) */
 } bench_method;
 
 static const bench_method k_bench_methods[] = {
-    {"f16", 0, 16, 0, 0, 0},        {"kivi-2", 1, 2, 0, 0, 32}, {"kivi-2g128", 1, 2, 0, 0, 128},
-    {"kivi-4", 1, 4, 0, 0, 32},     {"higgs-2", 2, 2, 0, 0, 0}, {"higgs-2r", 2, 2, 1, 0, 0},
-    {"higgs-4", 2, 4, 0, 0, 0},     {"aqua-2", 3, 2, 1, 0, 0},  {"aqua-2k", 3, 2, 1, 1, 0},
-    {"fp8", 4, 8, 0, 0, 0},         {"nvfp4", 5, 4, 0, 0, 0},
+    {"f16", 0, 16, 0, 0, 0, 0},        {"kivi-2", 1, 2, 0, 0, 32, 0}, {"kivi-2g128", 1, 2, 0, 0, 128, 0},
+    {"kivi-4", 1, 4, 0, 0, 32, 0},     {"higgs-2", 2, 2, 0, 0, 0, 0}, {"higgs-2r", 2, 2, 1, 0, 0, 0},
+    {"higgs-4", 2, 4, 0, 0, 0, 0},     {"aqua-2", 3, 2, 1, 0, 0, 0},  {"aqua-2k", 3, 2, 1, 1, 0, 0},
+    {"aqua-2r32", 3, 2, 1, 0, 0, 32},  {"fp8", 4, 8, 0, 0, 0, 0},     {"nvfp4", 5, 4, 0, 0, 0, 0},
 };
 #define BENCH_N_METHODS ((int)(sizeof k_bench_methods / sizeof k_bench_methods[0]))
 
@@ -92,6 +94,17 @@ static kv_plan *bench_make_plan(const bench_method *me, int L, int H, int hd, in
                 const kv_plan_pred_input ik[1] = {{l - 1, KV_PLAN_K}}, iv[2] = {{l - 1, KV_PLAN_V}, {l, KV_PLAN_K}};
                 if ((s = kv_plan_set_predictor(p, l, KV_PLAN_K, 1, ik, w, b)) != KV_OK) bench_die("bench plan", s);
                 if ((s = kv_plan_set_predictor(p, l, KV_PLAN_V, 2, iv, w, b)) != KV_OK) bench_die("bench plan", s);
+                if (me->rank > 0) { /* factors of the same scale: left kvd x r, right r x in_dim */
+                    const int r = me->rank;
+                    float *lf = malloc(sizeof(float) * (size_t)kvd * (size_t)r), *rf = malloc(sizeof(float) * (size_t)r * 2 * (size_t)kvd);
+                    kv_rng rr;
+                    kv_rng_init(&rr, 13u + (uint64_t)l);
+                    for (size_t i = 0; i < (size_t)kvd * (size_t)r; i++) lf[i] = (float)(0.5 / sqrt((double)r) * kv_rng_next_normal(&rr));
+                    for (size_t i = 0; i < (size_t)r * 2 * (size_t)kvd; i++) rf[i] = (float)(0.6 / sqrt((double)kvd) * kv_rng_next_normal(&rr));
+                    if ((s = kv_plan_set_predictor_factors(p, l, KV_PLAN_K, r, lf, rf)) != KV_OK) bench_die("bench plan", s);
+                    if ((s = kv_plan_set_predictor_factors(p, l, KV_PLAN_V, r, lf, rf)) != KV_OK) bench_die("bench plan", s);
+                    free(lf), free(rf);
+                }
             }
         } else if (me->kind == 1) {
             k->method = v->method = KV_PLAN_UNIFORM, k->bits = v->bits = me->bits;

@@ -105,7 +105,7 @@ typedef struct rcase {
     sspec k0, v0;    /* layer 0 when set (method >= 0 and bits/gd given), else k, v */
     int has_l0;
     int pre_rope, rope_half;
-    int aqua;        /* predictors for layers >= 1 */
+    int aqua;        /* predictors for layers >= 1: 1 full, r > 1 stored as rank-r factors (plan 1.3) */
     int T, prefill, step;
     int check_every; /* compare every this many steps (and always at the end) */
     int xq_from;     /* > 0: XQuant, layers l + 1 (l >= xq_from, l even) decode layer l's codes (K and V) */
@@ -202,6 +202,16 @@ static kv_plan *make_plan(const rcase *c) {
             const kv_plan_pred_input ik[1] = {{l - 1, KV_PLAN_K}}, iv[2] = {{l - 1, KV_PLAN_V}, {l, KV_PLAN_K}};
             ck_assert_kv_ok(kv_plan_set_predictor(p, l, KV_PLAN_K, 1, ik, wk, b));
             ck_assert_kv_ok(kv_plan_set_predictor(p, l, KV_PLAN_V, 2, iv, wv, b));
+            if (c->aqua > 1) { /* factors of about the dense weights' scale: K kvd x kvd, V kvd x 2 kvd */
+                const int rk = c->aqua;
+                float *lf = malloc(sizeof(float) * (size_t)kvd * rk), *rf = malloc(sizeof(float) * (size_t)rk * 2 * kvd);
+                for (int st = 0; st < 2; st++) {
+                    for (int i = 0; i < kvd * rk; i++) lf[i] = (float)(0.7 / sqrt((double)rk) * kv_rng_next_normal(&r));
+                    for (int i = 0; i < rk * 2 * kvd; i++) rf[i] = (float)(0.7 / sqrt((double)kvd * (st + 1)) * kv_rng_next_normal(&r));
+                    ck_assert_kv_ok(kv_plan_set_predictor_factors(p, l, st, rk, lf, rf));
+                }
+                free(lf), free(rf);
+            }
             free(wk), free(wv), free(b);
         }
         if (c->squat) {
@@ -583,6 +593,32 @@ static void check_replay(kv_rt *rt, const kv_plan *p, const rcase *c, int seq, i
              * codes drift apart down the chain (seen on the GPU: 0.3% of the values of a 2-bit uniform chain). Both are
              * then valid AQUA-KV caches of the same inputs: the device's error against the inputs must equal the
              * replay's within 5%, and at most 5% of its values may leave 1e-5 of the replay's row maximum. */
+            /* Low-rank predictors on the CPU: chunks that every predicted stream has compressed are rebuilt from the
+             * factors (z = R x, then L z: RUNTIME.md §6), the replay applies the dense product; the codes are the same
+             * (what encoders read is rebuilt dense), so every value lies within rounding of the replay's: 1e-5 of
+             * the row's largest (a flipped code would move a value by a quantization step, ~1e-1 of it). */
+            if (g_device == KV_RT_DEVICE_CPU && c->aqua > 1 && l >= 1) {
+                int64_t differ = 0;
+                for (int st = 0; st < 2; st++)
+                    for (int t = 0; t < T; t++) {
+                        float row[KV_RT_MAX_HEAD_DIM];
+                        memcpy(row, RS(l, st) + (size_t)t * kvd + (size_t)h * hd, sizeof(float) * hd);
+                        if (st == 0 && c->pre_rope) rope_row(row, hd, c->rope_half, freq, t);
+                        const float *got = (st ? V : K) + (size_t)t * hd;
+                        double mx = 0;
+                        for (int ch = 0; ch < hd; ch++) mx = fmax(mx, fabs(row[ch]));
+                        for (int ch = 0; ch < hd; ch++) {
+                            ck_assert_msg(fabs((double)got[ch] - row[ch]) <= 1e-5 * mx + 1e-30,
+                                          "%s: layer %d head %d %s token %d ch %d: %.9g, the replay's %.9g (row max %.3g)",
+                                          c->name, l, h, st ? "V" : "K", t, ch, (double)got[ch], (double)row[ch], mx);
+                            differ += got[ch] != row[ch];
+                        }
+                    }
+                if (h == 0)
+                    printf("%s: layer %d head 0: %lld of %lld values differ from the dense replay in their last bits\n",
+                           c->name, l, (long long)differ, (long long)T * hd * 2);
+                continue;
+            }
             if (g_device != KV_RT_DEVICE_CPU && c->aqua && l >= 1) {
                 int64_t far = 0;
                 double e_dev = 0, e_rep = 0;
@@ -764,6 +800,8 @@ static const rcase k_cases[] = {
     {"kivi pre-rope half", 1, 2, 2, 16, 4, 32, U(2, 32, TOK), U(2, 16, CH), F16, F16, 0, 1, 1, 0, 150, 36, 1, 20, 0, NO_SQ},
     {"aqua", 3, 2, 3, 32, 4, 32, U(2, 32, CH), HG(0, 2, 16), HG(0, 2, 256), HG(0, 2, 256), 1, 1, 0, 1, 250, 36, 1, 20, 0, NO_SQ},
     {"aqua uniform", 3, 2, 2, 16, 4, 16, U(2, 16, CH), U(2, 16, CH), U(4, 16, CH), U(4, 16, CH), 1, 0, 0, 1, 150, 20,
+     1, 20, 0, NO_SQ},
+    {"aqua low-rank", 4, 3, 3, 64, 4, 32, HG(0, 2, 16), HG(0, 2, 16), HG(0, 2, 256), HG(0, 2, 256), 1, 1, 0, 16, 300, 40,
      1, 20, 0, NO_SQ},
     {"rpc", 2, 2, 2, 32, 4, 32, {KV_PLAN_UNIFORM, 2, 8, TOK, 0, 0.0f, 0, 0, 0, 0.2f},
      {KV_PLAN_UNIFORM, 2, 32, CH, 0, 0.0f, 0, 0, 0, 0.1f}, F16, F16, 0, 0, 0, 0, 250, 64, 1, 20, 0, NO_SQ},
