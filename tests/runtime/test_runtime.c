@@ -851,9 +851,20 @@ END_TEST
 
 /* The CUDA backend's host model (RUNTIME.md §10): every case the device serves, held to the same bound and the
  * same replay; the cases it refuses are refused by name. */
+/* Under ASan+UBSan (KV_TEST_SANITIZE) the device model, a host emulation of every kernel's threads, runs ~15x slower
+ * than here and its full set (~3 min in the optimised build) would not fit CI's time: the sanitizers see every 4th
+ * case with two sequences (batch offsets included), one catalogue entry in 3 of the self-check and no long
+ * sequences; the optimised build runs them all. */
+#ifdef KV_TEST_SANITIZE
+#define SANITIZED 1
+#else
+#define SANITIZED 0
+#endif
+
 START_TEST(test_device_model) {
     const int n_cases = (int)(sizeof k_cases / sizeof k_cases[0]);
     const rcase *c = &k_cases[_i];
+    if (SANITIZED && _i % 4 != 0) return;
     g_device = KV_RT_DEVICE_CUDA_MODEL;
     kv_simd_level_limit(KV_SIMD_AVX2);
     (void)n_cases;
@@ -870,7 +881,7 @@ START_TEST(test_device_model) {
         g_device = KV_RT_DEVICE_CPU;
         return;
     }
-    const double w1 = run_case(c, 1, 1), w2 = run_case(c, 2, 1);
+    const double w1 = SANITIZED ? NAN : run_case(c, 1, 1), w2 = run_case(c, 2, 1);
     printf("%-32s device model worst error / bound: %.3g, %.3g\n", c->name, w1, w2);
     g_device = KV_RT_DEVICE_CPU;
 }
@@ -878,6 +889,7 @@ END_TEST
 
 /* Long sequences on the device model: several splits, a long prefill over many row blocks, then decoding. */
 START_TEST(test_device_model_long) {
+    if (SANITIZED) return;
     g_device = KV_RT_DEVICE_CUDA_MODEL;
     const rcase c1 = {"device long kivi-2", 1, 2, 3, 64, 4, 128, U(2, 32, TOK), U(2, 32, CH), F16, F16, 0, 0, 0, 0, 2700,
                       2690, 1, 0, 0, NO_SQ};
@@ -964,6 +976,7 @@ START_TEST(test_selfcheck) {
     memset(&o, 0, sizeof o);
     o.device = KV_RT_DEVICE_CUDA_MODEL, o.n_seqs = 1, o.n_heads = 9, o.n_threads = 1, o.rope_inv_freq = freq;
     for (int i = 0; i < kv_rt_selfcheck_catalog_size(); i++) {
+        if (SANITIZED && i % 3 != 0) continue;
         kv_plan *p = NULL;
         const char *name = NULL;
         ck_assert_kv_ok(kv_rt_selfcheck_catalog(i, &p, &name));
