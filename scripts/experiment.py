@@ -281,6 +281,28 @@ class Runner:
             die(f"command failed ({r.returncode}): {cmd[0]} ... (log: {log_path})", 1)
         return r.returncode
 
+    def speed(self, plan, ctx, out_json, tag):
+        """Decode speed of a plan against the runtime's f16 cache at ctx (`speed = true`): kvrun bench of the f16 cache
+        then of the plan, back to back, so that both see the same machine load; writes {f16, plan, ratio} (decode
+        tokens/s and their ratio) to out_json. A ratio below 1 is a plan that decodes slower than the cache it
+        replaces (issue 35)."""
+        if self.opts["reuse"] and os.path.exists(out_json) and os.path.getsize(out_json):
+            return
+        steps = self.exp.settings.get("speed-decode", "32")
+        model, tok = self.default_model, self.default_tok
+        tps = {}
+        for kind, cache in (("f16", ["--cache", "f16"]), ("plan", ["--plan", plan])):
+            cmd = ([self.kvrun, "bench", "--model", model] + (["--tokenizer", tok] if tok else []) + cache
+                   + ["--context", str(ctx), "--decode", steps] + self.threads() + ["--json"])
+            self.sh(cmd, stdout=out_json + "." + kind, tag=f"{tag}.bench-{kind}")
+            if not self.opts["dry"]:
+                tps[kind] = json.load(open(out_json + "." + kind))["decode_tokens_per_second"]
+                os.remove(out_json + "." + kind)
+        if not self.opts["dry"]:
+            json.dump({"context": int(ctx), "decode_steps": int(steps), "f16": tps["f16"], "plan": tps["plan"],
+                       "ratio": tps["plan"] / tps["f16"]}, open(out_json + ".part", "w"))
+            os.replace(out_json + ".part", out_json)
+
     def threads(self):
         return ["-t", self.opts["threads"]] if self.opts["threads"] else []
 
@@ -375,6 +397,9 @@ class Runner:
             j["fit_seconds"] = float(open(secs_file).read())
             json.dump(j, open(res + ".part", "w"))
             os.replace(res + ".part", res)
+            if truthy(s.get("speed", "false")) and model == self.default_model:
+                log(f"== {plan_name}: decode speed against the f16 cache (ctx {j['tokens_evaluated'] // j['chunks']})")
+                self.speed(plan, j["tokens_evaluated"] // j["chunks"], f"{d}/{plan_name}.speed.json", plan_name)
         return r
 
     def rows(self):
@@ -415,6 +440,8 @@ class Runner:
         # 1e-9: the searched plan is at most 5e-10 bits above the method's)
         for path in sorted(glob.glob(os.path.join(self.single, "*.json")) +
                            glob.glob(os.path.join(self.single, "ctx*", "*.json"))):
+            if path.endswith(".speed.json"):
+                continue
             r = json.load(open(path))
             ctx, b = r["tokens_evaluated"] // r["chunks"], r["bits_per_value_total"]
             if lo <= b <= hi:
@@ -437,6 +464,12 @@ class Runner:
             self.sh(cmd, stdout=f"{out}/search.json.part", tag="search")
             if not self.opts["dry"]:
                 os.replace(f"{out}/search.json.part", f"{out}/search.json")
+        if truthy(s.get("speed", "false")) and not self.opts["dry"]:
+            for p in json.load(open(f"{out}/search.json"))["plans"]:
+                if p["feasible"]:
+                    name = os.path.splitext(os.path.basename(p["plan"]))[0]
+                    log(f"== {name}: decode speed against the f16 cache (ctx {p['context']})")
+                    self.speed(p["plan"], p["context"], f"{out}/search/{name}.speed.json", name)
         if not self.opts["dry"]:
             subprocess.run([sys.executable, os.path.join(HERE, "pareto_chart.py"), out], check=True)
 
@@ -516,10 +549,18 @@ def loaded(runner, d):
     return rows
 
 
-def fmt_row(label, r, fit_s=True):
+def fmt_row(label, r, fit_s=True, speed=None):
     cells = (f"| {label} | {r['bits_per_value']:.3f} | {r['bits_per_value_total']:.3f} | {r['ppl']:.4f} | "
              f"{100 * r['ppl_relative_increase']:+.2f}% | {r['kl_mean']:.4f} | {r['top1_agreement']:.4f} |")
+    if speed is not None:
+        cells += f" {speed['ratio']:.2f}x{' (slower)' if speed['ratio'] < 1 else ''} |"
     return cells + (f" {r.get('fit_seconds', 0):.0f} |" if fit_s else "")
+
+
+def speed_of(d, name):
+    """NAME.speed.json beside NAME.json (Runner.speed), or None."""
+    p = os.path.join(d, name + ".speed.json")
+    return json.load(open(p)) if os.path.exists(p) else None
 
 
 def table_results(runner, d):
@@ -528,13 +569,19 @@ def table_results(runner, d):
     if not rows:
         return "no results"
     base = rows[0][2]
-    out = ["| method | bits/value | bits/value (total) | ppl | Δppl | KL (nats) | top-1 agree | fit s |",
-           "|---|---|---|---|---|---|---|---|",
-           f"| uncompressed (fp16 cache) | 16 | 16 | {base['ppl_uncompressed']:.4f} | — | 0 | 1 | — |"]
-    out += [fmt_row(row["label"], r) for _, row, r in rows]
+    speeds = [speed_of(d, name) for name, _, _ in rows]
+    sp = all(v is not None for v in speeds)
+    out = ["| method | bits/value | bits/value (total) | ppl | Δppl | KL (nats) | top-1 agree |" +
+           (" decode vs f16 |" if sp else "") + " fit s |",
+           "|---|---|---|---|---|---|---|---|" + ("---|" if sp else ""),
+           f"| uncompressed (fp16 cache) | 16 | 16 | {base['ppl_uncompressed']:.4f} | — | 0 | 1 |" +
+           (" 1x |" if sp else "") + " — |"]
+    out += [fmt_row(row["label"], r, speed=v if sp else None) for (_, row, r), v in zip(rows, speeds)]
     out.append(f"\n{base['tokens_evaluated']} held-out tokens in {base['chunks']} chunks of "
                f"{base['tokens_evaluated'] // base['chunks']}; sinks {base['sinks']}, recent buffer {base['recent']} tokens "
-               "in full precision.")
+               "in full precision." + (f" Decode: tokens/s of `kvrun bench` ({speeds[0]['decode_steps']} steps after "
+                                       "a prompt of the context) with the plan over the runtime's f16 cache, measured "
+                                       "back to back on this machine." if sp else ""))
     return "\n".join(out)
 
 

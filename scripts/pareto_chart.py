@@ -4,8 +4,9 @@ method and the searched plans, at each context; the table behind it; and the equ
 
     pareto_chart.py DIR      (DIR/single/*.json or DIR/single/ctxN/*.json from results.sh, DIR/search.json from kvcal search --json)
 
-Writes DIR/pareto.svg (one row of two panels, KL and ppl, per context) and DIR/pareto.md (the table and the
-verdict), and prints pareto.md. The verdict compares each single method m at context N with the searched plan
+Writes DIR/pareto.svg (one row of two panels, KL and ppl, per context; a ring marks a plan that decodes slower than
+the f16 cache, when experiment.py measured speeds: NAME.speed.json) and DIR/pareto.md (the table, with decode speed
+against f16, and the verdict), and prints pareto.md. The verdict compares each single method m at context N with the searched plan
 whose budget is m's own honest bits there (the B@N points pareto.sh asks for): the searched plan "beats" m when
 its KL and its perplexity are both lower at bits <= m's; without such a point, or when it does not beat m, a
 searched plan at fewer bits that does beat m is named. Standard library only."""
@@ -46,15 +47,28 @@ def context_of(r):
     return r["tokens_evaluated"] // r["chunks"]
 
 
+def speed(path):
+    """Decode tokens/s with the plan over the f16 cache's, measured back to back (experiment.py's `speed`), or None."""
+    return json.load(open(path))["ratio"] if os.path.exists(path) else None
+
+
+def speed_cell(r):
+    v = r.get("speed")
+    return "—" if v is None else f"{v:.2f}x" + (" (slower)" if v < 1 else "")
+
+
 def load(d):
     single, search = {}, {}
     for path in sorted(glob.glob(os.path.join(d, "single", "*.json")) + glob.glob(os.path.join(d, "single", "ctx*", "*.json"))):
+        if path.endswith(".speed.json"):
+            continue
         r = json.load(open(path))
         ctx = context_of(r)
         cfg = os.path.basename(path)[:-5]
         single.setdefault(ctx, []).append({"name": label(cfg), "family": family(cfg),
                                            "bits": r["bits_per_value_total"], "kl": r["kl_mean"], "ppl": r["ppl"],
-                                           "ppl_ref": r["ppl_uncompressed"], "top1": r["top1_agreement"]})
+                                           "ppl_ref": r["ppl_uncompressed"], "top1": r["top1_agreement"],
+                                           "speed": speed(path[:-5] + ".speed.json")})
     s = json.load(open(os.path.join(d, "search.json")))
     for p in s["plans"]:
         if not p["feasible"]:
@@ -63,7 +77,9 @@ def load(d):
         search.setdefault(p["context"], []).append({"budget": p["budget_bits"], "bits": m["bits_per_value_total"],
                                                     "kl": m["kl_mean"], "ppl": m["ppl"], "ppl_ref": m["ppl_ref"],
                                                     "top1": m["top1_agreement"], "predicted_kl": p["predicted"]["kl_sum"],
-                                                    "plan": os.path.basename(p["plan"])})
+                                                    "plan": os.path.basename(p["plan"]),
+                                                    "speed": speed(os.path.join(d, "search", os.path.splitext(
+                                                        os.path.basename(p["plan"]))[0] + ".speed.json"))})
     for v in search.values():
         v.sort(key=lambda r: r["bits"])
     return single, search, s
@@ -102,6 +118,14 @@ def verdicts(single, search):
             else:
                 out.append((ctx, r, None, "no searched plan at or below these bits"))
     return out
+
+
+def slow_ring(x, y, r):
+    """A black ring around a point whose plan decodes slower than the f16 cache it replaces (speed < 1)."""
+    v = r.get("speed")
+    if v is None or v >= 1:
+        return ""
+    return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="7" fill="none" stroke="#000" stroke-width="1.5"/>'
 
 
 def svg(single, search, path):
@@ -158,7 +182,8 @@ def svg(single, search, path):
                 rows.append(f'<polyline points="{d}" fill="none" stroke="{color[f]}" stroke-width="1.2"/>')
                 for r in line:
                     rows.append(f'<circle cx="{fx(r["bits"]):.1f}" cy="{fy(r[key]):.1f}" r="3" fill="{color[f]}">'
-                                f'<title>{r["name"]}: {r["bits"]:.3f} bits, {key} {r[key]:.5g}</title></circle>')
+                                f'<title>{r["name"]}: {r["bits"]:.3f} bits, {key} {r[key]:.5g}, decode '
+                                f'{speed_cell(r)}</title></circle>' + slow_ring(fx(r["bits"]), fy(r[key]), r))
             line = [r for r in search.get(ctx, []) if not logy or r[key] > 0]
             if line:
                 d = " ".join(f'{fx(r["bits"]):.1f},{fy(r[key]):.1f}' for r in line)
@@ -166,12 +191,16 @@ def svg(single, search, path):
                 for r in line:
                     rows.append(f'<rect x="{fx(r["bits"]) - 3.5:.1f}" y="{fy(r[key]) - 3.5:.1f}" width="7" height="7" '
                                 f'fill="#d62728"><title>searched, budget {r["budget"]:.4g}: {r["bits"]:.3f} bits, {key} '
-                                f'{r[key]:.5g}</title></rect>')
+                                f'{r[key]:.5g}, decode {speed_cell(r)}</title></rect>' +
+                                slow_ring(fx(r["bits"]), fy(r[key]), r))
             ly = y0 + mt
             for name, col in [(family_name(f), color[f]) for f in fam] + [("searched plan", "#d62728")]:
                 rows.append(f'<rect x="{x0 + W - mr + 8}" y="{ly}" width="10" height="10" fill="{col}"/>'
                             f'<text x="{x0 + W - mr + 22}" y="{ly + 9}" font-size="11">{name}</text>')
                 ly += 15
+            if any(r.get("speed") is not None and r["speed"] < 1 for r in pts):
+                rows.append(slow_ring(x0 + W - mr + 13, ly + 5, {"speed": 0}) +
+                            f'<text x="{x0 + W - mr + 22}" y="{ly + 9}" font-size="11">decodes slower than f16</text>')
     body = "\n".join(rows)
     with open(path + ".part", "w") as f:
         f.write(f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * W}" height="{len(ctxs) * H}" '
@@ -184,12 +213,12 @@ def table(single, search, s):
     for ctx in sorted(set(single) | set(search)):
         ref = (single.get(ctx) or search.get(ctx))[0]["ppl_ref"]
         lines += [f"### context {ctx} (uncompressed ppl {ref:.4f})", "",
-                  "| plan | honest bits | KL | ppl | Δppl | top-1 |", "|---|---|---|---|---|---|"]
+                  "| plan | honest bits | KL | ppl | Δppl | top-1 | decode vs f16 |", "|---|---|---|---|---|---|---|"]
         rows = [(r["name"], r) for r in single.get(ctx, [])] + \
                [(f"searched, budget {r['budget']:.4g}", r) for r in search.get(ctx, [])]
         for name, r in sorted(rows, key=lambda t: t[1]["bits"]):
             lines.append(f"| {name} | {r['bits']:.3f} | {r['kl']:.4f} | {r['ppl']:.4f} | "
-                         f"{100 * (r['ppl'] / r['ppl_ref'] - 1):+.2f}% | {r['top1']:.4f} |")
+                         f"{100 * (r['ppl'] / r['ppl_ref'] - 1):+.2f}% | {r['top1']:.4f} | {speed_cell(r)} |")
         lines.append("")
     lines += ["### searched plan vs each single method at that method's honest bits", "",
               "| context | method | bits | KL | ppl | searched bits | searched KL | searched ppl | verdict |",

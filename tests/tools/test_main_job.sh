@@ -24,6 +24,18 @@ grep -q "^plans: 2 in $tmp/main/single/, 3 searched in $tmp/main/search/" "$tmp/
   && ok "where the plans and logs are" || bad "paths missing"
 grep -q "info: fit: layer" "$tmp/main/logs/"*kivi-2.fit.log && ok "per-layer diagnostics in the fit's log" || bad "fit log"
 ls "$tmp/main/search/"*.kvplan > /dev/null 2>&1 && ok "searched plans written" || bad "no searched plans"
+# decode speed against the f16 cache beside bits and KL (issue 35): every single method and searched plan measured
+grep -q "^| method | .* | decode vs f16 | fit s |" "$tmp/main.txt" && grep -q "^| plan | .* | decode vs f16 |" "$tmp/main.txt" \
+  && ok "decode speed in both tables" || bad "no decode speed column"
+python3 - "$tmp/main" <<'PY' && ok "a speed record per plan (f16 and plan tokens/s, ratio)" || bad "speed records"
+import glob, json, sys
+d = sys.argv[1]
+recs = glob.glob(d + "/single/*.speed.json") + glob.glob(d + "/search/*.speed.json")
+assert len(recs) == 5, recs
+for p in recs:
+    r = json.load(open(p))
+    assert r["f16"] > 0 and r["plan"] > 0 and abs(r["ratio"] - r["plan"] / r["f16"]) < 1e-9 and r["context"] == 256, r
+PY
 
 # a failing step: its log's last lines and path on the terminal, the job fails
 bash "$root/scripts/main.sh" "${tiny[@]}" --out "$tmp/bad" --set no_such.key=1 > "$tmp/bad.txt" 2>&1
