@@ -130,10 +130,7 @@ static void higgs_decode_head(const rt_codec *c, const rt_block *b, int r0, int 
     for (int i = 0; i < 16; i++) gx[i] = hq->grid[2 * i], gy[i] = hq->grid[2 * i + 1];
     for (int t0 = r0; t0 < r1; t0 += 64) {
         const int n = r1 - t0 < 64 ? r1 - t0 : 64;
-        for (size_t gi = 0; gi < ng; gi++)
-            for (int i = 0; i < n; i++)
-                mul[gi * 64 + (size_t)i] =
-                    kv_qm_higgs_dec_mul(rt_param(params, (size_t)(t0 + i) * gpt + g0 + gi, (int)hq->norm_type), g);
+        rt_higgs_tile_muls(mul, 64, params, (int)hq->norm_type, gpt, g0, ng, g, t0, n);
         kv_rti_higgs_decode16_avx2(idx, (size_t)t0 * ws + (size_t)h * words, ws, n, (int)words, (int)wpg, gx, gy, mul,
                                    64, c->signs + (size_t)h * hd, out + (size_t)(t0 - r0) * ldo, ldo);
     }

@@ -121,10 +121,7 @@ void kv_rti_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t
     float mul[8 * RT_HIGGS_MAX_HGROUPS];
     int t = r0;
     for (; t + 8 <= r1; t += 8) {
-        for (size_t gi = 0; gi < ng; gi++)
-            for (int i = 0; i < 8; i++)
-                mul[gi * 8 + (size_t)i] =
-                    kv_qm_higgs_dec_mul(rt_param(params, (size_t)(t + i) * gpt + g0 + gi, (int)hq->norm_type), g);
+        rt_higgs_tile_muls(mul, 8, params, (int)hq->norm_type, gpt, g0, ng, g, t, 8);
         kv_rti_higgs_scores16_avx2(codes, (size_t)t * ws + (size_t)h * words, ws, (int)words, (int)wpg, prep, pf, nq, mul,
                                (int)ng, out + (size_t)(t - r0), ld);
     }
@@ -178,10 +175,7 @@ int kv_rti_higgs_scores_rope(const kv_rt *rt, const rt_codec *c, const uint32_t 
     const int rope = rt->opt.rope_layout == KV_ROPE_ADJACENT ? 1 : 2;
     for (int t0 = r0; t0 < r1; t0 += 64) {
         const int n = r1 - t0 < 64 ? r1 - t0 : 64;
-        for (size_t gi = 0; gi < ng; gi++)
-            for (int i = 0; i < n; i++)
-                mul[gi * 64 + (size_t)i] =
-                    kv_qm_higgs_dec_mul(rt_param(params, (size_t)(t0 + i) * gpt + g0 + gi, (int)hq->norm_type), g);
+        rt_higgs_tile_muls(mul, 64, params, (int)hq->norm_type, gpt, g0, ng, g, t0, n);
         kv_rti_higgs_scores_rope16_avx2(codes, (size_t)t0 * ws + (size_t)h * words, ws, n, (int)words, (int)wpg, gx, gy, mul,
                                     64, c->signs + (size_t)h * hd, rope, rt->rope_cos, rt->rope_sin, hd / 2,
                                     p0 + (t0 - r0), pos ? pos + (t0 - r0) : NULL, qs, nq, out + (size_t)(t0 - r0), ld);

@@ -480,6 +480,14 @@ static inline float rt_f16(uint16_t h) {
 static inline float rt_param(const void *arr, size_t i, int type) {
     return type == KV_PARAM_F16 ? rt_f16(((const uint16_t *)arr)[i]) : ((const float *)arr)[i];
 }
+/* The HIGGS decoding multipliers of a tile of n <= ldm tokens from t0 for one head's ng groups (its first group g0;
+ * groups of g values, gpt per token): mul[gi * ldm + i], as the AVX2 tile kernels of rt_higgs_avx2.c read them. */
+static inline void rt_higgs_tile_muls(float *mul, size_t ldm, const void *params, int norm_type, size_t gpt, size_t g0,
+                                      size_t ng, size_t g, int t0, int n) {
+    for (size_t gi = 0; gi < ng; gi++)
+        for (int i = 0; i < n; i++)
+            mul[gi * ldm + (size_t)i] = kv_qm_higgs_dec_mul(rt_param(params, (size_t)(t0 + i) * gpt + g0 + gi, norm_type), g);
+}
 /* exp(x) for x <= 0 (scores minus their maximum), n values in place: a range reduction and a degree-6
  * polynomial, relative error below 4e-7 (tests/runtime checks it against exp over [-104, 0]);
  * 0 below -103.9. Written in 8 lanes so that every vector path gives the same bits. */
