@@ -208,6 +208,19 @@ static kv_status grid_index(kv_plan *p, int d, int n, const kv_fit_config *cfg, 
             pts = NULL;
         }
         kv_error_clear();
+        /* valid CRCs say the file is whole, not that its points are a grid: its MSE on fresh N(0, 1) samples
+         * must be within 4x the Gaussian distortion-rate bound 2^(-2 log2(n) / d) (Lloyd-Max grids are within
+         * 2.72x, the high-rate limit of the 1-D case); a degenerate one (points collapsed) is regenerated */
+        double mse = 0.0;
+        const double bound = pow(2.0, -2.0 * log2((double)n) / d);
+        if (pts && (kv_grid_mse(&mse, pts, d, n, 0x5eedULL, 20000) != KV_OK || !(mse <= 4.0 * bound))) {
+            kv_log(KV_LOG_WARN, "fit: the cached HIGGS grid %s is degenerate (MSE per dimension %.4g on fresh samples; a "
+                   "sound grid of %d points in %d dimensions has at most %.4g): generating it again", path, mse, n, d,
+                   4.0 * bound);
+            free(pts);
+            pts = NULL;
+            kv_error_clear();
+        }
         if (pts) kv_log(KV_LOG_INFO, "fit: HIGGS grid d = %d, n = %d from the cache %s", d, n, path);
     }
     if (!pts) {
@@ -1558,6 +1571,14 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
     }
     if ((s = kv_dist_agree(dist, s)) != KV_OK) return s;
     if ((s = kv_dist_bcast(dist, &fp, sizeof fp, 0)) != KV_OK) return s;
+    /* whether this run creates memory.spill_dir (then it removes it, empty, at the end): as rank 0 sees
+     * it before any rank creates it */
+    int32_t spill_existed = 1;
+    if (kv_dist_rank(dist) == 0 && cfg->memory.spill_dir && cfg->memory.spill_dir[0]) {
+        struct stat sb;
+        spill_existed = stat(cfg->memory.spill_dir, &sb) == 0;
+    }
+    if ((s = kv_dist_bcast(dist, &spill_existed, sizeof spill_existed, 0)) != KV_OK) return s;
     if (fp.n_layers != a->n_layers || fp.n_kv_heads != a->n_kv_heads || fp.head_dim != a->head_dim)
         return KV_ERR(KV_EMISMATCH, "the fingerprint does not describe the model (layers %d/%d, kv heads %d/%d, "
                       "head_dim %d/%d)", fp.n_layers, a->n_layers, fp.n_kv_heads, a->n_kv_heads, fp.head_dim,
@@ -1584,6 +1605,7 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
     if (s == KV_OK) {
         r.n_seqs = r.seqs.n_cal + r.seqs.n_ho;
         s = setup_shards(&r);
+        r.st.made_top = !spill_existed;
     }
     if ((s = kv_dist_agree(dist, s)) != KV_OK) goto done;
     for (size_t i = 0; i < (size_t)r.L * KV_FIT_CKPT_DOUBLES; i++) r.layer_report[i] = NAN;
@@ -1656,6 +1678,9 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
         if (opt->checkpoint_dir && (l + 1 < r.L) && !inside_pair) {
             const double tc = kv_now_seconds();
             if ((s = ckpt_save(&r, inputs_hash, l)) != KV_OK) {
+                /* a failed save (a full disk) leaves no files without a manifest: the previous checkpoint
+                 * stays whole, or there is none */
+                if (r.rank == 0) kv_fit_ckpt_drop_partial(opt->checkpoint_dir, ckpt_layer);
                 kv_progress_end(&prog);
                 goto done;
             }

@@ -8,6 +8,9 @@
  *                         (written by the rank that owns the shard)
  *   report.<L>.bin        the per-layer report numbers so far
  *   plan.<L>.kvplan       the plan so far (a valid plan: later layers still full precision)
+ *   kvcal-fit-checkpoint  the owner file, written by the run that created the directory: a directory
+ *                         without it is not kvcal's and is refused (kv_fit_ckpt_check_dir), and only
+ *                         the names above (and their temporaries) are ever removed, never the user's
  *
  * Every file is written atomically (temporary file, rename; the manifest and plan also fsync'd) and
  * the manifest last, after every rank's shard files are in place, naming files that carry the layer
@@ -127,24 +130,50 @@ static char *join(const char *dir, const char *name) {
     return p;
 }
 
-/* Remove our files from dir except those of layer `keep` (-1: all, and the manifest). */
+/* Is `n` exactly a name this module writes: state.<L>.<k>.bin, plan.<L>.kvplan, report.<L>.bin,
+ * manifest, the owner file, or the temporary of one of them (<name>.tmp.<pid>)? *layer: its L (-1 for
+ * the manifest and the owner file). Anything else in the directory is the user's and is left alone. */
+static int our_name(const char *n, int *layer) {
+    char base[256];
+    const char *t = strstr(n, ".tmp.");
+    size_t len = strlen(n);
+    if (t) { /* a temporary: digits to the end */
+        const char *q = t + 5;
+        if (!*q) return 0;
+        for (; *q; q++)
+            if (*q < '0' || *q > '9') return 0;
+        len = (size_t)(t - n);
+    }
+    if (len >= sizeof base) return 0;
+    memcpy(base, n, len);
+    base[len] = 0;
+    *layer = -1;
+    if (strcmp(base, "manifest") == 0 || strcmp(base, KV_FIT_CKPT_OWNER) == 0) return 1;
+    int l = -1, end = 0;
+    long long k = -1;
+    if (sscanf(base, "state.%d.%lld.bin%n", &l, &k, &end) == 2 && base[end] == 0 && l >= 0 && k >= 0) goto layer;
+    end = 0;
+    if (sscanf(base, "plan.%d.kvplan%n", &l, &end) == 1 && base[end] == 0 && l >= 0) goto layer;
+    end = 0;
+    if (sscanf(base, "report.%d.bin%n", &l, &end) == 1 && base[end] == 0 && l >= 0) goto layer;
+    return 0;
+layer:
+    *layer = l;
+    return 1;
+}
+
+/* Remove our files from dir except those of layer `keep` and the manifest and owner file (keep -1:
+ * every file of ours). */
 static void remove_files(const char *dir, int keep) {
     DIR *d = opendir(dir);
     if (!d) return;
     struct dirent *e;
-    char keep_state[64], keep_plan[64], keep_report[64];
-    snprintf(keep_state, sizeof keep_state, "state.%d.", keep);
-    snprintf(keep_plan, sizeof keep_plan, "plan.%d.kvplan", keep);
-    snprintf(keep_report, sizeof keep_report, "report.%d.bin", keep);
     while ((e = readdir(d)) != NULL) {
         const char *n = e->d_name;
-        const int ours = strncmp(n, "state.", 6) == 0 || strncmp(n, "plan.", 5) == 0 || strncmp(n, "report.", 7) == 0 ||
-                         (keep < 0 && strncmp(n, "manifest", 8) == 0);
-        if (!ours) continue;
-        if (keep >= 0 && (strncmp(n, keep_state, strlen(keep_state)) == 0 || strcmp(n, keep_plan) == 0 ||
-                          strcmp(n, keep_report) == 0))
-            continue;
-        if (keep >= 0 && strncmp(n, "manifest", 8) == 0) continue;
+        int l = -1;
+        if (!our_name(n, &l)) continue;
+        const int tmp = strstr(n, ".tmp.") != NULL;
+        if (keep >= 0 && !tmp && (l == keep || l < 0)) continue;
         char *p = join(dir, n);
         if (p) unlink(p);
         free(p);
@@ -152,13 +181,55 @@ static void remove_files(const char *dir, int keep) {
     closedir(d);
 }
 
+kv_status kv_fit_ckpt_check_dir(const char *dir) {
+    struct stat sb;
+    if (lstat(dir, &sb) != 0) return errno == ENOENT ? KV_OK : KV_ERR(KV_EIO, "'%s': %s", dir, strerror(errno));
+    if (S_ISLNK(sb.st_mode))
+        return KV_ERR(KV_EINVAL, "'%s' (the checkpoint directory) is a symbolic link: refusing to follow it (remove it, "
+                      "or use --no-checkpoint)", dir);
+    if (!S_ISDIR(sb.st_mode))
+        return KV_ERR(KV_EINVAL, "'%s' (the checkpoint directory) exists and is not a directory", dir);
+    char *owner = join(dir, KV_FIT_CKPT_OWNER);
+    if (!owner) return KV_ERR(KV_ENOMEM, "out of memory");
+    const int ours = lstat(owner, &sb) == 0 && S_ISREG(sb.st_mode);
+    free(owner);
+    if (!ours)
+        return KV_ERR(KV_EINVAL, "'%s' exists and was not made by kvcal fit (it has no %s file): refusing to use "
+                      "or clean up a directory it did not create (move it away, or use --no-checkpoint)", dir,
+                      KV_FIT_CKPT_OWNER);
+    return KV_OK;
+}
+
+/* Create the checkpoint directory with its owner file (the run that creates it owns it). */
+static kv_status make_dir(const char *dir) {
+    if (mkdir(dir, 0777) == 0) {
+        char *owner = join(dir, KV_FIT_CKPT_OWNER);
+        if (!owner) return KV_ERR(KV_ENOMEM, "out of memory");
+        static const char text[] = "kvcal fit checkpoint directory: kvcal fit removes its files (manifest, state.*, "
+                                   "plan.*, report.*) and this directory when it is done\n";
+        kv_status s = kv_write_file_atomic(owner, text, sizeof text - 1);
+        free(owner);
+        return s;
+    }
+    if (errno != EEXIST) return KV_ERR(KV_EIO, "creating checkpoint directory '%s': %s", dir, strerror(errno));
+    return KV_OK;
+}
+
 void kv_fit_ckpt_clear(const char *dir) { remove_files(dir, -1); }
+
+void kv_fit_ckpt_drop_partial(const char *dir, int keep) {
+    if (keep >= 0) remove_files(dir, keep);
+    else (void)kv_fit_ckpt_remove(dir);
+}
 
 kv_status kv_fit_ckpt_remove(const char *dir) {
     remove_files(dir, -1);
-    if (rmdir(dir) != 0 && errno != ENOENT)
+    char *owner = join(dir, KV_FIT_CKPT_OWNER);
+    if (owner) unlink(owner);
+    free(owner);
+    if (rmdir(dir) != 0 && errno != ENOENT && errno != ENOTEMPTY && errno != EEXIST)
         return KV_ERR(KV_EIO, "removing checkpoint directory '%s': %s", dir, strerror(errno));
-    return KV_OK;
+    return KV_OK; /* a directory still holding the user's files stays */
 }
 
 static uLong crc_update(uLong crc, const void *p, size_t n) {
@@ -270,8 +341,8 @@ static char *state_path(const char *dir, int layer, int64_t shard) {
 
 kv_status kv_fit_ckpt_save_shard(const char *dir, int layer, int64_t shard, int64_t n_shards, const float *hidden,
                                  uint64_t n_hidden, const float *kp, const float *vp, uint64_t n_kv) {
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-        return KV_ERR(KV_EIO, "creating checkpoint directory '%s': %s", dir, strerror(errno));
+    kv_status ms = make_dir(dir);
+    if (ms != KV_OK) return ms;
     char *path = state_path(dir, layer, shard);
     if (!path) return KV_ERR(KV_ENOMEM, "out of memory");
     const uint64_t f[5] = {(uint64_t)layer, (uint64_t)shard, (uint64_t)n_shards, n_hidden, n_kv};
@@ -298,8 +369,8 @@ kv_status kv_fit_ckpt_load_shard(const char *dir, int layer, int64_t shard, int6
 
 kv_status kv_fit_ckpt_commit(const char *dir, const char *inputs_hash, int layer, int n_layers, int64_t n_shards,
                              const kv_plan *plan, const double *report) {
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-        return KV_ERR(KV_EIO, "creating checkpoint directory '%s': %s", dir, strerror(errno));
+    kv_status ms = make_dir(dir);
+    if (ms != KV_OK) return ms;
     char name[64];
     kv_status s = KV_OK;
     char *report_path = NULL, *plan_path = NULL, *man_path = NULL;

@@ -13,7 +13,6 @@
  * Percentiles come from a histogram of log2|x| at 32 bins per octave (upper bin edge, at most 2.2%
  * above the exact percentile, and never above amax). */
 #include "fit_internal.h"
-#include "kv_quant_math.h"
 
 #include <math.h>
 #include <string.h>
@@ -70,43 +69,25 @@ void kv_fit_float_candidates(float *cand, const double *hist, const float *amax,
     }
 }
 
-/* Squared error of one value quantized by FP8 under scale S (the quantizer's element math). */
-static double fp8_err(kv_fp_format f, float x, float S) {
-    const float xh = kv_qm_fp_decode((int)f, kv_qm_fp8_code((int)f, x, S)) * S;
-    const double e = (double)x - (double)xh;
-    return e * e;
-}
-
 void kv_fit_float_sse_add(double *sse, const float *x, size_t rows, int kv_dim, int n_groups, kv_fp_format fmt,
                           const float *cand) {
     const int gc = kv_dim / n_groups;
     for (size_t t = 0; t < rows; t++) {
         const float *row = x + t * (size_t)kv_dim;
-        if (fmt != KV_FP_NVFP4) {
-            for (int c = 0; c < kv_dim; c++) {
-                const int g = c / gc;
+        if (fmt != KV_FP_NVFP4) { /* per group and candidate, its channels in order */
+            for (int g = 0; g < n_groups; g++)
                 for (int k = 0; k < KV_FIT_FLOAT_CANDS; k++)
-                    sse[(size_t)g * KV_FIT_FLOAT_CANDS + (size_t)k] +=
-                        fp8_err(fmt, row[c], cand[(size_t)g * KV_FIT_FLOAT_CANDS + (size_t)k]);
-            }
+                    kv_fpq_sse_add(&sse[(size_t)g * KV_FIT_FLOAT_CANDS + (size_t)k], fmt, row + (size_t)g * (size_t)gc, gc,
+                                   cand[(size_t)g * KV_FIT_FLOAT_CANDS + (size_t)k]);
             continue;
         }
         /* NVFP4: blocks of 16 channels of the row, as kv_fpq_encode_ref cuts them; the group (and its
          * scale) of a block is that of its first channel (per-head groups hold whole blocks) */
         for (int c0 = 0; c0 < kv_dim; c0 += KV_NVFP4_BLOCK) {
             const int m = kv_dim - c0 < KV_NVFP4_BLOCK ? kv_dim - c0 : KV_NVFP4_BLOCK, g = c0 / gc;
-            float amax = 0.0f;
-            for (int i = 0; i < m; i++) amax = fabsf(row[c0 + i]) > amax ? fabsf(row[c0 + i]) : amax;
-            for (int k = 0; k < KV_FIT_FLOAT_CANDS; k++) {
-                const float S = cand[(size_t)g * KV_FIT_FLOAT_CANDS + (size_t)k];
-                const float d = kv_qm_nvfp4_block_mul(kv_qm_nvfp4_block_scale(amax, S), S);
-                double e2 = 0;
-                for (int i = 0; i < m; i++) {
-                    const double e = (double)row[c0 + i] - (double)(kv_qm_e2m1_to_f32(kv_qm_nvfp4_code(row[c0 + i], d)) * d);
-                    e2 += e * e;
-                }
-                sse[(size_t)g * KV_FIT_FLOAT_CANDS + (size_t)k] += e2;
-            }
+            for (int k = 0; k < KV_FIT_FLOAT_CANDS; k++)
+                kv_fpq_sse_add(&sse[(size_t)g * KV_FIT_FLOAT_CANDS + (size_t)k], fmt, row + c0, m,
+                               cand[(size_t)g * KV_FIT_FLOAT_CANDS + (size_t)k]);
         }
     }
 }

@@ -39,7 +39,9 @@ void kv_fit_float_choose(float *scales, int *which, const double *sse, const flo
 enum { KV_FIT_H = 0, KV_FIT_K, KV_FIT_V, KV_FIT_KP, KV_FIT_VP, KV_FIT_ROLES };
 typedef struct kv_fit_store {
     int spill, h_f16;
-    char *dir;                      /* spill directory (owned) */
+    char *dir;                      /* this process's directory inside the spill directory (owned) */
+    char *top;                      /* memory.spill_dir (owned) */
+    int made_top;                   /* 1: this run created memory.spill_dir */
     int64_t n_local;                /* shards of this rank */
     const int64_t *shard_ids;       /* global index of each local shard (borrowed) */
     const int64_t *shard_nseq;      /* sequences of each local shard (borrowed) */
@@ -55,7 +57,8 @@ typedef struct kv_fit_store {
  * memory. shard_ids / shard_nseq must outlive the store. */
 kv_status kv_fit_store_init(kv_fit_store *st, const char *spill_dir, int h_f16, int64_t n_local, const int64_t *shard_ids,
                             const int64_t *shard_nseq, int shard_seqs, size_t h_per_seq, size_t kv_per_seq);
-/* Frees the memory and removes this rank's spill files (and the directory when it is empty). */
+/* Frees the memory and removes this process's spill files and directory (and memory.spill_dir when
+ * this run created it and it is empty). */
 void kv_fit_store_free(kv_fit_store *st);
 /* The values of `role` for local shard j (shard_nseq[j] * per_seq[role] floats). read = 0: the
  * caller overwrites them all (nothing is read). Valid until the next get of the same role. */
@@ -94,10 +97,14 @@ kv_status kv_fit_ckpt_load_shard(const char *dir, int layer, int64_t shard, int6
  * fsync'd), then every file of other layers is removed. */
 kv_status kv_fit_ckpt_commit(const char *dir, const char *inputs_hash, int layer, int n_layers, int64_t n_shards,
                              const kv_plan *plan, const double *report);
-/* Remove every checkpoint file (keep the directory). */
+/* Remove every checkpoint file (keep the directory). Only the names this module writes are removed. */
 void kv_fit_ckpt_clear(const char *dir);
-/* Remove the checkpoint files and the directory (missing ones are fine). */
+/* Remove the checkpoint files, the owner file and the directory (missing ones are fine; a directory
+ * still holding other files stays). */
 kv_status kv_fit_ckpt_remove(const char *dir);
+/* After a failed save of a later layer: remove its partial files, keeping layer `keep`'s checkpoint
+ * (keep < 0: no checkpoint was complete, remove everything as kv_fit_ckpt_remove). */
+void kv_fit_ckpt_drop_partial(const char *dir, int keep);
 
 /* ---- XQuant (fit_xquant.c) ---- */
 struct kv_quant;

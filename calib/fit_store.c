@@ -9,11 +9,15 @@
  *     them and put does nothing;
  *   - hidden states in f16 (memory.hidden_dtype): H is an array of halves; get widens one shard
  *     into a scratch buffer, put rounds it back (a value beyond the f16 range is an error);
- *   - spilled (memory.spill_dir): every shard of every role is a file; get reads one shard into a
- *     scratch buffer per role, put writes it back. Memory: one shard per role.
+ *   - spilled (memory.spill_dir): every shard of every role is a file, in a directory of this process's
+ *     own made inside memory.spill_dir with a unique name (runs and ranks sharing the spill directory
+ *     never touch each other's files; each removes only its own, and memory.spill_dir itself only when
+ *     it made it and it is left empty); get reads one shard into a scratch buffer per role, put writes
+ *     it back. Memory: one shard per role.
  * The K/V roles name storage slots that swap at the end of a layer (this layer's reconstructions
  * become the next layer's inputs) without copying. */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* mkdtemp */
 #include "fit_internal.h"
 
 #include <errno.h>
@@ -63,12 +67,29 @@ kv_status kv_fit_store_init(kv_fit_store *st, const char *spill_dir, int h_f16, 
     static const char *const what[KV_FIT_ROLES] = {"the hidden states", "keys", "values", "previous keys",
                                                    "previous values"};
     if (st->spill) {
-        const size_t n = strlen(spill_dir) + 1;
+        /* this process's own directory inside memory.spill_dir (mkdtemp: a unique name), so that runs
+         * (and ranks) sharing the spill directory never touch each other's files */
+        const size_t n = strlen(spill_dir) + 32;
+        struct stat sb;
+        st->top = malloc(strlen(spill_dir) + 1);
         st->dir = malloc(n);
-        if (!st->dir) return KV_ERR(KV_ENOMEM, "out of memory");
-        memcpy(st->dir, spill_dir, n);
-        if (kv_mkdir_p(st->dir) != 0) {
-            s = KV_ERR(KV_EIO, "creating the spill directory '%s' (memory.spill_dir): %s", st->dir, strerror(errno));
+        if (!st->dir || !st->top) {
+            s = KV_ERR(KV_ENOMEM, "out of memory");
+            goto done;
+        }
+        strcpy(st->top, spill_dir);
+        st->dir[0] = '\0'; /* "" until mkdtemp made it: kv_fit_store_free removes nothing before */
+        st->made_top = stat(spill_dir, &sb) != 0;
+        if (kv_mkdir_p(spill_dir) != 0) {
+            s = KV_ERR(KV_EIO, "creating the spill directory '%s' (memory.spill_dir): %s", spill_dir, strerror(errno));
+            goto done;
+        }
+        snprintf(st->dir, n, "%s/kvcal-fit-XXXXXX", spill_dir);
+        if (!mkdtemp(st->dir)) {
+            s = KV_ERR(KV_EIO, "creating a directory in the spill directory '%s' (memory.spill_dir): %s", spill_dir,
+                       strerror(errno));
+            free(st->dir);
+            st->dir = NULL;
             goto done;
         }
         for (int role = 0; role < KV_FIT_ROLES && s == KV_OK; role++)
@@ -94,14 +115,15 @@ done:
 
 void kv_fit_store_free(kv_fit_store *st) {
     if (!st) return;
-    if (st->spill && st->dir) {
+    if (st->spill && st->dir && st->dir[0]) {
         for (int64_t j = 0; j < st->n_local; j++)
             for (int slot = 0; slot < KV_FIT_ROLES; slot++) {
                 char *p = slot_path(st, slot, st->shard_ids[j]);
                 if (p) unlink(p);
                 free(p);
             }
-        rmdir(st->dir); /* fails while another rank's files remain: the last one removes it */
+        rmdir(st->dir);
+        if (st->made_top) rmdir(st->top); /* only when we made it and it is empty (other runs or ranks) */
     }
     for (int i = 0; i < KV_FIT_ROLES; i++) {
         kv_aligned_free(st->mem[i]);
@@ -109,6 +131,7 @@ void kv_fit_store_free(kv_fit_store *st) {
     }
     kv_aligned_free(st->h16);
     free(st->dir);
+    free(st->top);
     memset(st, 0, sizeof *st);
 }
 

@@ -214,6 +214,13 @@ typedef struct kv_fit_options {
      * so a cached grid is exactly the one that would be generated. */
     const char *grid_cache_dir;
 } kv_fit_options;
+/* The file kvcal fit writes into a checkpoint directory it creates: a directory without it is not
+ * kvcal's. */
+#define KV_FIT_CKPT_OWNER "kvcal-fit-checkpoint"
+/* Before any work: KV_OK when dir does not exist or is a checkpoint directory kvcal fit created (it has
+ * KV_FIT_CKPT_OWNER); KV_EINVAL, naming the reason, for a symbolic link, a file, or a directory
+ * without the owner file (the fit neither uses nor cleans up a directory it did not create). */
+kv_status kv_fit_ckpt_check_dir(const char *dir);
 
 /* Options with the defaults above (no checkpoint, stop_after_layer -1). */
 void kv_fit_options_init(kv_fit_options *o);
@@ -342,7 +349,7 @@ kv_status kv_search_candidate_find(int *index, const char *name);
 kv_status kv_search_candidate_config(kv_fit_config *cfg, const kv_search_candidate *c, const char *const *common,
                                      int n_common);
 
-/* A pruned contender (SEARCH.md §5d): candidate `cand`'s own fit with token pruning on every layer, offered to
+/* A pruned contender (SEARCH.md §5.4): candidate `cand`'s own fit with token pruning on every layer, offered to
  * the selection as one more single method. Only H2O: in the selection's protocol (teacher-forced chunks, the
  * cache stepped by its window) it is the one policy that prunes throughout a chunk; SnapKV, PyramidKV and
  * StreamingLLM select once, after the first step. */
@@ -363,7 +370,7 @@ kv_status kv_search_pruned_config(kv_fit_config *cfg, const kv_search_pruned *p,
  * write them (the quantizers' fit does not depend on pruning). The caller restores plan->global after. */
 void kv_search_pruned_apply(kv_plan *plan, const kv_search_pruned *p);
 
-/* Per-layer options of a pruned contender (SEARCH.md §5e). Around the contender (every layer coded by its
+/* Per-layer options of a pruned contender (SEARCH.md §5.5). Around the contender (every layer coded by its
  * candidate, keeping `budget` of its f16 cache) a layer may take another option instead: another candidate and
  * budget * a multiplier (at most 1), chosen by the tool. What an option costs and buys is measured one layer at a
  * time on chunks of its own (the table's): dkl / dbits[l * n_opt + o] are the KL and honest bits per value with
@@ -438,7 +445,7 @@ void kv_search_allowed(unsigned char *allowed, const kv_search_candidate *const 
  * not among cands. */
 kv_status kv_search_pair_increments(double *kl, const kv_search_candidate *const *cands, int n_cands, int n_layers);
 
-/* The context correction of the sensitivities (SEARCH.md §5c). measured[c] is the KL of candidate c's own
+/* The context correction of the sensitivities (SEARCH.md §5.3). measured[c] is the KL of candidate c's own
  * plan (every stream c) at the target context on calibration text, NAN when not measured (a candidate not
  * offered on every stream); predicted_c is the sum of its per-stream sensitivities kl[i * n_cands + c]. Then
  * scale[c] = measured[c] / predicted_c: how much c's errors grow from the sensitivity chunks to the target
@@ -450,7 +457,7 @@ kv_status kv_search_context_scale(double *scaled, double *scale, const double *k
                                   int n_items, int n_cands);
 /* 1 when a choice takes a candidate with a predictor (AQUA-KV): its plan must be refitted, not assembled. */
 int kv_search_needs_refit(const kv_search_candidate *const *cands, const int *choice, int n_items);
-/* The configuration of the layer-sequential refit of a choice (SEARCH.md §1c): method xquant with a
+/* The configuration of the layer-sequential refit of a choice (SEARCH.md §1.3): method xquant with a
  * calibrated eta as the base, every stream overridden (layers.N.key_method / value_method / key_bits /
  * value_bits / key_pre_rope) to its candidate's; cands[k] is the candidate of choice value k. kv_fit_run on
  * it fits each predictor on the reconstructions the mix produces; a spliced candidate's stream gets its
@@ -500,7 +507,7 @@ int kv_search_candidate_predicted(const kv_search_candidate *c);
  * rules only with predictors_chained (kvcal search --predictor-inputs chained); the shared-codes rules always
  * (they say what a valid plan is). *out's n_classes is 1 when no rule applies: pass NULL then (the same
  * choices, faster). A predictor fed post-RoPE keys is a position-dependent map fitted at the fit's positions
- * only; SEARCH.md §1d measures what it costs at 8K. KV_EINVAL when a codes_of candidate is not in cands. */
+ * only; SEARCH.md §1.4 measures what it costs at 8K. KV_EINVAL when a codes_of candidate is not in cands. */
 kv_status kv_search_chain_init(kv_search_chain *out, const kv_search_candidate *const *cands, int n_cands, int n_layers,
                                int predictors_chained);
 void kv_search_chain_free(kv_search_chain *chain);

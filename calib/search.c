@@ -33,7 +33,7 @@ static const kv_search_candidate k_cands[] = {
      * values per token in groups of 64 channels, one KV head of most models, so a group never spans heads):
      * 0.25 + 0.5 bits of f16 scales and zero points per value instead of 1 + 1 at groups of 32. The cheapest
      * candidates: with them a stream costs 1.375 bits before the f16 sinks and window, so budgets down to
-     * 2 bits per value are feasible at 8K (SEARCH.md §1b). Key groups along tokens must divide cache.recent. */
+     * 2 bits per value are feasible at 8K (SEARCH.md §1.1). Key groups along tokens must divide cache.recent. */
     {"kivi1g128", KV_FIT_XQUANT,
      {"keys.bits=1", "values.bits=1", "keys.group_size=128", "values.group_size=64", "xquant.calibrate_eta=true",
       NULL},
@@ -708,7 +708,7 @@ done:
  * key_pre_rope): the fit walks the layers in order and fits each predictor on the reconstructions the mix
  * produced below it, as the runtime will feed them. The base is method xquant with a calibrated eta (the
  * kivi rows); every other stream is overridden to its candidate's method, bits and side of RoPE. A stream
- * without a predictor depends on its own layer's K/V only (§1), so it comes out as in its single fit; the
+ * without a predictor depends on its own layer's K/V only (SEARCH.md §1.2), so it comes out as in its single fit; the
  * tests check both that and that the refit of an all-AQUA-KV choice is the AQUA-KV fit, byte for byte. */
 int kv_search_candidate_predicted(const kv_search_candidate *c) {
     return c->method == KV_FIT_AQUA || c->method == KV_FIT_AQUA_UNIFORM;
@@ -1038,7 +1038,7 @@ kv_status kv_search_splice(kv_plan *plan, const kv_plan *const *srcs, const kv_s
     return s;
 }
 
-/* ---- pruned contenders (SEARCH.md §5d) --------------------------------------------------------------- */
+/* ---- pruned contenders (SEARCH.md §5.4) --------------------------------------------------------------- */
 kv_status kv_search_pruned_parse(kv_search_pruned *out, const char *spec) {
     if (!out || !spec) return KV_ERR(KV_EINVAL, "kv_search_pruned_parse: bad arguments");
     memset(out, 0, sizeof *out);

@@ -1,4 +1,4 @@
-/* search_layers.c — per-layer options of a pruned contender (calib/SEARCH.md §5e): each layer's candidate and
+/* search_layers.c — per-layer options of a pruned contender (calib/SEARCH.md §5.5): each layer's candidate and
  * kept fraction of its f16 cache chosen under the point's honest bit budget from one-layer-at-a-time measurements
  * around the contender. The tool (tools/kvcal_search.c) measures the table on chunks of its own and the allocated
  * plan again on the selection's before it may be kept. */

@@ -39,6 +39,35 @@ extern "C" {
 
 #define KV_VERSION_STRING "0.1.0"
 
+/* Tensor element types, numbered as GGML numbers them (GGUF type ids map one to one; kv_formats.h reads and
+ * dequantizes them). Here because the plan format (kv_plan.h) stores predictors as KV_DTYPE_F32 / _F16. */
+typedef enum kv_dtype {
+    KV_DTYPE_F32 = 0,
+    KV_DTYPE_F16 = 1,
+    KV_DTYPE_Q4_0 = 2,
+    KV_DTYPE_Q4_1 = 3,
+    KV_DTYPE_Q5_0 = 6,
+    KV_DTYPE_Q5_1 = 7,
+    KV_DTYPE_Q8_0 = 8,
+    KV_DTYPE_Q8_1 = 9,
+    KV_DTYPE_Q2_K = 10,
+    KV_DTYPE_Q3_K = 11,
+    KV_DTYPE_Q4_K = 12,
+    KV_DTYPE_Q5_K = 13,
+    KV_DTYPE_Q6_K = 14,
+    KV_DTYPE_Q8_K = 15,
+    KV_DTYPE_I8 = 24,
+    KV_DTYPE_I16 = 25,
+    KV_DTYPE_I32 = 26,
+    KV_DTYPE_I64 = 27,
+    KV_DTYPE_F64 = 28,
+    KV_DTYPE_BF16 = 30
+} kv_dtype;
+
+/* Which channels RoPE rotates together: (2i, 2i+1) (llama.cpp's "normal" GGUF layout) or (i, i + head_dim/2)
+ * (HF's rotate_half). A model property (kv_arch, kv_formats.h) that the runtime needs for keys stored before RoPE. */
+typedef enum kv_rope_layout { KV_ROPE_ADJACENT = 0, KV_ROPE_HALF = 1 } kv_rope_layout;
+
 /* ---- status codes: values are pinned forever (they appear in exit messages and tests) ---- */
 typedef enum kv_status {
     KV_OK = 0,
@@ -113,6 +142,9 @@ double kv_now_seconds(void);
 /* Aligned allocation (alignment a power of two >= sizeof(void*)); size 0 gives a valid pointer.
  * Returns NULL on failure without recording an error (callers add context). */
 void *kv_aligned_alloc(size_t alignment, size_t size);
+/* The machine's physical memory in bytes (sysconf), 0 when unknown. Tools refuse work whose memory
+ * estimate exceeds it before allocating (an overcommitting kernel would let it grow until killed). */
+uint64_t kv_memory_total_bytes(void);
 void kv_aligned_free(void *p);
 /* Overflow-checked multiply for sizes: returns 0 and sets *out, or -1 on overflow. */
 int kv_size_mul(size_t *out, size_t a, size_t b);

@@ -1,7 +1,10 @@
 /* Aligned allocation and overflow-checked size arithmetic (kv_common.h). */
+#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* _SC_PHYS_PAGES */
 #include "kv_common.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 void *kv_aligned_alloc(size_t alignment, size_t size) {
     if (alignment < sizeof(void *) || (alignment & (alignment - 1)) != 0) return NULL;
@@ -24,4 +27,9 @@ int kv_size_add(size_t *out, size_t a, size_t b) {
     if (b > SIZE_MAX - a) return -1;
     *out = a + b;
     return 0;
+}
+
+uint64_t kv_memory_total_bytes(void) {
+    const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
 }

@@ -15,6 +15,8 @@
 #include <yaml.h>
 
 #include "plan_internal.h"
+#include "yaml_emit.h"
+#include "kv_formats.h"
 
 /* T_BITS: an int in [min, max] or KV_FIT_F16_BITS (16: the stream kept in f16, unquantized). */
 typedef enum key_type { T_INT, T_I64, T_U64, T_DOUBLE, T_BOOL, T_STRING, T_ENUM, T_BITS } key_type;

@@ -61,21 +61,6 @@ int kv_plan_utf8_valid(const char *s, size_t n) {
     return 1;
 }
 
-static int is_pow2(long v) { return v > 0 && (v & (v - 1)) == 0; }
-
-const char *kv_plan_method_name(int m) {
-    switch (m) {
-    case KV_PLAN_FP: return "fp";
-    case KV_PLAN_UNIFORM: return "uniform";
-    case KV_PLAN_HIGGS: return "higgs";
-    case KV_PLAN_FP8_E4M3: return "fp8_e4m3";
-    case KV_PLAN_FP8_E5M2: return "fp8_e5m2";
-    case KV_PLAN_NVFP4: return "nvfp4";
-    }
-    return NULL;
-}
-
-int kv_plan_method_is_float(int m) { return m == KV_PLAN_FP8_E4M3 || m == KV_PLAN_FP8_E5M2 || m == KV_PLAN_NVFP4; }
 const char *kv_plan_axis_name(int a) {
     switch (a) {
     case KV_PLAN_GROUP_TOKENS: return "tokens";
@@ -206,15 +191,21 @@ static void provenance_clear(kv_plan_provenance *v) {
     memset(v, 0, sizeof *v);
 }
 
+/* Everything a stream owns: its predictor, its SQuat parameters, its method's parameters (the codec's free). */
+static void stream_release(kv_plan_stream *s) {
+    predictor_free(s->predictor);
+    squat_free(s->squat);
+    const kv_plan_codec *codec = kv_plan_codec_of((int)s->method);
+    if (codec && codec->free_params) codec->free_params(s);
+    free(s->fp_scales); /* only a record that is not valid holds scales its method does not own */
+    s->predictor = NULL, s->squat = NULL, s->fp_scales = NULL, s->n_fp_scales = 0;
+}
+
 void kv_plan_free(kv_plan *p) {
     if (!p) return;
     if (p->layers) {
         for (int l = 0; l < p->n_layers; l++)
-            for (int st = 0; st < 2; st++) {
-                predictor_free(p->layers[l].stream[st].predictor);
-                squat_free(p->layers[l].stream[st].squat);
-                free(p->layers[l].stream[st].fp_scales);
-            }
+            for (int st = 0; st < 2; st++) stream_release(&p->layers[l].stream[st]);
     }
     free(p->layers);
     if (p->grids)
@@ -544,84 +535,28 @@ static int all_finite(const float *v, size_t n) {
     return 1;
 }
 
-/* Error about one stream, raised at the caller's line. */
-static kv_status stream_err(int line, int l, const char *sn, const char *fmt, ...) KV_PRINTF(4, 5);
-static kv_status stream_err(int line, int l, const char *sn, const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return kv_error_set_at(KV_EFORMAT, __FILE__, line, "layer %d %s: %s", l, sn, msg);
-}
-#define SERR(...) stream_err(__LINE__, l, sn, __VA_ARGS__)
+#define SERR KV_PLAN_SERR /* "layer L K|V: ..." at this line */
 
 static kv_status validate_stream(const kv_plan *p, int l, int stream) {
     const kv_plan_stream *s = &p->layers[l].stream[stream];
     const char *sn = kv_plan_stream_name(stream);
     const int hd = p->fingerprint.head_dim;
-    switch (s->method) {
-    case KV_PLAN_FP:
-        if (s->bits != 16 && s->bits != 32) return SERR("method fp needs bits 16 or 32, not %d", s->bits);
-        if (s->group_size != 0 || s->group_axis != KV_PLAN_GROUP_TOKENS || s->scale_dtype != KV_DTYPE_F32 ||
-            s->pack != KV_PLAN_PACK_WORD || s->eta != 0.0f)
-            return SERR("method fp takes group_size 0, group_axis tokens, scale_dtype f32, pack word, eta 0");
-        break;
-    case KV_PLAN_UNIFORM:
-        if (s->bits < 1 || s->bits > 8) return SERR("method uniform needs bits in [1, 8], not %d", s->bits);
-        if (s->group_size < 1 || s->group_size > (1 << 20))
-            return SERR("group_size %d out of range [1, 1048576]", s->group_size);
-        if (s->group_axis != KV_PLAN_GROUP_TOKENS && s->group_axis != KV_PLAN_GROUP_CHANNELS)
-            return SERR("group_axis %d is not 0 (tokens) or 1 (channels)", (int)s->group_axis);
-        if (!(s->eta >= 0.0f && s->eta < 0.5f)) return SERR("eta %g out of range [0, 0.5)", (double)s->eta);
-        if (s->bits == 1 && s->pack != KV_PLAN_PACK_WORD)
-            return SERR("1-bit codes are packed 32 per word (pack 0); pack %d is not supported for them", (int)s->pack);
-        if (s->pack != KV_PLAN_PACK_WORD && !(s->pack == KV_PLAN_PACK_3BIT_11 && s->bits == 3))
-            return SERR("pack %d is not valid with %d bits", (int)s->pack, s->bits);
-        break;
-    case KV_PLAN_HIGGS: {
-        if (s->bits != 0) return SERR("method higgs takes bits 0 (the grid sets them), not %d", s->bits);
-        if (s->higgs_grid < 0 || s->higgs_grid >= p->n_grids)
-            return SERR("higgs_grid %d is not one of the %d grids", s->higgs_grid, p->n_grids);
-        const int d = p->grids[s->higgs_grid].d;
-        if (!is_pow2(s->group_size) || s->group_size < 2 || s->group_size > (1 << 20) || s->group_size % d != 0)
-            return SERR("higgs group_size %d must be a power of two in [2, 1048576] and a multiple of the grid's d %d",
-                        s->group_size, d);
-        if (s->group_axis != KV_PLAN_GROUP_CHANNELS || s->eta != 0.0f || s->pack != KV_PLAN_PACK_WORD)
-            return SERR("method higgs takes group_axis channels, eta 0, pack word");
-        break;
+    const kv_plan_codec *codec = kv_plan_codec_of((int)s->method);
+    if (!codec) {
+        char list[256] = "";
+        for (int m = 0; m < KV_PLAN_METHOD_COUNT; m++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d (%s)", m ? ", " : "", m,
+                     kv_plan_method_name(m));
+        return SERR("method %d is not %s", (int)s->method, list);
     }
-    case KV_PLAN_FP8_E4M3:
-    case KV_PLAN_FP8_E5M2:
-    case KV_PLAN_NVFP4: {
-        const int nv = s->method == KV_PLAN_NVFP4;
-        if (s->bits != (nv ? 4 : 8) || s->group_size != (nv ? 16 : 0) ||
-            s->group_axis != (nv ? KV_PLAN_GROUP_CHANNELS : KV_PLAN_GROUP_TOKENS) || s->scale_dtype != KV_DTYPE_F32 ||
-            s->eta != 0.0f || s->pack != KV_PLAN_PACK_WORD)
-            return SERR("method %s takes bits %d, group_size %d, group_axis %s, scale_dtype f32, eta 0, pack word",
-                        kv_plan_method_name(s->method), nv ? 4 : 8, nv ? 16 : 0, nv ? "channels" : "tokens");
-        const int nkv = p->fingerprint.n_kv_heads;
-        if (!s->fp_scales || (s->n_fp_scales != 1 && s->n_fp_scales != nkv))
-            return SERR("method %s needs 1 or n_kv_heads (%d) scales, has %d", kv_plan_method_name(s->method), nkv,
-                        s->fp_scales ? s->n_fp_scales : 0);
-        for (int i = 0; i < s->n_fp_scales; i++)
-            if (!isfinite(s->fp_scales[i]) || !(s->fp_scales[i] > 0.0f))
-                return SERR("scale %d is %g (must be finite and > 0)", i, (double)s->fp_scales[i]);
-        if (nv && s->n_fp_scales > 1 && hd % 16 != 0)
-            return SERR("NVFP4 per-head scales need head_dim (%d) to be a multiple of 16", hd);
-        if (s->share_codes_with_layer != -1) return SERR("a %s stream cannot share codes", kv_plan_method_name(s->method));
-        break;
-    }
-    default:
-        return SERR("method %d is not 0 (fp), 1 (uniform), 2 (higgs), 3 (fp8_e4m3), 4 (fp8_e5m2) or 5 (nvfp4)",
-                    (int)s->method);
-    }
-    if (!kv_plan_method_is_float(s->method) && (s->fp_scales || s->n_fp_scales))
-        return SERR("tensor scales on a %s stream (FP8 / NVFP4 only)", kv_plan_method_name(s->method));
-    if (s->method != KV_PLAN_FP && s->scale_dtype != KV_DTYPE_F16 && s->scale_dtype != KV_DTYPE_F32)
+    kv_status cs = codec->validate(p, l, stream, s);
+    if (cs != KV_OK) return cs;
+    if (!codec->is_float && (s->fp_scales || s->n_fp_scales))
+        return SERR("tensor scales on a %s stream (FP8 / NVFP4 only)", codec->name);
+    if (codec->takes_scale_dtype && s->scale_dtype != KV_DTYPE_F16 && s->scale_dtype != KV_DTYPE_F32)
         return SERR("scale_dtype %d is not 0 (f32) or 1 (f16)", s->scale_dtype);
-    if (s->method != KV_PLAN_HIGGS && s->higgs_grid != -1)
-        return SERR("higgs_grid %d set on a %s stream (must be -1)", s->higgs_grid, kv_plan_method_name(s->method));
+    if (!codec->uses_grid && s->higgs_grid != -1)
+        return SERR("higgs_grid %d set on a %s stream (must be -1)", s->higgs_grid, codec->name);
     if (s->pre_rope != 0 && !(s->pre_rope == 1 && stream == KV_PLAN_K))
         return SERR("pre_rope %d (only 0, or 1 on a K stream)", s->pre_rope);
     if (!(s->rpc_ratio >= 0.0f && s->rpc_ratio <= 1.0f))
@@ -636,10 +571,9 @@ static kv_status validate_stream(const kv_plan *p, int l, int stream) {
             return SERR("share_codes_with_layer %d is not the previous layer %d (codes are shared by adjacent layers)",
                         t, l - 1);
         const kv_plan_stream *o = &p->layers[t].stream[stream];
-        if (s->method != KV_PLAN_UNIFORM)
-            return SERR("shares codes with layer %d but is %s (only uniform streams share codes)", t,
-                        kv_plan_method_name(s->method));
-        if (o->method != KV_PLAN_UNIFORM)
+        if (!codec->shares_codes)
+            return SERR("shares codes with layer %d but is %s (only uniform streams share codes)", t, codec->name);
+        if (o->method != s->method)
             return SERR("shares codes with layer %d, whose %s stream is %s, not uniform", t, sn,
                         kv_plan_method_name(o->method));
         if (o->bits != s->bits)
@@ -657,7 +591,7 @@ static kv_status validate_stream(const kv_plan *p, int l, int stream) {
     }
     if (s->predictor) {
         const kv_plan_predictor *pr = s->predictor;
-        if (s->method == KV_PLAN_FP) return SERR("a full-precision stream has a predictor");
+        if (!codec->takes_predictor) return SERR("a %s stream has a predictor", codec->name);
         kv_status st = check_pred_inputs(l, stream, p->n_layers, pr->n_inputs, pr->inputs);
         if (st != KV_OK) return st;
         const int kv_dim = kv_dim_of(p);
@@ -709,7 +643,7 @@ static kv_status validate_stream(const kv_plan *p, int l, int stream) {
     }
     if (s->squat) {
         const kv_plan_squat *q = s->squat;
-        if (stream != KV_PLAN_K || s->method != KV_PLAN_UNIFORM) return SERR("SQuat needs a uniform K stream");
+        if (stream != KV_PLAN_K || !codec->squat_keys) return SERR("SQuat needs a uniform K stream");
         if (q->r < 1 || q->r > hd) return SERR("SQuat r %d out of range [1, %d]", q->r, hd);
         if (q->g < 1 || q->g > hd || hd % q->g != 0) return SERR("SQuat g %d must divide head_dim %d", q->g, hd);
         if (!isfinite(q->lambda) || q->lambda < 0.0f) return SERR("SQuat lambda %g must be >= 0", (double)q->lambda);
@@ -807,7 +741,8 @@ uint64_t kv_plan_required_features(const kv_plan *p) {
     for (int l = 0; l < p->n_layers; l++)
         for (int st = 0; st < 2; st++) {
             const kv_plan_stream *s = &p->layers[l].stream[st];
-            if (s->method == KV_PLAN_HIGGS) f |= KV_PLAN_FEAT_HIGGS;
+            const kv_plan_codec *codec = kv_plan_codec_of((int)s->method);
+            if (codec) f |= codec->required_feature; /* HIGGS, FLOAT */
             if (s->predictor) f |= KV_PLAN_FEAT_PREDICTOR;
             if (s->share_codes_with_layer >= 0) f |= KV_PLAN_FEAT_SHARED_CODES;
             if (s->squat) f |= KV_PLAN_FEAT_SQUAT;
@@ -816,7 +751,6 @@ uint64_t kv_plan_required_features(const kv_plan *p) {
             if (s->predictor && s->predictor->rank >= 1) f |= KV_PLAN_FEAT_PRED_LOWRANK;
             if (s->predictor && s->predictor->qbits > 0) f |= KV_PLAN_FEAT_PRED_Q4;
             if (s->pack == KV_PLAN_PACK_3BIT_11) f |= KV_PLAN_FEAT_PACK3_11;
-            if (kv_plan_method_is_float(s->method)) f |= KV_PLAN_FEAT_FLOAT;
         }
     return f;
 }
@@ -831,37 +765,11 @@ uint64_t kv_plan_optional_features(const kv_plan *p) {
 }
 
 /* ---- bits per value (§9) ------------------------------------------------------------------------- */
-static double code_bits_packed(int b, int pack) {
-    if (pack == KV_PLAN_PACK_3BIT_11) return 32.0 / 11.0;
-    return 32.0 / (double)(32 / b);
-}
-
 double kv_plan_stream_bits(const kv_plan *p, int layer, int stream) {
     if (!p || layer < 0 || layer >= p->n_layers || (stream != 0 && stream != 1)) return 0.0;
     const kv_plan_stream *s = &p->layers[layer].stream[stream];
-    const double sbits = s->scale_dtype == KV_DTYPE_F16 ? 16.0 : 32.0;
-    switch (s->method) {
-    case KV_PLAN_FP:
-        return (double)s->bits;
-    case KV_PLAN_UNIFORM: {
-        if (s->bits < 1 || s->bits > 8 || s->group_size < 1) return 0.0;
-        const double scales = 2.0 * sbits / (double)s->group_size;
-        return (s->share_codes_with_layer >= 0 ? 0.0 : code_bits_packed(s->bits, s->pack)) + scales;
-    }
-    case KV_PLAN_HIGGS: {
-        if (s->higgs_grid < 0 || s->higgs_grid >= p->n_grids || s->group_size < 1) return 0.0;
-        const kv_plan_grid *g = &p->grids[s->higgs_grid];
-        int b = 0;
-        while ((1L << b) < (long)g->n) b++;
-        return code_bits_packed(b, KV_PLAN_PACK_WORD) / (double)g->d + sbits / (double)s->group_size;
-    }
-    case KV_PLAN_FP8_E4M3:
-    case KV_PLAN_FP8_E5M2:
-        return 8.0; /* the tensor scales are per layer, not per value */
-    case KV_PLAN_NVFP4:
-        return 4.0 + 8.0 / 16.0; /* an E4M3 block scale per 16 values */
-    }
-    return 0.0;
+    const kv_plan_codec *codec = kv_plan_codec_of((int)s->method);
+    return codec ? codec->bits(p, s) : 0.0;
 }
 
 uint64_t kv_plan_stream_predictor_bytes(const kv_plan *p, int layer, int stream) {

@@ -9,6 +9,8 @@
 #include <time.h>
 
 #include "plan_internal.h"
+#include "yaml_emit.h"
+#include "kv_formats.h"
 
 /* The double nearest to the shortest decimal that reads back as this float: 0.1f prints "0.1". */
 static json_t *jf32(float x) {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "plan_internal.h"
+#include "kv_formats.h"
 
 static void hash_u32(kv_sha256 *h, uint32_t v) {
     uint8_t b[4];

@@ -1,11 +1,10 @@
-/* plan_internal.h — internals shared by plan*.c and config*.c (not a public header).
+/* plan_internal.h — internals of the plan format shared by plan*.c and config.c (not a public header). Only
+ * kv_plan.h and kv_common.h: plan.c, plan_read.c and plan_write.c form the kvplan library (no JSON, no YAML).
  * Spec: formats/PLAN_FORMAT.md (cited as §N). */
 #ifndef KV_PLAN_INTERNAL_H
 #define KV_PLAN_INTERNAL_H
 
-#include <jansson.h>
-
-#include "kv_formats.h"
+#include "kv_plan.h"
 
 /* §4: the header and the section table entry of format 1.0. */
 #define KV_PLAN_MAGIC_BYTES "\x89KVPLAN\n"
@@ -55,12 +54,42 @@ void kv_buf_str(kv_buf *b, const char *s); /* §1 str: u32 length + bytes (NULL 
 uint64_t kv_plan_required_features(const kv_plan *p);
 uint64_t kv_plan_optional_features(const kv_plan *p);
 
-/* Emit a JSON value tree as a YAML document (block style; multi-line strings as literals).
- * Caller frees *out. */
-kv_status kv_yaml_from_json(char **out, const json_t *root);
-
 /* CRC-32 (zlib's crc32) of n bytes, any n. */
 uint32_t kv_plan_crc32(const uint8_t *p, size_t n);
+
+/* ---- the plan's codec table (plan_codecs.c): one row per method (§6.4) ----------------------------------
+ * What the format knows of a method: its name, the feature bit it sets, which of a stream record's fields and
+ * sections belong to it, its own validation rules, its bits per value, and its parameters that the stream owns
+ * (copy and free). plan.c, plan_read.c, plan_write.c and plan_dump.c ask the row and never branch on the method.
+ * Each row lives in its method's file (codec_fp.c, codec_uniform.c, codec_higgs.c, codec_float.c). */
+typedef struct kv_plan_codec {
+    const char *name;            /* kv_plan_method_name */
+    uint64_t required_feature;   /* header bit set when a stream uses the method (§4), or 0 */
+    int is_float;                /* an engine float format: the stream owns tensor scales (fp_scales, section FSCL) */
+    int uses_grid;               /* higgs_grid names one of the plan's grids (section GRID) */
+    int shares_codes;            /* the stream may reuse the previous layer's codes (XQuant, SHARED_CODES) */
+    int squat_keys;              /* a key stream may be quantized by SQuat (section SQAT) */
+    int takes_predictor;         /* the stream may have an AQUA-KV predictor (section PRED) */
+    int takes_scale_dtype;       /* scale_dtype (f16 / f32) applies to its parameters */
+    /* The method's own rules of a stream record (bits, groups, packing, its parameters), KV_EFORMAT naming the
+     * layer, stream and field (kv_plan_stream_err). */
+    kv_status (*validate)(const kv_plan *p, int l, int stream, const kv_plan_stream *s);
+    /* Nominal bits per value (§9): codes + per-group parameters, as packed; 0 for a record that is not valid. */
+    double (*bits)(const kv_plan *p, const kv_plan_stream *s);
+    /* The parameters the stream owns (NULL: none): deep copy into dst (whose own are not set), and release. */
+    kv_status (*copy_params)(kv_plan_stream *dst, const kv_plan_stream *src);
+    void (*free_params)(kv_plan_stream *s);
+} kv_plan_codec;
+/* The row of a method, or NULL for a value that is not one. */
+const kv_plan_codec *kv_plan_codec_of(int method);
+extern const kv_plan_codec kv_plan_codec_fp, kv_plan_codec_uniform, kv_plan_codec_higgs, kv_plan_codec_fp8_e4m3,
+    kv_plan_codec_fp8_e5m2, kv_plan_codec_nvfp4;
+/* KV_EFORMAT "layer L K|V: message", raised at the caller's line (codec validation). */
+kv_status kv_plan_stream_err(const char *file, int line, int layer, int stream, const char *fmt, ...) KV_PRINTF(5, 6);
+#define KV_PLAN_SERR(...) kv_plan_stream_err(__FILE__, __LINE__, l, stream, __VA_ARGS__)
+/* Bits per value of a B-bit code packed 32 / floor(32 / B) per word, or 11 per word (pack 3BIT_11). */
+double kv_plan_code_bits_packed(int bits, int pack);
+static inline int kv_plan_is_pow2(long v) { return v > 0 && (v & (v - 1)) == 0; }
 
 /* §6.1 sanity of a fingerprint (KV_EFORMAT naming the field). */
 kv_status kv_plan_fingerprint_validate(const kv_plan_fingerprint *f);

@@ -209,7 +209,7 @@ static kv_status read_stream(reader *r, cursor *c, int l, int st) {
     kv_plan_stream *s = &r->p->layers[l].stream[st];
     /* Enum fields are range-checked here so that no out-of-range value reaches an enum type;
      * kv_plan_validate checks the combinations. */
-    s->method = (kv_plan_method)rd_range(c, 0, KV_PLAN_NVFP4, "stream method");
+    s->method = (kv_plan_method)rd_range(c, 0, KV_PLAN_METHOD_COUNT - 1, "stream method");
     s->bits = (int)rd_range(c, 0, 64, "stream bits");
     s->group_size = (int)rd_range(c, 0, 1u << 20, "stream group_size");
     s->group_axis = (kv_plan_group_axis)rd_range(c, 0, KV_PLAN_GROUP_CHANNELS, "stream group_axis");

@@ -13,6 +13,8 @@
 #include <yaml.h>
 
 #include "plan_internal.h"
+#include "yaml_emit.h"
+#include "kv_formats.h"
 
 typedef struct out_buf {
     char *data;

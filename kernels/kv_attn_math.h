@@ -479,7 +479,7 @@ KV_HD void kv_da_ph_init(const kv_dattn *A, const kv_da_job *J, kv_da_smem *S, i
     }
 }
 
-/* HIGGS keys: the rotated queries H (D q) per group (as rt_higgs_prepare). */
+/* HIGGS keys: the rotated queries H (D q) per group (as kv_rti_higgs_prepare). */
 KV_HD void kv_da_ph_rotate_queries(const kv_dattn *A, const kv_da_job *J, kv_da_smem *S, int tid, int nt) {
     const kv_dcodec *c = &A->codec[0];
     const int g = c->hgroup, ng = A->hd / g;
@@ -619,7 +619,7 @@ KV_HD void kv_da_ph_accum(const kv_dattn *A, const kv_da_job *J, kv_da_smem *S, 
     }
 }
 
-/* HIGGS values: the rotated accumulator transformed back, D H o_rot, added (as rt_higgs_finish). */
+/* HIGGS values: the rotated accumulator transformed back, D H o_rot, added (as kv_rti_higgs_finish). */
 KV_HD void kv_da_ph_unrotate(const kv_dattn *A, const kv_da_job *J, kv_da_smem *S, int tid, int nt) {
     const kv_dcodec *c = &A->codec[1];
     const int g = c->hgroup, ng = A->hd / g;

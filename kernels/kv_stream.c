@@ -9,66 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A refusal of a stream's values names the stream (PLAN_FORMAT.md §6.4); the caller adds the plan. */
-static kv_status stream_refusal(kv_status s, int layer, int stream) {
-    return kv_error_wrap(s, "layer %d %s stream: this runtime cannot apply the plan's values: ", layer,
-                         stream == KV_PLAN_K ? "K" : "V");
-}
-
-kv_status kv_quant_from_plan(kv_quant *out, const kv_plan *p, int layer, int stream) {
-    memset(out, 0, sizeof *out);
-    if (layer < 0 || layer >= p->n_layers || (stream != KV_PLAN_K && stream != KV_PLAN_V))
-        return KV_ERR(KV_EINVAL, "plan stream (%d, %d) out of range", layer, stream);
-    kv_status st = KV_OK;
-    const kv_plan_stream *s = &p->layers[layer].stream[stream];
-    const kv_param_type pt = s->scale_dtype == KV_DTYPE_F32 ? KV_PARAM_F32 : KV_PARAM_F16;
-    switch (s->method) {
-    case KV_PLAN_FP:
-        out->kind = KV_QUANT_F16;
-        return KV_OK;
-    case KV_PLAN_UNIFORM:
-        out->kind = KV_QUANT_UNIFORM;
-        out->uniform.bits = s->bits;
-        out->uniform.group = s->group_size;
-        out->uniform.axis = s->group_axis == KV_PLAN_GROUP_TOKENS ? KV_AXIS_TOKENS : KV_AXIS_CHANNELS;
-        out->uniform.param_type = pt;
-        out->uniform.pack11 = s->pack == KV_PLAN_PACK_3BIT_11;
-        out->uniform.eta = s->eta;
-        out->shared_codes = s->share_codes_with_layer >= 0;
-        if ((st = kv_uniform_check(&out->uniform)) != KV_OK) return stream_refusal(st, layer, stream);
-        return KV_OK;
-    case KV_PLAN_HIGGS: {
-        if (s->higgs_grid < 0 || s->higgs_grid >= p->n_grids)
-            return KV_ERR(KV_EFORMAT, "layer %d %s stream: HIGGS grid index %d out of range", layer,
-                          stream ? "V" : "K", s->higgs_grid);
-        const kv_plan_grid *g = &p->grids[s->higgs_grid];
-        out->kind = KV_QUANT_HIGGS;
-        out->higgs.dim = g->d;
-        out->higgs.size = g->n;
-        out->higgs.group = s->group_size;
-        out->higgs.norm_type = pt;
-        out->higgs.seed = p->global.rht_seed;
-        out->higgs.grid = g->points;
-        if ((st = kv_higgs_check(&out->higgs)) != KV_OK) return stream_refusal(st, layer, stream);
-        return KV_OK;
-    }
-    case KV_PLAN_FP8_E4M3:
-    case KV_PLAN_FP8_E5M2:
-    case KV_PLAN_NVFP4: {
-        const kv_plan_fingerprint *f = &p->fingerprint;
-        out->kind = KV_QUANT_FP;
-        out->fp.format = s->method == KV_PLAN_FP8_E4M3 ? KV_FP_E4M3 : s->method == KV_PLAN_FP8_E5M2 ? KV_FP_E5M2
-                                                                                                : KV_FP_NVFP4;
-        out->fp.n_scales = s->n_fp_scales;
-        out->fp.scale_channels = f->head_dim;
-        out->fp.scales = s->fp_scales; /* borrowed from the plan */
-        if ((st = kv_fpq_check(&out->fp, (size_t)f->n_kv_heads * (size_t)f->head_dim)) != KV_OK)
-            return stream_refusal(st, layer, stream);
-        return KV_OK;
-    }
-    }
-    return KV_ERR(KV_EFORMAT, "layer %d %s stream: unknown method %d", layer, stream ? "V" : "K", (int)s->method);
-}
+/* kv_quant_from_plan: the codec table, kernels/rt/rt_codecs.c. */
 
 kv_status kv_quant_roundtrip(float *x_hat, kv_block_storage *st, const kv_quant *q, size_t tokens,
                              size_t channels, const float *x) {

@@ -8,7 +8,7 @@
  *   - XQuant shared codes: a layer decodes another layer's codes with its own scale and zero point.
  *
  * Every quantizer has a CPU reference (`_ref`) and a CUDA version (`_cuda`, declared always, defined
- * only in the kvkernels_cuda library, which also defines KV_HAVE_CUDA=1). The element math of both
+ * only in CUDA builds of libkvrt, which then define KV_HAVE_CUDA=1). The element math of both
  * is in kv_quant_math.h. `_ref` functions take host pointers; `_cuda` functions take device pointers
  * (grids and weights included) and a stream (NULL = the default stream) and may allocate temporary
  * device memory on that stream; they synchronize the stream before returning a status.
@@ -40,7 +40,7 @@
 #define KVRT_H
 
 #include "kv_common.h"
-#include "kv_formats.h"
+#include "kv_plan.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -200,6 +200,11 @@ kv_status kv_fpq_encode_ref(uint32_t *codes, uint8_t *bscales, const kv_fpq *q, 
                             const float *x);
 kv_status kv_fpq_decode_ref(float *x_hat, const kv_fpq *q, size_t tokens, size_t channels, const uint32_t *codes,
                             const uint8_t *bscales);
+/* The squared error of n consecutive values of one token quantized under tensor scale `scale`, added to *acc: FP8
+ * adds each value's in order; NVFP4 takes one block (n <= 16 channels, its E4M3 block scale from its own largest
+ * magnitude) and adds the block's sum. The element math of kv_fpq_encode_ref, for calibration's scale search
+ * (calib/fit_float.c) without the quantizer's private header. */
+void kv_fpq_sse_add(double *acc, kv_fp_format format, const float *x, int n, float scale);
 
 /* ---- SQuat key quantization -------------------------------------------------------------------- */
 /* Query subspace of one KV head: qhat[r][d] = diag(sigma[:r]) V[:r] from the SVD of the stacked
@@ -228,7 +233,7 @@ kv_status kv_squat_update_ref(float *rest, const kv_squat *s, int t, const float
 kv_status kv_squat_encode_ref(uint32_t *codes, void *scales, void *zeros, const kv_squat *s,
                               const kv_uniform *q, size_t tokens, const float *x);
 
-/* ---- CUDA (kvkernels_cuda) ------------------------------------------------------------------- */
+/* ---- CUDA (libkvrt built with CUDA) ---------------------------------------------------------------- */
 /* 1 if a CUDA device is usable, 0 if not (no driver, no device); never fails. */
 int kv_cuda_available(void);
 kv_status kv_pack_cuda(uint32_t *words, const uint8_t *codes, size_t n, int bits, int pack11,

@@ -59,6 +59,19 @@ static kv_status ws_ensure_rows(kv_model *m, size_t rows) {
     return KV_OK;
 }
 
+double kv_model_forward_bytes(const kv_model *m, double rows, double keys) {
+    const kv_arch *a = &m->arch;
+    const double qb = rows < ATT_QBLOCK ? rows : ATT_QBLOCK;
+    const double d = a->d_model, qd = (double)a->n_heads * a->head_dim, kvd = (double)a->n_kv_heads * a->head_dim;
+    const double ff = a->d_ff, half = a->head_dim / 2, tables = m->inv_freq_local_d ? 2 : 1;
+    /* as ws_ensure_rows: hres, x, proj (d); q, q_pre, att (qd); k, k_pre, v (kvd); gate, up (ff); RoPE
+     * tables (a second set for a model whose local layers have their own base), each with its int32
+     * positions; the int32 positions */
+    return rows * ((3 * d + 3 * qd + 3 * kvd + 2 * ff + 2 * tables * half) * sizeof(float) +
+                   (1 + tables) * sizeof(int32_t)) +
+           (double)m->n_threads * qb * keys * sizeof(float); /* a block of attention scores per thread */
+}
+
 kv_status kv_model_ws_floats(float **buf, size_t *cap, size_t n, const char *what) {
     if (n <= *cap) return KV_OK;
     if (!grow(buf, n)) {

@@ -127,6 +127,9 @@ const float *kv_model_rope_inv_freq(const kv_model *m);
 const double *kv_model_rope_inv_freq_d(const kv_model *m);
 /* A layer's inverse frequencies (local layers: kv_arch.rope_theta_local, unscaled); NULL out of range. */
 const double *kv_model_rope_inv_freq_layer(const kv_model *m, int layer);
+/* Bytes of the forward workspace for a step of `rows` token rows attending over `keys` cached
+ * positions, with the model's threads (a double: an estimate for requests too large for size_t). */
+double kv_model_forward_bytes(const kv_model *m, double rows, double keys);
 size_t kv_model_weight_bytes(const kv_model *m);   /* bytes of weights held now (streamed: the parts acquired) */
 kv_model_device kv_model_device_of(const kv_model *m);
 size_t kv_model_device_weight_bytes(const kv_model *m); /* bytes of weights on the GPU (0 on the CPU) */

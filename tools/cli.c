@@ -180,8 +180,28 @@ int kv_cli_given(const kv_cli_args *a, const kv_opt *opts, const char *name) {
     return 0;
 }
 
-int kv_cli_dispatch(const char *tool, const char *summary, const kv_subcommand *cmds, int argc,
-                    char **argv) {
+/* Results go to stdout: a write error there (a full disk, /dev/full) fails the run (exit 1) instead of
+ * leaving a truncated result behind an exit 0. */
+static int close_stdout(const char *tool, int rc) {
+    errno = 0;
+    const int bad = fflush(stdout) != 0 || ferror(stdout);
+    const int e = errno;
+    const int cbad = fclose(stdout) != 0;
+    if ((bad || cbad) && rc == KV_EXIT_OK) {
+        fprintf(stderr, "%s: error: cannot write the results to standard output: %s\n", tool,
+                strerror(bad ? (e ? e : EIO) : errno));
+        return KV_EXIT_RUNTIME;
+    }
+    return rc;
+}
+
+static int dispatch(const char *tool, const char *summary, const kv_subcommand *cmds, int argc, char **argv);
+
+int kv_cli_dispatch(const char *tool, const char *summary, const kv_subcommand *cmds, int argc, char **argv) {
+    return close_stdout(tool, dispatch(tool, summary, cmds, argc, argv));
+}
+
+static int dispatch(const char *tool, const char *summary, const kv_subcommand *cmds, int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
         strcmp(argv[1], "help") == 0) {
         FILE *fp = argc < 2 ? stderr : stdout;

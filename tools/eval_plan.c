@@ -143,7 +143,13 @@ kv_status kv_tool_eval_plan_loaded_ex(kv_tool_plan_eval *out, kv_model *m, const
     out->recent = plan->global.recent;
     out->prefill = o.first_step;
     out->step = o.step;
-    if (tot.values_compressed == 0)
+    if (tot.values_compressed == 0 && o.first_step >= ctx && ctx > plan->global.sinks + plan->global.recent)
+        /* the chunk is long enough: it went in as one step, and the runtime compresses at the start of a later
+         * append (RUNTIME.md §2), of which there was none */
+        kv_log(KV_LOG_WARN, "nothing was compressed: each chunk of %d tokens went in as one prompt step (--prefill %d), "
+               "and the runtime compresses at the start of a later step, of which there was none (use a --prefill "
+               "shorter than --ctx)", ctx, o.first_step);
+    else if (tot.values_compressed == 0)
         kv_log(KV_LOG_WARN, "nothing was compressed: chunks of %d tokens never fill the %d sinks plus the %d-token "
                "recent buffer, so every token stayed in f16 (use a longer --ctx, or a plan with a smaller recent "
                "buffer)", ctx, plan->global.sinks, plan->global.recent);
@@ -189,8 +195,13 @@ void kv_tool_eval_plan_print(const kv_tool_plan_eval *e, int json) {
     if (e->held_fraction < 1.0)
         printf("held_fraction          %.4f  (token pruning: the values still held at the end of a chunk; evicted ones "
                "count 0 bits above)\n", e->held_fraction);
-    if (e->compressed_fraction == 0.0)
-        printf("note                   nothing was compressed: every chunk fit in the sinks and the recent buffer\n");
+    if (e->compressed_fraction == 0.0) {
+        const size_t chunk = r->n_chunks ? r->tokens_evaluated / r->n_chunks : 0;
+        if ((size_t)e->prefill >= chunk && chunk > (size_t)(e->sinks + e->recent))
+            printf("note                   nothing was compressed: each chunk went in as one prompt step (--prefill)\n");
+        else
+            printf("note                   nothing was compressed: every chunk fit in the sinks and the recent buffer\n");
+    }
     printf("tokens                 %zu evaluated in %zu chunks, %zu scored\n", r->tokens_evaluated, r->n_chunks,
            r->tokens_scored);
     printf("tokens_per_second      %.1f compressed (steps: %d, then %d), %.1f uncompressed\n", r->tokens_per_second,

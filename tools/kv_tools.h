@@ -58,6 +58,14 @@ typedef struct kv_tool_path {
  * and is writable; devices and pipes are written in place), no output is the same file as an input
  * (device and inode; for an input directory, the files directly in it) or as another output. */
 int kv_tool_check_io(const char *tool, const kv_tool_path *inputs, int n_in, const kv_tool_path *outputs, int n_out);
+/* A directory output written whole (a temporary directory renamed to it at the end): a usage error
+ * (exit 2, message naming `what`) for an empty path, a path that exists and is not an empty
+ * directory, a missing or unwritable parent directory, and for the same directory as an input (device
+ * and inode, so a symlink counts) or one inside an input directory. */
+int kv_tool_check_out_dir(const char *tool, const char *what, const char *path, const kv_tool_path *inputs, int n_in);
+/* KV_ENOMEM, naming `what` and the estimate, when `bytes` (an estimate made before allocating)
+ * exceeds the machine's physical memory; else KV_OK. */
+kv_status kv_tool_check_memory(double bytes, const char *what);
 /* Warn (kv_log) when a context of n tokens (`what`: "--ctx", "data.seq_len", ...) is longer than the
  * model was trained for (kv_arch.max_seq_len; models with RoPE scaling state the scaled length). */
 void kv_tool_warn_context(const kv_arch *a, long n, const char *what);

@@ -109,7 +109,7 @@ int kvcal_fit(int argc, char **argv) {
         {"method", 0, KV_OPT_STRING, &method, "NAME", "aqua (default), aqua-uniform, higgs, kivi, fp8, nvfp4, xquant or squat", 0},
         {"scale-granularity", 0, KV_OPT_STRING, &granularity, "G", "fp8 / nvfp4: one calibrated scale per tensor "
                                                                 "(default) or per KV head (fp.scale_granularity)", 0},
-        {"bits", 'b', KV_OPT_INT, &bits, "B", "bits of keys and values: 2, 3, 4, 8, or 16 (kivi: kept in f16, for pruning plans; default: the config's, 2)", 0},
+        {"bits", 'b', KV_OPT_INT, &bits, "B", "bits of keys and values: uniform methods 1, 2, 3, 4 or 8, higgs/aqua 1..8, or 16 (kivi: kept in f16, for pruning plans; default: the config's, 2)", 0},
         {"target-bits", 0, KV_OPT_STRING, &target_bits, "B", "method xquant: choose kq, vq, km, vm for at most B bits "
                                                           "per value (codes + scales + zero points; xquant.target_bits)", 0},
         {"seq-len", 0, KV_OPT_INT, &seq_len, "N", "tokens per calibration sequence (data.seq_len, default 1024)", 0},
@@ -137,7 +137,7 @@ int kvcal_fit(int argc, char **argv) {
     int rc = kv_cli_parse(&a, tool,
                           "--model M --corpus FILE --out PLAN [--config CFG.yaml] [--method aqua|aqua-uniform|higgs|kivi|fp8|nvfp4|xquant|squat] "
                           "[--scale-granularity tensor|head] "
-                          "[--bits 2|3|4|8|16] [--target-bits B] [--seq-len N] [--max-tokens N] [--seed S] [--json] [--set key=value ...]",
+                          "[--bits 1..8|16] [--target-bits B] [--seq-len N] [--max-tokens N] [--seed S] [--json] [--set key=value ...]",
                           "Fit a KV-cache compression plan for a model on a calibration corpus, layer by layer "
                           "(AQUA-KV, aquakv.txt Algorithm 1): capture each layer's keys and values, fit linear "
                           "predictors from the previous layer's reconstructions (aqua, aqua-uniform), quantize the "
@@ -178,9 +178,13 @@ int kvcal_fit(int argc, char **argv) {
         rc = kv_cli_usage_error(tool, "--scale-granularity must be tensor or head (got '%s')", granularity);
         goto end;
     }
-    if (kv_cli_given(&a, opts, "bits") && !((bits >= 2 && bits <= 4) || bits == 8 || bits == KV_FIT_F16_BITS)) {
-        rc = kv_cli_usage_error(tool, "--bits must be 2, 3, 4, 8 or 16 (got %ld); other widths: --set keys.bits=B "
-                                "--set values.bits=B", bits);
+    /* --bits is keys.bits and values.bits together: the same range as those keys here, and the method's own limits
+     * (uniform codes 1, 2, 3, 4 or 8 bits; HIGGS grids bits x d <= 16; 16 = f16 for kivi only) from the configuration's
+     * validation below, before any work, with the method named */
+    if (kv_cli_given(&a, opts, "bits") && !((bits >= KV_FIT_MIN_BITS && bits <= KV_FIT_MAX_BITS) || bits == KV_FIT_F16_BITS)) {
+        rc = kv_cli_usage_error(tool, "--bits must be in %d..%d or 16 (got %ld): uniform methods (kivi, xquant, squat, "
+                                "aqua-uniform) take 1, 2, 3, 4 or 8, higgs and aqua 1..8, 16 keeps kivi streams in f16",
+                                KV_FIT_MIN_BITS, KV_FIT_MAX_BITS, bits);
         goto end;
     }
     if (kv_cli_given(&a, opts, "seq-len") && (seq_len < 2 || seq_len > (1 << 20))) {
@@ -283,6 +287,10 @@ int kvcal_fit(int argc, char **argv) {
             if (stat(ck, &st) == 0 && !S_ISDIR(st.st_mode)) {
                 rc = kv_cli_usage_error(tool, "'%s' (the checkpoint directory of --out) exists and is not a directory",
                                         ck);
+                goto end;
+            }
+            if (kv_fit_ckpt_check_dir(ck) != KV_OK) { /* a symlink, or a directory kvcal fit did not create */
+                rc = kv_cli_usage_error(tool, "%s", kv_error_last());
                 goto end;
             }
         }

@@ -49,6 +49,15 @@ int kvcal_grids(int argc, char **argv) {
             return rc;
         }
     }
+    {   /* the training samples are held whole (samples x dim floats): refused before allocating them */
+        const double m_samples = samples ? (double)samples : (size * 1000.0 > 131072 ? size * 1000.0 : 131072);
+        char what[128];
+        snprintf(what, sizeof what, "--samples %.0f in %ld dimensions", m_samples, dim);
+        if (kv_tool_check_memory(m_samples * (double)dim * sizeof(float), what) != KV_OK) {
+            kv_cli_args_free(&a);
+            return kv_cli_fail("kvcal grids", KV_ENOMEM);
+        }
+    }
     kv_progress prog;
     kv_grid_opts go = {.seed = (uint64_t)seed, .samples = (size_t)samples, .progress = a.quiet ? NULL : &prog};
     float *points = NULL;

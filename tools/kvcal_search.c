@@ -4,8 +4,8 @@
  * the proxy (kv_importance_run, Spearman per stream); then for every (budget, context) point asked for:
  * allocate (kv_search_allocate), assemble, keep the least-KL plan on calibration text at the point's
  * context among the knapsack's, a context-corrected choice and the single methods within the budget (the
- * selection, SEARCH.md §5c; with --pruned also single methods under H2O token pruning, §5d, and with
- * --pruned-layers those with a candidate and a budget per layer, §5e), write, and validate the plan end to end with
+ * selection, SEARCH.md §5.3; with --pruned also single methods under H2O token pruning, §5.4, and with
+ * --pruned-layers those with a candidate and a budget per layer, §5.5), write, and validate the plan end to end with
  * `kvrun eval --plan`'s own code (kv_tool_eval_plan). Several points share the fits and the sensitivities:
  * that is how one run draws a frontier (scripts/pareto.sh). */
 #define _POSIX_C_SOURCE 200809L
@@ -17,8 +17,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <unistd.h>
+#include <sys/stat.h>
 
 #define MAX_CANDS 32
+#define MAX_COUNT (1L << 30) /* the most tokens or chunks a count option may ask for */
 static const char *const k_default_cands =
     "f16,kivi2,kivi3,kivi4,higgs2,higgs3,aqua2,aqua3,aqua2r32,aqua2r64,aqua3r32,fp8,nvfp4";
 #define MAX_BUDGETS 32
@@ -43,26 +47,26 @@ typedef struct search_point {
     size_t eval_chunks;
     kv_tool_plan_eval ev_same, ev;
     double seconds_eval;
-    /* the selection (--select-chunks, SEARCH.md §5c): the measured KL on calibration tokens at the point's
+    /* the selection (--select-chunks, SEARCH.md §5.3): the measured KL on calibration tokens at the point's
      * context of the knapsack's choice, of the choice on context-corrected sensitivities (NAN: the same
      * choice, or no selection), and which plan was kept */
     int selected;                /* SEL_KNAPSACK, SEL_CORRECTED, SEL_SINGLE, SEL_PRUNED */
     int single;                  /* SEL_SINGLE: the candidate whose own fit is the plan */
     int pruned;                  /* SEL_PRUNED: the pruned contender (its candidate's fit under H2O) */
     int layered;                 /* SEL_PRUNED: with the per-layer options of layers[pruned] (--pruned-layers) */
-    struct layered_try *layers;  /* --pruned-layers: per contender, its per-layer options at this point (§5e) */
+    struct layered_try *layers;  /* --pruned-layers: per contender, its per-layer options at this point (§5.5) */
     double sel_kl[2];
     double seconds_select;
 } search_point;
 
-/* A per-layer option of the pruned contenders (--pruned-layers, SEARCH.md §5e): one of the contenders' candidates,
+/* A per-layer option of the pruned contenders (--pruned-layers, SEARCH.md §5.5): one of the contenders' candidates,
  * keeping its contender's budget times mult. */
 typedef struct layer_opt {
     int cand;                    /* position in --candidates */
     double mult;
 } layer_opt;
 
-/* A pruned contender with per-layer options at one point (§5e): allocated under the point's budget from the
+/* A pruned contender with per-layer options at one point (§5.5): allocated under the point's budget from the
  * contender's per-layer table, then measured on the selection's chunks like every other plan. */
 typedef struct layered_try {
     enum { LAYERED_NONE, LAYERED_SAME, LAYERED_MEASURED } state; /* none fits / the contender itself / measured */
@@ -100,11 +104,45 @@ static kv_status parse_numbers(double *v, long *at, int *n, int max, const char 
     return KV_OK;
 }
 
+/* A directory that does not exist yet (--out-dir, created with its parents when the plans are written):
+ * its nearest existing ancestor must be a writable directory. */
+static int check_new_dir(const char *tool, const char *dir) {
+    char p[4096];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return kv_cli_usage_error(tool, "--out-dir: path too long");
+    for (;;) {
+        char *slash = strrchr(p, '/');
+        while (slash && slash > p && slash[1] == '\0') { /* trailing slashes */
+            *slash = '\0';
+            slash = strrchr(p, '/');
+        }
+        if (!slash) {
+            snprintf(p, sizeof p, ".");
+        } else if (slash == p) {
+            p[1] = '\0';
+        } else {
+            *slash = '\0';
+        }
+        struct stat sb;
+        if (stat(p, &sb) == 0) {
+            if (!S_ISDIR(sb.st_mode))
+                return kv_cli_usage_error(tool, "--out-dir '%s': '%s' is not a directory", dir, p);
+            if (access(p, W_OK | X_OK) != 0)
+                return kv_cli_usage_error(tool, "--out-dir '%s': directory '%s' is not writable: %s", dir, p,
+                                          strerror(errno));
+            return KV_EXIT_OK;
+        }
+        if (strcmp(p, ".") == 0 || strcmp(p, "/") == 0)
+            return kv_cli_usage_error(tool, "--out-dir '%s': no existing directory above it", dir);
+    }
+}
+
 /* "a,b,c" -> candidate indices (unknown: KV_EINVAL naming the known ones; duplicates refused). */
 static kv_status parse_candidates(int *idx, int *n, const char *list) {
     *n = 0;
     char buf[1024];
-    snprintf(buf, sizeof buf, "%s", list);
+    if (snprintf(buf, sizeof buf, "%s", list) >= (int)sizeof buf)
+        return KV_ERR(KV_EINVAL, "--candidates: the list has %zu bytes, more than the %zu it may hold", strlen(list),
+                      sizeof buf - 1);
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         int k;
         kv_status s = kv_search_candidate_find(&k, t);
@@ -308,7 +346,7 @@ static void layered_release(layered *lp) {
     lp->plan = NULL;
 }
 
-/* The per-layer table of contender j (candidate position base) at one context (SEARCH.md §5e), on the table's
+/* The per-layer table of contender j (candidate position base) at one context (SEARCH.md §5.5), on the table's
  * chunks (tab: as many as the selection's, other text): the contender's own KL and bits (*kl0, *bits0), then layer
  * l alone on option o, every other layer on the contender; dkl / dbits[l * n_opt + o] less the contender's. An
  * option that is the contender itself (its candidate, a kept fraction equal to its own once capped at 1) is not
@@ -500,7 +538,7 @@ static int parse_points(search_point *points, int *n_points, double *budgets, in
 }
 
 /* --pruned into the contenders (each's candidate's position in --candidates) and --pruned-layers into the per-layer
- * options: each contender's candidate (once) at its contender's budget and at each multiple of it (§5e);
+ * options: each contender's candidate (once) at its contender's budget and at each multiple of it (§5.5);
  * KV_EXIT_OK or the usage error's exit code. */
 static int parse_contenders(kv_search_pruned *pruned, int *pruned_pos, int *n_pruned, layer_opt *lopts, int *n_lopt,
                             const char *tool, const char *pruned_list, const char *layer_list, const int *cidx, int nc) {
@@ -550,7 +588,7 @@ static void point_yaml(char *yaml, size_t cap, const search_point *pt, long cont
                                     l == L - 1 ? "]\n" : "");
 }
 
-/* One pruned contender with its per-layer options at a point (§5e): allocated under the point's budget from its
+/* One pruned contender with its per-layer options at a point (§5.5): allocated under the point's budget from its
  * table, measured on the selection's chunks (unless the allocation is the contender itself, measured before), and
  * kept (pt->selected, pt->pruned, pt->layered, *best) when it fits the budget and measures the least KL so far. */
 typedef struct layered_contender {
@@ -606,7 +644,8 @@ int kvcal_search(int argc, char **argv) {
         {"tokenizer", 0, KV_OPT_STRING, &tokenizer, "T", "tokenizer (default: the model's own)", 0},
         {"corpus", 'c', KV_OPT_STRING, &corpus, "FILE", "calibration text: the fits, then (disjoint tokens) the "
                                                         "sensitivities and the importance proxy", 1},
-        {"heldout", 0, KV_OPT_STRING, &heldout, "FILE", "held-out text for the end-to-end validation", 1},
+        {"heldout", 0, KV_OPT_STRING, &heldout, "FILE", "held-out text for the end-to-end validation (default: the "
+                                                         "corpus's tokens after every token the search reads)", 0},
         {"budget-bits", 'B', KV_OPT_STRING, &budget_list, "B[,B...]", "honest total bits per value at --context, as "
                                                                        "kvrun eval --plan reports bits_per_value_total "
                                                                        "(several: one plan per budget and context; "
@@ -630,7 +669,7 @@ int kvcal_search(int argc, char **argv) {
         {"predictor-inputs", 0, KV_OPT_STRING, &pred_inputs, "chained|free", "chained (default): an AQUA-KV "
                                                                               "stream only where its inputs are "
                                                                               "AQUA-KV streams (keys before RoPE, "
-                                                                              "SEARCH.md §1d); free: anywhere", 0},
+                                                                              "SEARCH.md §1.4); free: anywhere", 0},
         {"select-chunks", 0, KV_OPT_INT, &select_chunks, "N", "selection (default 1; 0: none): per point, keep the "
                                                               "plan of least KL on N chunks of calibration text "
                                                               "at its context among the knapsack's choice, the "
@@ -641,7 +680,7 @@ int kvcal_search(int argc, char **argv) {
                                                            "fit with H2O keeping F of the f16 cache): measured at "
                                                            "each context, kept at a point whose budget their bits "
                                                            "fit when they measure the least KL, also where no "
-                                                           "assembly fits (SEARCH.md §5d)", 0},
+                                                           "assembly fits (SEARCH.md §5.4)", 0},
         {"pruned-layers", 0, KV_OPT_STRING, &layer_list, "M[,M...]", "per-layer options for the pruned contenders: "
                                                                       "each layer may take any contender's candidate "
                                                                       "keeping 1 or M times its contender's fraction "
@@ -649,7 +688,7 @@ int kvcal_search(int argc, char **argv) {
                                                                       "budget from one-layer measurements (contexts x "
                                                                       "contenders x layers x options selection runs), "
                                                                       "then measured and kept if least (SEARCH.md "
-                                                                      "§5e)", 0},
+                                                                      "§5.5)", 0},
         {"prompts", 0, KV_OPT_INT, &prompts, "N", "KVmix importance prompts for the proxy (default 8; 0: none)", 0},
         {"set", 0, KV_OPT_STRING, &set_last, "KEY=VALUE", "a fit configuration key for every candidate (repeatable), "
                                                           "e.g. cache.recent=64", 0},
@@ -667,7 +706,7 @@ int kvcal_search(int argc, char **argv) {
     }
     kv_cli_args a;
     int rc = kv_cli_parse(&a, tool,
-                          "--model M --corpus FILE --heldout FILE --budget-bits B[,B...] (--out PLAN | --out-dir DIR) "
+                          "--model M --corpus FILE [--heldout FILE] --budget-bits B[,B...] (--out PLAN | --out-dir DIR) "
                           "[--context N[,N...]] [--candidates LIST] [--json] [--set key=value ...]",
                           "Choose, for every layer and stream, one of several single-method plans so that the "
                           "summed per-stream KL sensitivity is least under a budget of honest total bits per value "
@@ -692,7 +731,7 @@ int kvcal_search(int argc, char **argv) {
     int pruned_pos[MAX_PRUNED], n_pruned = 0; /* a contender's candidate: its position in --candidates */
     double *pr_kl = NULL, *pr_bits = NULL;    /* [context][contender]: measured on the selection's chunks */
     int n_lopt = 0;
-    layer_opt lopts[MAX_LAYER_OPTS];          /* every contender's candidate x (1 and each multiplier) (§5e) */
+    layer_opt lopts[MAX_LAYER_OPTS];          /* every contender's candidate x (1 and each multiplier) (§5.5) */
     double *ly_dkl = NULL, *ly_dbits = NULL;  /* [context][contender][layer][option] */
     double *ly_kl = NULL, *ly_bits = NULL;    /* [context][contender]: the contender on the table's chunks */
     long contexts[MAX_CONTEXTS];
@@ -728,6 +767,15 @@ int kvcal_search(int argc, char **argv) {
                                 "--eval-chunks >= 1, --eval-tokens, --prompts and --select-chunks >= 0");
         goto end;
     }
+    /* counts of tokens or chunks beyond any corpus: refused here, so that the sums of what the run reads
+     * below cannot overflow */
+    if (fit_tokens > MAX_COUNT || fit_seq > (1L << 20) || sens_ctx > (1L << 20) || sens_samples > MAX_COUNT ||
+        eval_chunks > MAX_COUNT || eval_tokens > MAX_COUNT || prompts > MAX_COUNT || select_chunks > MAX_COUNT) {
+        rc = kv_cli_usage_error(tool, "--fit-tokens, --sens-samples, --eval-chunks, --eval-tokens, --prompts and "
+                                "--select-chunks must be at most %ld, --fit-seq-len and --sens-ctx at most 2^20",
+                                (long)MAX_COUNT);
+        goto end;
+    }
     if (strcmp(pred_inputs, "chained") != 0 && strcmp(pred_inputs, "free") != 0) {
         rc = kv_cli_usage_error(tool, "--predictor-inputs must be chained or free (got '%s')", pred_inputs);
         goto end;
@@ -760,16 +808,23 @@ int kvcal_search(int argc, char **argv) {
         goto end;
     }
     if ((rc = kv_tool_threads(tool, threads, &n_threads)) != KV_EXIT_OK) goto end;
-    if (out_dir && kv_mkdir_p(out_dir) != 0) {
-        s = KV_ERR(KV_EIO, "--out-dir '%s': cannot create it", out_dir);
-        goto fail;
-    }
     {
         const kv_tool_path ins[] = {{"--model", model}, {"--tokenizer", tokenizer}, {"--corpus", corpus},
                                     {"--heldout", heldout}};
         kv_tool_path outs[MAX_BUDGETS * MAX_CONTEXTS];
         for (int p = 0; p < n_points; p++) outs[p].what = out ? "--out" : "--out-dir", outs[p].path = points[p].path;
-        if ((rc = kv_tool_check_io(tool, ins, 4, outs, n_points)) != KV_EXIT_OK) goto end;
+        /* --out-dir is created only when the plans are written, after every check: a missing one is
+         * checked where it would be created (its nearest existing ancestor must take it) */
+        struct stat sb;
+        const int dir_exists = out_dir && stat(out_dir, &sb) == 0;
+        if (out_dir && dir_exists && !S_ISDIR(sb.st_mode)) {
+            rc = kv_cli_usage_error(tool, "--out-dir '%s' exists and is not a directory", out_dir);
+            goto end;
+        }
+        if (out_dir && !dir_exists && (rc = check_new_dir(tool, out_dir)) != KV_EXIT_OK) goto end;
+        if ((rc = kv_tool_check_io(tool, ins, 4, outs, out_dir && !dir_exists ? 0 : n_points)) != KV_EXIT_OK) goto end;
+        /* corpora that never end (devices), or missing, before anything is loaded */
+        if ((s = kv_input_check(corpus)) != KV_OK || (heldout && (s = kv_input_check(heldout)) != KV_OK)) goto fail;
     }
     /* ---- model, tokens ---- */
     const double t0 = kv_now_seconds();
@@ -790,10 +845,18 @@ int kvcal_search(int argc, char **argv) {
     for (int k = 0; k < n_ctx; k++) max_ctx = contexts[k] > max_ctx ? contexts[k] : max_ctx;
     const size_t select_need = (size_t)select_chunks * (size_t)(max_ctx - 1); /* after the fits' and the proxy's */
     /* --pruned-layers: the per-layer tables on as many chunks again, after the selection's: the allocation is fitted
-     * to its table's text, so the selection must measure the allocated plan on other text (SEARCH.md §5e) */
+     * to its table's text, so the selection must measure the allocated plan on other text (SEARCH.md §5.5) */
     const size_t table_need = n_lopt > 0 ? select_need : 0;
+    size_t ho_need = 0; /* the most any point's validation reads */
+    for (int p = 0; p < n_points; p++) {
+        const size_t need = points[p].eval_chunks * (size_t)(contexts[points[p].ctx_index] - 1);
+        ho_need = need > ho_need ? need : ho_need;
+    }
+    /* every token the search reads from the corpus: without --heldout the validation takes the tokens after them,
+     * so it never scores text a fit, a sensitivity, the proxy or the selection saw */
+    const size_t corpus_used = (size_t)fit_tokens + extra + select_need + table_need;
     if ((s = kv_tool_tokenize_file_max(&ids, &n_ids, corpus_sha, tok, corpus,
-                                       (size_t)fit_tokens + extra + select_need + table_need)) != KV_OK)
+                                       corpus_used + (heldout ? 0 : ho_need))) != KV_OK)
         goto fail;
     if (n_ids < (size_t)fit_tokens + sens_need) {
         s = KV_ERR(KV_EINVAL, "corpus '%s' has %zu tokens; the fits take %ld and the sensitivities %zu more", corpus,
@@ -807,13 +870,48 @@ int kvcal_search(int argc, char **argv) {
                    table_need ? ", twice with --pruned-layers" : "");
         goto fail;
     }
-    {
-        size_t ho_need = 0; /* the most any point's validation reads */
-        for (int p = 0; p < n_points; p++) {
-            const size_t need = points[p].eval_chunks * (size_t)(contexts[points[p].ctx_index] - 1);
-            ho_need = need > ho_need ? need : ho_need;
-        }
+    if (heldout) {
         if ((s = kv_tool_tokenize_file_max(&ho, &n_ho, NULL, tok, heldout, ho_need)) != KV_OK) goto fail;
+    } else {
+        n_ho = n_ids > corpus_used ? n_ids - corpus_used : 0;
+        if (n_ho > 0) {
+            if (!(ho = malloc(n_ho * sizeof *ho))) {
+                s = KV_ERR(KV_ENOMEM, "out of memory (%zu held-out tokens)", n_ho);
+                goto fail;
+            }
+            memcpy(ho, ids + corpus_used, n_ho * sizeof *ho);
+        }
+    }
+    /* every point is validated on at least one chunk of its context: checked before any fit */
+    for (int k = 0; k < n_ctx; k++)
+        if (n_ho < (size_t)(contexts[k] - 1)) {
+            if (heldout)
+                s = KV_ERR(KV_EINVAL, "--heldout '%s' has %zu tokens, fewer than one validation chunk of %ld at "
+                           "--context %ld: use a longer held-out text or a shorter --context", heldout, n_ho,
+                           contexts[k] - 1, contexts[k]);
+            else
+                s = KV_ERR(KV_EINVAL, "corpus '%s' has %zu tokens: the search reads the first %zu and, without "
+                           "--heldout, validates on the tokens after them, fewer than one chunk of %ld at --context "
+                           "%ld: give --heldout FILE or a longer corpus", corpus, n_ids, corpus_used,
+                           contexts[k] - 1, contexts[k]);
+            goto fail;
+        }
+    if (!heldout)
+        kv_log(KV_LOG_INFO, "search: no --heldout: the plans are validated on the corpus's tokens %zu..%zu, after (and "
+               "disjoint from) every token the fits, sensitivities, proxy and selection read", corpus_used,
+               corpus_used + (n_ho < ho_need ? n_ho : ho_need));
+    {   /* the memory of the largest step, before any fit: the validation at the longest --context (the exact
+         * and the compressed forward side by side: two hidden-state buffers, the f32 exact cache and at most
+         * as much for the compressed one, the forward workspace over the whole chunk) */
+        const kv_arch *ar = kv_model_arch(m);
+        const double c = (double)max_ctx, kvd = (double)ar->n_kv_heads * ar->head_dim;
+        const double est = (double)kv_model_weight_bytes(m) + 2.0 * c * ar->d_model * 4.0 +
+                           2.0 * c * ar->n_layers * 2.0 * kvd * 4.0 + kv_model_forward_bytes(m, c, c) +
+                           4.0 * ((double)n_ids + (double)n_ho);
+        char what[160];
+        snprintf(what, sizeof what, "the validation at --context %ld on this model (%d layers, %d KV heads of %d)",
+                 max_ctx, ar->n_layers, ar->n_kv_heads, ar->head_dim);
+        if ((s = kv_tool_check_memory(est, what)) != KV_OK) goto fail;
     }
     const int32_t bos = kv_tokenizer_bos(tok);
     const kv_arch *arch = kv_model_arch(m);
@@ -1004,7 +1102,7 @@ int kvcal_search(int argc, char **argv) {
     for (size_t i = 0; i < table_len; i++) n_evals += allowed[i];
     /* ---- 4b. the selection's measurements: each single method (a candidate offered on every stream) through
      * its own fit at each context on calibration tokens, and the context scale of every candidate's
-     * sensitivities (kv_search_context_scale, SEARCH.md §5c) ---- */
+     * sensitivities (kv_search_context_scale, SEARCH.md §5.3) ---- */
     double seconds_select = 0;
     const mix_inputs mix = {&fin, cands, plans, nc, L, common, n_common};
     const select_tokens sel = {m, sel_tok, n_sel_tok, bos, select_chunks};
@@ -1037,7 +1135,7 @@ int kvcal_search(int argc, char **argv) {
                 s = kv_search_context_scale(kl_scaled + table_len * k, scale + (size_t)k * nc, kl,
                                             sel_single + (size_t)k * nc, n_items, nc);
         }
-        /* each pruned contender (§5d): its candidate's fit under H2O, KL and honest bits on the same chunks */
+        /* each pruned contender (§5.4): its candidate's fit under H2O, KL and honest bits on the same chunks */
         if (s == KV_OK && n_pruned > 0 &&
             (!(pr_kl = malloc((size_t)n_ctx * n_pruned * sizeof *pr_kl)) ||
              !(pr_bits = malloc((size_t)n_ctx * n_pruned * sizeof *pr_bits))))
@@ -1054,7 +1152,7 @@ int kvcal_search(int argc, char **argv) {
                 }
                 if (s != KV_OK) kv_error_wrap(s, "--pruned %s at context %ld: ", pruned[j].name, contexts[k]);
             }
-        /* with --pruned-layers, each contender's per-layer table (§5e) */
+        /* with --pruned-layers, each contender's per-layer table (§5.5) */
         const size_t ly_len = (size_t)L * (size_t)n_lopt; /* one table */
         if (s == KV_OK && n_lopt > 0 &&
             (!(ly_dkl = malloc((size_t)n_ctx * n_pruned * ly_len * sizeof *ly_dkl)) ||
@@ -1102,7 +1200,7 @@ int kvcal_search(int argc, char **argv) {
             }
             pt->selected = SEL_KNAPSACK;
             ts = kv_now_seconds();
-            if (select_chunks > 0) { /* measure, on calibration tokens at this context, what to keep (SEARCH.md §5c) */
+            if (select_chunks > 0) { /* measure, on calibration tokens at this context, what to keep (SEARCH.md §5.3) */
                 /* a single method was measured in 4b on the same chunks: its KL is reused, not measured again */
                 if (single >= 0) pt->sel_kl[0] = sel_single[k * nc + single];
                 if ((single < 0 && (s = select_kl(&pt->sel_kl[0], NULL, &sel, plan, context, NULL)) != KV_OK) ||
@@ -1142,11 +1240,11 @@ int kvcal_search(int argc, char **argv) {
                         best = sel_single[k * nc + c], pt->selected = SEL_SINGLE, pt->single = c;
             }
         }
-        /* a pruned contender whose bits (measured at this context) fit the budget and that measured less (§5d) */
+        /* a pruned contender whose bits (measured at this context) fit the budget and that measured less (§5.4) */
         for (int j = 0; j < n_pruned; j++)
             if (pr_bits[k * n_pruned + j] <= pt->budget_bits && pr_kl[k * n_pruned + j] < best)
                 best = pr_kl[k * n_pruned + j], pt->selected = SEL_PRUNED, pt->pruned = j;
-        /* each contender with per-layer options allocated under this budget, measured (§5e) */
+        /* each contender with per-layer options allocated under this budget, measured (§5.5) */
         for (int j = 0; j < n_pruned && n_lopt > 0 && s == KV_OK; j++) {
             const size_t off = ((size_t)k * n_pruned + (size_t)j) * (size_t)L * (size_t)n_lopt;
             const kv_search_layer_table t = {L, n_lopt, ly_dkl + off, ly_dbits + off, pr_kl[k * n_pruned + j],
@@ -1194,7 +1292,7 @@ int kvcal_search(int argc, char **argv) {
             total_values += va[(size_t)i * nc];
         }
         pt->predicted_bits = 8.0 * (double)chosen_bytes / (double)total_values;
-        if (pt->selected == SEL_PRUNED) /* the sensitivities do not model pruning; its bits were measured (§5d) */
+        if (pt->selected == SEL_PRUNED) /* the sensitivities do not model pruning; its bits were measured (§5.4) */
             pt->predicted_kl = NAN, pt->predicted_bits = pt->layered ? pt->layers[pt->pruned].bits
                                                                     : pr_bits[k * n_pruned + pt->pruned];
         kv_plan_provenance pv;
@@ -1206,6 +1304,8 @@ int kvcal_search(int argc, char **argv) {
         point_yaml(yaml, sizeof yaml, pt, context, plan, L, select_chunks > 0, pruned, cands);
         pv.config_yaml = yaml;
         if ((s = kv_plan_creation_time(&pv.created)) == KV_OK) s = kv_plan_set_provenance(plan, &pv);
+        if (s == KV_OK && out_dir && kv_mkdir_p(out_dir) != 0)
+            s = KV_ERR(KV_EIO, "--out-dir '%s': cannot create it: %s", out_dir, strerror(errno));
         if (s == KV_OK) s = kv_plan_write(plan, pt->path, NULL);
         if (plan_owned) kv_plan_free(plan);
         layered_release(&lp);
@@ -1220,9 +1320,21 @@ int kvcal_search(int argc, char **argv) {
         pt->seconds_eval = kv_now_seconds() - tv;
         seconds_eval += pt->seconds_eval;
     }
+    {   /* with --pruned, every point may have been refused one by one: no plan at all is a failure */
+        int n_plans = 0;
+        for (int p = 0; p < n_points; p++) n_plans += points[p].feasible;
+        if (n_plans == 0) {
+            s = KV_ERR(KV_EINVAL, "no point got a plan: every --budget-bits is below the cheapest assembly of these "
+                       "candidates and below every pruned contender's measured bits");
+            goto fail;
+        }
+    }
     /* ---- report ---- */
     if (json) {
-        printf("{\n  \"budget_bits\": [");
+        printf("{\n  \"heldout\": ");
+        if (heldout) kv_tool_json_string(stdout, heldout);
+        else printf("\"corpus tokens from %zu\"", corpus_used);
+        printf(",\n  \"budget_bits\": [");
         for (int b = 0; b < n_budgets; b++) printf("%s%.6g", b ? ", " : "", budgets[b]);
         printf("], \"contexts\": [");
         for (int k = 0; k < n_ctx; k++) printf("%s%ld", k ? ", " : "", contexts[k]);
@@ -1345,7 +1457,7 @@ int kvcal_search(int argc, char **argv) {
                     first = 0;
                 }
                 printf("], \"layered\": %s, \"pruned_layers\": [", pt->layered ? "true" : "false");
-                for (int j = 0; j < n_pruned && n_lopt > 0; j++) { /* §5e: per contender, its per-layer options here */
+                for (int j = 0; j < n_pruned && n_lopt > 0; j++) { /* §5.5: per contender, its per-layer options here */
                     const layered_try *lt = &pt->layers[j];
                     printf("%s{\"name\": \"%s\", \"state\": \"%s\"", j ? ", " : "", pruned[j].name,
                            lt->state == LAYERED_NONE   ? "none fits"

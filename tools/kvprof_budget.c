@@ -127,18 +127,28 @@ int kvprof_budget(int argc, char **argv) {
         free(sets);
         return kv_cli_usage_error(k_tool, "%s", kv_error_last());
     }
-    for (int i = 0; i < nbits; i++) bits[i] = (int)bv[i];
+    for (int i = 0; i < nbits; i++) {
+        if (!(bv[i] >= 1 && bv[i] <= 32 && bv[i] == floor(bv[i]))) { /* 2.5 is not 2 */
+            free(sets);
+            return kv_cli_usage_error(k_tool, "--bits %g: token precisions are whole numbers of bits (16, 8, 4, 3 or "
+                                      "2)", bv[i]);
+        }
+        bits[i] = (int)bv[i];
+    }
     if (target == 0) target = budgets[0];
     int ti = -1;
     for (int i = 0; i < nb; i++)
         if (budgets[i] == target) ti = i;
     rc = KV_EXIT_OK;
     if (ti < 0) rc = kv_cli_usage_error(k_tool, "--target %g is not one of --budgets", target);
-    else if (prompt_len < 2 || score_len < 1 || samples < 1 || prompt_len + score_len > (1L << 22))
-        rc = kv_cli_usage_error(k_tool, "--prompt-len >= 2, --score-len >= 1, --samples >= 1");
-    else if (pk_len < 0 || trials < 1 || trials > 1000 || prefill_chunk < 0 || max_tokens < 0 || seed < 0)
-        rc = kv_cli_usage_error(k_tool, "--passkey-length >= 0, --trials in [1, 1000], --prefill-chunk, --max-tokens, "
-                                "--seed >= 0");
+    else if (prompt_len < 2 || score_len < 1 || samples < 1 || prompt_len > (1L << 22) || score_len > (1L << 22) ||
+             samples > (1L << 30) || prompt_len + score_len > (1L << 22))
+        rc = kv_cli_usage_error(k_tool, "--prompt-len >= 2, --score-len >= 1 (together at most 2^22), --samples in "
+                                "[1, 2^30]");
+    else if (pk_len < 0 || pk_len > (1L << 22) || trials < 1 || trials > 1000 || prefill_chunk < 0 ||
+             prefill_chunk > (1L << 24) || max_tokens < 0 || seed < 0)
+        rc = kv_cli_usage_error(k_tool, "--passkey-length in [0, 2^22], --trials in [1, 1000], --prefill-chunk in "
+                                "[0, 2^24], --max-tokens, --seed >= 0");
     for (int i = 0; i < nd && rc == KV_EXIT_OK; i++)
         if (!(dv[i] >= 0 && dv[i] <= 1)) rc = kv_cli_usage_error(k_tool, "--depths values must be in [0, 1]");
     int n_threads = 0;

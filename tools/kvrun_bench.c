@@ -98,6 +98,21 @@ int kvrun_bench(int argc, char **argv) {
     const kv_arch *a = kv_model_arch(m);
     kv_tool_warn_context(a, context + decode, "--context plus --decode");
     const int N = (int)context, K = (int)decode, B = (int)batch, V = a->vocab_size;
+    {   /* the memory this asks for, before allocating any of it: the cache of B sequences of N + K tokens
+         * (f32 for the plain cache, f16 as the bound for the runtime's), the forward workspace of the
+         * largest step (a prefill chunk or the B decoding rows), the logits, the text's tokens */
+        const double kvd = (double)a->n_kv_heads * a->head_dim;
+        const double per_value = !plan_path && strcmp(cache_kind, "f32") == 0 ? 4.0 : 2.0;
+        const double cache_b = (double)B * (double)(N + K) * a->n_layers * 2.0 * kvd * per_value;
+        const double chunk = prefill_chunk > 0 && prefill_chunk < context ? (double)prefill_chunk : (double)N;
+        const double rows = chunk > B ? chunk : B;
+        const double est = (double)kv_model_weight_bytes(m) + cache_b + kv_model_forward_bytes(m, rows, (double)(N + K)) +
+                           4.0 * (double)B * V + (text ? 16.0 * (double)N : 0.0);
+        char what[256];
+        snprintf(what, sizeof what, "--batch %d x --context %d + --decode %d (a cache of %.1f GiB; a forward step of "
+                 "%.0f rows, --prefill-chunk)", B, N, K, cache_b / 1073741824.0, rows);
+        if ((s = kv_tool_check_memory(est, what)) != KV_OK) goto done;
+    }
     prompt = malloc(sizeof(int32_t) * (size_t)N);
     next = malloc(sizeof(int32_t) * (size_t)B);
     seq_ids = malloc(sizeof(int) * (size_t)B);

@@ -130,10 +130,16 @@ int kvrun_eval(int argc, char **argv) {
     if (!text) return kv_cli_usage_error(k_tool, "--text FILE is required (or --task passkey)");
     const int continuation = strcmp(protocol, "continuation") == 0;
     if (continuation) {
-        if (prompt_len < 2 || score_len < 1 || prompt_len + score_len > (1L << 24))
-            return kv_cli_usage_error(k_tool, "--protocol continuation needs --prompt-len N >= 2 and --score-len M >= 1");
+        /* each bounded before the sum (no signed overflow) and every count fits the int it becomes */
+        if (prompt_len < 2 || score_len < 1 || prompt_len > (1L << 24) || score_len > (1L << 24) ||
+            prompt_len + score_len > (1L << 24))
+            return kv_cli_usage_error(k_tool, "--protocol continuation needs --prompt-len N >= 2 and --score-len M >= 1, "
+                                      "together at most 2^24");
         if (ctx || prefill) return kv_cli_usage_error(k_tool, "--protocol continuation takes --prompt-len, not --ctx or --prefill");
-        if (samples < 0 || step < 0 || max_tokens < 0) return kv_cli_usage_error(k_tool, "--samples, --step, --max-tokens >= 0");
+        if (samples < 0 || step < 0 || max_tokens < 0 || samples > (1L << 30) || step > (1L << 24) ||
+            prefill_chunk > (1L << 24))
+            return kv_cli_usage_error(k_tool, "--samples in [0, 2^30], --step and --prefill-chunk in [0, 2^24], "
+                                      "--max-tokens >= 0");
         kv_model *m = NULL;
         kv_tokenizer *tok = NULL;
         int32_t *ids = NULL;
@@ -171,7 +177,8 @@ int kvrun_eval(int argc, char **argv) {
         return kv_cli_usage_error(k_tool, "--max-tokens >= 0, --batch in [1, 4096]");
     if (plan && proto != KV_PPL_ALL) return kv_cli_usage_error(k_tool, "--plan evaluates with protocol 'all' only");
     if (predictions && !plan) return kv_cli_usage_error(k_tool, "--predictions goes with --plan");
-    if (prefill < 0 || step < 0 || prefill > ctx) return kv_cli_usage_error(k_tool, "--prefill in [0, ctx], --step >= 0");
+    if (prefill < 0 || step < 0 || prefill > ctx || step > (1L << 24))
+        return kv_cli_usage_error(k_tool, "--prefill in [0, ctx], --step in [0, 2^24]");
 
     kv_model *m = NULL;
     kv_tokenizer *tok = NULL;

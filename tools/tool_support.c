@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* ---- incremental tokenization ------------------------------------------------------------------- */
 static int ascii_letter(unsigned char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'); }
@@ -129,6 +130,7 @@ kv_status kv_tool_tokenize_file_ex(int32_t **ids, size_t *n, char sha256[65], co
         if (cut == 0 && !eof && cont_flags >= 0 && (cut = last_line_cut(buf, len, from)) > 0)
             next_flags = KV_TOK_NO_SPACE_PREFIX;
         if (cut == 0) {
+            if (eof) break; /* the end, with nothing left to tokenize (an empty file or pipe) */
             /* a tokenizer that can only take the text whole (cont_flags < 0) reads a regular file whole */
             if ((!regular || cont_flags >= 0) && len > TOK_MAX_PENDING) {
                 s = KV_ERR(KV_EINVAL, "'%s': no place to cut the text (a space between words or a line break) in %d "
@@ -325,6 +327,68 @@ int kv_tool_check_io(const char *tool, const kv_tool_path *inputs, int n_in, con
                 return kv_cli_usage_error(tool, "%s and %s are the same file '%s'", outputs[j].what, o->what, o->path);
     }
     return KV_EXIT_OK;
+}
+
+/* Is `inner` (resolved) `outer` or below it? */
+static int path_within(const char *inner, const char *outer) {
+    const size_t n = strlen(outer);
+    if (strncmp(inner, outer, n) != 0) return 0;
+    return inner[n] == '\0' || inner[n] == '/' || (n == 1 && outer[0] == '/');
+}
+
+int kv_tool_check_out_dir(const char *tool, const char *what, const char *path, const kv_tool_path *inputs, int n_in) {
+    if (!path || !*path) return kv_cli_usage_error(tool, "%s: an output path is empty", what);
+    struct stat st;
+    char parent[PATH_MAX], rparent[PATH_MAX], rin[PATH_MAX];
+    if (stat(path, &st) == 0) {
+        if (!S_ISDIR(st.st_mode))
+            return kv_cli_usage_error(tool, "%s '%s' exists and is not a directory: the output is a new directory",
+                                      what, path);
+        DIR *d = opendir(path);
+        int empty = d != NULL;
+        for (struct dirent *e; d && empty && (e = readdir(d)) != NULL;)
+            empty = strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0;
+        if (d) closedir(d);
+        for (int j = 0; j < n_in; j++)
+            if (inputs[j].path && kv_same_file(path, inputs[j].path))
+                return kv_cli_usage_error(tool, "%s '%s' is the same directory as %s '%s': refusing to overwrite an "
+                                          "input", what, path, inputs[j].what, inputs[j].path);
+        if (!empty)
+            return kv_cli_usage_error(tool, "%s '%s' exists and is not empty: the output is written whole as a new "
+                                      "directory (remove it or name another)", what, path);
+    } else if (errno != ENOENT) {
+        return kv_cli_usage_error(tool, "%s '%s': %s", what, path, strerror(errno));
+    }
+    /* the parent must take the temporary directory and the rename */
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    snprintf(parent, sizeof parent, "%.*s", (int)n, path);
+    char *slash = strrchr(parent, '/');
+    if (!slash) snprintf(parent, sizeof parent, ".");
+    else if (slash == parent) slash[1] = '\0';
+    else *slash = '\0';
+    if (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode))
+        return kv_cli_usage_error(tool, "%s '%s': directory '%s' does not exist", what, path, parent);
+    if (access(parent, W_OK | X_OK) != 0)
+        return kv_cli_usage_error(tool, "%s '%s': directory '%s' is not writable: %s", what, path, parent,
+                                  strerror(errno));
+    if (!realpath(parent, rparent)) return kv_cli_usage_error(tool, "%s '%s': %s", what, path, strerror(errno));
+    for (int j = 0; j < n_in; j++) {
+        if (!inputs[j].path || !realpath(inputs[j].path, rin)) continue;
+        if (stat(rin, &st) == 0 && S_ISDIR(st.st_mode) && path_within(rparent, rin))
+            return kv_cli_usage_error(tool, "%s '%s' is inside %s '%s': refusing to write into an input", what, path,
+                                      inputs[j].what, inputs[j].path);
+    }
+    return KV_EXIT_OK;
+}
+
+kv_status kv_tool_check_memory(double bytes, const char *what) {
+    const uint64_t total = kv_memory_total_bytes();
+    if (total > 0 && bytes > (double)total)
+        return KV_ERR(KV_ENOMEM, "%s needs about %.1f GiB of memory, more than the %.1f GiB this machine has: "
+                      "refused before allocating (ask for less)", what, bytes / 1073741824.0,
+                      (double)total / 1073741824.0);
+    return KV_OK;
 }
 
 void kv_tool_warn_context(const kv_arch *a, long n, const char *what) {

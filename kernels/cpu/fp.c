@@ -3,6 +3,7 @@
 #include "kv_quant_math.h"
 #include "kv_kernels_internal.h"
 
+#include <math.h>
 #include <string.h>
 
 kv_status kv_fpq_check(const kv_fpq *q, size_t channels) {
@@ -90,4 +91,24 @@ kv_status kv_fpq_decode_ref(float *x_hat, const kv_fpq *q, size_t tokens, size_t
                            : kv_qm_fp_decode(fmt, code) * S;
         }
     return KV_OK;
+}
+
+void kv_fpq_sse_add(double *acc, kv_fp_format format, const float *x, int n, float scale) {
+    if (format != KV_FP_NVFP4) {
+        for (int i = 0; i < n; i++) {
+            const float xh = kv_qm_fp_decode((int)format, kv_qm_fp8_code((int)format, x[i], scale)) * scale;
+            const double e = (double)x[i] - (double)xh;
+            *acc += e * e;
+        }
+        return;
+    }
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    const float d = kv_qm_nvfp4_block_mul(kv_qm_nvfp4_block_scale(amax, scale), scale);
+    double e2 = 0;
+    for (int i = 0; i < n; i++) {
+        const double e = (double)x[i] - (double)(kv_qm_e2m1_to_f32(kv_qm_nvfp4_code(x[i], d)) * d);
+        e2 += e * e;
+    }
+    *acc += e2;
 }

@@ -10,7 +10,7 @@ extern "C" int kv_cuda_available(void) {
     return n > 0;
 }
 
-__global__ void kv_pack_kernel(uint32_t *words, const uint8_t *codes, size_t n, size_t nw, int bits, int per) {
+static __global__ void kv_pack_kernel(uint32_t *words, const uint8_t *codes, size_t n, size_t nw, int bits, int per) {
     for (size_t w = blockIdx.x * (size_t)blockDim.x + threadIdx.x; w < nw; w += (size_t)gridDim.x * blockDim.x)
         words[w] = kv_qm_pack_word(codes, n, w, bits, per);
 }
@@ -50,7 +50,7 @@ done:
 /* ---- uniform ------------------------------------------------------------------------------------- */
 /* One thread per group: min/max, stored parameters, and the u8 code of every element at its
  * stream position (codes == NULL: parameters only). */
-__global__ void kv_uniform_encode_kernel(uint8_t *codes, void *scales, void *zeros, const float *x, size_t T,
+static __global__ void kv_uniform_encode_kernel(uint8_t *codes, void *scales, void *zeros, const float *x, size_t T,
                                          size_t C, size_t G, int axis, int bits, int per, float eta, int pt,
                                          size_t ngroups, int *bad) {
     for (size_t grp = blockIdx.x * (size_t)blockDim.x + threadIdx.x; grp < ngroups;
@@ -93,7 +93,7 @@ __global__ void kv_uniform_encode_kernel(uint8_t *codes, void *scales, void *zer
     }
 }
 
-__global__ void kv_uniform_decode_kernel(float *y, const uint32_t *codes, const void *scales, const void *zeros,
+static __global__ void kv_uniform_decode_kernel(float *y, const uint32_t *codes, const void *scales, const void *zeros,
                                          size_t T, size_t C, size_t G, int axis, int bits, int per, int pt) {
     const size_t n = T * C;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
@@ -102,7 +102,7 @@ __global__ void kv_uniform_decode_kernel(float *y, const uint32_t *codes, const 
     }
 }
 
-__global__ void kv_uniform_scores_kernel(float *scores, const uint32_t *codes, const void *scales,
+static __global__ void kv_uniform_scores_kernel(float *scores, const uint32_t *codes, const void *scales,
                                          const void *zeros, const float *query, size_t T, size_t C, size_t G,
                                          int axis, int bits, int per, int pt) {
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < T; t += (size_t)gridDim.x * blockDim.x)

@@ -7,7 +7,7 @@
 
 /* One thread per (token, block of 16 channels): the block's codes (u8, at their stream positions)
  * and, for NVFP4, its E4M3 block scale. */
-__global__ void kv_fpq_encode_kernel(uint8_t *codes, uint8_t *bscales, const float *x, size_t T, size_t C, int fmt,
+static __global__ void kv_fpq_encode_kernel(uint8_t *codes, uint8_t *bscales, const float *x, size_t T, size_t C, int fmt,
                                      const float *scales, int n_scales, int scale_channels, int *bad) {
     const size_t nb = (C + KV_NVFP4_BLOCK - 1) / KV_NVFP4_BLOCK, items = T * nb;
     for (size_t it = blockIdx.x * (size_t)blockDim.x + threadIdx.x; it < items; it += (size_t)gridDim.x * blockDim.x) {
@@ -39,7 +39,7 @@ __global__ void kv_fpq_encode_kernel(uint8_t *codes, uint8_t *bscales, const flo
     }
 }
 
-__global__ void kv_fpq_decode_kernel(float *y, const uint32_t *codes, const uint8_t *bscales, size_t T, size_t C,
+static __global__ void kv_fpq_decode_kernel(float *y, const uint32_t *codes, const uint8_t *bscales, size_t T, size_t C,
                                      int fmt, const float *scales, int n_scales, int scale_channels) {
     const size_t n = T * C, nb = (C + KV_NVFP4_BLOCK - 1) / KV_NVFP4_BLOCK;
     const int bits = kv_qm_fp_bits(fmt), per = kv_qm_per_word(bits, 0);

@@ -5,7 +5,7 @@
 
 #define KV_HIGGS_THREADS 128
 
-__global__ void kv_higgs_encode_kernel(uint8_t *idx, void *norms, const float *x, size_t C, size_t g,
+static __global__ void kv_higgs_encode_kernel(uint8_t *idx, void *norms, const float *x, size_t C, size_t g,
                                        size_t groups, uint64_t seed, uint64_t ch0, const float *grid, int d, int n,
                                        int nt, int *bad) {
     extern __shared__ float v[];
@@ -37,7 +37,7 @@ __global__ void kv_higgs_encode_kernel(uint8_t *idx, void *norms, const float *x
     }
 }
 
-__global__ void kv_higgs_decode_kernel(float *y, const uint32_t *indices, const void *norms, size_t C, size_t g,
+static __global__ void kv_higgs_decode_kernel(float *y, const uint32_t *indices, const void *norms, size_t C, size_t g,
                                        size_t groups, uint64_t seed, uint64_t ch0, const float *grid, int d, int bits,
                                        int per, int nt) {
     extern __shared__ float v[];
@@ -59,11 +59,11 @@ __global__ void kv_higgs_decode_kernel(float *y, const uint32_t *indices, const 
     }
 }
 
-__global__ void kv_higgs_rotate_kernel(float *qrot, const float *q, uint64_t seed, uint64_t ch0, size_t C, size_t g) {
+static __global__ void kv_higgs_rotate_kernel(float *qrot, const float *q, uint64_t seed, uint64_t ch0, size_t C, size_t g) {
     if (blockIdx.x == 0 && threadIdx.x == 0) kv_qm_higgs_rotate_query(qrot, q, seed, ch0, C, g);
 }
 
-__global__ void kv_higgs_scores_kernel(float *scores, const float *qrot, size_t T, size_t C, size_t g,
+static __global__ void kv_higgs_scores_kernel(float *scores, const float *qrot, size_t T, size_t C, size_t g,
                                        const uint32_t *indices, const void *norms, int nt, const float *grid, int d,
                                        int bits, int per) {
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < T; t += (size_t)gridDim.x * blockDim.x)

@@ -27,9 +27,12 @@ static inline unsigned kv_cu_blocks(size_t n, unsigned threads) {
     return b ? (unsigned)b : 1u;
 }
 
+/* C linkage: libkvrt exports kv_ names only, not C++-mangled ones. */
+extern "C" {
 /* Pack u8 codes (device) into words (device) on a stream; defined in common.cu. */
 kv_status kv_cu_pack(uint32_t *words, const uint8_t *codes, size_t n, int bits, int per, cudaStream_t s);
 /* Read the device flag and map a non-zero value to KV_ENUMERIC with `what`. */
 kv_status kv_cu_check_flag(int *dflag, cudaStream_t s, const char *what);
+}
 
 #endif

@@ -3,14 +3,15 @@
 // and the fused attention: kv_attn_math.h's block program run by KV_DA_THREADS threads per block, then the
 // combine of the splits. Every kernel's per-element work is a KV_HD function the host model (rt_dev_host.c)
 // runs too; this file compiles with -fmad=false so that both give the same bits.
-#include <cublas_v2.h>
 
 #include <new>
 
+#include "kv_cuda_dl.h"
 #include "kv_cuda_util.h"
 #include "rt_dev.h"
 
-namespace {
+/* Everything below up to the backend table is file-local (static, not an anonymous namespace: nvcc gives
+ * those external linkage under a unique name, and libkvrt exports kv_ names only). */
 
 struct cuda_impl {
     cudaStream_t stream;
@@ -19,7 +20,7 @@ struct cuda_impl {
     int smem_optin;
 };
 
-cudaStream_t stream_of(rt_dev *d) { return static_cast<cuda_impl *>(d->impl)->stream; }
+static cudaStream_t stream_of(rt_dev *d) { return static_cast<cuda_impl *>(d->impl)->stream; }
 
 // ---- kernels ------------------------------------------------------------------------------------------
 #define KV_CU_MAX_JOBS 64
@@ -30,7 +31,7 @@ struct store_args {
     int kv_dim;
 };
 
-__global__ void store_rows_kernel(const __grid_constant__ store_args a) {
+static __global__ void store_rows_kernel(const __grid_constant__ store_args a) {
     const rt_dev_rows *j = &a.jobs[blockIdx.y];
     const size_t n = (size_t)j->n * (size_t)a.kv_dim;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
@@ -39,28 +40,28 @@ __global__ void store_rows_kernel(const __grid_constant__ store_args a) {
     }
 }
 
-__global__ void rows_f32_kernel(float *dst, const uint16_t *src, size_t n) {
+static __global__ void rows_f32_kernel(float *dst, const uint16_t *src, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         dst[i] = kv_da_h2f(src[i]);
 }
 
-__global__ void f16_rows_kernel(uint16_t *dst, const float *src, size_t n) {
+static __global__ void f16_rows_kernel(uint16_t *dst, const float *src, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         dst[i] = kv_f32_to_f16(src[i]);
 }
 
-__global__ void sub_kernel(float *x, const float *y, size_t n) {
+static __global__ void sub_kernel(float *x, const float *y, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         x[i] = x[i] - y[i];
 }
 
-__global__ void fill_rows_kernel(float *y, const float *bias, size_t n, int kv_dim) {
+static __global__ void fill_rows_kernel(float *y, const float *bias, size_t n, int kv_dim) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         y[i] = bias[i % (size_t)kv_dim];
 }
 
 // One thread block per table entry, its units strided over the threads.
-__global__ void recon_add_kernel(const __grid_constant__ kv_dcodec c, const kv_dblock *table, int b0, int first_token,
+static __global__ void recon_add_kernel(const __grid_constant__ kv_dcodec c, const kv_dblock *table, int b0, int first_token,
                                  float *out) {
     const kv_dblock blk = table[b0 + (int)blockIdx.x];
     float *o = out + (size_t)(blk.t0 - first_token) * (size_t)c.kv_dim;
@@ -80,7 +81,7 @@ __global__ void recon_add_kernel(const __grid_constant__ kv_dcodec c, const kv_d
     } while (0)
 #define D_SYNC() __syncthreads()
 
-__global__ void __launch_bounds__(KV_DA_THREADS) attend_kernel(const __grid_constant__ kv_dattn Ap) {
+static __global__ void __launch_bounds__(KV_DA_THREADS) attend_kernel(const __grid_constant__ kv_dattn Ap) {
     extern __shared__ float4 smem_raw[];
     const kv_dattn *A = &Ap;
     kv_da_job J;
@@ -90,7 +91,7 @@ __global__ void __launch_bounds__(KV_DA_THREADS) attend_kernel(const __grid_cons
     KV_DA_PROGRAM(D_RUN, D_RUN1, D_SYNC, A, (&J), (&S));
 }
 
-__global__ void combine_kernel(const __grid_constant__ kv_dattn Ap) {
+static __global__ void combine_kernel(const __grid_constant__ kv_dattn Ap) {
     const kv_dattn *A = &Ap;
     const int z = (int)blockIdx.y, v = (int)blockIdx.x;
     const int g = v % A->G, hr = v / A->G, row = hr % A->n_q, h = hr / A->n_q;
@@ -98,7 +99,7 @@ __global__ void combine_kernel(const __grid_constant__ kv_dattn Ap) {
 }
 
 // ---- operations ----------------------------------------------------------------------------------------
-kv_status c_alloc(rt_dev *d, void **p, size_t bytes) {
+static kv_status c_alloc(rt_dev *d, void **p, size_t bytes) {
     kv_status st = KV_OK;
     (void)d;
     *p = NULL;
@@ -107,12 +108,12 @@ done:
     return st;
 }
 
-void c_free(rt_dev *d, void *p) {
+static void c_free(rt_dev *d, void *p) {
     (void)d;
     if (p) cudaFree(p);
 }
 
-kv_status c_copy(rt_dev *d, void *dst, const void *src, size_t bytes, rt_copy_dir dir) {
+static kv_status c_copy(rt_dev *d, void *dst, const void *src, size_t bytes, rt_copy_dir dir) {
     kv_status st = KV_OK;
     const cudaMemcpyKind k = dir == RT_COPY_H2D ? cudaMemcpyHostToDevice
                              : dir == RT_COPY_D2H ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
@@ -123,14 +124,14 @@ done:
     return st;
 }
 
-kv_status c_zero(rt_dev *d, void *p, size_t bytes) {
+static kv_status c_zero(rt_dev *d, void *p, size_t bytes) {
     kv_status st = KV_OK;
     if (bytes) KV_CU(cudaMemsetAsync(p, 0, bytes, stream_of(d)));
 done:
     return st;
 }
 
-kv_status c_store_rows(rt_dev *d, const rt_dev_rows *jobs, int n_jobs, size_t ld, int kv_dim) {
+static kv_status c_store_rows(rt_dev *d, const rt_dev_rows *jobs, int n_jobs, size_t ld, int kv_dim) {
     kv_status st = KV_OK;
     for (int j0 = 0; j0 < n_jobs; j0 += KV_CU_MAX_JOBS) {
         store_args a;
@@ -150,7 +151,7 @@ done:
     return st;
 }
 
-kv_status c_rows_f32(rt_dev *d, float *dst, const uint16_t *src, size_t n) {
+static kv_status c_rows_f32(rt_dev *d, float *dst, const uint16_t *src, size_t n) {
     kv_status st = KV_OK;
     if (!n) return KV_OK;
     rows_f32_kernel<<<kv_cu_blocks(n, 256), 256, 0, stream_of(d)>>>(dst, src, n);
@@ -159,7 +160,7 @@ done:
     return st;
 }
 
-kv_status c_sub(rt_dev *d, float *x, const float *y, size_t n) {
+static kv_status c_sub(rt_dev *d, float *x, const float *y, size_t n) {
     kv_status st = KV_OK;
     if (!n) return KV_OK;
     sub_kernel<<<kv_cu_blocks(n, 256), 256, 0, stream_of(d)>>>(x, y, n);
@@ -168,7 +169,7 @@ done:
     return st;
 }
 
-kv_status c_fill_rows(rt_dev *d, float *y, const float *bias, int rows, int kv_dim) {
+static kv_status c_fill_rows(rt_dev *d, float *y, const float *bias, int rows, int kv_dim) {
     kv_status st = KV_OK;
     const size_t n = (size_t)rows * (size_t)kv_dim;
     if (!n) return KV_OK;
@@ -179,29 +180,31 @@ done:
 }
 
 // Row-major C[M][N] += A[M][K] B[N][K]^T is column-major C^T = B A^T: cuBLAS with (op T on B, op N on A).
-kv_status c_gemm_nt(rt_dev *d, int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
+static kv_status c_gemm_nt(rt_dev *d, int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
                     int ldc) {
     const float one = 1.0f;
     if (M <= 0) return KV_OK;
     cuda_impl *im = static_cast<cuda_impl *>(d->impl);
+    const kv_cublas_fns *bl = kv_cuda_cublas(); /* loaded on first use (kv_cuda_dl.h) */
+    if (!bl) return kv_error_wrap(KV_ECUDA, "runtime (CUDA): ");
     if (!im->cublas) { /* made on first use: only AQUA-KV's predictors need it, and it costs milliseconds */
-        if (cublasCreate(&im->cublas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(im->cublas, im->stream) != CUBLAS_STATUS_SUCCESS ||
-            cublasSetMathMode(im->cublas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS) {
-            if (im->cublas) cublasDestroy(im->cublas);
+        if (bl->create(&im->cublas) != CUBLAS_STATUS_SUCCESS || bl->set_stream(im->cublas, im->stream) != CUBLAS_STATUS_SUCCESS ||
+            bl->set_math_mode(im->cublas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS) {
+            if (im->cublas) bl->destroy(im->cublas);
             im->cublas = NULL;
             return KV_ERR(KV_ECUDA, "runtime (CUDA): cuBLAS could not be set up");
         }
     }
-    const cublasStatus_t r = cublasSgemm(im->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, ldb, A, lda, &one, C, ldc);
+    const cublasStatus_t r = bl->sgemm(im->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, ldb, A, lda, &one, C, ldc);
     if (r != CUBLAS_STATUS_SUCCESS) return KV_ERR(KV_ECUDA, "cublasSgemm (%d x %d x %d): status %d", M, N, K, (int)r);
     return KV_OK;
 }
 
-kv_status c_encode(rt_dev *d, const rt_codec *c, const kv_quant *dq, uint8_t *blk, int m, const float *x) {
+static kv_status c_encode(rt_dev *d, const rt_codec *c, const kv_quant *dq, uint8_t *blk, int m, const float *x) {
     kv_status st = KV_OK;
     const size_t n = (size_t)m * (size_t)c->kv_dim;
     rt_layout L;
-    rt_codec_layout(c, m, &L);
+    kv_rti_codec_layout(c, m, &L);
     uint32_t *codes = reinterpret_cast<uint32_t *>(blk);
     uint8_t *params = blk + L.code_bytes;
     const kv_stream s = reinterpret_cast<kv_stream>(stream_of(d));
@@ -226,7 +229,7 @@ done:
     return st;
 }
 
-kv_status c_recon_add(rt_dev *d, const kv_dcodec *c, const kv_dblock *table, int b0, int b1, int first_token,
+static kv_status c_recon_add(rt_dev *d, const kv_dcodec *c, const kv_dblock *table, int b0, int b1, int first_token,
                       float *out) {
     kv_status st = KV_OK;
     if (b1 <= b0) return KV_OK;
@@ -236,7 +239,7 @@ done:
     return st;
 }
 
-kv_status c_attend(rt_dev *d, const kv_dattn *A) {
+static kv_status c_attend(rt_dev *d, const kv_dattn *A) {
     kv_status st = KV_OK;
     cuda_impl *im = static_cast<cuda_impl *>(d->impl);
     const size_t smem = kv_da_smem_bytes(A, A->rows_per_block * A->G);
@@ -256,11 +259,11 @@ done:
     return st;
 }
 
-void c_close(rt_dev *d) {
+static void c_close(rt_dev *d) {
     if (!d) return;
     cuda_impl *im = static_cast<cuda_impl *>(d->impl);
     if (im) {
-        if (im->cublas) cublasDestroy(im->cublas);
+        if (im->cublas) kv_cuda_cublas()->destroy(im->cublas); /* loaded when made */
         if (im->stream) cudaStreamSynchronize(im->stream);
         if (im->stream && im->own_stream) cudaStreamDestroy(im->stream);
         delete im;
@@ -273,9 +276,8 @@ const rt_dev_ops k_cuda_ops = {
     c_sub,     c_fill_rows, c_gemm_nt, c_encode, c_recon_add, c_attend,     c_close,
 };
 
-} // namespace
 
-extern "C" kv_status rt_dev_cuda_create(rt_dev **out, kv_stream stream) {
+extern "C" kv_status kv_rti_dev_cuda_create(rt_dev **out, kv_stream stream) {
     kv_status st = KV_OK;
     *out = NULL;
     if (!kv_cuda_available()) return KV_ERR(KV_EUNSUPPORTED, "runtime: no usable CUDA device (no driver or no GPU)");
@@ -304,4 +306,4 @@ done:
     return st;
 }
 
-extern "C" kv_stream rt_dev_cuda_stream(rt_dev *d) { return reinterpret_cast<kv_stream>(stream_of(d)); }
+extern "C" kv_stream kv_rti_dev_cuda_stream(rt_dev *d) { return reinterpret_cast<kv_stream>(stream_of(d)); }

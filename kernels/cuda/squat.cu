@@ -1,16 +1,15 @@
 // CUDA: SQuat query subspace (cuSOLVER gesvd) and block-sequential key quantization (kvrt.h).
 // P_inv and the Lemma 3 chain are precomputed on the host (kv_squat_create, O(d^3) once per head);
 // the kernel runs one thread block per token group and calls the same element math as the CPU.
-#include <cublas_v2.h>
-#include <cusolverDn.h>
 
+#include "kv_cuda_dl.h"
 #include "kv_cuda_util.h"
 
 #define KV_SQUAT_THREADS 128
 
 __device__ static int squat_block_end(int t, int g, int d) { return t * g < d ? t * g : d; }
 
-__global__ void kv_squat_encode_kernel(uint8_t *codes, void *scales, void *zeros, float *k, float *err,
+static __global__ void kv_squat_encode_kernel(uint8_t *codes, void *scales, void *zeros, float *k, float *err,
                                        const float *w, size_t T, int d, int g, size_t G, int bits, int per,
                                        float eta, int pt, int *bad) {
     const int nblocks = (d + g - 1) / g;
@@ -110,7 +109,7 @@ done:
 }
 
 /* qhat[i][j] = sigma_i * v_i[j] from a column-major singular vector matrix. */
-__global__ void kv_squat_qhat_kernel(float *qhat, const float *sv, const float *vecs, int r, int d, int ld,
+static __global__ void kv_squat_qhat_kernel(float *qhat, const float *sv, const float *vecs, int r, int d, int ld,
                                      int vecs_are_rows) {
     for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < r * d; e += gridDim.x * blockDim.x) {
         const int i = e / d, j = e - i * d;
@@ -120,7 +119,7 @@ __global__ void kv_squat_qhat_kernel(float *qhat, const float *sv, const float *
     }
 }
 
-__global__ void kv_squat_finite_kernel(const float *x, size_t n, int *bad) {
+static __global__ void kv_squat_finite_kernel(const float *x, size_t n, int *bad) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         if (!kv_qm_is_finite(x[i])) atomicExch(bad, 1);
 }
@@ -144,16 +143,19 @@ extern "C" kv_status kv_squat_subspace_cuda(float *qhat, const float *queries, s
     if (n > (size_t)1 << 30) return KV_ERR(KV_EINVAL, "SQuat subspace: too many queries (%zu)", n);
     m = tall ? (int)n : d;
     k = tall ? d : (int)n;
-    if (cusolverDnCreate(&sol) != CUSOLVER_STATUS_SUCCESS) {
+    const kv_cublas_fns *bl = kv_cuda_cublas();      /* loaded on first use (kv_cuda_dl.h) */
+    const kv_cusolver_fns *so = bl ? kv_cuda_cusolver() : NULL;
+    if (!so) return kv_error_wrap(KV_ECUDA, "SQuat subspace (CUDA): ");
+    if (so->create(&sol) != CUSOLVER_STATUS_SUCCESS) {
         st = KV_ERR(KV_ECUDA, "cusolverDnCreate failed");
         goto done;
     }
-    if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
+    if (bl->create(&blas) != CUBLAS_STATUS_SUCCESS) {
         st = KV_ERR(KV_ECUDA, "cublasCreate failed");
         goto done;
     }
-    cusolverDnSetStream(sol, s);
-    cublasSetStream(blas, s);
+    so->set_stream(sol, s);
+    bl->set_stream(blas, s);
     KV_CU(cudaMallocAsync((void **)&bad, sizeof *bad, s));
     KV_CU(cudaMemsetAsync(bad, 0, sizeof *bad, s));
     kv_squat_finite_kernel<<<kv_cu_blocks(n * (size_t)d, 256), 256, 0, s>>>(queries, n * (size_t)d, bad);
@@ -164,7 +166,7 @@ extern "C" kv_status kv_squat_subspace_cuda(float *qhat, const float *queries, s
     KV_CU(cudaMallocAsync((void **)&info, sizeof *info, s));
     if (tall) {
         /* a (n x d, column-major, ld n) = transpose of the column-major d x n input */
-        if (cublasSgeam(blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, d, &one, queries, d, &zero, a, (int)n, a,
+        if (bl->sgeam(blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, d, &one, queries, d, &zero, a, (int)n, a,
                         (int)n) != CUBLAS_STATUS_SUCCESS) {
             st = KV_ERR(KV_ECUDA, "cublasSgeam (transpose) failed");
             goto done;
@@ -174,13 +176,13 @@ extern "C" kv_status kv_squat_subspace_cuda(float *qhat, const float *queries, s
         KV_CU(cudaMemcpyAsync(a, queries, (size_t)m * (size_t)k * sizeof *a, cudaMemcpyDeviceToDevice, s));
         KV_CU(cudaMallocAsync((void **)&u, (size_t)m * (size_t)k * sizeof *u, s));
     }
-    if (cusolverDnSgesvd_bufferSize(sol, m, k, &lwork) != CUSOLVER_STATUS_SUCCESS) {
+    if (so->sgesvd_buffer_size(sol, m, k, &lwork) != CUSOLVER_STATUS_SUCCESS) {
         st = KV_ERR(KV_ECUDA, "cusolverDnSgesvd_bufferSize failed");
         goto done;
     }
     KV_CU(cudaMallocAsync((void **)&work, (size_t)lwork * sizeof *work, s));
     KV_CU(cudaMallocAsync((void **)&rwork, (size_t)k * sizeof *rwork, s));
-    if (cusolverDnSgesvd(sol, tall ? 'N' : 'S', tall ? 'S' : 'N', m, k, a, m, sv, u, m, vt, k, work, lwork,
+    if (so->sgesvd(sol, tall ? 'N' : 'S', tall ? 'S' : 'N', m, k, a, m, sv, u, m, vt, k, work, lwork,
                          rwork, info) != CUSOLVER_STATUS_SUCCESS) {
         st = KV_ERR(KV_ECUDA, "cusolverDnSgesvd failed");
         goto done;
@@ -204,7 +206,7 @@ done:
     if (rwork) cudaFreeAsync(rwork, s);
     if (info) cudaFreeAsync(info, s);
     if (bad) cudaFreeAsync(bad, s);
-    if (sol) cusolverDnDestroy(sol);
-    if (blas) cublasDestroy(blas);
+    if (sol) so->destroy(sol);
+    if (blas) bl->destroy(blas);
     return st;
 }

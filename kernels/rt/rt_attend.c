@@ -1,4 +1,4 @@
-/* rt_attend.c — attention over what a sequence holds, from the compressed form (RUNTIME.md §4).
+/* kv_rti_attend.c — attention over what a sequence holds, from the compressed form (RUNTIME.md §4).
  *
  * Decoding (at most RT_DIRECT_MAX_ROWS query rows): work items are (KV head, segment of RT_SEGMENT
  * tokens). An item takes the scores of all the head's query vectors (the GQA group times the rows)
@@ -22,17 +22,17 @@
 /* Query rows per item on the tiled path. */
 #define TILED_ROWS 64
 
-int rt_blas_threads_begin(void) {
+int kv_rti_blas_threads_begin(void) {
     const int n = openblas_get_num_threads();
     if (n != 1) openblas_set_num_threads(1);
     return n;
 }
 
-void rt_blas_threads_end(int previous) {
+void kv_rti_blas_threads_end(int previous) {
     if (previous != 1) openblas_set_num_threads(previous);
 }
 
-kv_status rt_scratch_reserve(rt_scratch *s, size_t floats) {
+kv_status kv_rti_scratch_reserve(rt_scratch *s, size_t floats) {
     if (floats <= s->cap) return KV_OK;
     float *b = kv_aligned_alloc(64, floats * sizeof(float));
     if (!b) return KV_ERR(KV_ENOMEM, "runtime: out of memory for attention scratch (%zu floats)", floats);
@@ -43,7 +43,7 @@ kv_status rt_scratch_reserve(rt_scratch *s, size_t floats) {
 }
 
 /* ---- pieces ---------------------------------------------------------------------------------------- */
-int rt_head_rows(const kv_rt *rt, int seq, int layer, int h) {
+int kv_rti_head_rows(const kv_rt *rt, int seq, int layer, int h) {
     const rt_seq *sq = &rt->seqs[seq];
     const int n = sq->layer_n[layer];
     const rt_stream *st = &sq->st[layer * 2];
@@ -51,7 +51,7 @@ int rt_head_rows(const kv_rt *rt, int seq, int layer, int h) {
     return n - (sq->ps[layer].sel_end - rt->sinks) + st->heads[h].kept;
 }
 
-void rt_piece_at(const kv_rt *rt, int seq, int layer, int stream, int h, int v, int end, rt_piece *p) {
+void kv_rti_piece_at(const kv_rt *rt, int seq, int layer, int stream, int h, int v, int end, rt_piece *p) {
     const rt_seq *sq = &rt->seqs[seq];
     const rt_stream *st = &sq->st[layer * 2 + stream];
     const int n = sq->layer_n[layer], kvd = rt->kv_dim;
@@ -120,53 +120,53 @@ void rt_piece_at(const kv_rt *rt, int seq, int layer, int stream, int h, int v, 
     }
 }
 
-int rt_row_position(const kv_rt *rt, int seq, int layer, int h, int v) {
+int kv_rti_row_position(const kv_rt *rt, int seq, int layer, int h, int v) {
     rt_piece p;
-    rt_piece_at(rt, seq, layer, KV_PLAN_K, h, v, v + 1, &p);
+    kv_rti_piece_at(rt, seq, layer, KV_PLAN_K, h, v, v + 1, &p);
     return p.pos ? p.pos[0] : p.p0;
 }
 
-kv_status rt_read_prepare(kv_rt *rt, int seq, int layer, int stream) {
+kv_status kv_rti_read_prepare(kv_rt *rt, int seq, int layer, int stream) {
     kv_status s;
-    if (rt_codec_of(rt, layer, stream)->pred && (s = rt_recon_ensure(rt, seq, layer, stream)) != KV_OK) return s;
+    if (rt_codec_of(rt, layer, stream)->pred && (s = kv_rti_recon_ensure(rt, seq, layer, stream)) != KV_OK) return s;
     if (stream == KV_PLAN_K && rt_codec_of(rt, layer, stream)->pre_rope &&
-        (s = rt_rope_reserve(rt, rt->seqs[seq].layer_n[layer])) != KV_OK)
+        (s = kv_rti_rope_reserve(rt, rt->seqs[seq].layer_n[layer])) != KV_OK)
         return s;
     return KV_OK;
 }
 
-void rt_read_rows_ready(const kv_rt *rt, int seq, int layer, int stream, int h, int a, int b, float *out, size_t ldo) {
+void kv_rti_read_rows_ready(const kv_rt *rt, int seq, int layer, int stream, int h, int a, int b, float *out, size_t ldo) {
     const rt_codec *c = rt_codec_of(rt, layer, stream);
     const size_t hd = (size_t)rt->head_dim, kvd = (size_t)rt->kv_dim, off = (size_t)h * hd;
     rt_piece p;
     for (int v = a; v < b; v = p.b) {
-        rt_piece_at(rt, seq, layer, stream, h, v, b, &p);
+        kv_rti_piece_at(rt, seq, layer, stream, h, v, b, &p);
         float *o = out + (size_t)(v - a) * ldo;
         const int len = p.b - p.a;
         switch (p.kind) {
         case RT_PIECE_FP16:
-            for (int r = 0; r < len; r++) rt_f16_to_f32_row(o + (size_t)r * ldo, p.fp + (size_t)r * kvd + off, hd);
+            for (int r = 0; r < len; r++) kv_rti_f16_to_f32_row(o + (size_t)r * ldo, p.fp + (size_t)r * kvd + off, hd);
             break;
         case RT_PIECE_RECON:
             for (int r = 0; r < len; r++) memcpy(o + (size_t)r * ldo, p.recon + (size_t)r * kvd + off, hd * sizeof(float));
             break;
         case RT_PIECE_BLOCK:
-            rt_codec_decode_head(p.codec, p.blk, p.r0, p.r0 + len, p.kh, o, ldo);
+            kv_rti_codec_decode_head(p.codec, p.blk, p.r0, p.r0 + len, p.kh, o, ldo);
             break;
         }
         if (stream == KV_PLAN_K && c->pre_rope) {
             if (p.pos)
-                rt_rope_rows_at(rt, o, ldo, len, p.pos);
+                kv_rti_rope_rows_at(rt, o, ldo, len, p.pos);
             else
-                rt_rope_rows(rt, o, ldo, len, p.p0);
+                kv_rti_rope_rows(rt, o, ldo, len, p.p0);
         }
     }
 }
 
-kv_status rt_read_rows(kv_rt *rt, int seq, int layer, int stream, int h, int a, int b, float *out, size_t ldo) {
-    kv_status s = rt_read_prepare(rt, seq, layer, stream);
+kv_status kv_rti_read_rows(kv_rt *rt, int seq, int layer, int stream, int h, int a, int b, float *out, size_t ldo) {
+    kv_status s = kv_rti_read_prepare(rt, seq, layer, stream);
     if (s != KV_OK) return s;
-    rt_read_rows_ready(rt, seq, layer, stream, h, a, b, out, ldo);
+    kv_rti_read_rows_ready(rt, seq, layer, stream, h, a, b, out, ldo);
     return KV_OK;
 }
 
@@ -200,46 +200,26 @@ static void item_scores(const attn_job *jb, int h, int a, int b, const float *qv
     const int hd = rt->head_dim, kvd = rt->kv_dim, nqv = jb->nqv;
     rt_piece p;
     for (int v = a; v < b; v = p.b) {
-        rt_piece_at(rt, jb->seq, jb->layer, KV_PLAN_K, h, v, b, &p);
+        kv_rti_piece_at(rt, jb->seq, jb->layer, KV_PLAN_K, h, v, b, &p);
         float *o = sc + (v - a);
         const int len = p.b - p.a;
         if (!kc->pre_rope && p.kind == RT_PIECE_FP16) {
-            rt_f16_scores(p.fp + (size_t)h * hd, (size_t)kvd, len, hd, qv, nqv, o, ld);
+            kv_rti_f16_scores(p.fp + (size_t)h * hd, (size_t)kvd, len, hd, qv, nqv, o, ld);
             continue;
         }
-        if (!kc->pre_rope && p.kind == RT_PIECE_BLOCK) {
-            const rt_codec *c = p.codec;
-            const uint32_t *codes;
-            const uint8_t *params;
-            const int r0 = p.r0, r1 = p.r0 + len;
-            rt_block_parts(c, p.blk, &codes, &params);
-            if (c->kind == RT_F16) {
-                rt_f16_scores((const uint16_t *)p.blk->data + (size_t)r0 * (size_t)c->kv_dim + (size_t)p.kh * hd,
-                              (size_t)c->kv_dim, len, hd, qv, nqv, o, ld);
-                continue;
-            }
-            if (c->kind == RT_UNIFORM) {
-                rt_uniform_scores(c, codes, params, p.blk->m, r0, r1, p.kh, qv, nqv, o, ld);
-                continue;
-            }
-            if (c->kind == RT_FLOAT) {
-                rt_float_scores(c, codes, params, p.blk->m, r0, r1, p.kh, qv, nqv, o, ld);
-                continue;
-            }
-            if (c->kind == RT_HIGGS && c->higgs_direct) {
-                rt_higgs_scores(c, codes, params, p.blk->m, r0, r1, p.kh, hprep, nqv, o, ld);
-                continue;
-            }
+        if (!kc->pre_rope && p.kind == RT_PIECE_BLOCK && p.codec->direct) { /* the codec reads its codes */
+            p.codec->ops->scores(p.codec, p.blk, p.r0, p.r0 + len, p.kh, qv, hprep, nqv, o, ld);
+            continue;
         }
         if (!kc->pre_rope && p.kind == RT_PIECE_RECON) {
-            rt_f32_scores(p.recon + (size_t)h * hd, (size_t)kvd, len, hd, qv, nqv, o, ld);
+            kv_rti_f32_scores(p.recon + (size_t)h * hd, (size_t)kvd, len, hd, qv, nqv, o, ld);
             continue;
         }
         /* anything else (keys stored before RoPE, HIGGS groups across heads): decoded tiles */
         for (int t0 = p.a; t0 < p.b; t0 += RT_TILE) {
             const int t1 = t0 + RT_TILE < p.b ? t0 + RT_TILE : p.b;
-            rt_read_rows_ready(rt, jb->seq, jb->layer, KV_PLAN_K, h, t0, t1, tile, (size_t)hd);
-            rt_f32_scores(tile, (size_t)hd, t1 - t0, hd, qv, nqv, sc + (t0 - a), ld);
+            kv_rti_read_rows_ready(rt, jb->seq, jb->layer, KV_PLAN_K, h, t0, t1, tile, (size_t)hd);
+            kv_rti_f32_scores(tile, (size_t)hd, t1 - t0, hd, qv, nqv, sc + (t0 - a), ld);
         }
     }
 }
@@ -250,48 +230,37 @@ static void item_values(const attn_job *jb, int h, int a, int b, const float *pr
     const kv_rt *rt = jb->rt;
     const rt_codec *vc = rt_codec_of(rt, jb->layer, KV_PLAN_V);
     const int hd = rt->head_dim, kvd = rt->kv_dim, nqv = jb->nqv;
-    int any_higgs = 0;
+    int any_rot = 0;
     rt_piece p;
     for (int v = a; v < b; v = p.b) {
-        rt_piece_at(rt, jb->seq, jb->layer, KV_PLAN_V, h, v, b, &p);
+        kv_rti_piece_at(rt, jb->seq, jb->layer, KV_PLAN_V, h, v, b, &p);
         const float *pp = pr + (v - a);
         const int len = p.b - p.a;
         if (p.kind == RT_PIECE_FP16) {
-            rt_f16_accum(p.fp + (size_t)h * hd, (size_t)kvd, len, hd, pp, ld, nqv, acc);
+            kv_rti_f16_accum(p.fp + (size_t)h * hd, (size_t)kvd, len, hd, pp, ld, nqv, acc);
             continue;
         }
         if (p.kind == RT_PIECE_RECON) {
-            rt_f32_accum(p.recon + (size_t)h * hd, (size_t)kvd, len, hd, pp, ld, nqv, acc);
+            kv_rti_f32_accum(p.recon + (size_t)h * hd, (size_t)kvd, len, hd, pp, ld, nqv, acc);
             continue;
         }
         const rt_codec *c = p.codec;
-        const uint32_t *codes;
-        const uint8_t *params;
-        const int r0 = p.r0, r1 = p.r0 + len;
-        const size_t cd = (size_t)c->kv_dim, off = (size_t)p.kh * (size_t)hd;
-        rt_block_parts(c, p.blk, &codes, &params);
-        if (c->kind == RT_F16) {
-            rt_f16_accum((const uint16_t *)p.blk->data + (size_t)r0 * cd + off, cd, len, hd, pp, ld, nqv, acc);
-        } else if (c->kind == RT_F32) {
-            rt_f32_accum((const float *)p.blk->data + (size_t)r0 * cd + off, cd, len, hd, pp, ld, nqv, acc);
-        } else if (c->kind == RT_UNIFORM) {
-            rt_uniform_accum(c, codes, params, p.blk->m, r0, r1, p.kh, pp, ld, nqv, acc);
-        } else if (c->kind == RT_FLOAT) {
-            rt_float_accum(c, codes, params, p.blk->m, r0, r1, p.kh, pp, ld, nqv, acc);
-        } else if (c->higgs_direct) {
-            if (!any_higgs) memset(racc, 0, (size_t)nqv * (size_t)hd * sizeof(float));
-            any_higgs = 1;
-            rt_higgs_accum(c, codes, params, p.blk->m, r0, r1, p.kh, pp, ld, nqv, racc);
+        if (c->direct && c->ops->finish) { /* accumulated in the codec's rotated domain, taken back once below */
+            if (!any_rot) memset(racc, 0, (size_t)nqv * (size_t)hd * sizeof(float));
+            any_rot = 1;
+            c->ops->accum(c, p.blk, p.r0, p.r0 + len, p.kh, pp, ld, nqv, racc);
+        } else if (c->direct) {
+            c->ops->accum(c, p.blk, p.r0, p.r0 + len, p.kh, pp, ld, nqv, acc);
         } else {
             for (int t0 = p.a; t0 < p.b; t0 += RT_TILE) {
                 const int t1 = t0 + RT_TILE < p.b ? t0 + RT_TILE : p.b;
-                rt_read_rows_ready(rt, jb->seq, jb->layer, KV_PLAN_V, h, t0, t1, tile, (size_t)hd);
-                rt_f32_accum(tile, (size_t)hd, t1 - t0, hd, pr + (t0 - a), ld, nqv, acc);
+                kv_rti_read_rows_ready(rt, jb->seq, jb->layer, KV_PLAN_V, h, t0, t1, tile, (size_t)hd);
+                kv_rti_f32_accum(tile, (size_t)hd, t1 - t0, hd, pr + (t0 - a), ld, nqv, acc);
             }
         }
     }
     /* the head's own blocks and whole-token blocks rotate with the same signs (the head's channels) */
-    if (any_higgs) rt_higgs_finish(vc, h, nqv, racc, acc);
+    if (any_rot) vc->ops->finish(vc, h, nqv, racc, acc);
 }
 
 /* Sum of n values in 8 lanes (lanes pairwise, then the tail in order). */
@@ -341,8 +310,8 @@ static void direct_item(void *ctx, int item, int thread) {
             memset(s, 0, (size_t)len * sizeof(float));
             continue;
         }
-        const float mx = rt_shift_by_max(s, (size_t)valid);
-        rt_exp_inplace(s, (size_t)valid);
+        const float mx = kv_rti_shift_by_max(s, (size_t)valid);
+        kv_rti_exp_inplace(s, (size_t)valid);
         for (int t = valid; t < len; t++) s[t] = 0.0f;
         pj[0] = mx;
         pj[1] = sum8(s, valid);
@@ -458,7 +427,7 @@ static void tiled_item(void *ctx, int item, int thread) {
     float *tmax = E + (size_t)nv * tj->e_stride;     /* nv x ntiles */
     for (int a = 0; a < end; a += RT_TILE) {
         const int b = a + RT_TILE < end ? a + RT_TILE : end, len = b - a;
-        rt_read_rows_ready(rt, jb->seq, jb->layer, KV_PLAN_K, h, a, b, Kt, (size_t)hd);
+        kv_rti_read_rows_ready(rt, jb->seq, jb->layer, KV_PLAN_K, h, a, b, Kt, (size_t)hd);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nv, len, hd, 1.0f, Q, hd, Kt, hd, 0.0f, S, RT_TILE);
         int any = 0;
         for (int v = 0; v < nv; v++) {
@@ -476,13 +445,13 @@ static void tiled_item(void *ctx, int item, int thread) {
             const float m_old = ml[v], m_new = mt > m_old ? mt : m_old;
             if (m_old != -INFINITY && m_new != m_old) {
                 float corr = m_old - m_new;
-                rt_exp_inplace(&corr, 1);
+                kv_rti_exp_inplace(&corr, 1);
                 ml[nv + v] *= corr;
                 for (int c = 0; c < hd; c++) O[(size_t)v * (size_t)hd + (size_t)c] *= corr;
             }
             ml[v] = m_new;
             for (int t = 0; t < valid; t++) s[t] = s[t] - m_new;
-            rt_exp_inplace(s, (size_t)valid);
+            kv_rti_exp_inplace(s, (size_t)valid);
             for (int t = valid; t < len; t++) s[t] = 0.0f;
             ml[nv + v] += sum8(s, valid);
             if (tj->col) tmax[(size_t)v * (size_t)ntiles + (size_t)(a / RT_TILE)] = m_new;
@@ -494,7 +463,7 @@ static void tiled_item(void *ctx, int item, int thread) {
                        (size_t)(b - t0) * sizeof(float));
         }
         if (!any) continue;
-        rt_read_rows_ready(rt, jb->seq, jb->layer, KV_PLAN_V, h, a, b, Vt, (size_t)hd);
+        kv_rti_read_rows_ready(rt, jb->seq, jb->layer, KV_PLAN_V, h, a, b, Vt, (size_t)hd);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nv, hd, len, 1.0f, S, RT_TILE, Vt, hd, 1.0f, O, hd);
     }
     for (int r = r0; r < r1; r++)
@@ -523,14 +492,14 @@ static void tiled_item(void *ctx, int item, int thread) {
 }
 
 /* ---- entry ------------------------------------------------------------------------------------------ */
-kv_status rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, size_t ldq, float *out, size_t ldo) {
+kv_status kv_rti_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, size_t ldq, float *out, size_t ldo) {
     const int hd = rt->head_dim, G = rt->group, H = rt->n_kv_heads;
     kv_status s;
     /* everything that allocates or is shared happens here, before the parallel part */
-    if ((s = rt_read_prepare(rt, seq, layer, KV_PLAN_K)) != KV_OK) return s;
-    if ((s = rt_read_prepare(rt, seq, layer, KV_PLAN_V)) != KV_OK) return s;
+    if ((s = kv_rti_read_prepare(rt, seq, layer, KV_PLAN_K)) != KV_OK) return s;
+    if ((s = kv_rti_read_prepare(rt, seq, layer, KV_PLAN_V)) != KV_OK) return s;
     rt_pstate *ps = &rt->seqs[seq].ps[layer];
-    const int accumulate = rt_policy_accumulates(rt, seq, layer);
+    const int accumulate = kv_rti_policy_accumulates(rt, seq, layer);
     int *nh = malloc((size_t)H * 2 * sizeof(int));
     size_t *hs_off = malloc((size_t)(H + 1) * sizeof(size_t));
     if (!nh || !hs_off) {
@@ -539,7 +508,7 @@ kv_status rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, size
     }
     int *vb = nh + H, nmax = 0, wmax = 0;
     for (int h = 0; h < H; h++) {
-        nh[h] = rt_head_rows(rt, seq, layer, h);
+        nh[h] = kv_rti_head_rows(rt, seq, layer, h);
         nmax = nh[h] > nmax ? nh[h] : nmax;
         /* the rows of the positions the policy scores, [acc_base, n): after the sinks and the head's kept rows */
         vb[h] = nh[h] - ps->acc_n;
@@ -578,12 +547,12 @@ kv_status rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, size
         for (int r = 0; r < n_q; r++)
             for (int c = 0; c < qd; c++) qv[(size_t)r * (size_t)qd + (size_t)c] = q[(size_t)r * ldq + (size_t)c] * rt->scale;
         for (int t = 0; t < rt->n_threads; t++)
-            if ((s = rt_scratch_reserve(&rt->scratch[t], need)) != KV_OK) goto done;
+            if ((s = kv_rti_scratch_reserve(&rt->scratch[t], need)) != KV_OK) goto done;
         tj.base.qv = qv;
         /* each pool thread calls the BLAS on its own: keep the BLAS single-threaded meanwhile */
-        const int blas_threads = rt_blas_threads_begin();
+        const int blas_threads = kv_rti_blas_threads_begin();
         kv_pool_run(rt->pool, H * tj.nblk, tiled_item, &tj);
-        rt_blas_threads_end(blas_threads);
+        kv_rti_blas_threads_end(blas_threads);
         if (accumulate) /* items in a fixed order: the same sums for any thread count */
             for (int h = 0; h < H; h++) {
                 float *acc = ps->acc + (size_t)h * (size_t)ps->acc_cap;
@@ -622,8 +591,8 @@ kv_status rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, size
             for (int c = 0; c < hd; c++) dst[c] = src[c] * rt->scale;
         }
     const rt_codec *kc = rt_codec_of(rt, layer, KV_PLAN_K);
-    if (kc->kind == RT_HIGGS && kc->higgs_direct && !kc->pre_rope && !kc->pred) {
-        jb.hprep_floats = rt_higgs_prep_floats(kc);
+    if (kc->ops->prep_floats && kc->direct && !kc->pre_rope && !kc->pred) { /* tables per query vector */
+        jb.hprep_floats = kc->ops->prep_floats(kc);
         hprep = kv_aligned_alloc(64, (size_t)H * (size_t)jb.nqv * jb.hprep_floats * sizeof(float));
         if (!hprep) {
             s = KV_ERR(KV_ENOMEM, "runtime: out of memory for HIGGS query tables");
@@ -631,12 +600,12 @@ kv_status rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, size
         }
         for (int h = 0; h < H; h++)
             for (int j = 0; j < jb.nqv; j++)
-                rt_higgs_prepare(kc, h, qv + ((size_t)h * (size_t)jb.nqv + (size_t)j) * (size_t)hd,
+                kc->ops->prepare(kc, h, qv + ((size_t)h * (size_t)jb.nqv + (size_t)j) * (size_t)hd,
                                  hprep + ((size_t)h * (size_t)jb.nqv + (size_t)j) * jb.hprep_floats);
     }
     const size_t need = (size_t)jb.nqv * RT_SEGMENT + 2 * (size_t)jb.nqv * (size_t)hd + (size_t)RT_TILE * (size_t)hd;
     for (int t = 0; t < rt->n_threads; t++)
-        if ((s = rt_scratch_reserve(&rt->scratch[t], need)) != KV_OK) goto done;
+        if ((s = kv_rti_scratch_reserve(&rt->scratch[t], need)) != KV_OK) goto done;
     jb.qv = qv, jb.hprep = hprep, jb.part = part;
     kv_pool_run(rt->pool, H * jb.nseg, direct_item, &jb);
     for (int h = 0; h < H; h++)

@@ -12,14 +12,14 @@
 
 #define RT_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-RT_AVX2 void rt_f16_to_f32_row_avx2(float *dst, const uint16_t *src, size_t n) {
+RT_AVX2 void kv_rti_f16_to_f32_row_avx2(float *dst, const uint16_t *src, size_t n) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
     for (; i < n; i++) dst[i] = kv_f16_to_f32(src[i]);
 }
 
 /* Round to nearest even, as kv_f32_to_f16 (finite inputs: the runtime refuses others). */
-RT_AVX2 void rt_f32_to_f16_row_avx2(uint16_t *dst, const float *src, size_t n) {
+RT_AVX2 void kv_rti_f32_to_f16_row_avx2(uint16_t *dst, const float *src, size_t n) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
@@ -44,7 +44,7 @@ RT_AVX2 static inline __m256 hsum8x8(__m256 v0, __m256 v1, __m256 v2, __m256 v3,
     return _mm256_add_ps(lo, hi);
 }
 
-RT_AVX2 void rt_f32_scores_avx2(const float *x, size_t ld, int n, int hd, const float *q, int nq, float *out,
+RT_AVX2 void kv_rti_f32_scores_avx2(const float *x, size_t ld, int n, int hd, const float *q, int nq, float *out,
                                 size_t ldo) {
     const int nc = hd / 8;
     int t = 0;
@@ -70,7 +70,7 @@ RT_AVX2 void rt_f32_scores_avx2(const float *x, size_t ld, int n, int hd, const 
         }
 }
 
-RT_AVX2 void rt_f32_accum_avx2(const float *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq,
+RT_AVX2 void kv_rti_f32_accum_avx2(const float *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq,
                                float *acc) {
     const int nc = hd / 8;
     for (int j = 0; j < nq; j++) {
@@ -91,7 +91,7 @@ RT_AVX2 void rt_f32_accum_avx2(const float *x, size_t ld, int n, int hd, const f
 }
 
 /* exp of x <= 0: rt_math.c's reduction and polynomial, 8 at a time (with FMA). */
-RT_AVX2 void rt_exp_avx2(float *x, size_t n) {
+RT_AVX2 void kv_rti_exp_avx2(float *x, size_t n) {
     const __m256 log2e = _mm256_set1_ps(1.44269504088896341f), c1 = _mm256_set1_ps(0.693359375f);
     const __m256 c2 = _mm256_set1_ps(-2.12194440e-4f), lo = _mm256_set1_ps(-87.33f), one = _mm256_set1_ps(1.0f);
     const __m256 p0 = _mm256_set1_ps(1.9875691500e-4f), p1 = _mm256_set1_ps(1.3981999507e-3f);
@@ -113,10 +113,10 @@ RT_AVX2 void rt_exp_avx2(float *x, size_t n) {
         const __m256 out = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
         _mm256_storeu_ps(x + i, _mm256_andnot_ps(_mm256_cmp_ps(xv, lo, _CMP_LT_OQ), out));
     }
-    if (i < n) rt_exp_portable(x + i, n - i);
+    if (i < n) kv_rti_exp_portable(x + i, n - i);
 }
 
-RT_AVX2 float rt_shift_by_max_avx2(float *x, size_t n) {
+RT_AVX2 float kv_rti_shift_by_max_avx2(float *x, size_t n) {
     float mx = x[0];
     size_t i = 0;
     if (n >= 8) {
@@ -142,7 +142,7 @@ static const int32_t k_shifts[3][4][8] = {
 
 /* rows runs of nwords whole words each (bits 1, 2, 4 or 8), run r starting at word w0 + r * wstride,
  * to floats at dst + r * ldd (slot s of word i at i * per + s). */
-RT_AVX2 void rt_unpack_rows_avx2(float *dst, size_t ldd, const uint32_t *codes, size_t w0, size_t wstride, int rows,
+RT_AVX2 void kv_rti_unpack_rows_avx2(float *dst, size_t ldd, const uint32_t *codes, size_t w0, size_t wstride, int rows,
                                  size_t nwords, int bits) {
     const __m256i mask = _mm256_set1_epi32((int)((1u << bits) - 1u));
     if (bits == 8) {
@@ -176,13 +176,13 @@ RT_AVX2 void rt_unpack_rows_avx2(float *dst, size_t ldd, const uint32_t *codes, 
     }
 }
 
-RT_AVX2 void rt_unpack_words_avx2(float *dst, const uint32_t *w, size_t nwords, int bits) {
-    rt_unpack_rows_avx2(dst, 0, w, 0, 0, 1, nwords, bits);
+RT_AVX2 void kv_rti_unpack_words_avx2(float *dst, const uint32_t *w, size_t nwords, int bits) {
+    kv_rti_unpack_rows_avx2(dst, 0, w, 0, 0, 1, nwords, bits);
 }
 
 /* acc[j][i] (+)= sum_c qs[j][c] cf[c][i] for i < n (n a multiple of 8, at most 64): the token-axis
  * uniform key scores, queries one at a time with the tokens' accumulators in registers. */
-RT_AVX2 void rt_uniform_tok_scores_avx2(const float *cf, size_t ldc, int n, int hd, const float *qs, int nj,
+RT_AVX2 void kv_rti_uniform_tok_scores_avx2(const float *cf, size_t ldc, int n, int hd, const float *qs, int nj,
                                         float *acc, size_t lda) {
     const int nv = n / 8;
     for (int j = 0; j < nj; j++) {
@@ -201,7 +201,7 @@ RT_AVX2 void rt_uniform_tok_scores_avx2(const float *cf, size_t ldc, int n, int 
 /* acc[j][c] += sum_t (p[j][t] s[t][g(c)]) cf[t][c] for the n tokens of a tile (cf: n x ldc floats),
  * head channels in segments [seg[i], seg[i+1]) of one scale each (multiples of 8), s: n x nseg
  * scales. Each query's accumulators stay in registers 64 channels at a time. */
-RT_AVX2 void rt_uniform_chan_accum_avx2(const float *cf, size_t ldc, int n, int hd, const float *s, const int *seg,
+RT_AVX2 void kv_rti_uniform_chan_accum_avx2(const float *cf, size_t ldc, int n, int hd, const float *s, const int *seg,
                                         int nseg, const float *p, size_t ldp, int nj, float *acc) {
     for (int j = 0; j < nj; j++) {
         const float *pj = p + (size_t)j * ldp;
@@ -267,7 +267,7 @@ RT_AVX2 __attribute__((always_inline)) static inline void fold_t(const float *q,
     }
 }
 
-RT_AVX2 void rt_uniform_fold_avx2(const float *q, int hd, int nj, const void *s, const void *z, size_t i0, int pt,
+RT_AVX2 void kv_rti_uniform_fold_avx2(const float *q, int hd, int nj, const void *s, const void *z, size_t i0, int pt,
                                   float *qs, float *bias) {
     if (pt == KV_PARAM_F16)
         fold_t(q, hd, nj, s, z, i0, KV_PARAM_F16, qs, bias);
@@ -303,7 +303,7 @@ RT_AVX2 __attribute__((always_inline)) static inline void weights_t(const void *
     }
 }
 
-RT_AVX2 void rt_uniform_chan_weights_avx2(const void *s, const void *z, int pt, size_t lds, int nseg, const float *p,
+RT_AVX2 void kv_rti_uniform_chan_weights_avx2(const void *s, const void *z, int pt, size_t lds, int nseg, const float *p,
                                           size_t ldp, int nj, int n, float *ps, float *zacc) {
     if (pt == KV_PARAM_F16)
         weights_t(s, z, KV_PARAM_F16, lds, nseg, p, ldp, nj, n, ps, zacc);
@@ -315,7 +315,7 @@ RT_AVX2 void rt_uniform_chan_weights_avx2(const void *s, const void *z, int pt, 
  * (n a multiple of 16) whose channel ch's run starts at stream position run0 + ch * gs,
  * out[j][i] = sum_ch qs[j][ch] code[ch][i0 + i] + bias[j]. Codes go from their words to registers and
  * are used for up to 3 query vectors at a time; 16 tokens per pass. */
-RT_AVX2 void rt_uniform_tok_scores_fused_avx2(const uint32_t *codes, size_t run0, size_t gs, size_t i0, int n,
+RT_AVX2 void kv_rti_uniform_tok_scores_fused_avx2(const uint32_t *codes, size_t run0, size_t gs, size_t i0, int n,
                                               int hd, int bits, const float *qs, const float *bias, int nj,
                                               float *out, size_t ldo) {
     for (int t = 0; t < n; t += 16)
@@ -348,10 +348,10 @@ RT_AVX2 void rt_uniform_tok_scores_fused_avx2(const uint32_t *codes, size_t run0
 
 /* Channel-axis uniform values, fused (2- or 4-bit codes, head_dim a multiple of 16): for n tokens
  * whose head codes start at stream positions pos0 + i * C, acc[j][c] += ps[j][g(c)][i] code[i][c],
- * ps: nj x nseg rows of lps weights (p times scale; rt_uniform_chan_weights_avx2), seg16[c / 16] the
+ * ps: nj x nseg rows of lps weights (p times scale; kv_rti_uniform_chan_weights_avx2), seg16[c / 16] the
  * segment of channels c..c+15 (segments multiples of 16). 16 channels per pass, up to 3 query
  * vectors, accumulators in registers. */
-RT_AVX2 void rt_uniform_chan_accum_fused_avx2(const uint32_t *codes, size_t pos0, size_t C, int n, int hd, int bits,
+RT_AVX2 void kv_rti_uniform_chan_accum_fused_avx2(const uint32_t *codes, size_t pos0, size_t C, int n, int hd, int bits,
                                               const float *ps, size_t lps, int nseg, const int *seg16, int nj,
                                               float *acc) {
     for (int c = 0; c < hd; c += 16) {
@@ -387,7 +387,7 @@ RT_AVX2 void rt_uniform_chan_accum_fused_avx2(const uint32_t *codes, size_t pos0
 
 /* f16 rows straight from memory: scores of up to 3 query vectors at a time against 4 rows at a time
  * (12 accumulators), each row chunk converted once per pass. hd a multiple of 8. */
-RT_AVX2 void rt_f16_scores_avx2(const uint16_t *x, size_t ld, int n, int hd, const float *q, int nq, float *out,
+RT_AVX2 void kv_rti_f16_scores_avx2(const uint16_t *x, size_t ld, int n, int hd, const float *q, int nq, float *out,
                                 size_t ldo) {
     const int nc = hd / 8;
     for (int j0 = 0; j0 < nq; j0 += 3) {
@@ -427,7 +427,7 @@ RT_AVX2 void rt_f16_scores_avx2(const uint16_t *x, size_t ld, int n, int hd, con
 
 /* f16 rows weighted into up to 3 query vectors' accumulators, 32 channels per pass (12 accumulators
  * in registers over the rows). hd a multiple of 8. */
-RT_AVX2 void rt_f16_accum_avx2(const uint16_t *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq,
+RT_AVX2 void kv_rti_f16_accum_avx2(const uint16_t *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq,
                                float *acc) {
     for (int j0 = 0; j0 < nq; j0 += 3) {
         const int jn = nq - j0 < 3 ? nq - j0 : 3;
@@ -455,7 +455,7 @@ RT_AVX2 void rt_f16_accum_avx2(const uint16_t *x, size_t ld, int n, int hd, cons
     }
 }
 
-int rt_avx2_usable(void) {
+int kv_rti_avx2_usable(void) {
     static int cached = -1;
     if (cached < 0) {
         __builtin_cpu_init();
@@ -465,53 +465,53 @@ int rt_avx2_usable(void) {
 }
 
 #else /* no x86 AVX2 code in this build */
-int rt_avx2_usable(void) { return 0; }
-void rt_f16_scores_avx2(const uint16_t *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo) {
+int kv_rti_avx2_usable(void) { return 0; }
+void kv_rti_f16_scores_avx2(const uint16_t *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo) {
     (void)x, (void)ld, (void)n, (void)hd, (void)q, (void)nq, (void)out, (void)ldo;
 }
-void rt_f16_accum_avx2(const uint16_t *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc) {
+void kv_rti_f16_accum_avx2(const uint16_t *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc) {
     (void)x, (void)ld, (void)n, (void)hd, (void)p, (void)ldp, (void)nq, (void)acc;
 }
-void rt_f16_to_f32_row_avx2(float *dst, const uint16_t *src, size_t n) { (void)dst, (void)src, (void)n; }
-void rt_f32_to_f16_row_avx2(uint16_t *dst, const float *src, size_t n) { (void)dst, (void)src, (void)n; }
-void rt_f32_scores_avx2(const float *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo) {
+void kv_rti_f16_to_f32_row_avx2(float *dst, const uint16_t *src, size_t n) { (void)dst, (void)src, (void)n; }
+void kv_rti_f32_to_f16_row_avx2(uint16_t *dst, const float *src, size_t n) { (void)dst, (void)src, (void)n; }
+void kv_rti_f32_scores_avx2(const float *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo) {
     (void)x, (void)ld, (void)n, (void)hd, (void)q, (void)nq, (void)out, (void)ldo;
 }
-void rt_f32_accum_avx2(const float *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc) {
+void kv_rti_f32_accum_avx2(const float *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc) {
     (void)x, (void)ld, (void)n, (void)hd, (void)p, (void)ldp, (void)nq, (void)acc;
 }
-void rt_exp_avx2(float *x, size_t n) { (void)x, (void)n; }
-float rt_shift_by_max_avx2(float *x, size_t n) { (void)x, (void)n; return 0.0f; }
-void rt_unpack_words_avx2(float *dst, const uint32_t *w, size_t nwords, int bits) {
+void kv_rti_exp_avx2(float *x, size_t n) { (void)x, (void)n; }
+float kv_rti_shift_by_max_avx2(float *x, size_t n) { (void)x, (void)n; return 0.0f; }
+void kv_rti_unpack_words_avx2(float *dst, const uint32_t *w, size_t nwords, int bits) {
     (void)dst, (void)w, (void)nwords, (void)bits;
 }
-void rt_unpack_rows_avx2(float *dst, size_t ldd, const uint32_t *codes, size_t w0, size_t wstride, int rows,
+void kv_rti_unpack_rows_avx2(float *dst, size_t ldd, const uint32_t *codes, size_t w0, size_t wstride, int rows,
                          size_t nwords, int bits) {
     (void)dst, (void)ldd, (void)codes, (void)w0, (void)wstride, (void)rows, (void)nwords, (void)bits;
 }
-void rt_uniform_tok_scores_avx2(const float *cf, size_t ldc, int n, int hd, const float *qs, int nj, float *acc,
+void kv_rti_uniform_tok_scores_avx2(const float *cf, size_t ldc, int n, int hd, const float *qs, int nj, float *acc,
                                 size_t lda) {
     (void)cf, (void)ldc, (void)n, (void)hd, (void)qs, (void)nj, (void)acc, (void)lda;
 }
-void rt_uniform_chan_accum_avx2(const float *cf, size_t ldc, int n, int hd, const float *s, const int *seg, int nseg,
+void kv_rti_uniform_chan_accum_avx2(const float *cf, size_t ldc, int n, int hd, const float *s, const int *seg, int nseg,
                                 const float *p, size_t ldp, int nj, float *acc) {
     (void)cf, (void)ldc, (void)n, (void)hd, (void)s, (void)seg, (void)nseg, (void)p, (void)ldp, (void)nj, (void)acc;
 }
-void rt_uniform_tok_scores_fused_avx2(const uint32_t *codes, size_t run0, size_t gs, size_t i0, int n, int hd, int bits,
+void kv_rti_uniform_tok_scores_fused_avx2(const uint32_t *codes, size_t run0, size_t gs, size_t i0, int n, int hd, int bits,
                                       const float *qs, const float *bias, int nj, float *out, size_t ldo) {
     (void)codes, (void)run0, (void)gs, (void)i0, (void)n, (void)hd, (void)bits, (void)qs, (void)bias, (void)nj, (void)out,
         (void)ldo;
 }
-void rt_uniform_chan_accum_fused_avx2(const uint32_t *codes, size_t pos0, size_t C, int n, int hd, int bits,
+void kv_rti_uniform_chan_accum_fused_avx2(const uint32_t *codes, size_t pos0, size_t C, int n, int hd, int bits,
                                       const float *ps, size_t lps, int nseg, const int *seg16, int nj, float *acc) {
     (void)codes, (void)pos0, (void)C, (void)n, (void)hd, (void)bits, (void)ps, (void)lps, (void)nseg, (void)seg16,
         (void)nj, (void)acc;
 }
-void rt_uniform_fold_avx2(const float *q, int hd, int nj, const void *s, const void *z, size_t i0, int pt, float *qs,
+void kv_rti_uniform_fold_avx2(const float *q, int hd, int nj, const void *s, const void *z, size_t i0, int pt, float *qs,
                           float *bias) {
     (void)q, (void)hd, (void)nj, (void)s, (void)z, (void)i0, (void)pt, (void)qs, (void)bias;
 }
-void rt_uniform_chan_weights_avx2(const void *s, const void *z, int pt, size_t lds, int nseg, const float *p,
+void kv_rti_uniform_chan_weights_avx2(const void *s, const void *z, int pt, size_t lds, int nseg, const float *p,
                                   size_t ldp, int nj, int n, float *ps, float *zacc) {
     (void)s, (void)z, (void)pt, (void)lds, (void)nseg, (void)p, (void)ldp, (void)nj, (void)n, (void)ps, (void)zacc;
 }

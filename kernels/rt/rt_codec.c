@@ -1,16 +1,13 @@
 /* rt_codec.c — the codec of one (layer, stream): what a plan's stream record becomes in the runtime
- * (RUNTIME.md §3). A codec is looked up by (layer, stream) and answers the same questions for every
- * method: block layout, encode, decode of one head's rows. The attention kernels of each method are
- * in rt_uniform.c, rt_higgs.c and rt_fp.c. */
+ * (RUNTIME.md §3). What every method shares lives here (the fields common to all, the rules between streams,
+ * dispatch through the method's row of the codec table, rt_codecs.c); the rest is the row's. */
 #include "kvrt.h"
 #include "rt_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-static const char *stream_name(int stream) { return stream == KV_PLAN_K ? "K" : "V"; }
-
-kv_status rt_codec_init(rt_codec *c, const kv_plan *p, int layer, int stream, kv_grid_search *const *search) {
+kv_status kv_rti_codec_init(rt_codec *c, const kv_plan *p, int layer, int stream, kv_grid_search *const *search) {
     memset(c, 0, sizeof *c);
     const kv_plan_stream *ps = &p->layers[layer].stream[stream];
     const kv_plan_fingerprint *fp = &p->fingerprint;
@@ -27,75 +24,26 @@ kv_status rt_codec_init(rt_codec *c, const kv_plan *p, int layer, int stream, kv
     if (c->share_from >= 0 && (ps->predictor || ps->rpc_ratio > 0.0f ||
                                p->layers[c->share_from].stream[stream].rpc_ratio > 0.0f))
         return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: shared codes (XQuant) together with %s are not supported (the "
-                      "two layers' chunks must be the same tokens)", layer, stream_name(stream),
+                      "two layers' chunks must be the same tokens)", layer, rt_stream_name(stream),
                       ps->predictor ? "an AQUA-KV predictor" : "a recent pivotal context (KVmix)");
     if (ps->rpc_ratio > 0.0f && ps->predictor)
         return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: a recent pivotal context (KVmix) together with an "
                       "AQUA-KV predictor is not supported (their chunks do not align across layers)", layer,
-                      stream_name(stream));
-    if (ps->squat && (stream != KV_PLAN_K || ps->method != KV_PLAN_UNIFORM))
-        return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: SQuat applies to uniform keys (the stream is %s, method %d)",
-                      layer, stream_name(stream), stream == KV_PLAN_K ? "K" : "V", (int)ps->method);
-    switch (ps->method) {
-    case KV_PLAN_FP:
-        c->kind = ps->bits == 32 ? RT_F32 : RT_F16;
-        return KV_OK;
-    case KV_PLAN_UNIFORM:
-    case KV_PLAN_HIGGS: {
-        kv_status s = kv_quant_from_plan(&c->q, p, layer, stream);
-        if (s != KV_OK) return kv_error_wrap(s, "plan: "); /* the message names the layer and stream */
-        break;
-    }
-    case KV_PLAN_FP8_E4M3: /* rt_float.c */
-    case KV_PLAN_FP8_E5M2:
-    case KV_PLAN_NVFP4: {
-        kv_status s = kv_quant_from_plan(&c->q, p, layer, stream);
-        if (s != KV_OK) return kv_error_wrap(s, "plan: ");
-        return rt_float_init(c);
-    }
-    default:
-        return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: unknown method %d", layer, stream_name(stream),
+                      rt_stream_name(stream));
+    const rt_codec_ops *ops = kv_rti_codec_ops((int)ps->method);
+    if (!ops)
+        return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: unknown method %d", layer, rt_stream_name(stream),
                       (int)ps->method);
-    }
-    if (c->q.kind == KV_QUANT_UNIFORM) {
-        c->kind = RT_UNIFORM;
-        c->bits = c->q.uniform.bits;
-        c->per_word = kv_qm_per_word(c->bits, c->q.uniform.pack11);
-        if (c->q.uniform.axis == KV_AXIS_TOKENS) c->granule = c->q.uniform.group;
-        return ps->squat ? rt_squat_codec_init(c, p, layer) : KV_OK;
-    }
-    c->kind = RT_HIGGS;
-    const kv_higgs *h = &c->q.higgs;
-    if (c->kv_dim % h->group)
-        return KV_ERR(KV_EFORMAT, "plan layer %d %s: HIGGS group %d does not divide the %d channels of a token",
-                      layer, stream_name(stream), h->group, c->kv_dim);
-    c->bits = kv_higgs_index_bits(h->size);
-    c->per_word = kv_qm_per_word(c->bits, 0);
-    c->higgs_direct = c->head_dim % h->group == 0;
-    c->signs = malloc((size_t)c->kv_dim * sizeof *c->signs);
-    if (!c->signs) return KV_ERR(KV_ENOMEM, "out of memory");
-    for (int ch = 0; ch < c->kv_dim; ch++) c->signs[ch] = kv_qm_higgs_sign(h->seed, (size_t)ch);
-    const int gi = p->layers[layer].stream[stream].higgs_grid;
-    if (search && gi >= 0 && gi < p->n_grids) c->q.higgs.search = search[gi];
-    return KV_OK;
+    if (ps->squat && (stream != KV_PLAN_K || !ops->squat_keys))
+        return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: SQuat applies to uniform keys (the stream is %s, method %s)",
+                      layer, rt_stream_name(stream), rt_stream_name(stream), ops->name);
+    c->ops = ops;
+    kv_status s = ops->quant(&c->q, p, layer, stream);
+    if (s != KV_OK) return kv_error_wrap(s, "plan: "); /* the message names the layer and stream */
+    return ops->init(c, p, layer, stream, search);
 }
 
-/* A float stream's codec for one head's own blocks: the head's scale (per-head scales) and its own
- * element table; NVFP4 blocks of 16 channels must not span heads (a head's block holds only its
- * channels). */
-static kv_status float_head_init(rt_codec *dst, const rt_codec *full, int h) {
-    if (full->q.fp.format == KV_FP_NVFP4 && full->head_dim % KV_NVFP4_BLOCK)
-        return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: NVFP4 blocks of %d channels span KV heads (head_dim %d), so "
-                      "a head's kept tokens cannot be coded on their own (token pruning keeps tokens per head)",
-                      full->layer, stream_name(full->stream), KV_NVFP4_BLOCK, full->head_dim);
-    if (full->q.fp.n_scales > 1) {
-        dst->q.fp.scales = full->q.fp.scales + h;
-        dst->q.fp.n_scales = 1;
-    }
-    return rt_float_init(dst);
-}
-
-kv_status rt_codec_head_init(rt_codec *dst, const rt_codec *full, int h) {
+kv_status kv_rti_codec_head_init(rt_codec *dst, const rt_codec *full, int h) {
     *dst = *full;
     dst->kv_dim = full->head_dim;
     dst->n_kv_heads = 1;
@@ -104,24 +52,13 @@ kv_status rt_codec_head_init(rt_codec *dst, const rt_codec *full, int h) {
     dst->granule = 1;
     dst->share_from = -1;
     dst->signs = NULL;
-    dst->lut = NULL; /* a table is the codec's own (rt_codec_free frees it) */
+    dst->lut = NULL; /* a table is the codec's own (kv_rti_codec_free frees it) */
     dst->squat = NULL; /* SQuat with token pruning is refused at open */
     dst->sq_basis = NULL;
-    if (full->kind == RT_FLOAT) return float_head_init(dst, full, h);
-    if (full->kind != RT_HIGGS) return KV_OK;
-    if (full->head_dim % full->q.higgs.group)
-        return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: HIGGS groups of %d channels span KV heads (head_dim %d), so a "
-                      "head's kept tokens cannot be coded on their own (token pruning keeps tokens per head)",
-                      full->layer, stream_name(full->stream), full->q.higgs.group, full->head_dim);
-    dst->higgs_direct = 1;
-    dst->q.higgs.channel0 = (uint64_t)h * (uint64_t)full->head_dim;
-    dst->signs = malloc((size_t)full->head_dim * sizeof *dst->signs);
-    if (!dst->signs) return KV_ERR(KV_ENOMEM, "out of memory");
-    memcpy(dst->signs, full->signs + (size_t)h * (size_t)full->head_dim, (size_t)full->head_dim * sizeof *dst->signs);
-    return KV_OK;
+    return full->ops->head_init ? full->ops->head_init(dst, full, h) : KV_OK;
 }
 
-void rt_codec_free(rt_codec *c) {
+void kv_rti_codec_free(rt_codec *c) {
     if (!c) return;
     free(c->signs);
     c->signs = NULL;
@@ -132,49 +69,17 @@ void rt_codec_free(rt_codec *c) {
     c->sq_basis = NULL;
 }
 
-void rt_codec_layout(const rt_codec *c, int m, rt_layout *out) {
-    memset(out, 0, sizeof *out);
-    const size_t n = (size_t)m * (size_t)c->kv_dim;
-    if (c->kind == RT_F16 || c->kind == RT_F32) {
-        out->code_bytes = n * (c->kind == RT_F16 ? 2u : 4u);
-        out->total = out->code_bytes;
-        return;
-    }
-    kv_block_storage st;
-    /* the descriptor was checked at init: the storage of a valid shape cannot fail */
-    if (kv_quant_storage(&st, &c->q, (size_t)m, (size_t)c->kv_dim) != KV_OK) return;
-    out->code_bytes = (size_t)st.code_bytes;
-    out->groups = (size_t)st.groups;
-    out->param_bytes = (size_t)(c->kind == RT_HIGGS || c->kind == RT_FLOAT ? st.norm_bytes : st.scale_bytes);
-    out->total = (size_t)st.total_bytes;
-}
+void kv_rti_codec_layout(const rt_codec *c, int m, rt_layout *out) { c->ops->layout(c, m, out); }
 
-kv_status rt_codec_encode(const rt_codec *c, uint8_t *blk, int m, const float *x) {
-    const size_t n = (size_t)m * (size_t)c->kv_dim;
-    if (c->kind == RT_F16) {
-        rt_f32_to_f16_row((uint16_t *)blk, x, n);
-        return KV_OK;
-    }
-    if (c->kind == RT_F32) {
-        memcpy(blk, x, n * sizeof(float));
-        return KV_OK;
-    }
+kv_status kv_rti_codec_encode(const rt_codec *c, uint8_t *blk, int m, const float *x) {
     if (c->squat) /* a programming error: SQuat needs the sequence's encoders */
-        return KV_ERR(KV_EINVAL, "plan layer %d K: SQuat keys are encoded through rt_squat_encode", c->layer);
-    rt_layout L;
-    rt_codec_layout(c, m, &L);
-    uint32_t *codes = (uint32_t *)blk;
-    uint8_t *params = blk + L.code_bytes;
-    if (c->kind == RT_FLOAT) return kv_fpq_encode_ref(codes, params, &c->q.fp, (size_t)m, (size_t)c->kv_dim, x);
-    if (c->kind == RT_UNIFORM) /* shared codes: this layer stores its scales and zero points only */
-        return kv_uniform_encode_ref(c->share_from >= 0 ? NULL : codes, params, params + L.param_bytes, &c->q.uniform,
-                                     (size_t)m, (size_t)c->kv_dim, x);
-    return kv_higgs_encode_ref(codes, params, &c->q.higgs, (size_t)m, (size_t)c->kv_dim, x);
+        return KV_ERR(KV_EINVAL, "plan layer %d K: SQuat keys are encoded through kv_rti_squat_encode", c->layer);
+    return c->ops->encode(c, blk, m, x);
 }
 
-kv_status rt_codec_encode_squat(const rt_codec *c, uint8_t *blk, int m, const float *x, kv_squat *const *enc) {
+kv_status kv_rti_codec_encode_squat(const rt_codec *c, uint8_t *blk, int m, const float *x, kv_squat *const *enc) {
     rt_layout L;
-    rt_codec_layout(c, m, &L);
+    kv_rti_codec_layout(c, m, &L);
     const size_t n = (size_t)m * (size_t)c->kv_dim, hd = (size_t)c->head_dim;
     uint8_t *params = blk + L.code_bytes, *cs = malloc(n ? n : 1);
     if (!cs) return KV_ERR(KV_ENOMEM, "out of memory");
@@ -195,123 +100,27 @@ kv_status rt_codec_encode_squat(const rt_codec *c, uint8_t *blk, int m, const fl
     return s;
 }
 
-/* ---- decode of one head's rows ---------------------------------------------------------------- */
-static void decode_uniform(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
-    const int m = b->m;
+void kv_rti_codec_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
+    c->ops->decode_head(c, b, r0, r1, h, out, ldo);
+}
+
+kv_status kv_rti_codec_decode(const rt_codec *c, const rt_block *b, float *out) { return c->ops->decode(c, b, out); }
+
+/* The layout of a quantizer's block (kvrt.h "Packed code layout"): [codes][scales or norms][zeros]. */
+void kv_rti_quant_layout(const rt_codec *c, int m, rt_layout *out) {
+    memset(out, 0, sizeof *out);
+    kv_block_storage st;
+    /* the descriptor was checked at init: the storage of a valid shape cannot fail */
+    if (kv_quant_storage(&st, &c->q, (size_t)m, (size_t)c->kv_dim) != KV_OK) return;
+    out->code_bytes = (size_t)st.code_bytes;
+    out->groups = (size_t)st.groups;
+    out->param_bytes = (size_t)(c->q.kind == KV_QUANT_UNIFORM ? st.scale_bytes : st.norm_bytes);
+    out->total = (size_t)st.total_bytes;
+}
+
+void kv_rti_block_parts(const rt_codec *c, const rt_block *blk, const uint32_t **codes, const uint8_t **params) {
     rt_layout L;
-    rt_codec_layout(c, m, &L);
-    const uint32_t *codes;
-    const uint8_t *params;
-    rt_block_parts(c, b, &codes, &params);
-    const void *scales = params, *zeros = params + L.param_bytes;
-    const kv_uniform *q = &c->q.uniform;
-    const size_t C = (size_t)c->kv_dim, G = (size_t)q->group, hd = (size_t)c->head_dim, c0 = (size_t)h * hd;
-    const int pt = (int)q->param_type;
-    uint8_t cb[RT_TILE > 4096 ? RT_TILE : 4096];
-    if (q->axis == KV_AXIS_CHANNELS) {
-        const size_t ncg = kv_qm_chan_groups(G, C);
-        for (int t = r0; t < r1; t++) {
-            kv_unpack_range(cb, codes, (size_t)t * C + c0, hd, c->bits, c->per_word);
-            float *o = out + (size_t)(t - r0) * ldo;
-            for (size_t k = 0; k < hd; k++) {
-                const size_t g = (size_t)t * ncg + (c0 + k) / G;
-                o[k] = kv_qm_uniform_dequant(cb[k], kv_qm_param_load(scales, g, pt), kv_qm_param_load(zeros, g, pt));
-            }
-        }
-        return;
-    }
-    /* groups along tokens: token group k holds channel runs of Gs codes */
-    for (int t = r0; t < r1;) {
-        const size_t k = (size_t)t / G, gs = kv_qm_tok_group_rows(G, (size_t)m, k);
-        const size_t i0 = (size_t)t - k * G, i1 = (size_t)r1 - k * G < gs ? (size_t)r1 - k * G : gs;
-        for (size_t ch = 0; ch < hd; ch++) {
-            const size_t cc = c0 + ch, g = k * C + cc;
-            const float s = kv_qm_param_load(scales, g, pt), z = kv_qm_param_load(zeros, g, pt);
-            kv_unpack_range(cb, codes, k * G * C + cc * gs + i0, i1 - i0, c->bits, c->per_word);
-            for (size_t i = i0; i < i1; i++) out[(k * G + i - (size_t)r0) * ldo + ch] = kv_qm_uniform_dequant(cb[i - i0], s, z);
-        }
-        t = (int)(k * G + i1);
-    }
-}
-
-static void decode_higgs(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
-    const uint32_t *idx;
-    const uint8_t *params;
-    rt_block_parts(c, b, &idx, &params);
-    const void *norms = params;
-    const kv_higgs *q = &c->q.higgs;
-    const size_t C = (size_t)c->kv_dim, g = (size_t)q->group, hd = (size_t)c->head_dim, d = (size_t)q->dim;
-    const size_t per_group = g / d, c0 = (size_t)h * hd;
-    /* the groups that hold the head's channels: [c0 / g, (c0 + hd - 1) / g] */
-    const size_t g_lo = c0 / g, g_hi = (c0 + hd - 1) / g;
-    float v[KV_HIGGS_MAX_GROUP], y[KV_HIGGS_MAX_GROUP];
-    uint8_t ib[KV_HIGGS_MAX_GROUP];
-    for (int t = r0; t < r1; t++) {
-        for (size_t gi = g_lo; gi <= g_hi; gi++) {
-            const size_t grp = (size_t)t * (C / g) + gi;
-            const float mul = kv_qm_higgs_dec_mul(kv_qm_param_load(norms, grp, (int)q->norm_type), g);
-            kv_unpack_range(ib, idx, grp * per_group, per_group, c->bits, c->per_word);
-            for (size_t p = 0; p < per_group; p++)
-                for (size_t k = 0; k < d; k++) v[p * d + k] = q->grid[(size_t)ib[p] * d + k] * mul;
-            kv_higgs_decode_transform(y, v, g, c->signs + gi * g);
-            /* copy the part of the group inside the head */
-            const size_t a = gi * g > c0 ? gi * g : c0, e = (gi + 1) * g < c0 + hd ? (gi + 1) * g : c0 + hd;
-            memcpy(out + (size_t)(t - r0) * ldo + (a - c0), y + (a - gi * g), (e - a) * sizeof(float));
-        }
-    }
-}
-
-void rt_codec_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
-    const size_t hd = (size_t)c->head_dim, C = (size_t)c->kv_dim;
-    const uint8_t *blk = b->data;
-    switch (c->kind) {
-    case RT_F16:
-        for (int t = r0; t < r1; t++)
-            rt_f16_to_f32_row(out + (size_t)(t - r0) * ldo, (const uint16_t *)blk + (size_t)t * C + (size_t)h * hd, hd);
-        return;
-    case RT_F32:
-        for (int t = r0; t < r1; t++)
-            memcpy(out + (size_t)(t - r0) * ldo, (const float *)blk + (size_t)t * C + (size_t)h * hd, hd * sizeof(float));
-        return;
-    case RT_UNIFORM:
-        decode_uniform(c, b, r0, r1, h, out, ldo);
-        return;
-    case RT_HIGGS:
-        decode_higgs(c, b, r0, r1, h, out, ldo);
-        return;
-    case RT_FLOAT:
-        rt_float_decode_head(c, b, r0, r1, h, out, ldo);
-        return;
-    }
-}
-
-kv_status rt_codec_decode(const rt_codec *c, const rt_block *b, float *out) {
-    const int m = b->m;
-    const uint8_t *blk = b->data;
-    const size_t n = (size_t)m * (size_t)c->kv_dim;
-    if (c->kind == RT_F16) {
-        rt_f16_to_f32_row(out, (const uint16_t *)blk, n);
-        return KV_OK;
-    }
-    if (c->kind == RT_F32) {
-        memcpy(out, blk, n * sizeof(float));
-        return KV_OK;
-    }
-    rt_layout L;
-    rt_codec_layout(c, m, &L);
-    const uint32_t *codes;
-    const uint8_t *params;
-    rt_block_parts(c, b, &codes, &params);
-    if (c->kind == RT_FLOAT) return kv_fpq_decode_ref(out, &c->q.fp, (size_t)m, (size_t)c->kv_dim, codes, params);
-    if (c->kind == RT_UNIFORM)
-        return kv_uniform_decode_ref(out, &c->q.uniform, (size_t)m, (size_t)c->kv_dim, codes, params,
-                                     params + L.param_bytes);
-    return kv_higgs_decode_ref(out, &c->q.higgs, (size_t)m, (size_t)c->kv_dim, codes, params);
-}
-
-void rt_block_parts(const rt_codec *c, const rt_block *blk, const uint32_t **codes, const uint8_t **params) {
-    rt_layout L;
-    rt_codec_layout(c, blk->m, &L);
+    kv_rti_codec_layout(c, blk->m, &L);
     *codes = blk->codes;
     *params = blk->data + L.code_bytes;
 }

@@ -29,7 +29,7 @@ static rt_dev *dev_of(const kv_rt *rt) { return rt->dv->dev; }
 
 /* ---- device tables of the codecs --------------------------------------------------------------------- */
 /* A device copy of n bytes of host data, owned by the runtime (freed at close). */
-static kv_status dev_table(kv_rt *rt, const void *host, size_t bytes, void **out) {
+kv_status kv_rti_dev_table(kv_rt *rt, const void *host, size_t bytes, void **out) {
     rt_devstate *dv = rt->dv;
     *out = NULL;
     if (dv->n_owned == dv->cap_owned) {
@@ -60,10 +60,8 @@ static kv_status dev_refusals(const kv_rt *rt) {
                       rt->head_dim);
     for (int i = 0; i < rt->n_layers * 2; i++) {
         const rt_codec *c = &rt->codec[i];
-        if (c->kind == RT_HIGGS && (!c->higgs_direct || c->q.higgs.group > KV_DA_MAX_HGROUP))
-            return KV_ERR(KV_EUNSUPPORTED, "plan layer %d %s: HIGGS groups of %d channels on the device must lie inside "
-                          "a head (head_dim %d) and hold at most %d channels", c->layer, sname(c->stream),
-                          c->q.higgs.group, rt->head_dim, KV_DA_MAX_HGROUP);
+        const kv_status s = c->ops->dev_check ? c->ops->dev_check(rt, c) : KV_OK;
+        if (s != KV_OK) return s;
     }
     return KV_OK;
 }
@@ -81,58 +79,17 @@ static kv_status fill_dcodec(kv_rt *rt, int i) {
     d->recon = c->pred != NULL;
     d->bits = c->bits;
     d->per_word = c->per_word;
-    kv_status s = KV_OK;
-    void *p = NULL;
-    switch (c->kind) {
-    case RT_F16:
-    case RT_F32:
-        return KV_OK;
-    case RT_UNIFORM:
-        d->axis = (int)c->q.uniform.axis;
-        d->group = c->q.uniform.group;
-        d->ptype = (int)c->q.uniform.param_type;
-        d->word_aligned = c->kv_dim % c->per_word == 0 && c->head_dim % c->per_word == 0;
-        return KV_OK;
-    case RT_HIGGS: {
-        const kv_higgs *h = &c->q.higgs;
-        d->hdim = h->dim;
-        d->hgroup = h->group;
-        d->ntype = (int)h->norm_type;
-        d->rotated = !c->pre_rope;
-        if ((s = dev_table(rt, h->grid, (size_t)h->size * (size_t)h->dim * sizeof(float), &p)) != KV_OK) return s;
-        d->grid = (const float *)p;
-        dq->higgs.grid = (const float *)p;
-        dq->higgs.search = NULL;
-        if ((s = dev_table(rt, c->signs, (size_t)c->kv_dim * sizeof(float), &p)) != KV_OK) return s;
-        d->signs = (const float *)p;
-        return KV_OK;
-    }
-    case RT_FLOAT: {
-        const kv_fpq *f = &c->q.fp;
-        d->fformat = (int)f->format;
-        d->n_scales = f->n_scales;
-        d->scale_channels = f->scale_channels;
-        d->word_aligned = c->kv_dim % c->per_word == 0 && c->head_dim % c->per_word == 0;
-        if ((s = dev_table(rt, f->scales, (size_t)f->n_scales * sizeof(float), &p)) != KV_OK) return s;
-        d->scales = (const float *)p;
-        dq->fp.scales = (const float *)p;
-        if ((s = dev_table(rt, c->lut, (size_t)(f->format == KV_FP_NVFP4 ? 16 : 256) * sizeof(float), &p)) != KV_OK)
-            return s;
-        d->lut = (const float *)p;
-        return KV_OK;
-    }
-    }
-    return KV_ERR(KV_EINVAL, "runtime (device): codec kind %d", (int)c->kind);
+    return c->ops->dev_describe(rt, c, d, dq);
 }
 
-kv_status rt_dev_open(kv_rt *rt) {
+kv_status kv_rti_dev_open(kv_rt *rt) {
     kv_status s = dev_refusals(rt);
     if (s != KV_OK) return s;
     rt_devstate *dv = calloc(1, sizeof *dv);
     if (!dv) return KV_ERR(KV_ENOMEM, "out of memory");
     rt->dv = dv;
     dv->kind = rt->opt.device;
-    s = rt->opt.device == KV_RT_DEVICE_CUDA ? rt_dev_cuda_create(&dv->dev, rt->opt.stream) : rt_dev_host_create(&dv->dev);
+    s = rt->opt.device == KV_RT_DEVICE_CUDA ? kv_rti_dev_cuda_create(&dv->dev, rt->opt.stream) : kv_rti_dev_host_create(&dv->dev);
     if (s != KV_OK) goto done;
     const int L2 = rt->n_layers * 2;
     dv->dcodec = calloc((size_t)L2, sizeof *dv->dcodec);
@@ -148,18 +105,18 @@ kv_status rt_dev_open(kv_rt *rt) {
         const kv_plan_predictor *pr = rt->codec[i].pred;
         if (!pr) continue;
         void *w = NULL, *b = NULL;
-        if ((s = dev_table(rt, pr->weight, (size_t)pr->out_dim * (size_t)pr->in_dim * sizeof(float), &w)) != KV_OK ||
-            (s = dev_table(rt, pr->bias, (size_t)pr->out_dim * sizeof(float), &b)) != KV_OK)
+        if ((s = kv_rti_dev_table(rt, pr->weight, (size_t)pr->out_dim * (size_t)pr->in_dim * sizeof(float), &w)) != KV_OK ||
+            (s = kv_rti_dev_table(rt, pr->bias, (size_t)pr->out_dim * sizeof(float), &b)) != KV_OK)
             goto done;
         dv->pred_w[i] = (float *)w;
         dv->pred_b[i] = (float *)b;
     }
 done:
-    if (s != KV_OK) rt_dev_close(rt); /* leaves rt->dv NULL: the CPU-side close frees the rest */
+    if (s != KV_OK) kv_rti_dev_close(rt); /* leaves rt->dv NULL: the CPU-side close frees the rest */
     return s;
 }
 
-void rt_dev_close(kv_rt *rt) {
+void kv_rti_dev_close(kv_rt *rt) {
     rt_devstate *dv = rt ? rt->dv : NULL;
     if (!dv) return;
     if (dv->dev) {
@@ -232,7 +189,7 @@ static kv_status arena_alloc(kv_rt *rt, rt_seq *sq, size_t bytes, uint8_t **out)
     return KV_OK;
 }
 
-void rt_dev_seq_clear(kv_rt *rt, rt_seq *sq) {
+void kv_rti_dev_seq_clear(kv_rt *rt, rt_seq *sq) {
     rt_arena *a = sq->arena;
     if (!a) return;
     for (int i = 0; i < a->n; i++) OPS(rt)->free(dev_of(rt), a->pages[i].base);
@@ -240,7 +197,7 @@ void rt_dev_seq_clear(kv_rt *rt, rt_seq *sq) {
     memset(a, 0, sizeof *a);
 }
 
-kv_status rt_dev_fp_resize(kv_rt *rt, rt_seq *sq, rt_stream *st, int rows) {
+kv_status kv_rti_dev_fp_resize(kv_rt *rt, rt_seq *sq, rt_stream *st, int rows) {
     const size_t row_bytes = (size_t)rt->kv_dim * 2u;
     if (rows <= st->fp_cap) {
         st->fp_rows = rows;
@@ -263,7 +220,7 @@ kv_status rt_dev_fp_resize(kv_rt *rt, rt_seq *sq, rt_stream *st, int rows) {
     return KV_OK;
 }
 
-kv_status rt_dev_window_drop(kv_rt *rt, rt_seq *sq, rt_stream *st, int m) {
+kv_status kv_rti_dev_window_drop(kv_rt *rt, rt_seq *sq, rt_stream *st, int m) {
     const size_t kvd = (size_t)rt->kv_dim, row_bytes = kvd * 2u;
     const int win0 = rt->sinks, count = st->fp_rows - m - win0;
     kv_status s = KV_OK;
@@ -278,10 +235,10 @@ kv_status rt_dev_window_drop(kv_rt *rt, rt_seq *sq, rt_stream *st, int m) {
             if (s == KV_OK) s = OPS(rt)->copy(dev_of(rt), dst, rt->dv->tmp, bytes, RT_COPY_D2D);
         }
     }
-    return s == KV_OK ? rt_dev_fp_resize(rt, sq, st, st->fp_rows - m) : s;
+    return s == KV_OK ? kv_rti_dev_fp_resize(rt, sq, st, st->fp_rows - m) : s;
 }
 
-kv_status rt_dev_scratch(kv_rt *rt, int rows, float **x, float **pred) {
+kv_status kv_rti_dev_scratch(kv_rt *rt, int rows, float **x, float **pred) {
     rt_devstate *dv = rt->dv;
     if ((size_t)rows > dv->x_rows || !dv->x) {
         const size_t bytes = (size_t)rows * (size_t)rt->kv_dim * sizeof(float);
@@ -319,7 +276,7 @@ static kv_status table_push(kv_rt *rt, rt_seq *sq, rt_stream *st, const rt_codec
         st->dtab_cap = cap;
     }
     rt_layout L;
-    rt_codec_layout(c, b->m, &L);
+    kv_rti_codec_layout(c, b->m, &L);
     kv_dblock d;
     d.codes = b->codes;
     d.params = b->data + L.code_bytes;
@@ -337,7 +294,7 @@ static kv_status encode_squat(kv_rt *rt, int seq, int layer, uint8_t *data, size
     kv_status s = host_grow((void **)&dv->host_x, &dv->host_x_bytes, n * sizeof(float));
     if (s == KV_OK) s = host_grow((void **)&dv->host_blk, &dv->host_bytes, bytes);
     if (s == KV_OK) s = OPS(rt)->copy(dev_of(rt), dv->host_x, x, n * sizeof(float), RT_COPY_D2H);
-    if (s == KV_OK) s = rt_squat_encode(rt, seq, layer, dv->host_blk, m, dv->host_x);
+    if (s == KV_OK) s = kv_rti_squat_encode(rt, seq, layer, dv->host_blk, m, dv->host_x);
     if (s == KV_OK) s = OPS(rt)->copy(dev_of(rt), data, dv->host_blk, bytes, RT_COPY_H2D);
     return s;
 }
@@ -355,7 +312,7 @@ static kv_status predict(kv_rt *rt, int seq, int layer, int stream, int r0, int 
     return s;
 }
 
-kv_status rt_dev_compress(kv_rt *rt, int seq, int layer, int stream, int row, int m, float *x, float *pred) {
+kv_status kv_rti_dev_compress(kv_rt *rt, int seq, int layer, int stream, int row, int m, float *x, float *pred) {
     rt_seq *sq = &rt->seqs[seq];
     rt_stream *st = rt_stream_of(rt, seq, layer, stream);
     const int i = layer * 2 + stream;
@@ -371,7 +328,7 @@ kv_status rt_dev_compress(kv_rt *rt, int seq, int layer, int stream, int row, in
                 return KV_ERR(KV_EINVAL, "runtime: layer %d %s predicts from layer %d %s, which has not compressed "
                               "tokens %d..%d yet (layers must be appended in order)", layer, sname(stream),
                               c->pred->inputs[k].layer, sname(c->pred->inputs[k].stream), t0, t0 + m - 1);
-            if ((s = rt_dev_recon_ensure(rt, seq, c->pred->inputs[k].layer, c->pred->inputs[k].stream)) != KV_OK)
+            if ((s = kv_rti_dev_recon_ensure(rt, seq, c->pred->inputs[k].layer, c->pred->inputs[k].stream)) != KV_OK)
                 return s;
         }
         if ((s = predict(rt, seq, layer, stream, t0 - rt->sinks, m, pred)) != KV_OK) return s;
@@ -388,19 +345,19 @@ kv_status rt_dev_compress(kv_rt *rt, int seq, int layer, int stream, int row, in
                           t0 + m - 1);
     }
     rt_layout L;
-    rt_codec_layout(c, m, &L);
+    kv_rti_codec_layout(c, m, &L);
     uint8_t *data = NULL;
     if ((s = arena_alloc(rt, sq, L.total, &data)) != KV_OK) return s;
     s = c->squat ? encode_squat(rt, seq, layer, data, L.total, m, x) : OPS(rt)->encode(dev_of(rt), c, &rt->dv->dq[i], data, m, x);
     if (s != KV_OK) return kv_error_wrap(s, "layer %d %s, tokens %d..%d: ", layer, sname(stream), t0, t0 + m - 1);
     /* the arena accounts the bytes (its pages) */
-    if ((s = rt_block_push(rt, sq, st, t0, m, data, 0, shared ? shared : (const uint32_t *)data)) != KV_OK) return s;
+    if ((s = kv_rti_block_push(rt, sq, st, t0, m, data, 0, shared ? shared : (const uint32_t *)data)) != KV_OK) return s;
     if ((s = table_push(rt, sq, st, c)) != KV_OK) return s;
     st->comp_end = t0 + m;
     return KV_OK;
 }
 
-kv_status rt_dev_store(kv_rt *rt, int layer, int n_seqs, const int *seqs, int n, const float *k_pre, const float *k,
+kv_status kv_rti_dev_store(kv_rt *rt, int layer, int n_seqs, const int *seqs, int n, const float *k_pre, const float *k,
                        const float *v, size_t ld) {
     rt_dev_rows stack[64], *jobs = n_seqs * 2 <= 64 ? stack : malloc((size_t)n_seqs * 2 * sizeof *jobs);
     if (!jobs) return KV_ERR(KV_ENOMEM, "out of memory");
@@ -411,7 +368,7 @@ kv_status rt_dev_store(kv_rt *rt, int layer, int n_seqs, const int *seqs, int n,
         for (int stream = 0; stream < 2; stream++) {
             rt_stream *st = &sq->st[layer * 2 + stream];
             const int r0 = st->fp_rows;
-            if ((s = rt_dev_fp_resize(rt, sq, st, r0 + n)) != KV_OK) break;
+            if ((s = kv_rti_dev_fp_resize(rt, sq, st, r0 + n)) != KV_OK) break;
             const float *src = stream == KV_PLAN_V ? v : pre ? k_pre : k;
             jobs[i * 2 + stream] = (rt_dev_rows){st->fp + (size_t)r0 * (size_t)rt->kv_dim, src + (size_t)i * (size_t)n * ld, n};
         }
@@ -422,12 +379,12 @@ kv_status rt_dev_store(kv_rt *rt, int layer, int n_seqs, const int *seqs, int n,
 }
 
 /* ---- reconstructions ----------------------------------------------------------------------------------- */
-void rt_dev_recon_free(kv_rt *rt, rt_recon *r) {
+void kv_rti_dev_recon_free(kv_rt *rt, rt_recon *r) {
     OPS(rt)->free(dev_of(rt), r->x);
     memset(r, 0, sizeof *r);
 }
 
-kv_status rt_dev_recon_ensure(kv_rt *rt, int seq, int layer, int stream) {
+kv_status kv_rti_dev_recon_ensure(kv_rt *rt, int seq, int layer, int stream) {
     rt_recon *r = &rt->seqs[seq].recon[layer * 2 + stream];
     const rt_stream *st = rt_stream_of(rt, seq, layer, stream);
     const int i = layer * 2 + stream;
@@ -462,7 +419,7 @@ kv_status rt_dev_recon_ensure(kv_rt *rt, int seq, int layer, int stream) {
                 return KV_ERR(KV_EINVAL, "runtime: layer %d %s predicts from layer %d %s, which has not compressed "
                               "tokens %d..%d yet (layers must be appended in order)", layer, sname(stream), il, sname(is),
                               rt_stream_of(rt, seq, il, is)->comp_end, st->comp_end - 1);
-            if ((s = rt_dev_recon_ensure(rt, seq, il, is)) != KV_OK) return s;
+            if ((s = kv_rti_dev_recon_ensure(rt, seq, il, is)) != KV_OK) return s;
         }
         s = predict(rt, seq, layer, stream, r->rows, rows, y);
     } else {
@@ -475,8 +432,8 @@ kv_status rt_dev_recon_ensure(kv_rt *rt, int seq, int layer, int stream) {
     return KV_OK;
 }
 
-kv_status rt_dev_rope_reserve(kv_rt *rt, int n_pos) {
-    kv_status s = rt_rope_reserve(rt, n_pos); /* the host table, which the device copies */
+kv_status kv_rti_dev_rope_reserve(kv_rt *rt, int n_pos) {
+    kv_status s = kv_rti_rope_reserve(rt, n_pos); /* the host table, which the device copies */
     if (s != KV_OK || rt->rope_n <= rt->dv->rope_n) return s;
     rt_devstate *dv = rt->dv;
     const size_t bytes = (size_t)rt->rope_n * (size_t)(rt->head_dim / 2) * sizeof(float);
@@ -494,7 +451,7 @@ kv_status rt_dev_rope_reserve(kv_rt *rt, int n_pos) {
 }
 
 /* ---- attention ----------------------------------------------------------------------------------------- */
-void rt_dev_configure(kv_dattn *A, int n_max) {
+void kv_rti_dev_configure(kv_dattn *A, int n_max) {
     const int nqv_max = A->hd <= 128 ? 32 : 16;
     A->tile = A->hd <= 128 ? 64 : 32;
     int rpb = nqv_max / A->G;
@@ -515,7 +472,7 @@ void rt_dev_configure(kv_dattn *A, int n_max) {
     if (A->n_splits < 1) A->n_splits = 1;
 }
 
-kv_status rt_dev_attend(kv_rt *rt, int layer, int n_seqs, const int *seqs, int n_q, const float *const *qs, size_t ldq,
+kv_status kv_rti_dev_attend(kv_rt *rt, int layer, int n_seqs, const int *seqs, int n_q, const float *const *qs, size_t ldq,
                         float *const *outs, size_t ldo) {
     rt_devstate *dv = rt->dv;
     kv_status s = KV_OK;
@@ -523,9 +480,9 @@ kv_status rt_dev_attend(kv_rt *rt, int layer, int n_seqs, const int *seqs, int n
     const int kpre = rt_codec_of(rt, layer, KV_PLAN_K)->pre_rope;
     for (int i = 0; i < n_seqs; i++) {
         for (int stream = 0; stream < 2; stream++)
-            if (rt_codec_of(rt, layer, stream)->pred && (s = rt_dev_recon_ensure(rt, seqs[i], layer, stream)) != KV_OK)
+            if (rt_codec_of(rt, layer, stream)->pred && (s = kv_rti_dev_recon_ensure(rt, seqs[i], layer, stream)) != KV_OK)
                 return s;
-        if (kpre && (s = rt_dev_rope_reserve(rt, rt->seqs[seqs[i]].layer_n[layer])) != KV_OK) return s;
+        if (kpre && (s = kv_rti_dev_rope_reserve(rt, rt->seqs[seqs[i]].layer_n[layer])) != KV_OK) return s;
     }
     for (int b0 = 0; b0 < n_seqs; b0 += KV_DA_MAX_BATCH) {
         const int nb = n_seqs - b0 < KV_DA_MAX_BATCH ? n_seqs - b0 : KV_DA_MAX_BATCH;
@@ -543,7 +500,7 @@ kv_status rt_dev_attend(kv_rt *rt, int layer, int n_seqs, const int *seqs, int n
             const int n = rt->seqs[seqs[b0 + i]].layer_n[layer];
             n_max = n > n_max ? n : n_max;
         }
-        rt_dev_configure(A, n_max);
+        kv_rti_dev_configure(A, n_max);
         const size_t per = (size_t)A->H * (size_t)n_q * (size_t)A->G * (size_t)A->n_splits * (size_t)(A->hd + 2);
         size_t have = dv->part_floats * sizeof(float);
         if ((s = grow(rt, (void **)&dv->part, &have, per * (size_t)nb * sizeof(float))) != KV_OK) {
@@ -575,7 +532,7 @@ kv_status rt_dev_attend(kv_rt *rt, int layer, int n_seqs, const int *seqs, int n
     return KV_OK;
 }
 
-kv_status rt_dev_host_queries(kv_rt *rt, int n_q, const float *q, size_t ldq, const float **host_q) {
+kv_status kv_rti_dev_host_queries(kv_rt *rt, int n_q, const float *q, size_t ldq, const float **host_q) {
     rt_devstate *dv = rt->dv;
     if (dv->kind != KV_RT_DEVICE_CUDA) { /* the host model's device memory is the host's */
         *host_q = q;
@@ -590,7 +547,7 @@ kv_status rt_dev_host_queries(kv_rt *rt, int n_q, const float *q, size_t ldq, co
 
 /* ---- decoded view -------------------------------------------------------------------------------------- */
 /* The CPU reader on host copies of one stream's data: the stream's pointers are swapped for the copies while
- * rt_read_rows_ready runs, and back. */
+ * kv_rti_read_rows_ready runs, and back. */
 static kv_status decode_stream(kv_rt *rt, int layer, int seq, int stream, int h, float *out) {
     rt_seq *sq = &rt->seqs[seq];
     rt_stream *st = &sq->st[layer * 2 + stream];
@@ -598,8 +555,8 @@ static kv_status decode_stream(kv_rt *rt, int layer, int seq, int stream, int h,
     const rt_codec *c = &rt->codec[layer * 2 + stream];
     const size_t kvd = (size_t)rt->kv_dim;
     kv_status s = KV_OK;
-    if (c->pred && (s = rt_dev_recon_ensure(rt, seq, layer, stream)) != KV_OK) return s;
-    if (stream == KV_PLAN_K && c->pre_rope && (s = rt_rope_reserve(rt, sq->layer_n[layer])) != KV_OK) return s;
+    if (c->pred && (s = kv_rti_dev_recon_ensure(rt, seq, layer, stream)) != KV_OK) return s;
+    if (stream == KV_PLAN_K && c->pre_rope && (s = kv_rti_rope_reserve(rt, sq->layer_n[layer])) != KV_OK) return s;
     uint16_t *dev_fp = st->fp, *host_fp = NULL;
     float *dev_recon = r->x, *host_recon = NULL;
     rt_block *saved = NULL;
@@ -624,12 +581,12 @@ static kv_status decode_stream(kv_rt *rt, int layer, int seq, int stream, int h,
         const rt_block *blk = &st->blocks[b];
         saved[b] = *blk;
         rt_layout L;
-        rt_codec_layout(c, blk->m, &L);
+        kv_rti_codec_layout(c, blk->m, &L);
         if (!(copies[2 * b] = malloc(L.total ? L.total : 1))) goto oom;
         if ((s = OPS(rt)->copy(dev_of(rt), copies[2 * b], blk->data, L.total, RT_COPY_D2H)) != KV_OK) goto done;
         if (blk->codes != (const uint32_t *)blk->data) { /* XQuant: the partner's codes, as its layout holds them */
             rt_layout Lp;
-            rt_codec_layout(rt_codec_of(rt, c->share_from, stream), blk->m, &Lp);
+            kv_rti_codec_layout(rt_codec_of(rt, c->share_from, stream), blk->m, &Lp);
             if (!(copies[2 * b + 1] = malloc(Lp.code_bytes ? Lp.code_bytes : 1))) goto oom;
             if ((s = OPS(rt)->copy(dev_of(rt), copies[2 * b + 1], blk->codes, Lp.code_bytes, RT_COPY_D2H)) != KV_OK)
                 goto done;
@@ -641,7 +598,7 @@ static kv_status decode_stream(kv_rt *rt, int layer, int seq, int stream, int h,
         st->blocks[b].data = copies[2 * b];
         st->blocks[b].codes = (const uint32_t *)(copies[2 * b + 1] ? copies[2 * b + 1] : copies[2 * b]);
     }
-    rt_read_rows_ready(rt, seq, layer, stream, h, 0, rt_head_rows(rt, seq, layer, h), out, (size_t)rt->head_dim);
+    kv_rti_read_rows_ready(rt, seq, layer, stream, h, 0, kv_rti_head_rows(rt, seq, layer, h), out, (size_t)rt->head_dim);
     st->fp = dev_fp;
     r->x = dev_recon;
     for (int b = 0; b < nb; b++) st->blocks[b] = saved[b];
@@ -657,11 +614,11 @@ done:
     return s;
 }
 
-kv_status rt_dev_decode_head(kv_rt *rt, int layer, int seq, int kv_head, float *k_out, float *v_out) {
+kv_status kv_rti_dev_decode_head(kv_rt *rt, int layer, int seq, int kv_head, float *k_out, float *v_out) {
     kv_status s = decode_stream(rt, layer, seq, KV_PLAN_K, kv_head, k_out);
     return s == KV_OK ? decode_stream(rt, layer, seq, KV_PLAN_V, kv_head, v_out) : s;
 }
 
 kv_stream kv_rt_stream(const kv_rt *rt) {
-    return rt && rt->dv && rt->dv->kind == KV_RT_DEVICE_CUDA ? rt_dev_cuda_stream(rt->dv->dev) : NULL;
+    return rt && rt->dv && rt->dv->kind == KV_RT_DEVICE_CUDA ? kv_rti_dev_cuda_stream(rt->dv->dev) : NULL;
 }

@@ -49,7 +49,7 @@ typedef struct rt_dev_ops {
     /* C[M][N] += A[M][K] B[N][K]^T, row-major with leading dimensions (the predictors: B = W's column slice). */
     kv_status (*gemm_nt)(rt_dev *d, int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
                          int ldc);
-    /* Encode m tokens x kv_dim of x into the block layout at blk (rt_codec_layout). dq: the codec's quantizer with
+    /* Encode m tokens x kv_dim of x into the block layout at blk (kv_rti_codec_layout). dq: the codec's quantizer with
      * device tables (grids, scales). Not for SQuat streams (host encoders). */
     kv_status (*encode)(rt_dev *d, const rt_codec *c, const kv_quant *dq, uint8_t *blk, int m, const float *x);
     /* out (row 0 = token first_token, stride kv_dim) += the decoded blocks [b0, b1) of the device table. */
@@ -67,9 +67,9 @@ struct rt_dev {
 
 /* Backends. The CUDA one is KV_EUNSUPPORTED (with the reason) in a build without CUDA or on a machine without
  * a usable GPU. */
-kv_status rt_dev_host_create(rt_dev **out);
-kv_status rt_dev_cuda_create(rt_dev **out, kv_stream stream); /* stream NULL: one of its own */
-kv_stream rt_dev_cuda_stream(rt_dev *d);
+kv_status kv_rti_dev_host_create(rt_dev **out);
+kv_status kv_rti_dev_cuda_create(rt_dev **out, kv_stream stream); /* stream NULL: one of its own */
+kv_stream kv_rti_dev_cuda_stream(rt_dev *d);
 
 /* The device side of one runtime (kv_rt.dv). */
 typedef struct rt_devstate {
@@ -105,40 +105,43 @@ typedef struct rt_arena {
 } rt_arena;
 
 /* ---- rt_dev.c: the runtime's data paths on a device -------------------------------------------- */
-kv_status rt_dev_open(kv_rt *rt);            /* after the codecs: backend, device codecs, predictors */
-void rt_dev_close(kv_rt *rt);
-void rt_dev_seq_clear(kv_rt *rt, rt_seq *sq);  /* every device allocation of the sequence */
-kv_status rt_dev_fp_resize(kv_rt *rt, rt_seq *sq, rt_stream *st, int rows);
-kv_status rt_dev_window_drop(kv_rt *rt, rt_seq *sq, rt_stream *st, int m);
+/* A device copy of n bytes of host data, owned by the runtime (freed at close): the codecs' tables
+ * (rt_codec_ops.dev_describe). */
+kv_status kv_rti_dev_table(kv_rt *rt, const void *host, size_t bytes, void **out);
+kv_status kv_rti_dev_open(kv_rt *rt);            /* after the codecs: backend, device codecs, predictors */
+void kv_rti_dev_close(kv_rt *rt);
+void kv_rti_dev_seq_clear(kv_rt *rt, rt_seq *sq);  /* every device allocation of the sequence */
+kv_status kv_rti_dev_fp_resize(kv_rt *rt, rt_seq *sq, rt_stream *st, int rows);
+kv_status kv_rti_dev_window_drop(kv_rt *rt, rt_seq *sq, rt_stream *st, int m);
 /* Compression scratch of rows x kv_dim floats (x and pred). */
-kv_status rt_dev_scratch(kv_rt *rt, int rows, float **x, float **pred);
+kv_status kv_rti_dev_scratch(kv_rt *rt, int rows, float **x, float **pred);
 /* Compress window rows [row, row + m) of (layer, stream) into a block (rt_runtime.c compress_chunk's device
  * path): the new block is pushed and comp_end advanced. */
-kv_status rt_dev_compress(kv_rt *rt, int seq, int layer, int stream, int row, int m, float *x, float *pred);
+kv_status kv_rti_dev_compress(kv_rt *rt, int seq, int layer, int stream, int row, int m, float *x, float *pred);
 /* The new rows of one append of n tokens per listed sequence (rows of k_pre/k/v: sequence i's at i * n * ld). */
-kv_status rt_dev_store(kv_rt *rt, int layer, int n_seqs, const int *seqs, int n, const float *k_pre, const float *k,
+kv_status kv_rti_dev_store(kv_rt *rt, int layer, int n_seqs, const int *seqs, int n, const float *k_pre, const float *k,
                        const float *v, size_t ld);
 /* Attention of n_q rows for each listed sequence (queries qs[i], outputs outs[i]). */
-kv_status rt_dev_attend(kv_rt *rt, int layer, int n_seqs, const int *seqs, int n_q, const float *const *qs, size_t ldq,
+kv_status kv_rti_dev_attend(kv_rt *rt, int layer, int n_seqs, const int *seqs, int n_q, const float *const *qs, size_t ldq,
                         float *const *outs, size_t ldo);
-kv_status rt_dev_recon_ensure(kv_rt *rt, int seq, int layer, int stream);
-void rt_dev_recon_free(kv_rt *rt, rt_recon *r);
-kv_status rt_dev_rope_reserve(kv_rt *rt, int n_pos);
+kv_status kv_rti_dev_recon_ensure(kv_rt *rt, int seq, int layer, int stream);
+void kv_rti_dev_recon_free(kv_rt *rt, rt_recon *r);
+kv_status kv_rti_dev_rope_reserve(kv_rt *rt, int n_pos);
 /* kv_rt_decode_head of a device runtime: the stream's data copied to the host and read by the CPU code. */
-kv_status rt_dev_decode_head(kv_rt *rt, int layer, int seq, int kv_head, float *k_out, float *v_out);
+kv_status kv_rti_dev_decode_head(kv_rt *rt, int layer, int seq, int kv_head, float *k_out, float *v_out);
 /* Queries on the host for the host-side consumers (SQuat's prompt subspace): q itself for the host model. */
-kv_status rt_dev_host_queries(kv_rt *rt, int n_q, const float *q, size_t ldq, const float **host_q);
+kv_status kv_rti_dev_host_queries(kv_rt *rt, int n_q, const float *q, size_t ldq, const float **host_q);
 
 /* Faults the host model injects for the self-check's own tests (0: none): 1 shifts every attention output by
  * 1e-3 of itself, 2 flips the lowest bit of the first code word of every block it encodes. */
-extern int rt_dev_host_fault;
+extern int kv_rti_dev_host_fault;
 
 /* kv_rt_open's guard: the self-check of a CUDA runtime's plan when a kind of codec in it was not checked yet in
  * this process (rt_selfcheck.c). */
-kv_status rt_selfcheck_guard(const kv_plan *plan, const kv_rt_options *opt);
+kv_status kv_rti_selfcheck_guard(const kv_plan *plan, const kv_rt_options *opt);
 
 /* The launch shape of an attention call (kv_da_configure): rows per block, tile, splits. */
-void rt_dev_configure(kv_dattn *A, int n_max);
+void kv_rti_dev_configure(kv_dattn *A, int n_max);
 
 #ifdef __cplusplus
 }

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int rt_dev_host_fault = 0;
+int kv_rti_dev_host_fault = 0;
 
 static kv_status h_alloc(rt_dev *d, void **p, size_t bytes) {
     (void)d;
@@ -73,8 +73,8 @@ static kv_status h_gemm_nt(rt_dev *d, int M, int N, int K, const float *A, int l
 
 static kv_status h_encode(rt_dev *d, const rt_codec *c, const kv_quant *dq, uint8_t *blk, int m, const float *x) {
     (void)d, (void)dq; /* the host's tables are the codec's own */
-    const kv_status s = rt_codec_encode(c, blk, m, x);
-    if (s == KV_OK && rt_dev_host_fault == 2 && c->kind != RT_F16 && c->kind != RT_F32 && c->share_from < 0)
+    const kv_status s = kv_rti_codec_encode(c, blk, m, x);
+    if (s == KV_OK && kv_rti_dev_host_fault == 2 && c->q.kind != KV_QUANT_F16 && c->share_from < 0)
         ((uint32_t *)blk)[0] ^= 1u;
     return s;
 }
@@ -120,7 +120,7 @@ static kv_status h_attend(rt_dev *d, const kv_dattn *A) {
                     for (int c = 0; c < A->hd; c++) {
                         kv_da_combine_channel(A, z, h, row, g, c);
                         float *o = &A->seq[z].out[(size_t)row * (size_t)A->ldo + (size_t)(h * A->G + g) * (size_t)A->hd + (size_t)c];
-                        if (rt_dev_host_fault == 1) *o *= 1.001f;
+                        if (kv_rti_dev_host_fault == 1) *o *= 1.001f;
                     }
     return KV_OK;
 }
@@ -144,7 +144,7 @@ static const rt_dev_ops k_host_ops = {
     .close = h_close,
 };
 
-kv_status rt_dev_host_create(rt_dev **out) {
+kv_status kv_rti_dev_host_create(rt_dev **out) {
     rt_dev *d = calloc(1, sizeof *d);
     if (!d) return KV_ERR(KV_ENOMEM, "out of memory");
     d->ops = &k_host_ops;
@@ -153,12 +153,12 @@ kv_status rt_dev_host_create(rt_dev **out) {
 }
 
 #if !defined(KV_RT_WITH_CUDA)
-kv_status rt_dev_cuda_create(rt_dev **out, kv_stream stream) {
+kv_status kv_rti_dev_cuda_create(rt_dev **out, kv_stream stream) {
     (void)stream;
     *out = NULL;
     return KV_ERR(KV_EUNSUPPORTED, "runtime: this build has no CUDA backend (built without nvcc; KV_CUDA=OFF)");
 }
-kv_stream rt_dev_cuda_stream(rt_dev *d) {
+kv_stream kv_rti_dev_cuda_stream(rt_dev *d) {
     (void)d;
     return NULL;
 }

@@ -13,7 +13,7 @@
 
 #include <stdlib.h>
 
-kv_status rt_float_init(rt_codec *c) {
+kv_status kv_rti_float_init(rt_codec *c) {
     const int fmt = (int)c->q.fp.format, n = fmt == KV_FP_NVFP4 ? 16 : 256;
     c->kind = RT_FLOAT;
     c->bits = kv_qm_fp_bits(fmt);
@@ -66,7 +66,7 @@ static int nvfp4_head_blocks(const rt_codec *c, const uint8_t *bscales, int t, i
 /* at most one block per 16 channels, plus one straddling each end of the head */
 #define MAX_HEAD_BLOCKS (KV_RT_MAX_HEAD_DIM / KV_NVFP4_BLOCK + 2)
 
-void rt_float_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1, int h,
+void kv_rti_float_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1, int h,
                      const float *q, int nq, float *out, size_t ld) {
     (void)m;
     const int hd = c->head_dim, nvfp4 = c->q.fp.format == KV_FP_NVFP4;
@@ -94,7 +94,7 @@ void rt_float_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *pa
     }
 }
 
-void rt_float_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1, int h,
+void kv_rti_float_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1, int h,
                     const float *p, size_t ld, int nq, float *acc) {
     (void)m;
     const int hd = c->head_dim, nvfp4 = c->q.fp.format == KV_FP_NVFP4;
@@ -120,10 +120,10 @@ void rt_float_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *par
     }
 }
 
-void rt_float_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
+void kv_rti_float_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo) {
     const uint32_t *codes;
     const uint8_t *params;
-    rt_block_parts(c, b, &codes, &params);
+    kv_rti_block_parts(c, b, &codes, &params);
     const int hd = c->head_dim;
     const size_t c0 = (size_t)h * (size_t)hd;
     const float S = head_scale(c, h);

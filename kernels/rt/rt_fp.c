@@ -37,16 +37,16 @@ static void f32_accum_portable(const float *x, size_t ld, int n, int hd, const f
     }
 }
 
-void rt_f32_scores(const float *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo) {
-    if (hd % 8 == 0 && rt_avx2_usable())
-        rt_f32_scores_avx2(x, ld, n, hd, q, nq, out, ldo);
+void kv_rti_f32_scores(const float *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo) {
+    if (hd % 8 == 0 && kv_rti_avx2_usable())
+        kv_rti_f32_scores_avx2(x, ld, n, hd, q, nq, out, ldo);
     else
         f32_scores_portable(x, ld, n, hd, q, nq, out, ldo);
 }
 
-void rt_f32_accum(const float *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc) {
-    if (hd % 8 == 0 && rt_avx2_usable())
-        rt_f32_accum_avx2(x, ld, n, hd, p, ldp, nq, acc);
+void kv_rti_f32_accum(const float *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc) {
+    if (hd % 8 == 0 && kv_rti_avx2_usable())
+        kv_rti_f32_accum_avx2(x, ld, n, hd, p, ldp, nq, acc);
     else
         f32_accum_portable(x, ld, n, hd, p, ldp, nq, acc);
 }
@@ -66,24 +66,24 @@ static void f16_by_tiles(const uint16_t *x, size_t ld, int n, int hd, int accum,
     const int tr = f16_tile_rows(hd);
     for (int t0 = 0; t0 < n; t0 += tr) {
         const int m = n - t0 < tr ? n - t0 : tr;
-        for (int r = 0; r < m; r++) rt_f16_to_f32_row(tile + (size_t)r * hd, x + (size_t)(t0 + r) * ld, (size_t)hd);
+        for (int r = 0; r < m; r++) kv_rti_f16_to_f32_row(tile + (size_t)r * hd, x + (size_t)(t0 + r) * ld, (size_t)hd);
         if (accum)
-            rt_f32_accum(tile, (size_t)hd, m, hd, qp + t0, ldp, nq, out);
+            kv_rti_f32_accum(tile, (size_t)hd, m, hd, qp + t0, ldp, nq, out);
         else
-            rt_f32_scores(tile, (size_t)hd, m, hd, qp, nq, out + t0, ldo);
+            kv_rti_f32_scores(tile, (size_t)hd, m, hd, qp, nq, out + t0, ldo);
     }
 }
 
-void rt_f16_scores(const uint16_t *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo) {
-    if (hd % 8 == 0 && rt_avx2_usable())
-        rt_f16_scores_avx2(x, ld, n, hd, q, nq, out, ldo);
+void kv_rti_f16_scores(const uint16_t *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo) {
+    if (hd % 8 == 0 && kv_rti_avx2_usable())
+        kv_rti_f16_scores_avx2(x, ld, n, hd, q, nq, out, ldo);
     else
         f16_by_tiles(x, ld, n, hd, 0, q, 0, nq, out, ldo);
 }
 
-void rt_f16_accum(const uint16_t *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc) {
-    if (hd % 8 == 0 && rt_avx2_usable())
-        rt_f16_accum_avx2(x, ld, n, hd, p, ldp, nq, acc);
+void kv_rti_f16_accum(const uint16_t *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc) {
+    if (hd % 8 == 0 && kv_rti_avx2_usable())
+        kv_rti_f16_accum_avx2(x, ld, n, hd, p, ldp, nq, acc);
     else
         f16_by_tiles(x, ld, n, hd, 1, p, ldp, nq, acc, 0);
 }

@@ -8,17 +8,17 @@
  * D H (sum_t p_t (norm_t / g) grid[idx_t]): the weighted grid points are accumulated in the rotated
  * domain and transformed back once per group and step.
  * These kernels serve groups that lie inside one head (g divides head_dim); other layouts are read
- * through decoded tiles (rt_attend.c). */
+ * through decoded tiles (kv_rti_attend.c). */
 #include "kvrt.h"
 #include "rt_internal.h"
 
 #include <string.h>
 
-size_t rt_higgs_prep_floats(const rt_codec *c) {
+size_t kv_rti_higgs_prep_floats(const rt_codec *c) {
     return (size_t)c->head_dim / (size_t)c->q.higgs.dim * (size_t)c->q.higgs.size;
 }
 
-void rt_higgs_prepare(const rt_codec *c, int h, const float *q, float *prep) {
+void kv_rti_higgs_prepare(const rt_codec *c, int h, const float *q, float *prep) {
     const kv_higgs *hq = &c->q.higgs;
     const size_t hd = (size_t)c->head_dim, g = (size_t)hq->group, d = (size_t)hq->dim, n = (size_t)hq->size;
     const float *signs = c->signs + (size_t)h * hd;
@@ -38,7 +38,7 @@ void rt_higgs_prepare(const rt_codec *c, int h, const float *q, float *prep) {
     }
 }
 
-void rt_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+void kv_rti_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
                      int h, const float *prep, int nq, float *out, size_t ld) {
     (void)m;
     const kv_higgs *hq = &c->q.higgs;
@@ -65,7 +65,7 @@ void rt_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *pa
     }
 }
 
-void rt_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+void kv_rti_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
                     int h, const float *p, size_t ld, int nq, float *racc) {
     (void)m;
     const kv_higgs *hq = &c->q.higgs;
@@ -92,7 +92,7 @@ void rt_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *par
     }
 }
 
-void rt_higgs_finish(const rt_codec *c, int h, int nq, float *racc, float *acc) {
+void kv_rti_higgs_finish(const rt_codec *c, int h, int nq, float *racc, float *acc) {
     const size_t hd = (size_t)c->head_dim, g = (size_t)c->q.higgs.group;
     const float *signs = c->signs + (size_t)h * hd;
     float y[KV_RT_MAX_HEAD_DIM];

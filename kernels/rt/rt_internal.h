@@ -15,7 +15,7 @@
  * positions (rt_hstore). Per KV head a stream then reads, in order: the sinks, the head's kept tokens,
  * the whole-token blocks after the pruned region, the window. Attention and decoding address a head's
  * tokens by their index among the tokens it holds (its "row"), not by position: the pieces below map
- * rows to storage (rt_piece_at). */
+ * rows to storage (kv_rti_piece_at). */
 #ifndef KV_RT_INTERNAL_H
 #define KV_RT_INTERNAL_H
 
@@ -39,9 +39,14 @@ extern "C" {
 
 typedef enum rt_kind { RT_F16 = 0, RT_F32 = 1, RT_UNIFORM = 2, RT_HIGGS = 3, RT_FLOAT = 4 /* FP8 / NVFP4 */ } rt_kind;
 
+struct rt_codec_ops;
+
 /* How one (layer, stream) is stored and read. Shared by every sequence; immutable after open. */
 typedef struct rt_codec {
-    rt_kind kind;
+    const struct rt_codec_ops *ops; /* the plan method's row of the codec table (rt_codecs.c) */
+    rt_kind kind;                  /* the storage kind (the device codec's KV_DC_* number, rt_dev.c) */
+    int direct;                    /* 1: attention reads the codes through ops->scores / ops->accum (keys after
+                                      RoPE); 0: through decoded tiles (e.g. HIGGS groups spanning heads) */
     int layer, stream;
     int kv_dim, head_dim, n_kv_heads;
     int pre_rope;                  /* keys stored before RoPE (rotated when read) */
@@ -65,7 +70,9 @@ typedef struct rt_layout {
     size_t code_bytes, param_bytes, total; /* param_bytes: one array (scales or norms) */
     size_t groups;
 } rt_layout;
-void rt_codec_layout(const rt_codec *c, int m, rt_layout *out);
+void kv_rti_codec_layout(const rt_codec *c, int m, rt_layout *out);
+/* The layout of a quantizer's block (uniform, HIGGS, float rows of the table): from kv_quant_storage. */
+void kv_rti_quant_layout(const rt_codec *c, int m, rt_layout *out);
 
 /* One compressed chunk: tokens [t0, t0 + m) of the sequence. */
 typedef struct rt_block {
@@ -198,23 +205,71 @@ static inline const rt_codec *rt_hcodec_of(const kv_rt *rt, int layer, int strea
     return &rt->hcodec[((size_t)layer * 2 + (size_t)stream) * (size_t)rt->n_kv_heads + (size_t)h];
 }
 /* Tokens KV head h of (layer) holds in sequence seq: its rows (the same for K and V). */
-int rt_head_rows(const kv_rt *rt, int seq, int layer, int h);
+int kv_rti_head_rows(const kv_rt *rt, int seq, int layer, int h);
 /* Position of row v of KV head h. */
-int rt_row_position(const kv_rt *rt, int seq, int layer, int h, int v);
+int kv_rti_row_position(const kv_rt *rt, int seq, int layer, int h, int v);
 
-/* ---- codecs (rt_codec.c, rt_uniform.c, rt_higgs.c) ---- */
-kv_status rt_codec_init(rt_codec *c, const kv_plan *p, int layer, int stream, kv_grid_search *const *search);
+/* ---- the codec table (rt_codecs.c): one row per plan method --------------------------------------------
+ * A row says what the runtime does with a stream of its method; rt_codec.c, rt_attend.c and rt_dev.c call the
+ * row and never branch on the method. A method's row and functions live in its own file (rt_codec_fp.c,
+ * rt_codec_uniform.c, rt_codec_higgs.c, rt_codec_float.c), its attention kernels in rt_fp.c, rt_uniform.c,
+ * rt_higgs.c, rt_float.c. Adding a method: its enum value (kv_plan.h), its files, one row in rt_codecs.c. */
+struct kv_dcodec;
+typedef struct rt_codec_ops {
+    const char *name;
+    int squat_keys;        /* 1: a key stream of this method may be quantized by SQuat (same storage) */
+    int bound;             /* the attention bound's terms (rt_selfcheck.c): 0 |x| per value, 1 |x| + 2 |zero|
+                              (uniform), 2 the group's norm (HIGGS) */
+    /* The quantizer descriptor of a stream record (kv_quant_from_plan; calibration quantizes through it too). */
+    kv_status (*quant)(kv_quant *q, const kv_plan *p, int layer, int stream);
+    /* The method's part of the codec (kind, packing, tables, direct); the common fields and c->q are set. */
+    kv_status (*init)(rt_codec *c, const kv_plan *p, int layer, int stream, kv_grid_search *const *search);
+    /* The codec of one KV head's kept tokens (token pruning), after the common fields were copied; NULL:
+     * nothing more to do. */
+    kv_status (*head_init)(rt_codec *dst, const rt_codec *full, int h);
+    void (*layout)(const rt_codec *c, int m, rt_layout *out);
+    kv_status (*encode)(const rt_codec *c, uint8_t *blk, int m, const float *x);
+    kv_status (*decode)(const rt_codec *c, const rt_block *b, float *out);
+    void (*decode_head)(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo);
+    /* Attention from the codes of one KV head (c->direct; keys after RoPE), rows [r0, r1) of block b:
+     *   prep_floats/prepare: per query vector, tables built once per step (NULL / 0: none);
+     *   scores: out[j * ld + (t - r0)] = q_j . k_hat[t];
+     *   accum:  acc[j * hd + c] += sum_t p[j * ld + (t - r0)] v_hat[t][c], or, with finish, in a rotated domain
+     *           that finish(c, h, nq, racc, acc) takes back once per step. */
+    size_t (*prep_floats)(const rt_codec *c);
+    void (*prepare)(const rt_codec *c, int h, const float *q, float *prep);
+    void (*scores)(const rt_codec *c, const rt_block *b, int r0, int r1, int h, const float *q, const float *prep,
+                   int nq, float *out, size_t ld);
+    void (*accum)(const rt_codec *c, const rt_block *b, int r0, int r1, int h, const float *p, size_t ld, int nq,
+                  float *acc);
+    void (*finish)(const rt_codec *c, int h, int nq, float *racc, float *acc);
+    /* The device column (RUNTIME.md §10): what the device cannot serve (NULL: all), and the device codec's
+     * fields and tables (uploaded through kv_rti_dev_table), with dq the device copy of c->q. */
+    kv_status (*dev_check)(const kv_rt *rt, const rt_codec *c);
+    kv_status (*dev_describe)(kv_rt *rt, const rt_codec *c, struct kv_dcodec *d, kv_quant *dq);
+} rt_codec_ops;
+/* The row of a plan method, or NULL for a value that is not one. */
+const rt_codec_ops *kv_rti_codec_ops(int method);
+extern const rt_codec_ops kv_rti_codec_fp, kv_rti_codec_uniform, kv_rti_codec_higgs, kv_rti_codec_fp8_e4m3,
+    kv_rti_codec_fp8_e5m2, kv_rti_codec_nvfp4;
+/* A quantizer's refusal of a stream's values, naming the stream (the caller adds the plan). */
+kv_status kv_rti_quant_refusal(kv_status s, int layer, int stream);
+/* "K" / "V". */
+static inline const char *rt_stream_name(int stream) { return stream == KV_PLAN_K ? "K" : "V"; }
+
+/* ---- codecs (rt_codec.c: what every method shares; the rows above for the rest) ---- */
+kv_status kv_rti_codec_init(rt_codec *c, const kv_plan *p, int layer, int stream, kv_grid_search *const *search);
 /* The codec of KV head h's tokens alone: full's quantizer on blocks of head_dim channels (HIGGS signs of
  * the head's channels: kv_higgs.channel0). Kernels read its blocks as head 0. */
-kv_status rt_codec_head_init(rt_codec *dst, const rt_codec *full, int h);
-void rt_codec_free(rt_codec *c);
+kv_status kv_rti_codec_head_init(rt_codec *dst, const rt_codec *full, int h);
+void kv_rti_codec_free(rt_codec *c);
 /* Encode m tokens x kv_dim (row-major f32) into blk (rt_layout.total bytes). */
-kv_status rt_codec_encode(const rt_codec *c, uint8_t *blk, int m, const float *x);
+kv_status kv_rti_codec_encode(const rt_codec *c, uint8_t *blk, int m, const float *x);
 /* Decode rows [r0, r1) of KV head h of a block into out (row stride ldo), in the compression domain
  * (no RoPE). */
-void rt_codec_decode_head(const rt_codec *c, const rt_block *blk, int r0, int r1, int h, float *out, size_t ldo);
+void kv_rti_codec_decode_head(const rt_codec *c, const rt_block *blk, int r0, int r1, int h, float *out, size_t ldo);
 /* The whole block, all channels (m x kv_dim). */
-kv_status rt_codec_decode(const rt_codec *c, const rt_block *blk, float *out);
+kv_status kv_rti_codec_decode(const rt_codec *c, const rt_block *blk, float *out);
 
 /* Compressed-form kernels of one KV head (RUNTIME.md §3). A block of m tokens is read through its
  * codes and its parameters (scales then zero points, or norms), passed apart so that a stream can
@@ -222,54 +277,54 @@ kv_status rt_codec_decode(const rt_codec *c, const rt_block *blk, float *out);
  * scaled), rows [r0, r1) of the block:
  *   scores: out[j * ld + (t - r0)] = q_j . k_hat[t]  (keys after RoPE: codecs with pre_rope = 0);
  *   accum:  acc[j * hd + c] += sum_t p[j * ld + (t - r0)] v_hat[t][c]. */
-void rt_block_parts(const rt_codec *c, const rt_block *blk, const uint32_t **codes, const uint8_t **params);
-void rt_uniform_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+void kv_rti_block_parts(const rt_codec *c, const rt_block *blk, const uint32_t **codes, const uint8_t **params);
+void kv_rti_uniform_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
                        int h, const float *q, int nq, float *out, size_t ld);
-void rt_uniform_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+void kv_rti_uniform_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
                       int h, const float *p, size_t ld, int nq, float *acc);
-/* HIGGS: per query vector lookup tables of its rotated copy against the grid (rt_higgs_prepare),
- * then scores; values accumulate in the rotated domain (racc, nq x head_dim) and rt_higgs_finish
+/* HIGGS: per query vector lookup tables of its rotated copy against the grid (kv_rti_higgs_prepare),
+ * then scores; values accumulate in the rotated domain (racc, nq x head_dim) and kv_rti_higgs_finish
  * transforms them back once (acc += D H racc; racc is overwritten). */
-size_t rt_higgs_prep_floats(const rt_codec *c);
-void rt_higgs_prepare(const rt_codec *c, int h, const float *q, float *prep);
-void rt_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+size_t kv_rti_higgs_prep_floats(const rt_codec *c);
+void kv_rti_higgs_prepare(const rt_codec *c, int h, const float *q, float *prep);
+void kv_rti_higgs_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
                      int h, const float *prep, int nq, float *out, size_t ld);
-void rt_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+void kv_rti_higgs_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
                     int h, const float *p, size_t ld, int nq, float *racc);
-void rt_higgs_finish(const rt_codec *c, int h, int nq, float *racc, float *acc);
+void kv_rti_higgs_finish(const rt_codec *c, int h, int nq, float *racc, float *acc);
 
 /* FP8 / NVFP4 (rt_float.c): the codec's kind, packing and element table from c->q.fp; kernels as the
  * uniform ones (params: the NVFP4 block scales); decode of one head's rows. */
-kv_status rt_float_init(rt_codec *c);
-void rt_float_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1, int h,
+kv_status kv_rti_float_init(rt_codec *c);
+void kv_rti_float_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1, int h,
                      const float *q, int nq, float *out, size_t ld);
-void rt_float_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1, int h,
+void kv_rti_float_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1, int h,
                     const float *p, size_t ld, int nq, float *acc);
-void rt_float_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo);
+void kv_rti_float_decode_head(const rt_codec *c, const rt_block *b, int r0, int r1, int h, float *out, size_t ldo);
 
 /* f16 rows (row stride ld halves): scores and weighted sums, nq queries, rows [0, n). */
-void rt_f16_scores(const uint16_t *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo);
-void rt_f16_accum(const uint16_t *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc);
-void rt_f32_scores(const float *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo);
-void rt_f32_accum(const float *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc);
+void kv_rti_f16_scores(const uint16_t *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo);
+void kv_rti_f16_accum(const uint16_t *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc);
+void kv_rti_f32_scores(const float *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo);
+void kv_rti_f32_accum(const float *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc);
 
 /* ---- RoPE (rt_rope.c) ---- */
-kv_status rt_rope_reserve(kv_rt *rt, int n_pos);
+kv_status kv_rti_rope_reserve(kv_rt *rt, int n_pos);
 /* Rotate rows (head_dim floats each, stride ld) of tokens at positions p0, p0 + 1, ... */
-void rt_rope_rows(const kv_rt *rt, float *x, size_t ld, int n, int p0);
+void kv_rti_rope_rows(const kv_rt *rt, float *x, size_t ld, int n, int p0);
 /* The same at positions pos[0..n). */
-void rt_rope_rows_at(const kv_rt *rt, float *x, size_t ld, int n, const int32_t *pos);
+void kv_rti_rope_rows_at(const kv_rt *rt, float *x, size_t ld, int n, const int32_t *pos);
 
 /* ---- reconstruction working set (rt_recon.c) ---- */
 /* Make rt->seqs[seq].recon[layer*2+stream] cover every compressed token of the stream. */
-kv_status rt_recon_ensure(kv_rt *rt, int seq, int layer, int stream);
+kv_status kv_rti_recon_ensure(kv_rt *rt, int seq, int layer, int stream);
 /* Drop reconstructions no later layer of this step reads (after attending `layer`). */
-void rt_recon_release(kv_rt *rt, int seq, int layer);
-void rt_recon_free(kv_rt *rt, rt_recon *r);
+void kv_rti_recon_release(kv_rt *rt, int seq, int layer);
+void kv_rti_recon_free(kv_rt *rt, rt_recon *r);
 /* Predictor inputs of rows [t0, t0 + m) (absolute token indices, compressed) of (layer, stream). */
-kv_status rt_recon_inputs(kv_rt *rt, int seq, int layer, int stream, int t0, const float **inputs);
+kv_status kv_rti_recon_inputs(kv_rt *rt, int seq, int layer, int stream, int t0, const float **inputs);
 
-/* ---- reading a stream (rt_attend.c) ---- */
+/* ---- reading a stream (kv_rti_attend.c) ---- */
 /* Where a KV head's rows of a stream live: f16 rows (sinks, window), a block (whole-token, or the head's
  * own kept tokens), or a reconstruction. */
 typedef enum rt_piece_kind { RT_PIECE_FP16 = 0, RT_PIECE_BLOCK = 1, RT_PIECE_RECON = 2 } rt_piece_kind;
@@ -287,34 +342,34 @@ typedef struct rt_piece {
 } rt_piece;
 /* The piece holding row v of KV head h of (layer, stream), clipped to [v, end). Predicted streams are
  * read through their reconstruction (which must be ensured). */
-void rt_piece_at(const kv_rt *rt, int seq, int layer, int stream, int h, int v, int end, rt_piece *p);
+void kv_rti_piece_at(const kv_rt *rt, int seq, int layer, int stream, int h, int v, int end, rt_piece *p);
 /* Rows [a, b) of (layer, stream) for KV head h decoded to f32 rows (stride ldo): keys after RoPE.
  * Reserves the RoPE table and ensures reconstructions: call from one thread. */
-kv_status rt_read_rows(kv_rt *rt, int seq, int layer, int stream, int h, int a, int b, float *out, size_t ldo);
-/* The same without reserving or ensuring anything (inside parallel work, after rt_read_prepare). */
-void rt_read_rows_ready(const kv_rt *rt, int seq, int layer, int stream, int h, int a, int b, float *out, size_t ldo);
-kv_status rt_read_prepare(kv_rt *rt, int seq, int layer, int stream);
+kv_status kv_rti_read_rows(kv_rt *rt, int seq, int layer, int stream, int h, int a, int b, float *out, size_t ldo);
+/* The same without reserving or ensuring anything (inside parallel work, after kv_rti_read_prepare). */
+void kv_rti_read_rows_ready(const kv_rt *rt, int seq, int layer, int stream, int h, int a, int b, float *out, size_t ldo);
+kv_status kv_rti_read_prepare(kv_rt *rt, int seq, int layer, int stream);
 
-/* ---- attention (rt_attend.c) ---- */
-kv_status rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, size_t ldq, float *out, size_t ldo);
+/* ---- attention (kv_rti_attend.c) ---- */
+kv_status kv_rti_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, size_t ldq, float *out, size_t ldo);
 
 /* ---- SQuat keys (rt_squat.c, rt_codec.c) ---- */
-/* Checks of a SQuat stream and its basis encoders (from rt_codec_init). */
-kv_status rt_squat_codec_init(rt_codec *c, const kv_plan *p, int layer);
+/* Checks of a SQuat stream and its basis encoders (from kv_rti_codec_init). */
+kv_status kv_rti_squat_codec_init(rt_codec *c, const kv_plan *p, int layer);
 /* Encode m tokens x kv_dim of a SQuat key stream: per KV head its columns with enc[h], into the uniform
  * tokens-axis block layout. */
-kv_status rt_codec_encode_squat(const rt_codec *c, uint8_t *blk, int m, const float *x, kv_squat *const *enc);
+kv_status kv_rti_codec_encode_squat(const rt_codec *c, uint8_t *blk, int m, const float *x, kv_squat *const *enc);
 /* The encoders of (seq, layer) (choosing the prompt subspace at the first call) and the encode. */
-kv_status rt_squat_encode(kv_rt *rt, int seq, int layer, uint8_t *blk, int m, const float *x);
+kv_status kv_rti_squat_encode(kv_rt *rt, int seq, int layer, uint8_t *blk, int m, const float *x);
 /* Accumulate the Gram matrices of a layer's queries (kv_rt_attend; the prompt variant before the layer's
  * first compression). */
-kv_status rt_squat_saw_queries(kv_rt *rt, int seq, int layer, int n_q, const float *q, size_t ldq);
-kv_status rt_squat_seq_init(kv_rt *rt, rt_seq *sq);
-void rt_squat_seq_clear(kv_rt *rt, rt_seq *sq);
-void rt_squat_seq_free(kv_rt *rt, rt_seq *sq);
-uint64_t rt_squat_working_bytes(const kv_rt *rt, int seq);
+kv_status kv_rti_squat_saw_queries(kv_rt *rt, int seq, int layer, int n_q, const float *q, size_t ldq);
+kv_status kv_rti_squat_seq_init(kv_rt *rt, rt_seq *sq);
+void kv_rti_squat_seq_clear(kv_rt *rt, rt_seq *sq);
+void kv_rti_squat_seq_free(kv_rt *rt, rt_seq *sq);
+uint64_t kv_rti_squat_working_bytes(const kv_rt *rt, int seq);
 /* kv_rt_prompt_copy: the source's accumulated queries go with its prompt. */
-kv_status rt_squat_prompt_copy(kv_rt *dst, int dst_seq, const kv_rt *src, int src_seq);
+kv_status kv_rti_squat_prompt_copy(kv_rt *dst, int dst_seq, const kv_rt *src, int src_seq);
 
 /* ---- token policy (rt_policy.c): token selection under a memory budget ---- */
 typedef enum rt_score_kind {
@@ -332,66 +387,66 @@ typedef struct rt_policy {
     int decode_chunks;   /* chunks leaving the window after the prompt are selected too (H2O) */
     int min_window;      /* least observation window */
 } rt_policy;
-const rt_policy *rt_policy_of(kv_plan_prune method); /* NULL for an unknown method */
+const rt_policy *kv_rti_policy_of(kv_plan_prune method); /* NULL for an unknown method */
 /* Refusals of plans this policy cannot apply (at open), naming the layer and stream. */
-kv_status rt_policy_check(const kv_plan *p);
+kv_status kv_rti_policy_check(const kv_plan *p);
 /* Set up the runtime's policy fields and head codecs (after the codecs). */
-kv_status rt_policy_open(kv_rt *rt);
-void rt_policy_close(kv_rt *rt);
-kv_status rt_policy_seq_init(kv_rt *rt, rt_seq *sq);
-void rt_policy_seq_clear(kv_rt *rt, rt_seq *sq);
+kv_status kv_rti_policy_open(kv_rt *rt);
+void kv_rti_policy_close(kv_rt *rt);
+kv_status kv_rti_policy_seq_init(kv_rt *rt, rt_seq *sq);
+void kv_rti_policy_seq_clear(kv_rt *rt, rt_seq *sq);
 /* Whether attention of (seq, layer) accumulates scores now (H2O, prompt statistics). */
-int rt_policy_accumulates(const kv_rt *rt, int seq, int layer);
+int kv_rti_policy_accumulates(const kv_rt *rt, int seq, int layer);
 /* Room for n more tokens' scores (before they are appended). */
-kv_status rt_policy_reserve(kv_rt *rt, int seq, int layer, int n_total);
+kv_status kv_rti_policy_reserve(kv_rt *rt, int seq, int layer, int n_total);
 /* After an attend of n_q rows: keep the window queries and the coverage. */
-kv_status rt_policy_saw_queries(kv_rt *rt, int seq, int layer, int n_q, const float *q, size_t ldq);
+kv_status kv_rti_policy_saw_queries(kv_rt *rt, int seq, int layer, int n_q, const float *q, size_t ldq);
 /* Apply the selection of the prompt (every layer) and end it. */
 kv_status rt_policy_end_prompt(kv_rt *rt, int seq);
 /* Before an append after the prompt: select chunks leaving the window (H2O). Returns 1 in *handled when
  * the policy took the window's full chunks (the caller then compresses nothing). */
-kv_status rt_policy_settle(kv_rt *rt, int seq, int layer, int *handled, float *x);
+kv_status kv_rti_policy_settle(kv_rt *rt, int seq, int layer, int *handled, float *x);
 /* Storage helpers of rt_runtime.c: a stream's f16 rows resized to exactly `rows` (accounted), and its
  * first m window rows dropped. */
-kv_status rt_fp_resize(kv_rt *rt, rt_seq *sq, rt_stream *st, int rows);
+kv_status kv_rti_fp_resize(kv_rt *rt, rt_seq *sq, rt_stream *st, int rows);
 /* A compressed block of tokens [t0, t0 + m) joins the stream (bytes: what its allocation adds to the sequence's). */
-kv_status rt_block_push(kv_rt *rt, rt_seq *sq, rt_stream *st, int t0, int m, uint8_t *data, size_t bytes,
+kv_status kv_rti_block_push(kv_rt *rt, rt_seq *sq, rt_stream *st, int t0, int m, uint8_t *data, size_t bytes,
                         const uint32_t *codes);
-kv_status rt_window_drop(kv_rt *rt, int seq, rt_stream *st, int m);
+kv_status kv_rti_window_drop(kv_rt *rt, int seq, rt_stream *st, int m);
 /* Free the per-head blocks of a stream (stream_clear). */
-void rt_hstore_clear(rt_hstore *hs);
+void kv_rti_hstore_clear(rt_hstore *hs);
 /* Bytes: kept-token payload and index of a stream (stats). */
-void rt_hstore_bytes(const kv_rt *rt, int layer, int stream, const rt_stream *st, uint64_t *payload,
+void kv_rti_hstore_bytes(const kv_rt *rt, int layer, int stream, const rt_stream *st, uint64_t *payload,
                      uint64_t *index, uint64_t *values);
-kv_status rt_scratch_reserve(rt_scratch *s, size_t floats);
+kv_status kv_rti_scratch_reserve(rt_scratch *s, size_t floats);
 /* The runtime's pool threads call the BLAS on their own: it runs single-threaded meanwhile (the
  * previous count is returned, and restored by _end). */
-int rt_blas_threads_begin(void);
-void rt_blas_threads_end(int previous);
+int kv_rti_blas_threads_begin(void);
+void kv_rti_blas_threads_end(int previous);
 
-/* ---- AVX2 + FMA + F16C inner loops (rt_avx2.c), used when rt_avx2_usable() ---- */
-int rt_avx2_usable(void);
-void rt_f16_to_f32_row_avx2(float *dst, const uint16_t *src, size_t n);
-void rt_f32_to_f16_row_avx2(uint16_t *dst, const float *src, size_t n);
-void rt_f16_scores_avx2(const uint16_t *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo);
-void rt_f16_accum_avx2(const uint16_t *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc);
-void rt_f32_scores_avx2(const float *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo);
-void rt_f32_accum_avx2(const float *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc);
-void rt_exp_avx2(float *x, size_t n);
-void rt_unpack_words_avx2(float *dst, const uint32_t *w, size_t nwords, int bits);
-void rt_unpack_rows_avx2(float *dst, size_t ldd, const uint32_t *codes, size_t w0, size_t wstride, int rows,
+/* ---- AVX2 + FMA + F16C inner loops (rt_avx2.c), used when kv_rti_avx2_usable() ---- */
+int kv_rti_avx2_usable(void);
+void kv_rti_f16_to_f32_row_avx2(float *dst, const uint16_t *src, size_t n);
+void kv_rti_f32_to_f16_row_avx2(uint16_t *dst, const float *src, size_t n);
+void kv_rti_f16_scores_avx2(const uint16_t *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo);
+void kv_rti_f16_accum_avx2(const uint16_t *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc);
+void kv_rti_f32_scores_avx2(const float *x, size_t ld, int n, int hd, const float *q, int nq, float *out, size_t ldo);
+void kv_rti_f32_accum_avx2(const float *x, size_t ld, int n, int hd, const float *p, size_t ldp, int nq, float *acc);
+void kv_rti_exp_avx2(float *x, size_t n);
+void kv_rti_unpack_words_avx2(float *dst, const uint32_t *w, size_t nwords, int bits);
+void kv_rti_unpack_rows_avx2(float *dst, size_t ldd, const uint32_t *codes, size_t w0, size_t wstride, int rows,
                          size_t nwords, int bits);
-void rt_uniform_tok_scores_avx2(const float *cf, size_t ldc, int n, int hd, const float *qs, int nj, float *acc,
+void kv_rti_uniform_tok_scores_avx2(const float *cf, size_t ldc, int n, int hd, const float *qs, int nj, float *acc,
                                 size_t lda);
-void rt_uniform_chan_accum_avx2(const float *cf, size_t ldc, int n, int hd, const float *s, const int *seg, int nseg,
+void kv_rti_uniform_chan_accum_avx2(const float *cf, size_t ldc, int n, int hd, const float *s, const int *seg, int nseg,
                                 const float *p, size_t ldp, int nj, float *acc);
-void rt_uniform_tok_scores_fused_avx2(const uint32_t *codes, size_t run0, size_t gs, size_t i0, int n, int hd, int bits,
+void kv_rti_uniform_tok_scores_fused_avx2(const uint32_t *codes, size_t run0, size_t gs, size_t i0, int n, int hd, int bits,
                                       const float *qs, const float *bias, int nj, float *out, size_t ldo);
-void rt_uniform_chan_accum_fused_avx2(const uint32_t *codes, size_t pos0, size_t C, int n, int hd, int bits,
+void kv_rti_uniform_chan_accum_fused_avx2(const uint32_t *codes, size_t pos0, size_t C, int n, int hd, int bits,
                                       const float *ps, size_t lps, int nseg, const int *seg16, int nj, float *acc);
-void rt_uniform_fold_avx2(const float *q, int hd, int nj, const void *s, const void *z, size_t i0, int pt, float *qs,
+void kv_rti_uniform_fold_avx2(const float *q, int hd, int nj, const void *s, const void *z, size_t i0, int pt, float *qs,
                           float *bias);
-void rt_uniform_chan_weights_avx2(const void *s, const void *z, int pt, size_t lds, int nseg, const float *p,
+void kv_rti_uniform_chan_weights_avx2(const void *s, const void *z, int pt, size_t lds, int nseg, const float *p,
                                   size_t ldp, int nj, int n, float *ps, float *zacc);
 
 /* ---- vector math shared by the kernels (rt_math.c) ---- */
@@ -414,16 +469,16 @@ static inline float rt_param(const void *arr, size_t i, int type) {
 /* exp(x) for x <= 0 (scores minus their maximum), n values in place: a range reduction and a degree-6
  * polynomial, relative error below 4e-7 (tests/runtime checks it against exp over [-104, 0]);
  * 0 below -103.9. Written in 8 lanes so that every vector path gives the same bits. */
-void rt_exp_inplace(float *x, size_t n);
-void rt_exp_portable(float *x, size_t n); /* the portable loop alone (rt_exp_inplace's reference) */
+void kv_rti_exp_inplace(float *x, size_t n);
+void kv_rti_exp_portable(float *x, size_t n); /* the portable loop alone (kv_rti_exp_inplace's reference) */
 /* The largest of x[0..n) (n >= 1, finite values), and x[i] -= it: the softmax's shift. Exact (a
  * maximum and one subtraction per value), so every SIMD level gives the same bits. */
-float rt_shift_by_max(float *x, size_t n);
-float rt_shift_by_max_avx2(float *x, size_t n);
+float kv_rti_shift_by_max(float *x, size_t n);
+float kv_rti_shift_by_max_avx2(float *x, size_t n);
 /* n codes of whole words (bits 1, 2, 4, 8; word-aligned) to floats. */
-void rt_unpack_words(float *dst, const uint32_t *w, size_t nwords, int bits);
-void rt_f16_to_f32_row(float *dst, const uint16_t *src, size_t n);
-void rt_f32_to_f16_row(uint16_t *dst, const float *src, size_t n);
+void kv_rti_unpack_words(float *dst, const uint32_t *w, size_t nwords, int bits);
+void kv_rti_f16_to_f32_row(float *dst, const uint16_t *src, size_t n);
+void kv_rti_f32_to_f16_row(uint16_t *dst, const float *src, size_t n);
 
 #ifdef __cplusplus
 }

@@ -28,47 +28,47 @@ static inline float exp_le0(float x) {
     return x < lo ? 0.0f : out;
 }
 
-void rt_exp_inplace(float *x, size_t n) {
-    if (rt_avx2_usable())
-        rt_exp_avx2(x, n);
+void kv_rti_exp_inplace(float *x, size_t n) {
+    if (kv_rti_avx2_usable())
+        kv_rti_exp_avx2(x, n);
     else
-        rt_exp_portable(x, n);
+        kv_rti_exp_portable(x, n);
 }
 
-void rt_exp_portable(float *x, size_t n) {
+void kv_rti_exp_portable(float *x, size_t n) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
         for (int k = 0; k < 8; k++) x[i + (size_t)k] = exp_le0(x[i + (size_t)k]);
     for (; i < n; i++) x[i] = exp_le0(x[i]);
 }
 
-float rt_shift_by_max(float *x, size_t n) {
-    if (rt_avx2_usable()) return rt_shift_by_max_avx2(x, n);
+float kv_rti_shift_by_max(float *x, size_t n) {
+    if (kv_rti_avx2_usable()) return kv_rti_shift_by_max_avx2(x, n);
     float mx = x[0];
     for (size_t i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
     for (size_t i = 0; i < n; i++) x[i] = x[i] - mx;
     return mx;
 }
 
-void rt_f16_to_f32_row(float *dst, const uint16_t *src, size_t n) {
-    if (rt_avx2_usable()) {
-        rt_f16_to_f32_row_avx2(dst, src, n);
+void kv_rti_f16_to_f32_row(float *dst, const uint16_t *src, size_t n) {
+    if (kv_rti_avx2_usable()) {
+        kv_rti_f16_to_f32_row_avx2(dst, src, n);
         return;
     }
     for (size_t i = 0; i < n; i++) dst[i] = rt_f16(src[i]);
 }
 
-void rt_f32_to_f16_row(uint16_t *dst, const float *src, size_t n) {
-    if (rt_avx2_usable()) {
-        rt_f32_to_f16_row_avx2(dst, src, n);
+void kv_rti_f32_to_f16_row(uint16_t *dst, const float *src, size_t n) {
+    if (kv_rti_avx2_usable()) {
+        kv_rti_f32_to_f16_row_avx2(dst, src, n);
         return;
     }
     for (size_t i = 0; i < n; i++) dst[i] = kv_f32_to_f16(src[i]);
 }
 
-void rt_unpack_words(float *dst, const uint32_t *w, size_t nwords, int bits) {
-    if (rt_avx2_usable()) {
-        rt_unpack_words_avx2(dst, w, nwords, bits);
+void kv_rti_unpack_words(float *dst, const uint32_t *w, size_t nwords, int bits) {
+    if (kv_rti_avx2_usable()) {
+        kv_rti_unpack_words_avx2(dst, w, nwords, bits);
         return;
     }
     const int per = 32 / bits;

@@ -5,7 +5,7 @@
  * A method is an entry of k_policies: how it scores the tokens of a prompt (recency, accumulated
  * attention, the attention of an observation window) and what else it does. The runtime never
  * branches on the method elsewhere: it asks the policy whether attention accumulates scores, whether
- * a prompt is held in f16, and calls rt_policy_end_prompt / rt_policy_settle at the two moments a
+ * a prompt is held in f16, and calls rt_policy_end_prompt / kv_rti_policy_settle at the two moments a
  * selection happens.
  *
  * At the end of a prompt of N tokens, per layer and KV head: the sinks (f16) and the last `window`
@@ -39,7 +39,7 @@ static const rt_policy k_policies[] = {
 
 static const char *sname(int stream) { return stream == KV_PLAN_K ? "K" : "V"; }
 
-const rt_policy *rt_policy_of(kv_plan_prune method) {
+const rt_policy *kv_rti_policy_of(kv_plan_prune method) {
     for (size_t i = 0; i < sizeof k_policies / sizeof k_policies[0]; i++)
         if (k_policies[i].method == method) return &k_policies[i];
     return NULL;
@@ -56,8 +56,8 @@ kv_status kv_prune_pyramid_budgets(double *out, int n_layers, double b) {
     return KV_OK;
 }
 
-kv_status rt_policy_check(const kv_plan *p) {
-    const rt_policy *pol = rt_policy_of(p->global.prune_method);
+kv_status kv_rti_policy_check(const kv_plan *p) {
+    const rt_policy *pol = kv_rti_policy_of(p->global.prune_method);
     if (!pol) return KV_ERR(KV_EFORMAT, "plan: unknown prune method %d", (int)p->global.prune_method);
     if (pol->score == RT_SCORE_NONE) return KV_OK;
     const kv_plan_global *g = &p->global;
@@ -95,9 +95,9 @@ kv_status rt_policy_check(const kv_plan *p) {
     return KV_OK;
 }
 
-kv_status rt_policy_open(kv_rt *rt) {
+kv_status kv_rti_policy_open(kv_rt *rt) {
     const kv_plan *p = rt->plan;
-    rt->policy = rt_policy_of(p->global.prune_method);
+    rt->policy = kv_rti_policy_of(p->global.prune_method);
     const int pruning = rt->policy->score != RT_SCORE_NONE, stats = rt->opt.prompt_stats;
     rt->window = pruning ? p->global.prune_window : 0;
     rt->hold_prompt = pruning || stats;
@@ -115,7 +115,7 @@ kv_status rt_policy_open(kv_rt *rt) {
     for (int l = 0; l < L; l++)
         for (int st = 0; st < 2; st++)
             for (int h = 0; h < H; h++) {
-                kv_status s = rt_codec_head_init(&rt->hcodec[((size_t)l * 2 + (size_t)st) * (size_t)H + (size_t)h],
+                kv_status s = kv_rti_codec_head_init(&rt->hcodec[((size_t)l * 2 + (size_t)st) * (size_t)H + (size_t)h],
                                                  rt_codec_of(rt, l, st), h);
                 if (s != KV_OK) return s;
             }
@@ -131,9 +131,9 @@ kv_status rt_policy_open(kv_rt *rt) {
     return s;
 }
 
-void rt_policy_close(kv_rt *rt) {
+void kv_rti_policy_close(kv_rt *rt) {
     if (rt->hcodec)
-        for (size_t i = 0; i < (size_t)rt->n_layers * 2 * (size_t)rt->n_kv_heads; i++) rt_codec_free(&rt->hcodec[i]);
+        for (size_t i = 0; i < (size_t)rt->n_layers * 2 * (size_t)rt->n_kv_heads; i++) kv_rti_codec_free(&rt->hcodec[i]);
     free(rt->hcodec);
     free(rt->budget);
     rt->hcodec = NULL;
@@ -148,7 +148,7 @@ static void pstate_reset(kv_rt *rt, rt_pstate *ps) {
     ps->acc_base = rt->sinks;
 }
 
-kv_status rt_policy_seq_init(kv_rt *rt, rt_seq *sq) {
+kv_status kv_rti_policy_seq_init(kv_rt *rt, rt_seq *sq) {
     for (int l = 0; l < rt->n_layers; l++) pstate_reset(rt, &sq->ps[l]);
     if (rt->policy->score == RT_SCORE_NONE) return KV_OK;
     for (int i = 0; i < rt->n_layers * 2; i++)
@@ -157,13 +157,13 @@ kv_status rt_policy_seq_init(kv_rt *rt, rt_seq *sq) {
     return KV_OK;
 }
 
-void rt_policy_seq_clear(kv_rt *rt, rt_seq *sq) {
+void kv_rti_policy_seq_clear(kv_rt *rt, rt_seq *sq) {
     for (int l = 0; sq->ps && l < rt->n_layers; l++) pstate_reset(rt, &sq->ps[l]);
     sq->prompt_open = 0;
     sq->prompt_ended = 0;
 }
 
-void rt_hstore_clear(rt_hstore *hs) {
+void kv_rti_hstore_clear(rt_hstore *hs) {
     for (int b = 0; b < hs->n_blocks; b++) {
         free(hs->blocks[b].b.data);
         free(hs->blocks[b].pos);
@@ -172,14 +172,14 @@ void rt_hstore_clear(rt_hstore *hs) {
     memset(hs, 0, sizeof *hs);
 }
 
-void rt_hstore_bytes(const kv_rt *rt, int layer, int stream, const rt_stream *st, uint64_t *payload, uint64_t *index,
+void kv_rti_hstore_bytes(const kv_rt *rt, int layer, int stream, const rt_stream *st, uint64_t *payload, uint64_t *index,
                      uint64_t *values) {
     *payload = *index = *values = 0;
     for (int h = 0; h < rt->n_kv_heads; h++) {
         const rt_hstore *hs = &st->heads[h];
         for (int b = 0; b < hs->n_blocks; b++) {
             rt_layout L;
-            rt_codec_layout(rt_hcodec_of(rt, layer, stream, h), hs->blocks[b].b.m, &L);
+            kv_rti_codec_layout(rt_hcodec_of(rt, layer, stream, h), hs->blocks[b].b.m, &L);
             *payload += L.total;
             *index += hs->blocks[b].pos ? (uint64_t)INDEX_BYTES * (uint64_t)hs->blocks[b].b.m : 0u;
             *values += (uint64_t)hs->blocks[b].b.m * (uint64_t)rt->head_dim;
@@ -188,14 +188,14 @@ void rt_hstore_bytes(const kv_rt *rt, int layer, int stream, const rt_stream *st
 }
 
 /* ---- what attention collects ------------------------------------------------------------------------ */
-int rt_policy_accumulates(const kv_rt *rt, int seq, int layer) {
+int kv_rti_policy_accumulates(const kv_rt *rt, int seq, int layer) {
     (void)layer;
     if (rt->policy->score == RT_SCORE_ACCUMULATED) return 1; /* H2O: the prompt, then the window after it */
     return rt->opt.prompt_stats && rt->seqs[seq].prompt_open;
 }
 
-kv_status rt_policy_reserve(kv_rt *rt, int seq, int layer, int n_total) {
-    if (!rt_policy_accumulates(rt, seq, layer)) return KV_OK;
+kv_status kv_rti_policy_reserve(kv_rt *rt, int seq, int layer, int n_total) {
+    if (!kv_rti_policy_accumulates(rt, seq, layer)) return KV_OK;
     rt_pstate *ps = &rt->seqs[seq].ps[layer];
     const int need = n_total - ps->acc_base;
     if (need <= ps->acc_n) return KV_OK;
@@ -217,7 +217,7 @@ kv_status rt_policy_reserve(kv_rt *rt, int seq, int layer, int n_total) {
     return KV_OK;
 }
 
-kv_status rt_policy_saw_queries(kv_rt *rt, int seq, int layer, int n_q, const float *q, size_t ldq) {
+kv_status kv_rti_policy_saw_queries(kv_rt *rt, int seq, int layer, int n_q, const float *q, size_t ldq) {
     rt_seq *sq = &rt->seqs[seq];
     if (!sq->prompt_open) return KV_OK;
     rt_pstate *ps = &sq->ps[layer];
@@ -247,7 +247,7 @@ kv_status rt_policy_saw_queries(kv_rt *rt, int seq, int layer, int n_q, const fl
 static int rows_for_budget(const kv_rt *rt, int layer, double allow, int forced, int most, int index_bytes) {
     rt_layout lk, lv;
     const rt_codec *ck = rt_hcodec_of(rt, layer, KV_PLAN_K, 0), *cv = rt_hcodec_of(rt, layer, KV_PLAN_V, 0);
-#define COST(m) (rt_codec_layout(ck, (m), &lk), rt_codec_layout(cv, (m), &lv), \
+#define COST(m) (kv_rti_codec_layout(ck, (m), &lk), kv_rti_codec_layout(cv, (m), &lv), \
                  (double)lk.total + (double)lv.total + 2.0 * (double)index_bytes * (double)(m))
     if (COST(forced) > allow) return forced;
     int lo = forced, hi = most; /* cost(lo) <= allow; find the largest such */
@@ -318,7 +318,7 @@ static void window_item(void *ctx, int h, int thread) {
         }
     for (int a = 0; a < n; a += RT_TILE) {
         const int b = a + RT_TILE < n ? a + RT_TILE : n;
-        rt_read_rows_ready(rt, jb->seq, jb->layer, KV_PLAN_K, h, a, b, K, (size_t)hd);
+        kv_rti_read_rows_ready(rt, jb->seq, jb->layer, KV_PLAN_K, h, a, b, K, (size_t)hd);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nv, b - a, hd, 1.0f, Q, hd, K, hd, 0.0f, S + a, n);
     }
     for (int v = 0; v < nv; v++) {
@@ -327,7 +327,7 @@ static void window_item(void *ctx, int h, int thread) {
         float mx = s[0];
         for (int t = 1; t < lim; t++) mx = s[t] > mx ? s[t] : mx;
         for (int t = 0; t < lim; t++) s[t] -= mx;
-        rt_exp_inplace(s, (size_t)lim);
+        kv_rti_exp_inplace(s, (size_t)lim);
         double sum = 0.0;
         for (int t = 0; t < lim; t++) sum += s[t];
         const int e = pre < lim ? pre : lim;
@@ -377,7 +377,7 @@ static void enc_run(void *ctx, int item, int thread) {
     const int32_t *pos = jb->pos + (size_t)h * (size_t)jb->m_max;
     float *x = malloc((size_t)m * (size_t)hd * sizeof(float));
     rt_layout L;
-    rt_codec_layout(c, m, &L);
+    kv_rti_codec_layout(c, m, &L);
     it->data = malloc(L.total ? L.total : 1);
     it->bytes = L.total;
     if (!x || !it->data) {
@@ -387,10 +387,10 @@ static void enc_run(void *ctx, int item, int thread) {
     }
     for (int r = 0; r < m; r++) {
         const int row = pos[r] < rt->sinks ? pos[r] : rt->sinks + (pos[r] - jb->fp_first);
-        rt_f16_to_f32_row(x + (size_t)r * (size_t)hd, s->fp + (size_t)row * (size_t)rt->kv_dim + (size_t)h * (size_t)hd,
+        kv_rti_f16_to_f32_row(x + (size_t)r * (size_t)hd, s->fp + (size_t)row * (size_t)rt->kv_dim + (size_t)h * (size_t)hd,
                           (size_t)hd);
     }
-    it->status = rt_codec_encode(c, it->data, m, x);
+    it->status = kv_rti_codec_encode(c, it->data, m, x);
     free(x);
 }
 
@@ -471,11 +471,11 @@ static kv_status prune_layer(kv_rt *rt, int seq, int layer) {
             s = KV_ERR(KV_ENOMEM, "runtime: out of memory for the scores of layer %d", layer);
             goto done;
         }
-        if ((s = rt_read_prepare(rt, seq, layer, KV_PLAN_K)) != KV_OK) goto done;
+        if ((s = kv_rti_read_prepare(rt, seq, layer, KV_PLAN_K)) != KV_OK) goto done;
         window_job wj = {rt, seq, layer, n, wstart, scores, KV_OK};
-        const int blas_threads = rt_blas_threads_begin();
+        const int blas_threads = kv_rti_blas_threads_begin();
         kv_pool_run(rt->pool, H, window_item, &wj);
-        rt_blas_threads_end(blas_threads);
+        kv_rti_blas_threads_end(blas_threads);
         if (wj.status != KV_OK) {
             s = KV_ERR(wj.status, "runtime: out of memory scoring the tokens of layer %d", layer);
             goto done;
@@ -513,7 +513,7 @@ static kv_status prune_layer(kv_rt *rt, int seq, int layer) {
     /* the prompt after the sinks is in the heads' stores now: the f16 rows keep the sinks */
     for (int st = 0; st < 2; st++) {
         rt_stream *sp = rt_stream_of(rt, seq, layer, st);
-        if ((s = rt_window_drop(rt, seq, sp, sp->fp_rows - S)) != KV_OK) goto done;
+        if ((s = kv_rti_window_drop(rt, seq, sp, sp->fp_rows - S)) != KV_OK) goto done;
         sp->comp_end = n > rt->sinks ? n : rt->sinks;
     }
     ps->sel_end = n > rt->sinks ? n : rt->sinks;
@@ -579,7 +579,7 @@ kv_status kv_rt_end_prompt(kv_rt *rt, int seq) {
 }
 
 /* ---- after the prompt: H2O selects among the chunks leaving the window ------------------------------ */
-kv_status rt_policy_settle(kv_rt *rt, int seq, int layer, int *handled, float *x) {
+kv_status kv_rti_policy_settle(kv_rt *rt, int seq, int layer, int *handled, float *x) {
     (void)x;
     *handled = 0;
     rt_seq *sq = &rt->seqs[seq];
@@ -608,7 +608,7 @@ kv_status rt_policy_settle(kv_rt *rt, int seq, int layer, int *handled, float *x
         if (k > 0 && (s = encode_kept(rt, seq, layer, m, pos, R, c0)) != KV_OK) goto done;
         for (int st = 0; st < 2; st++) {
             rt_stream *sp = rt_stream_of(rt, seq, layer, st);
-            if ((s = rt_window_drop(rt, seq, sp, R)) != KV_OK) goto done;
+            if ((s = kv_rti_window_drop(rt, seq, sp, R)) != KV_OK) goto done;
             sp->comp_end = c0 + R;
         }
         ps->sel_end = c0 + R;
@@ -673,7 +673,7 @@ kv_status kv_rt_prompt_copy(kv_rt *dst, int dst_seq, const kv_rt *src, int src_s
             rt_stream *b = &ds->st[l * 2 + st];
             if (a->n_blocks || a->comp_end != src->sinks)
                 return KV_ERR(KV_EINVAL, "kv_rt_prompt_copy: layer %d of the source compressed tokens", l);
-            if ((s = rt_fp_resize(dst, ds, b, a->fp_rows)) != KV_OK) goto fail;
+            if ((s = kv_rti_fp_resize(dst, ds, b, a->fp_rows)) != KV_OK) goto fail;
             if (a->fp_rows) memcpy(b->fp, a->fp, (size_t)a->fp_rows * kvd * sizeof(uint16_t));
         }
         ds->layer_n[l] = n;
@@ -681,7 +681,7 @@ kv_status kv_rt_prompt_copy(kv_rt *dst, int dst_seq, const kv_rt *src, int src_s
         rt_pstate *pb = &ds->ps[l];
         pb->q_seen = pa->q_seen;
         if (accumulate) {
-            if ((s = rt_policy_reserve(dst, dst_seq, l, n)) != KV_OK) goto fail;
+            if ((s = kv_rti_policy_reserve(dst, dst_seq, l, n)) != KV_OK) goto fail;
             for (size_t h = 0; h < H && pa->acc_n > 0; h++)
                 memcpy(pb->acc + h * (size_t)pb->acc_cap, pa->acc + h * (size_t)pa->acc_cap, (size_t)pa->acc_n * sizeof(float));
         }
@@ -696,7 +696,7 @@ kv_status kv_rt_prompt_copy(kv_rt *dst, int dst_seq, const kv_rt *src, int src_s
             pb->wq_end = pa->wq_end;
         }
     }
-    if ((s = rt_squat_prompt_copy(dst, dst_seq, src, src_seq)) != KV_OK) goto fail;
+    if ((s = kv_rti_squat_prompt_copy(dst, dst_seq, src, src_seq)) != KV_OK) goto fail;
     return KV_OK;
 fail:
     kv_rt_reset(dst, dst_seq);

@@ -21,10 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-void rt_recon_free(kv_rt *rt, rt_recon *r) {
+void kv_rti_recon_free(kv_rt *rt, rt_recon *r) {
     if (!r) return;
     if (rt->dv) {
-        rt_dev_recon_free(rt, r);
+        kv_rti_dev_recon_free(rt, r);
         return;
     }
     kv_aligned_free(r->x);
@@ -44,12 +44,12 @@ static kv_status recon_reserve(kv_rt *rt, rt_recon *r, int rows) {
     return KV_OK;
 }
 
-kv_status rt_recon_inputs(kv_rt *rt, int seq, int layer, int stream, int t0, const float **inputs) {
+kv_status kv_rti_recon_inputs(kv_rt *rt, int seq, int layer, int stream, int t0, const float **inputs) {
     const rt_codec *c = rt_codec_of(rt, layer, stream);
     const kv_plan_predictor *pr = c->pred;
     for (int i = 0; i < pr->n_inputs; i++) {
         const int il = pr->inputs[i].layer, is = pr->inputs[i].stream;
-        kv_status s = rt_recon_ensure(rt, seq, il, is);
+        kv_status s = kv_rti_recon_ensure(rt, seq, il, is);
         if (s != KV_OK) return s;
         const rt_recon *r = &rt->seqs[seq].recon[il * 2 + is];
         inputs[i] = r->x + (size_t)(t0 - rt->sinks) * (size_t)rt->kv_dim;
@@ -76,21 +76,21 @@ static void recon_block(void *ctx, int item, int thread) {
     float *dst = jb->r->x + row0 * kvd;
     kv_status s;
     if (!c->pred) {
-        s = rt_codec_decode(c, blk, dst);
+        s = kv_rti_codec_decode(c, blk, dst);
     } else {
         const float *inputs[KV_PLAN_MAX_PRED_INPUTS];
         for (int i = 0; i < c->pred->n_inputs; i++) inputs[i] = jb->in[i] + row0 * kvd;
-        float *tmp = rt->scratch[thread].buf; /* reserved for a block by rt_recon_ensure */
+        float *tmp = rt->scratch[thread].buf; /* reserved for a block by kv_rti_recon_ensure */
         s = kv_predictor_apply(dst, c->pred, inputs, (size_t)blk->m, rt->kv_dim);
-        if (s == KV_OK) s = rt_codec_decode(c, blk, tmp);
+        if (s == KV_OK) s = kv_rti_codec_decode(c, blk, tmp);
         const size_t n = (size_t)blk->m * kvd;
         for (size_t i = 0; s == KV_OK && i < n; i++) dst[i] = dst[i] + tmp[i];
     }
     if (s != KV_OK) __atomic_store_n(&jb->status, s, __ATOMIC_RELAXED);
 }
 
-kv_status rt_recon_ensure(kv_rt *rt, int seq, int layer, int stream) {
-    if (rt->dv) return rt_dev_recon_ensure(rt, seq, layer, stream);
+kv_status kv_rti_recon_ensure(kv_rt *rt, int seq, int layer, int stream) {
+    if (rt->dv) return kv_rti_dev_recon_ensure(rt, seq, layer, stream);
     rt_recon *r = &rt->seqs[seq].recon[layer * 2 + stream];
     const rt_stream *st = rt_stream_of(rt, seq, layer, stream);
     const rt_codec *c = rt_codec_of(rt, layer, stream);
@@ -118,16 +118,16 @@ kv_status rt_recon_ensure(kv_rt *rt, int seq, int layer, int stream) {
                 return KV_ERR(KV_EINVAL, "runtime: layer %d %s predicts from layer %d %s, which has not compressed "
                               "tokens %d..%d yet (layers must be appended in order)", layer, stream ? "V" : "K", il,
                               is ? "V" : "K", in->comp_end, st->comp_end - 1);
-            if ((s = rt_recon_ensure(rt, seq, il, is)) != KV_OK) return s;
+            if ((s = kv_rti_recon_ensure(rt, seq, il, is)) != KV_OK) return s;
             jb.in[i] = rt->seqs[seq].recon[il * 2 + is].x;
         }
         for (int t = 0; t < rt->n_threads; t++)
-            if ((s = rt_scratch_reserve(&rt->scratch[t], (size_t)max_m * (size_t)rt->kv_dim)) != KV_OK) return s;
+            if ((s = kv_rti_scratch_reserve(&rt->scratch[t], (size_t)max_m * (size_t)rt->kv_dim)) != KV_OK) return s;
     }
     /* blocks in parallel, each predicted by one single-threaded GEMM call of exactly its rows */
-    const int blas_threads = rt_blas_threads_begin();
+    const int blas_threads = kv_rti_blas_threads_begin();
     kv_pool_run(rt->pool, st->n_blocks - jb.first, recon_block, &jb);
-    rt_blas_threads_end(blas_threads);
+    kv_rti_blas_threads_end(blas_threads);
     if (jb.status != KV_OK)
         return KV_ERR(jb.status, "runtime: reconstructing layer %d %s failed (%s)", layer, stream ? "V" : "K",
                       kv_status_name(jb.status));
@@ -135,9 +135,9 @@ kv_status rt_recon_ensure(kv_rt *rt, int seq, int layer, int stream) {
     return KV_OK;
 }
 
-void rt_recon_release(kv_rt *rt, int seq, int layer) {
+void kv_rti_recon_release(kv_rt *rt, int seq, int layer) {
     if (rt->opt.keep_reconstructions) return; /* kept, and extended chunk by chunk as tokens are compressed */
     rt_seq *sq = &rt->seqs[seq];
     for (int i = 0; i < rt->n_layers * 2; i++)
-        if (sq->recon[i].x && rt->recon_last_use[i] <= layer) rt_recon_free(rt, &sq->recon[i]);
+        if (sq->recon[i].x && rt->recon_last_use[i] <= layer) kv_rti_recon_free(rt, &sq->recon[i]);
 }

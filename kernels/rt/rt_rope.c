@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-kv_status rt_rope_reserve(kv_rt *rt, int n_pos) {
+kv_status kv_rti_rope_reserve(kv_rt *rt, int n_pos) {
     if (n_pos <= rt->rope_n) return KV_OK;
     if (!rt->inv_freq) return KV_ERR(KV_EINVAL, "runtime: a pre-RoPE stream needs the model's RoPE frequencies");
     int cap = rt->rope_n ? rt->rope_n : 256;
@@ -32,7 +32,7 @@ kv_status rt_rope_reserve(kv_rt *rt, int n_pos) {
     return KV_OK;
 }
 
-void rt_rope_rows(const kv_rt *rt, float *x, size_t ld, int n, int p0) {
+void kv_rti_rope_rows(const kv_rt *rt, float *x, size_t ld, int n, int p0) {
     const int hd = rt->head_dim, half = hd / 2;
     const int adjacent = rt->opt.rope_layout == KV_ROPE_ADJACENT;
     for (int r = 0; r < n; r++) {
@@ -48,6 +48,6 @@ void rt_rope_rows(const kv_rt *rt, float *x, size_t ld, int n, int p0) {
     }
 }
 
-void rt_rope_rows_at(const kv_rt *rt, float *x, size_t ld, int n, const int32_t *pos) {
-    for (int r = 0; r < n; r++) rt_rope_rows(rt, x + (size_t)r * ld, ld, 1, pos[r]);
+void kv_rti_rope_rows_at(const kv_rt *rt, float *x, size_t ld, int n, const int32_t *pos) {
+    for (int r = 0; r < n; r++) kv_rti_rope_rows(rt, x + (size_t)r * ld, ld, 1, pos[r]);
 }

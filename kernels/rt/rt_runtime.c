@@ -1,6 +1,6 @@
 /* rt_runtime.c — the engine-facing runtime (kvrt.h "engine-facing runtime", RUNTIME.md): open a plan,
  * hold sequences, append tokens (compressing what the cache semantics say), report what is held.
- * Attention is in rt_attend.c, the codecs in rt_codec.c and the per-method kernel files. */
+ * Attention is in kv_rti_attend.c, the codecs in rt_codec.c and the per-method kernel files. */
 #include "kvrt.h"
 #include "rt_dev.h"
 #include "rt_internal.h"
@@ -13,7 +13,7 @@ static const char *sname(int stream) { return stream == KV_PLAN_K ? "K" : "V"; }
 
 /* ---- sequences ----------------------------------------------------------------------------------- */
 static void stream_clear(kv_rt *rt, rt_seq *sq, rt_stream *st) {
-    if (rt->dv) { /* blocks live in the sequence's arena (rt_dev_seq_clear) */
+    if (rt->dv) { /* blocks live in the sequence's arena (kv_rti_dev_seq_clear) */
         rt->dv->dev->ops->free(rt->dv->dev, st->fp);
         rt->dv->dev->ops->free(rt->dv->dev, st->dtab);
     } else {
@@ -22,7 +22,7 @@ static void stream_clear(kv_rt *rt, rt_seq *sq, rt_stream *st) {
     }
     free(st->blocks);
     rt_hstore *heads = st->heads;
-    for (int h = 0; heads && h < rt->n_kv_heads; h++) rt_hstore_clear(&heads[h]);
+    for (int h = 0; heads && h < rt->n_kv_heads; h++) kv_rti_hstore_clear(&heads[h]);
     memset(st, 0, sizeof *st);
     st->comp_end = rt->sinks;
     st->heads = heads; /* the per-head stores stay (empty) for the next sequence */
@@ -32,21 +32,21 @@ static void stream_clear(kv_rt *rt, rt_seq *sq, rt_stream *st) {
 static void seq_clear(kv_rt *rt, rt_seq *sq) {
     for (int i = 0; i < rt->n_layers * 2; i++) {
         stream_clear(rt, sq, &sq->st[i]);
-        rt_recon_free(rt, &sq->recon[i]);
+        kv_rti_recon_free(rt, &sq->recon[i]);
     }
-    if (rt->dv) rt_dev_seq_clear(rt, sq);
+    if (rt->dv) kv_rti_dev_seq_clear(rt, sq);
     memset(sq->layer_n, 0, (size_t)rt->n_layers * sizeof(int));
-    rt_policy_seq_clear(rt, sq);
-    rt_squat_seq_clear(rt, sq);
+    kv_rti_policy_seq_clear(rt, sq);
+    kv_rti_squat_seq_clear(rt, sq);
     sq->allocated = 0;
     sq->overhead = 0;
 }
 
 /* Resize a stream's f16 rows to exactly `rows` (the allocation is the accounted size). */
-kv_status rt_fp_resize(kv_rt *rt, rt_seq *sq, rt_stream *st, int rows) {
+kv_status kv_rti_fp_resize(kv_rt *rt, rt_seq *sq, rt_stream *st, int rows) {
     const size_t row_bytes = (size_t)rt->kv_dim * 2u;
     if (rows == st->fp_rows) return KV_OK;
-    if (rt->dv) return rt_dev_fp_resize(rt, sq, st, rows);
+    if (rt->dv) return kv_rti_dev_fp_resize(rt, sq, st, rows);
     if (rows == 0) {
         free(st->fp);
         st->fp = NULL;
@@ -60,7 +60,7 @@ kv_status rt_fp_resize(kv_rt *rt, rt_seq *sq, rt_stream *st, int rows) {
     return KV_OK;
 }
 
-kv_status rt_block_push(kv_rt *rt, rt_seq *sq, rt_stream *st, int t0, int m, uint8_t *data, size_t bytes,
+kv_status kv_rti_block_push(kv_rt *rt, rt_seq *sq, rt_stream *st, int t0, int m, uint8_t *data, size_t bytes,
                         const uint32_t *codes) {
     (void)rt;
     if (st->n_blocks == st->cap_blocks) {
@@ -82,13 +82,13 @@ kv_status rt_block_push(kv_rt *rt, rt_seq *sq, rt_stream *st, int t0, int m, uin
 /* Compress window tokens [comp_end, comp_end + m) of (layer, stream) into one block; their f16 rows
  * start at fp row `row` (the caller drops them from the window afterwards). x, pred: m x kv_dim. */
 static kv_status compress_chunk(kv_rt *rt, int seq, int layer, int stream, int row, int m, float *x, float *pred) {
-    if (rt->dv) return rt_dev_compress(rt, seq, layer, stream, row, m, x, pred);
+    if (rt->dv) return kv_rti_dev_compress(rt, seq, layer, stream, row, m, x, pred);
     rt_seq *sq = &rt->seqs[seq];
     rt_stream *st = rt_stream_of(rt, seq, layer, stream);
     const rt_codec *c = rt_codec_of(rt, layer, stream);
     const size_t kvd = (size_t)rt->kv_dim, n = (size_t)m * kvd;
     const int t0 = st->comp_end;
-    rt_f16_to_f32_row(x, st->fp + (size_t)row * kvd, n);
+    kv_rti_f16_to_f32_row(x, st->fp + (size_t)row * kvd, n);
     kv_status s;
     if (c->pred) {
         const float *inputs[KV_PLAN_MAX_PRED_INPUTS];
@@ -99,7 +99,7 @@ static kv_status compress_chunk(kv_rt *rt, int seq, int layer, int stream, int r
                               "tokens %d..%d yet (layers must be appended in order)", layer, sname(stream),
                               c->pred->inputs[i].layer, sname(c->pred->inputs[i].stream), t0, t0 + m - 1);
         }
-        if ((s = rt_recon_inputs(rt, seq, layer, stream, t0, inputs)) != KV_OK) return s;
+        if ((s = kv_rti_recon_inputs(rt, seq, layer, stream, t0, inputs)) != KV_OK) return s;
         if ((s = kv_predictor_apply(pred, c->pred, inputs, (size_t)m, rt->kv_dim)) != KV_OK) return s;
         for (size_t i = 0; i < n; i++) x[i] = x[i] - pred[i];
     }
@@ -115,15 +115,15 @@ static kv_status compress_chunk(kv_rt *rt, int seq, int layer, int stream, int r
                           t0 + m - 1);
     }
     rt_layout L;
-    rt_codec_layout(c, m, &L);
+    kv_rti_codec_layout(c, m, &L);
     uint8_t *data = malloc(L.total ? L.total : 1);
     if (!data) return KV_ERR(KV_ENOMEM, "runtime: out of memory for a block of %d tokens", m);
-    s = c->squat ? rt_squat_encode(rt, seq, layer, data, m, x) : rt_codec_encode(c, data, m, x);
+    s = c->squat ? kv_rti_squat_encode(rt, seq, layer, data, m, x) : kv_rti_codec_encode(c, data, m, x);
     if (s != KV_OK) {
         free(data);
         return kv_error_wrap(s, "layer %d %s, tokens %d..%d: ", layer, sname(stream), t0, t0 + m - 1);
     }
-    if ((s = rt_block_push(rt, sq, st, t0, m, data, L.total, shared ? shared : (const uint32_t *)data)) != KV_OK) {
+    if ((s = kv_rti_block_push(rt, sq, st, t0, m, data, L.total, shared ? shared : (const uint32_t *)data)) != KV_OK) {
         free(data);
         return s;
     }
@@ -132,14 +132,14 @@ static kv_status compress_chunk(kv_rt *rt, int seq, int layer, int stream, int r
 }
 
 /* Drop the first m window rows (compressed now) from the f16 rows. */
-kv_status rt_window_drop(kv_rt *rt, int seq, rt_stream *st, int m) {
+kv_status kv_rti_window_drop(kv_rt *rt, int seq, rt_stream *st, int m) {
     if (m == 0) return KV_OK;
-    if (rt->dv) return rt_dev_window_drop(rt, &rt->seqs[seq], st, m);
+    if (rt->dv) return kv_rti_dev_window_drop(rt, &rt->seqs[seq], st, m);
     const size_t kvd = (size_t)rt->kv_dim;
     const int win0 = rt->sinks, rows_after = st->fp_rows - m;
     memmove(st->fp + (size_t)win0 * kvd, st->fp + (size_t)(win0 + m) * kvd,
             (size_t)(rows_after - win0) * kvd * sizeof(uint16_t));
-    return rt_fp_resize(rt, &rt->seqs[seq], st, rows_after);
+    return kv_rti_fp_resize(rt, &rt->seqs[seq], st, rows_after);
 }
 
 /* Bring one stream's window to what the semantics allow before new tokens arrive. */
@@ -159,7 +159,7 @@ static kv_status settle_stream(kv_rt *rt, int seq, int layer, int stream, float 
         for (; window - done >= rt->recent; done += rt->recent)
             if ((s = compress_chunk(rt, seq, layer, stream, rt->sinks + done, rt->recent, x, pred)) != KV_OK) break;
     }
-    const kv_status s2 = rt_window_drop(rt, seq, st, done);
+    const kv_status s2 = kv_rti_window_drop(rt, seq, st, done);
     return s != KV_OK ? s : s2;
 }
 
@@ -191,7 +191,7 @@ static kv_status append_begin(kv_rt *rt, int layer, int seq, int n, const int32_
     /* a single token after an open prompt is decoding: the prompt ended (RUNTIME.md §8) */
     if (n == 1 && layer == 0 && sq->prompt_open && have > 0 && (s = kv_rt_end_prompt(rt, seq)) != KV_OK) return s;
     if (n > 0 && !sq->prompt_ended) sq->prompt_open = 1;
-    if ((s = rt_policy_reserve(rt, seq, layer, have + n)) != KV_OK) return s;
+    if ((s = kv_rti_policy_reserve(rt, seq, layer, have + n)) != KV_OK) return s;
     const int hold = sq->prompt_open && rt->hold_prompt;
     int rows = hold ? 0 : settle_rows(rt, seq, layer, 0);
     const int rv = hold ? 0 : settle_rows(rt, seq, layer, 1);
@@ -199,7 +199,7 @@ static kv_status append_begin(kv_rt *rt, int layer, int seq, int n, const int32_
     if (rows == 0) return KV_OK;
     float *x = NULL, *pred = NULL;
     if (rt->dv) {
-        if ((s = rt_dev_scratch(rt, rows, &x, &pred)) != KV_OK) return s;
+        if ((s = kv_rti_dev_scratch(rt, rows, &x, &pred)) != KV_OK) return s;
     } else {
         x = kv_aligned_alloc(64, (size_t)rows * (size_t)rt->kv_dim * sizeof(float));
         pred = kv_aligned_alloc(64, (size_t)rows * (size_t)rt->kv_dim * sizeof(float));
@@ -209,7 +209,7 @@ static kv_status append_begin(kv_rt *rt, int layer, int seq, int n, const int32_
         }
     }
     int handled = 0;
-    if (!hold && (s = rt_policy_settle(rt, seq, layer, &handled, x)) != KV_OK) goto done;
+    if (!hold && (s = kv_rti_policy_settle(rt, seq, layer, &handled, x)) != KV_OK) goto done;
     for (int stream = 0; stream < 2 && !hold && !handled; stream++)
         if ((s = settle_stream(rt, seq, layer, stream, x, pred)) != KV_OK) goto done;
 done:
@@ -227,11 +227,11 @@ static kv_status append_rows(kv_rt *rt, int layer, int seq, int n, const float *
     for (int stream = 0; stream < 2; stream++) {
         rt_stream *st = rt_stream_of(rt, seq, layer, stream);
         const int r0 = st->fp_rows;
-        kv_status s = rt_fp_resize(rt, sq, st, r0 + n);
+        kv_status s = kv_rti_fp_resize(rt, sq, st, r0 + n);
         if (s != KV_OK) return s;
         const float *src = stream == KV_PLAN_V ? v : (rt_codec_of(rt, layer, 0)->pre_rope ? k_pre : k);
         for (int i = 0; i < n; i++)
-            rt_f32_to_f16_row(st->fp + (size_t)(r0 + i) * (size_t)rt->kv_dim, src + (size_t)i * ld, (size_t)rt->kv_dim);
+            kv_rti_f32_to_f16_row(st->fp + (size_t)(r0 + i) * (size_t)rt->kv_dim, src + (size_t)i * ld, (size_t)rt->kv_dim);
     }
     return KV_OK;
 }
@@ -243,7 +243,7 @@ kv_status kv_rt_append(kv_rt *rt, int layer, int seq, int n, const int32_t *pos,
         return KV_ERR(KV_EINVAL, "kv_rt_append: bad arguments (layer %d, seq %d, n %d)", layer, seq, n);
     kv_status s = append_begin(rt, layer, seq, n, pos, k_pre);
     if (s == KV_OK && n > 0)
-        s = rt->dv ? rt_dev_store(rt, layer, 1, &seq, n, k_pre, k, v, ld) : append_rows(rt, layer, seq, n, k_pre, k, v, ld);
+        s = rt->dv ? kv_rti_dev_store(rt, layer, 1, &seq, n, k_pre, k, v, ld) : append_rows(rt, layer, seq, n, k_pre, k, v, ld);
     if (s == KV_OK) rt->seqs[seq].layer_n[layer] += n;
     return s;
 }
@@ -269,7 +269,7 @@ kv_status kv_rt_append_batch(kv_rt *rt, int layer, int n_seqs, const int *seqs, 
     for (int i = 0; s == KV_OK && i < n_seqs; i++) s = append_begin(rt, layer, seqs[i], 1, NULL, k_pre);
     if (s != KV_OK) return s;
     if (rt->dv) {
-        s = rt_dev_store(rt, layer, n_seqs, seqs, 1, k_pre, k, v, ld);
+        s = kv_rti_dev_store(rt, layer, n_seqs, seqs, 1, k_pre, k, v, ld);
     } else {
         for (int i = 0; s == KV_OK && i < n_seqs; i++) {
             const size_t off = (size_t)i * ld;
@@ -297,13 +297,13 @@ static kv_status attend_checks(const kv_rt *rt, int layer, int seq, int n_q, siz
 /* After an attend of (layer, seq): what the token policy and SQuat's prompt subspace record of its queries,
  * and the reconstructions no later layer reads. */
 static kv_status attend_after(kv_rt *rt, int layer, int seq, int n_q, const float *q, size_t ldq) {
-    kv_status s = rt_policy_saw_queries(rt, seq, layer, n_q, q, ldq);
+    kv_status s = kv_rti_policy_saw_queries(rt, seq, layer, n_q, q, ldq);
     if (s == KV_OK && rt->squat_prompt) {
         const float *hq = q;
-        if (rt->dv) s = rt_dev_host_queries(rt, n_q, q, ldq, &hq);
-        if (s == KV_OK) s = rt_squat_saw_queries(rt, seq, layer, n_q, hq, ldq);
+        if (rt->dv) s = kv_rti_dev_host_queries(rt, n_q, q, ldq, &hq);
+        if (s == KV_OK) s = kv_rti_squat_saw_queries(rt, seq, layer, n_q, hq, ldq);
     }
-    rt_recon_release(rt, seq, layer);
+    kv_rti_recon_release(rt, seq, layer);
     return s;
 }
 
@@ -312,7 +312,7 @@ kv_status kv_rt_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, s
         return KV_ERR(KV_EINVAL, "kv_rt_attend: bad arguments (layer %d, seq %d, %d rows)", layer, seq, n_q);
     kv_status s = attend_checks(rt, layer, seq, n_q, ldq, ldo);
     if (s != KV_OK) return s;
-    s = rt->dv ? rt_dev_attend(rt, layer, 1, &seq, n_q, &q, ldq, &out, ldo) : rt_attend(rt, layer, seq, n_q, q, ldq, out, ldo);
+    s = rt->dv ? kv_rti_dev_attend(rt, layer, 1, &seq, n_q, &q, ldq, &out, ldo) : kv_rti_attend(rt, layer, seq, n_q, q, ldq, out, ldo);
     const kv_status s2 = attend_after(rt, layer, seq, n_q, q, ldq);
     return s != KV_OK ? s : s2;
 }
@@ -331,11 +331,11 @@ kv_status kv_rt_attend_batch(kv_rt *rt, int layer, int n_seqs, const int *seqs, 
             return KV_ERR(KV_ENOMEM, "out of memory");
         }
         for (int i = 0; i < n_seqs; i++) qs[i] = q + (size_t)i * ldq, outs[i] = out + (size_t)i * ldo;
-        s = rt_dev_attend(rt, layer, n_seqs, seqs, 1, qs, ldq, outs, ldo);
+        s = kv_rti_dev_attend(rt, layer, n_seqs, seqs, 1, qs, ldq, outs, ldo);
         free(qs), free(outs);
     } else {
         for (int i = 0; s == KV_OK && i < n_seqs; i++)
-            s = rt_attend(rt, layer, seqs[i], 1, q + (size_t)i * ldq, ldq, out + (size_t)i * ldo, ldo);
+            s = kv_rti_attend(rt, layer, seqs[i], 1, q + (size_t)i * ldq, ldq, out + (size_t)i * ldo, ldo);
     }
     for (int i = 0; i < n_seqs; i++) {
         const kv_status s2 = attend_after(rt, layer, seqs[i], 1, q + (size_t)i * ldq, ldq);
@@ -378,17 +378,17 @@ static void seq_stats(const kv_rt *rt, int seq, int only_layer, int only_stream,
             const rt_stream *st = &sq->st[l * 2 + stream];
             const rt_codec *c = rt_codec_of(rt, l, stream);
             o->values_appended += (uint64_t)sq->layer_n[l] * kvd;
-            for (int h = 0; h < rt->n_kv_heads; h++) o->values_total += (uint64_t)rt_head_rows(rt, seq, l, h) * hd;
+            for (int h = 0; h < rt->n_kv_heads; h++) o->values_total += (uint64_t)kv_rti_head_rows(rt, seq, l, h) * hd;
             if (st->heads) {
                 uint64_t pay, idx, vals;
-                rt_hstore_bytes(rt, l, stream, st, &pay, &idx, &vals);
+                kv_rti_hstore_bytes(rt, l, stream, st, &pay, &idx, &vals);
                 o->payload_bytes += pay;
                 o->index_bytes += idx;
                 o->values_compressed += vals;
             }
             for (int b = 0; b < st->n_blocks; b++) {
                 rt_layout L;
-                rt_codec_layout(c, st->blocks[b].m, &L);
+                kv_rti_codec_layout(c, st->blocks[b].m, &L);
                 o->payload_bytes += L.total;
                 o->values_compressed += (uint64_t)st->blocks[b].m * kvd;
             }
@@ -398,7 +398,7 @@ static void seq_stats(const kv_rt *rt, int seq, int only_layer, int only_stream,
         }
     }
     if (only_layer < 0 && only_stream < 0) { /* per-sequence state: not one stream's */
-        o->working_bytes += rt_squat_working_bytes(rt, seq);
+        o->working_bytes += kv_rti_squat_working_bytes(rt, seq);
         o->allocated_bytes += sq->allocated;
         o->overhead_bytes += sq->overhead;
     }
@@ -410,7 +410,7 @@ static void seq_stats(const kv_rt *rt, int seq, int only_layer, int only_stream,
             acc += (uint64_t)st->fp_rows * (uint64_t)rt->kv_dim * 2u;
             for (int b = 0; b < st->n_blocks; b++) {
                 rt_layout L;
-                rt_codec_layout(&rt->codec[i], st->blocks[b].m, &L);
+                kv_rti_codec_layout(&rt->codec[i], st->blocks[b].m, &L);
                 acc += L.total;
             }
         }
@@ -459,11 +459,11 @@ kv_status kv_rt_decode_head(kv_rt *rt, int layer, int seq, int kv_head, float *k
     if (!rt || layer < 0 || layer >= rt->n_layers || seq < 0 || seq >= rt->opt.n_seqs || kv_head < 0 ||
         kv_head >= rt->n_kv_heads || !k_out || !v_out)
         return KV_ERR(KV_EINVAL, "kv_rt_decode_head: bad arguments");
-    if (rt->dv) return rt_dev_decode_head(rt, layer, seq, kv_head, k_out, v_out);
-    const int n = rt_head_rows(rt, seq, layer, kv_head);
+    if (rt->dv) return kv_rti_dev_decode_head(rt, layer, seq, kv_head, k_out, v_out);
+    const int n = kv_rti_head_rows(rt, seq, layer, kv_head);
     kv_status s;
     for (int stream = 0; stream < 2; stream++)
-        if ((s = rt_read_rows(rt, seq, layer, stream, kv_head, 0, n, stream ? v_out : k_out, (size_t)rt->head_dim)) !=
+        if ((s = kv_rti_read_rows(rt, seq, layer, stream, kv_head, 0, n, stream ? v_out : k_out, (size_t)rt->head_dim)) !=
             KV_OK)
             return s;
     return KV_OK;
@@ -473,7 +473,7 @@ int kv_rt_held(const kv_rt *rt, int layer, int seq, int kv_head) {
     if (!rt || layer < 0 || layer >= rt->n_layers || seq < 0 || seq >= rt->opt.n_seqs || kv_head < 0 ||
         kv_head >= rt->n_kv_heads)
         return -1;
-    return rt_head_rows(rt, seq, layer, kv_head);
+    return kv_rti_head_rows(rt, seq, layer, kv_head);
 }
 
 kv_status kv_rt_held_positions(const kv_rt *rt, int layer, int seq, int kv_head, int32_t *pos) {
@@ -481,7 +481,7 @@ kv_status kv_rt_held_positions(const kv_rt *rt, int layer, int seq, int kv_head,
     if (n < 0 || (!pos && n > 0)) return KV_ERR(KV_EINVAL, "kv_rt_held_positions: bad arguments");
     rt_piece p;
     for (int v = 0; v < n; v = p.b) {
-        rt_piece_at(rt, seq, layer, KV_PLAN_K, kv_head, v, n, &p);
+        kv_rti_piece_at(rt, seq, layer, KV_PLAN_K, kv_head, v, n, &p);
         for (int r = 0; r < p.b - p.a; r++) pos[v + r] = p.pos ? p.pos[r] : p.p0 + r;
     }
     return KV_OK;
@@ -495,7 +495,7 @@ void kv_rt_close(kv_rt *rt) {
             rt_seq *sq = &rt->seqs[q];
             if (sq->st) seq_clear(rt, sq);
             for (int i = 0; sq->st && i < rt->n_layers * 2; i++) free(sq->st[i].heads);
-            rt_squat_seq_free(rt, sq);
+            kv_rti_squat_seq_free(rt, sq);
             free(sq->arena);
             free(sq->ps);
             free(sq->st);
@@ -503,9 +503,9 @@ void kv_rt_close(kv_rt *rt) {
             free(sq->layer_n);
         }
     }
-    rt_policy_close(rt);
+    kv_rti_policy_close(rt);
     if (rt->codec)
-        for (int i = 0; i < rt->n_layers * 2; i++) rt_codec_free(&rt->codec[i]);
+        for (int i = 0; i < rt->n_layers * 2; i++) kv_rti_codec_free(&rt->codec[i]);
     if (rt->search)
         for (int g = 0; g < rt->plan->n_grids; g++) kv_grid_search_free(rt->search[g]);
     if (rt->scratch)
@@ -519,7 +519,7 @@ void kv_rt_close(kv_rt *rt) {
     free(rt->rope_cos);
     free(rt->rope_sin);
     free(rt->recon_last_use);
-    rt_dev_close(rt);
+    kv_rti_dev_close(rt);
     free(rt);
 }
 
@@ -552,7 +552,7 @@ kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt)
         return KV_ERR(KV_EINVAL, "runtime: bad capacity %d / threads %d / scale %g", opt->capacity, opt->n_threads,
                       (double)opt->scale);
     kv_status s = check_plan(plan, opt);
-    if (s == KV_OK) s = rt_policy_check(plan);
+    if (s == KV_OK) s = kv_rti_policy_check(plan);
     if (s != KV_OK) return s;
     if (opt->prompt_stats < 0 || opt->prompt_stats > 1 || opt->prompt_window < 0 || opt->prompt_window > (1 << 20))
         return KV_ERR(KV_EINVAL, "runtime: prompt_stats %d (0 or 1) / prompt_window %d", opt->prompt_stats,
@@ -599,7 +599,7 @@ kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt)
     for (int l = 0; l < rt->n_layers; l++)
         for (int stream = 0; stream < 2; stream++) {
             rt_codec *c = &rt->codec[l * 2 + stream];
-            if ((s = rt_codec_init(c, plan, l, stream, rt->search)) != KV_OK) goto done;
+            if ((s = kv_rti_codec_init(c, plan, l, stream, rt->search)) != KV_OK) goto done;
             if (c->squat && !c->squat->static_subspace) rt->squat_prompt = 1;
             if (c->pre_rope) {
                 rt->any_pre_rope = 1;
@@ -630,8 +630,8 @@ kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt)
             if (rt->recon_last_use[in] < i / 2) rt->recon_last_use[in] = i / 2;
         }
     }
-    if ((s = rt_policy_open(rt)) != KV_OK) goto done;
-    if (opt->device != KV_RT_DEVICE_CPU && (s = rt_dev_open(rt)) != KV_OK) goto done;
+    if ((s = kv_rti_policy_open(rt)) != KV_OK) goto done;
+    if (opt->device != KV_RT_DEVICE_CPU && (s = kv_rti_dev_open(rt)) != KV_OK) goto done;
     for (int q = 0; q < opt->n_seqs; q++) {
         rt_seq *sq = &rt->seqs[q];
         sq->layer_n = calloc((size_t)rt->n_layers, sizeof(int));
@@ -643,8 +643,8 @@ kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt)
             goto done;
         }
         for (int i = 0; i < L2; i++) sq->st[i].comp_end = rt->sinks;
-        if ((s = rt_policy_seq_init(rt, sq)) != KV_OK) goto done;
-        if ((s = rt_squat_seq_init(rt, sq)) != KV_OK) goto done;
+        if ((s = kv_rti_policy_seq_init(rt, sq)) != KV_OK) goto done;
+        if ((s = kv_rti_squat_seq_init(rt, sq)) != KV_OK) goto done;
     }
     if (opt->pool) {
         rt->pool = opt->pool;
@@ -652,7 +652,7 @@ kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt)
         if ((s = kv_pool_create(&rt->pool, rt->n_threads)) != KV_OK) goto done;
         rt->own_pool = 1;
     }
-    if (opt->device == KV_RT_DEVICE_CUDA) s = rt_selfcheck_guard(plan, opt);
+    if (opt->device == KV_RT_DEVICE_CUDA) s = kv_rti_selfcheck_guard(plan, opt);
 done:
     if (s != KV_OK) {
         kv_rt_close(rt);

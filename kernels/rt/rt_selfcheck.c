@@ -34,7 +34,7 @@ static double gamma_n(double n) {
 }
 
 /* 0: f16/f32/float rows (|x_c| per term), 1: uniform (|x_c| + 2 Z_c), 2: HIGGS (the group's norm). */
-static int term_kind(const rt_codec *c) { return c->kind == RT_UNIFORM ? 1 : c->kind == RT_HIGGS ? 2 : 0; }
+static int term_kind(const rt_codec *c) { return c->ops->bound; }
 
 static void term_mag(int kind, int g, const float *row, const double *zmax, int hd, double *mag) {
     if (kind == 1) {
@@ -360,7 +360,7 @@ static int seen(uint64_t h) {
     return 0;
 }
 
-kv_status rt_selfcheck_guard(const kv_plan *plan, const kv_rt_options *opt) {
+kv_status kv_rti_selfcheck_guard(const kv_plan *plan, const kv_rt_options *opt) {
     if (t_in_check || opt->device != KV_RT_DEVICE_CUDA) return KV_OK;
     uint64_t hs[2 * 512];
     int n = 0, fresh = 0;

@@ -24,7 +24,7 @@
 
 static int squat_prompt(const rt_codec *c) { return c->squat && !c->squat->static_subspace; }
 
-kv_status rt_squat_codec_init(rt_codec *c, const kv_plan *p, int layer) {
+kv_status kv_rti_squat_codec_init(rt_codec *c, const kv_plan *p, int layer) {
     const kv_plan_stream *ps = &p->layers[layer].stream[KV_PLAN_K];
     const kv_plan_squat *sq = ps->squat;
     const int hd = c->head_dim, H = c->n_kv_heads;
@@ -59,7 +59,7 @@ kv_status rt_squat_codec_init(rt_codec *c, const kv_plan *p, int layer) {
 }
 
 /* ---- per-sequence state --------------------------------------------------------------------------- */
-kv_status rt_squat_seq_init(kv_rt *rt, rt_seq *sq) {
+kv_status kv_rti_squat_seq_init(kv_rt *rt, rt_seq *sq) {
     if (!rt->squat_prompt) return KV_OK;
     sq->sq = calloc((size_t)rt->n_layers, sizeof *sq->sq);
     return sq->sq ? KV_OK : KV_ERR(KV_ENOMEM, "out of memory for SQuat state");
@@ -72,17 +72,17 @@ static void state_clear(const kv_rt *rt, rt_sqstate *s) {
     memset(s, 0, sizeof *s);
 }
 
-void rt_squat_seq_clear(kv_rt *rt, rt_seq *sq) {
+void kv_rti_squat_seq_clear(kv_rt *rt, rt_seq *sq) {
     for (int l = 0; sq->sq && l < rt->n_layers; l++) state_clear(rt, &sq->sq[l]);
 }
 
-void rt_squat_seq_free(kv_rt *rt, rt_seq *sq) {
-    rt_squat_seq_clear(rt, sq);
+void kv_rti_squat_seq_free(kv_rt *rt, rt_seq *sq) {
+    kv_rti_squat_seq_clear(rt, sq);
     free(sq->sq);
     sq->sq = NULL;
 }
 
-uint64_t rt_squat_working_bytes(const kv_rt *rt, int seq) {
+uint64_t kv_rti_squat_working_bytes(const kv_rt *rt, int seq) {
     const rt_seq *sq = &rt->seqs[seq];
     uint64_t b = 0;
     const uint64_t hd = (uint64_t)rt->head_dim;
@@ -95,7 +95,7 @@ uint64_t rt_squat_working_bytes(const kv_rt *rt, int seq) {
 }
 
 /* ---- the prompt subspace ---------------------------------------------------------------------------- */
-kv_status rt_squat_saw_queries(kv_rt *rt, int seq, int layer, int n_q, const float *q, size_t ldq) {
+kv_status kv_rti_squat_saw_queries(kv_rt *rt, int seq, int layer, int n_q, const float *q, size_t ldq) {
     const rt_codec *c = rt_codec_of(rt, layer, KV_PLAN_K);
     if (!squat_prompt(c)) return KV_OK;
     rt_sqstate *s = &rt->seqs[seq].sq[layer];
@@ -185,16 +185,16 @@ done:
     return KV_OK;
 }
 
-kv_status rt_squat_encode(kv_rt *rt, int seq, int layer, uint8_t *blk, int m, const float *x) {
+kv_status kv_rti_squat_encode(kv_rt *rt, int seq, int layer, uint8_t *blk, int m, const float *x) {
     const rt_codec *c = rt_codec_of(rt, layer, KV_PLAN_K);
-    if (!squat_prompt(c)) return rt_codec_encode_squat(c, blk, m, x, c->sq_basis);
+    if (!squat_prompt(c)) return kv_rti_codec_encode_squat(c, blk, m, x, c->sq_basis);
     rt_sqstate *s = &rt->seqs[seq].sq[layer];
     kv_status st;
     if (!s->frozen && (st = freeze(rt, seq, layer)) != KV_OK) return st;
-    return rt_codec_encode_squat(c, blk, m, x, s->use_basis ? c->sq_basis : s->enc);
+    return kv_rti_codec_encode_squat(c, blk, m, x, s->use_basis ? c->sq_basis : s->enc);
 }
 
-kv_status rt_squat_prompt_copy(kv_rt *dst, int dst_seq, const kv_rt *src, int src_seq) {
+kv_status kv_rti_squat_prompt_copy(kv_rt *dst, int dst_seq, const kv_rt *src, int src_seq) {
     const size_t hd2 = (size_t)dst->head_dim * (size_t)dst->head_dim, H = (size_t)dst->n_kv_heads;
     for (int l = 0; l < dst->n_layers; l++) {
         if (!squat_prompt(rt_codec_of(dst, l, KV_PLAN_K))) continue;

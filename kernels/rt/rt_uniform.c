@@ -31,7 +31,7 @@ static inline void unpack_run(float *dst, const uint32_t *codes, size_t pos, siz
     size_t i = 0;
     if (per != 11 && 32 % bits == 0 && pos % (size_t)per == 0 && n >= (size_t)per) {
         const size_t nw = n / (size_t)per;
-        rt_unpack_words(dst, codes + pos / (size_t)per, nw, bits);
+        kv_rti_unpack_words(dst, codes + pos / (size_t)per, nw, bits);
         i = nw * (size_t)per;
     }
     while (i < n) {
@@ -54,7 +54,7 @@ static size_t tile_tokens(size_t hd, size_t other) {
 /* n consecutive parameters (f16 or f32) from index i0 as floats. */
 static inline void load_params(float *dst, const void *arr, size_t i0, size_t n, int pt) {
     if (pt == KV_PARAM_F16)
-        rt_f16_to_f32_row(dst, (const uint16_t *)arr + i0, n);
+        kv_rti_f16_to_f32_row(dst, (const uint16_t *)arr + i0, n);
     else
         memcpy(dst, (const float *)arr + i0, n * sizeof(float));
 }
@@ -72,7 +72,7 @@ static inline void params_of(const rt_codec *c, const uint8_t *params, int m, co
 static void fold_group(const float *q, size_t hd, int nj, const void *scales, const void *zeros, size_t i0, int pt,
                        int avx2, float *qs, float *bias) {
     if (avx2 && hd % 8 == 0) {
-        rt_uniform_fold_avx2(q, (int)hd, nj, scales, zeros, i0, pt, qs, bias);
+        kv_rti_uniform_fold_avx2(q, (int)hd, nj, scales, zeros, i0, pt, qs, bias);
         return;
     }
     float sv[KV_RT_MAX_HEAD_DIM], zv[KV_RT_MAX_HEAD_DIM];
@@ -93,7 +93,7 @@ static void scores_tokens_axis(const rt_codec *c, const uint32_t *codes, const v
                                int m, int r0, int r1, int h, const float *q, int nq, float *out, size_t ld) {
     const kv_uniform *u = &c->q.uniform;
     const size_t C = (size_t)c->kv_dim, G = (size_t)u->group, hd = (size_t)c->head_dim, c0 = (size_t)h * hd;
-    const int pt = (int)u->param_type, avx2 = rt_avx2_usable();
+    const int pt = (int)u->param_type, avx2 = kv_rti_avx2_usable();
     const size_t run = tile_tokens(hd, 0);
     float qs[QC * KV_RT_MAX_HEAD_DIM], cf[4096], acc[QC * RUN], bias[QC];
     for (int j0 = 0; j0 < nq; j0 += QC) {
@@ -107,17 +107,17 @@ static void scores_tokens_axis(const rt_codec *c, const uint32_t *codes, const v
                 const size_t pos0 = k * G * C + c0 * gs + i, per = (size_t)c->per_word;
                 if (avx2 && (c->bits == 2 || c->bits == 4) && pos0 % 16 == 0 && gs % 16 == 0 && n % 16 == 0) {
                     /* codes straight from their words into registers */
-                    rt_uniform_tok_scores_fused_avx2(codes, k * G * C + c0 * gs, gs, i, (int)n, (int)hd, c->bits, qs, bias,
+                    kv_rti_uniform_tok_scores_fused_avx2(codes, k * G * C + c0 * gs, gs, i, (int)n, (int)hd, c->bits, qs, bias,
                                                      nj, out + (size_t)j0 * ld + (k * G + i - (size_t)r0), ld);
                     continue;
                 }
                 if (avx2 && per != 11 && 32 % c->bits == 0 && pos0 % per == 0 && gs % per == 0 && n % per == 0)
-                    rt_unpack_rows_avx2(cf, run, codes, pos0 / per, gs / per, (int)hd, n / per, c->bits);
+                    kv_rti_unpack_rows_avx2(cf, run, codes, pos0 / per, gs / per, (int)hd, n / per, c->bits);
                 else
                     for (size_t ch = 0; ch < hd; ch++)
                         unpack_run(cf + ch * run, codes, pos0 + ch * gs, n, c->bits, c->per_word);
                 if (avx2 && n % 8 == 0) {
-                    rt_uniform_tok_scores_avx2(cf, run, (int)n, (int)hd, qs, nj, acc, RUN);
+                    kv_rti_uniform_tok_scores_avx2(cf, run, (int)n, (int)hd, qs, nj, acc, RUN);
                 } else {
                     memset(acc, 0, sizeof acc);
                     for (size_t ch = 0; ch < hd; ch++)
@@ -177,7 +177,7 @@ static void scores_channels_axis(const rt_codec *c, const uint32_t *codes, const
     }
 }
 
-void rt_uniform_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+void kv_rti_uniform_scores(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
                        int h, const float *q, int nq, float *out, size_t ld) {
     const void *scales, *zeros;
     params_of(c, params, m, &scales, &zeros);
@@ -226,7 +226,7 @@ static void accum_channels_axis(const rt_codec *c, const uint32_t *codes, const 
         segi[sg] = (int)seg[sg];
         aligned &= seg[sg] % 8 == 0;
     }
-    const int avx2 = aligned && rt_avx2_usable();
+    const int avx2 = aligned && kv_rti_avx2_usable();
     /* the fused path reads codes from their words: 2 or 4 bits, runs of 16 channels in one segment */
     int fused = avx2 && (c->bits == 2 || c->bits == 4) && hd % 16 == 0 && C % 16 == 0 && c0 % 16 == 0;
     int seg16[KV_RT_MAX_HEAD_DIM / 16 + 1];
@@ -251,9 +251,9 @@ static void accum_channels_axis(const rt_codec *c, const uint32_t *codes, const 
                     gather_params(&sp, r, scales, g0, ncg, n, pt);
                     gather_params(&zp, r, zeros, g0, ncg, n, pt);
                 }
-                rt_uniform_chan_weights_avx2(param_row_ptr(&sp, pt), param_row_ptr(&zp, pt), pt, (size_t)tf, nseg,
+                kv_rti_uniform_chan_weights_avx2(param_row_ptr(&sp, pt), param_row_ptr(&zp, pt), pt, (size_t)tf, nseg,
                                              p + (size_t)j0 * ld + (size_t)(t0 - r0), ld, nj, n, st, zacc);
-                rt_uniform_chan_accum_fused_avx2(codes, (size_t)t0 * C + c0, C, n, (int)hd, c->bits, st, (size_t)tf, nseg, seg16,
+                kv_rti_uniform_chan_accum_fused_avx2(codes, (size_t)t0 * C + c0, C, n, (int)hd, c->bits, st, (size_t)tf, nseg, seg16,
                                                  nj, acc + (size_t)j0 * hd);
             }
         }
@@ -274,7 +274,7 @@ static void accum_channels_axis(const rt_codec *c, const uint32_t *codes, const 
             }
             const float *pt0 = p + (size_t)j0 * ld + (size_t)(t0 - r0);
             if (avx2) {
-                rt_uniform_chan_accum_avx2(cf, hd, n, (int)hd, st, segi, nseg, pt0, ld, nj, acc + (size_t)j0 * hd);
+                kv_rti_uniform_chan_accum_avx2(cf, hd, n, (int)hd, st, segi, nseg, pt0, ld, nj, acc + (size_t)j0 * hd);
                 continue;
             }
             for (int j = 0; j < nj; j++) {
@@ -324,7 +324,7 @@ static void accum_tokens_axis(const rt_codec *c, const uint32_t *codes, const vo
     }
 }
 
-void rt_uniform_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
+void kv_rti_uniform_accum(const rt_codec *c, const uint32_t *codes, const uint8_t *params, int m, int r0, int r1,
                       int h, const float *p, size_t ld, int nq, float *acc) {
     const void *scales, *zeros;
     params_of(c, params, m, &scales, &zeros);

@@ -5,7 +5,6 @@
 // sequences). Weights are held in f16 (products of f16 inputs accumulated in f32 on tensor cores) or, with
 // KV_WEIGHTS_F32, in f32 (f32 products: the CPU's arithmetic up to summation order). The residual stream, norms,
 // RoPE, attention and logits are f32 in both.
-#include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -15,6 +14,7 @@
 #include <string.h>
 
 #include "forward_internal.h"
+#include "kv_cuda_dl.h"
 #include "kvrt.h"
 #include "model_cuda.h"
 
@@ -53,6 +53,7 @@ struct kv_model_cuda {
     int n_layers;
     cudaStream_t stream;
     cublasHandle_t cublas;
+    const kv_cublas_fns *blas; /* the loaded cuBLAS */
     int f32w; // weights (and GEMM inputs) in f32
     dlayer *layers;
     dmat embd, output;
@@ -166,10 +167,10 @@ kv_status gemm(kv_model_cuda *g, const dmat &W, int rows, const void *x, float *
     kv_status st = KV_OK;
     const float one = 1.0f;
     if (g->f32w) {
-        KV_CUBLAS(cublasSgemm(g->cublas, CUBLAS_OP_T, CUBLAS_OP_N, W.rows, rows, W.cols, &one, static_cast<const float *>(W.w),
+        KV_CUBLAS(g->blas->sgemm(g->cublas, CUBLAS_OP_T, CUBLAS_OP_N, W.rows, rows, W.cols, &one, static_cast<const float *>(W.w),
                               W.cols, static_cast<const float *>(x), W.cols, &beta, y, W.rows));
     } else {
-        KV_CUBLAS(cublasGemmEx(g->cublas, CUBLAS_OP_T, CUBLAS_OP_N, W.rows, rows, W.cols, &one, W.w, CUDA_R_16F, W.cols, x,
+        KV_CUBLAS(g->blas->gemm_ex(g->cublas, CUBLAS_OP_T, CUBLAS_OP_N, W.rows, rows, W.cols, &one, W.w, CUDA_R_16F, W.cols, x,
                                CUDA_R_16F, W.cols, &beta, y, CUDA_R_32F, W.rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
 done:
@@ -292,7 +293,7 @@ extern "C" void kv_model_cuda_free(kv_model_cuda *g) {
     cudaFree(g->inv_freq);
     if (g->output.w != g->embd.w) cudaFree(g->output.w);
     cudaFree(g->embd.w);
-    if (g->cublas) cublasDestroy(g->cublas);
+    if (g->cublas) g->blas->destroy(g->cublas);
     if (g->stream) cudaStreamDestroy(g->stream);
     delete g;
 }
@@ -307,9 +308,13 @@ extern "C" kv_status kv_model_cuda_open(kv_model *m) {
     m->gpu = g;
     g->f32w = m->opt.weights == KV_WEIGHTS_F32;
     KV_CU(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
-    KV_CUBLAS(cublasCreate(&g->cublas));
-    KV_CUBLAS(cublasSetStream(g->cublas, g->stream));
-    KV_CUBLAS(cublasSetMathMode(g->cublas, g->f32w ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH));
+    if (!(g->blas = kv_cuda_cublas())) { /* cuBLAS loaded on first use (kv_cuda_dl.h) */
+        st = kv_error_wrap(KV_ECUDA, "model (GPU): ");
+        goto done;
+    }
+    KV_CUBLAS(g->blas->create(&g->cublas));
+    KV_CUBLAS(g->blas->set_stream(g->cublas, g->stream));
+    KV_CUBLAS(g->blas->set_math_mode(g->cublas, g->f32w ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH));
     g->layers = static_cast<dlayer *>(calloc((size_t)a->n_layers, sizeof(dlayer)));
     g->n_layers = a->n_layers;
     if (!g->layers) {

@@ -38,7 +38,8 @@ expect() {
 }
 
 # ---- usage errors (2) ----
-expect 2 "bits must be 2, 3, 4, 8 or 16" "--bits 5" -- "$kvcal" fit "${common[@]}" --corpus "$tmp/corpus.txt" --out "$tmp/x" --bits 5
+expect 2 "bits must be in 1..8 or 16" "--bits 12" -- "$kvcal" fit "${common[@]}" --corpus "$tmp/corpus.txt" --out "$tmp/x" --bits 12
+expect 2 "bits must be in 1..8 or 16" "--bits 0" -- "$kvcal" fit "${common[@]}" --corpus "$tmp/corpus.txt" --out "$tmp/x" --bits 0
 expect 2 "method must be" "--method bogus" -- "$kvcal" fit "${common[@]}" --corpus "$tmp/corpus.txt" --out "$tmp/x" --method bogus
 expect 2 "missing required option --out" "no --out" -- "$kvcal" fit "${common[@]}" --corpus "$tmp/corpus.txt"
 expect 2 "no corpus" "no corpus" -- "$kvcal" fit --model "$model" --out "$tmp/x"

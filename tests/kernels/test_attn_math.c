@@ -25,7 +25,7 @@ START_TEST(exp_is_the_runtimes) {
     for (double x = -104.0; x <= 0.0; x += 1.0 / 512) {
         float a = (float)x;
         const float got = kv_da_exp(a);
-        rt_exp_portable(&a, 1);
+        kv_rti_exp_portable(&a, 1);
         ck_assert_msg(memcmp(&got, &a, sizeof a) == 0, "exp(%.9g): %.9g vs the runtime's %.9g", x, got, a);
     }
     ck_assert_float_eq(kv_da_exp(-INFINITY), 0.0f);
@@ -232,7 +232,7 @@ START_TEST(configure_covers_every_token) {
                         memset(&A, 0, sizeof A);
                         A.hd = hds[a], A.G = Gs[b], A.n_q = nqs[c], A.n_seqs = seqs[d], A.H = 3;
                         A.codec[0].kind = A.codec[1].kind = KV_DC_HIGGS, A.codec[0].rotated = A.codec[1].rotated = 1;
-                        rt_dev_configure(&A, ns[e]);
+                        kv_rti_dev_configure(&A, ns[e]);
                         ck_assert_int_eq(A.split % A.tile, 0);
                         ck_assert_int_le(A.split, KV_DA_MAX_SPLIT);
                         ck_assert_int_ge((long)A.split * A.n_splits, ns[e]);

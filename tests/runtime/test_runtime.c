@@ -939,9 +939,9 @@ START_TEST(test_selfcheck) {
                rep.max_recon_rel, rep.seconds);
         for (int fault = 1; fault <= 2; fault++) {
             if (fault == 2 && (strcmp(name, "f16") == 0 || strcmp(name, "f32") == 0)) continue; /* nothing coded */
-            rt_dev_host_fault = fault;
+            kv_rti_dev_host_fault = fault;
             const kv_status s = kv_rt_selfcheck(p, &o, &rep);
-            rt_dev_host_fault = 0;
+            kv_rti_dev_host_fault = 0;
             ck_assert_msg(s == KV_ENUMERIC && !rep.passed, "%s: fault %d not caught", name, fault);
             /* a flipped code shows first in an attention output over it, or in the decoded cache */
             ck_assert_msg(strstr(rep.what, "outside the bound") || (fault == 2 && strstr(rep.what, "differs from the CPU")),
@@ -971,7 +971,7 @@ START_TEST(test_exp) {
     double worst = 0;
     for (double x = -104.0; x <= 0.0; x += 1.0 / 4096) {
         float v = (float)x;
-        rt_exp_inplace(&v, 1);
+        kv_rti_exp_inplace(&v, 1);
         const double want = exp((double)(float)x);
         if ((float)x < -87.33f) { /* 2^n below the normal range: flushed to 0 (rt_math.c) */
             ck_assert_float_eq(v, 0.0f);
@@ -981,7 +981,7 @@ START_TEST(test_exp) {
     }
     ck_assert_double_lt(worst, 4e-7);
     float z[9] = {0, -INFINITY, -1e30f, -87.0f, -87.5f, -0.5f, -1e-20f, -20.0f, -3.0f};
-    rt_exp_inplace(z, 9);
+    kv_rti_exp_inplace(z, 9);
     ck_assert_float_eq(z[0], 1.0f);
     ck_assert_float_eq(z[1], 0.0f);
     ck_assert_float_eq(z[2], 0.0f);
@@ -1003,9 +1003,9 @@ START_TEST(test_shift_by_max) {
             a[at] = 9.0f;
             memcpy(b, a, sizeof a);
             kv_simd_level_limit(KV_SIMD_NONE);
-            const float m0 = rt_shift_by_max(a, (size_t)n);
+            const float m0 = kv_rti_shift_by_max(a, (size_t)n);
             kv_simd_level_limit(KV_SIMD_AVX2);
-            const float m1 = rt_shift_by_max(b, (size_t)n);
+            const float m1 = kv_rti_shift_by_max(b, (size_t)n);
             ck_assert_float_eq(m0, 9.0f);
             ck_assert_float_eq(m1, 9.0f);
             ck_assert_msg(memcmp(a, b, sizeof(float) * (size_t)n) == 0, "n %d: the levels differ", n);
@@ -1134,7 +1134,7 @@ static double layer_budget(const kv_plan *p, int l) {
     return bmax - (bmax - bmin) * l / (p->n_layers - 1);
 }
 
-/* The quantizer of head h's own blocks (one head wide), written out independently of rt_codec_head_init:
+/* The quantizer of head h's own blocks (one head wide), written out independently of kv_rti_codec_head_init:
  * HIGGS signs at the head's channel offset, a float stream's per-head scale. */
 static kv_quant head_quant(kv_quant q, int h, int hd) {
     if (q.kind == KV_QUANT_HIGGS) q.higgs.channel0 = (uint64_t)h * (uint64_t)hd;

@@ -335,7 +335,7 @@ START_TEST(test_allocate_refusals) {
 }
 END_TEST
 
-/* Per-layer options of a pruned contender (SEARCH.md §5e) against brute force over every per-layer choice in
+/* Per-layer options of a pruned contender (SEARCH.md §5.5) against brute force over every per-layer choice in
  * doubles: random tables (options as multipliers of the budget: KL changes of either sign, bit changes growing
  * with the multiplier), budgets between the cheapest and the dearest prediction. The knapsack counts bits in
  * units of 1e-9, each layer's cost rounded to the nearest unit and extras to units of at most (budget range) /
@@ -408,7 +408,7 @@ START_TEST(test_layer_allocate) {
 }
 END_TEST
 
-/* The context scale (SEARCH.md §5c) against numbers worked by hand: 3 items, 5 candidates. c0: measured 0.3
+/* The context scale (SEARCH.md §5.3) against numbers worked by hand: 3 items, 5 candidates. c0: measured 0.3
  * over a sum of 0.1 -> 3; c4: 0.2 / 0.1 -> 2; the others take the median of {2, 3} = 2.5: c1 not measured,
  * c2 not offered on one item (HUGE_VAL, kept as it is), c3 with a zero sum (uncompressed). */
 START_TEST(test_context_scale) {
@@ -514,7 +514,7 @@ static void plan_bytes(uint8_t **out, size_t *n, kv_plan *p) {
     ck_assert_kv_ok(kv_plan_write_memory(out, n, p, &wo));
 }
 
-/* The claim of SEARCH.md §1 for two methods that have per-layer bits: a single fit with layers.N.key_bits
+/* The claim of SEARCH.md §1.2 for two methods that have per-layer bits: a single fit with layers.N.key_bits
  * / value_bits equals the surgery of the uniform-bits fits, byte for byte. KIVI (method xquant with the
  * eta calibrated per layer and stream) and HIGGS (grids appended in first-use order). */
 static void check_surgery(kv_fit_method method, const char *name_lo, const char *name_hi, int bits_lo, int bits_hi) {
@@ -658,7 +658,7 @@ static void assert_mix_streams(const kv_plan *re, const kv_plan *const src[2], c
         }
 }
 
-/* The refit (SEARCH.md §1c) of a choice that is AQUA-KV everywhere is the AQUA-KV fit itself, byte for
+/* The refit (SEARCH.md §1.3) of a choice that is AQUA-KV everywhere is the AQUA-KV fit itself, byte for
  * byte: per-stream overrides on the xquant base reproduce the method, its first-layer bits, its keys before
  * RoPE, its predictors fitted on its own reconstructions, its grids in the same order. */
 START_TEST(test_refit_equals_aqua) {

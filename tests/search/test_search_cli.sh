@@ -138,7 +138,7 @@ for c in 256 512; do
   python3 "$check_same" "$tmp/out" "$tmp/f.json" 7 $c || fail=1
 done
 
-# AQUA-KV candidates: a choice that takes one is refitted layer-sequentially (SEARCH.md §1c); candidates a
+# AQUA-KV candidates: a choice that takes one is refitted layer-sequentially (SEARCH.md §1.3); candidates a
 # refit cannot carry (KIVI-3 at 10 codes per word: another uniform layout) are refused before any fit
 expect 1 "cannot be combined with AQUA-KV" "a candidate the refit cannot carry" -- "$kvcal" search "${common[@]}" \
   --budget-bits 12 --candidates aqua2,kivi3w10 --out "$tmp/x.kvplan"
@@ -156,7 +156,7 @@ r, rf = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 p, pf = r["plans"][0], rf["plans"][0]
 assert r["predictor_inputs"] == "chained" and rf["predictor_inputs"] == "free", (r["predictor_inputs"], rf["predictor_inputs"])
 def breaks(ch):
-    """the streams that break the predictor chain (SEARCH.md §1d): an AQUA-KV K at layer l >= 1 not above an
+    """the streams that break the predictor chain (SEARCH.md §1.4): an AQUA-KV K at layer l >= 1 not above an
     AQUA-KV K, an AQUA-KV V at l >= 1 not beside one"""
     return [i for i, c in enumerate(ch) if c == "aqua4" and i >= 2 and ch[i - 2 if i % 2 == 0 else i - 1] != "aqua4"]
 # on stories260K KIVI-2 errs less than AQUA-KV-4's layer 0 on K (HIGGS-4 before RoPE here) and far more above
@@ -203,7 +203,7 @@ PY
 expect 0 "" "kvrun eval reads the 4-bit-predictor plan" -- "$kvrun" eval --model "$model" --tokenizer "$tok" \
   --plan "$tmp/aq4.kvplan" --text "$heldout" --ctx 256 --max-tokens 1024 --json
 python3 "$check_same" "$tmp/out" "$tmp/aq4.json" 10 256 || fail=1
-# SQuat keys and XQuant shared codes (SEARCH.md §1b, §1d): a shared-codes candidate needs its codes_of
+# SQuat keys and XQuant shared codes (SEARCH.md §1.1, §1.4): a shared-codes candidate needs its codes_of
 # candidate listed; free predictor inputs with them and AQUA-KV are refused (a predictor could read a spliced
 # placeholder); a search over all of them writes a plan that respects the chain and evaluates as predicted
 expect 2 "list kivi2 among the candidates" "kivi2s without kivi2" -- "$kvcal" search "${common[@]}" \
@@ -241,7 +241,7 @@ for p in r["plans"]:
     print("ok: %.4g bits: %s, KL %.4g" % (p["budget_bits"], ",".join(ch), m["kl_mean"]))
 print("ok: SQuat keys chosen %d times, shared codes %d times over the points" % (n_sq, n_sh))
 PY
-# the selection (SEARCH.md §5c): per point the plan of least KL on calibration chunks at the point's context,
+# the selection (SEARCH.md §5.3): per point the plan of least KL on calibration chunks at the point's context,
 # among the knapsack's choice, the choice on context-corrected sensitivities and every single method within
 # the budget; the scale of each single method is its measured KL over its summed sensitivities
 expect 0 "" "search with the selection" -- "$kvcal" search "${inputs[@]}" --context 256 --eval-tokens 1024 \
@@ -300,7 +300,7 @@ sel = p["selection"]
 assert sel["kept"] == "knapsack" and sel["kl_knapsack"] == k["select_kl"][0], (sel, k)
 print("ok: single-method choice: selection KL %.5g reused" % sel["kl_knapsack"])
 PY
-# pruned contenders (SEARCH.md §5d): a candidate's own fit under H2O, measured by the selection at each context
+# pruned contenders (SEARCH.md §5.4): a candidate's own fit under H2O, measured by the selection at each context
 # and kept where its measured bits fit the budget and its KL is least, also below the cheapest assembly
 expect 2 "select-chunks 0" "--pruned without the selection" -- "$kvcal" search "${common[@]}" --budget-bits 7 \
   --candidates kivi2,kivi4 --pruned kivi4@h2o0.1 --out "$tmp/x.kvplan"
@@ -376,7 +376,7 @@ PY
 expect 0 "" "kvrun eval reads the pruned 4-bit plan" -- "$kvrun" eval --model "$model" --tokenizer "$tok" \
   --plan "$tmp/pr/search-ctx512-4bits.kvplan" --text "$heldout" --ctx 512 --max-tokens 1024 --json
 python3 "$check_same" "$tmp/out" "$tmp/pr.json" 4 512 || fail=1
-# per-layer options of the pruned contenders (SEARCH.md §5e): refusals, then KIVI-4 and KIVI-2 under H2O at 1/10
+# per-layer options of the pruned contenders (SEARCH.md §5.5): refusals, then KIVI-4 and KIVI-2 under H2O at 1/10
 # with each layer on either candidate at 1/20, 1/10, 1/5 or 2/5 instead. 3 bits, which the uniform contenders
 # could not serve (3.41 bits and up), is served per layer; the table's bits add (memory per value is a sum over
 # layers, whatever each layer's quantizer)
@@ -467,4 +467,20 @@ for b in 6.5 8; do
     --plan "$tmp/sq/search-ctx256-${b}bits.kvplan" --text "$heldout" --ctx 256 --max-tokens 1024 --json
   python3 "$check_same" "$tmp/out" "$tmp/sq.json" $b 256 || fail=1
 done
+# without --heldout: validated on the corpus's tokens after every token the search reads (said on stderr and in the
+# JSON); a corpus with no room for one validation chunk after them is refused before any fit
+nohold=(--model "$model" --tokenizer "$tok" --corpus "$calib" --fit-tokens 4096 --sens-ctx 128 --prompts 4
+        --set cache.recent=64 --select-chunks 0 --context 256 --eval-chunks 2 --candidates kivi2,kivi4 --budget-bits 7)
+expect 0 "no --heldout: the plans are validated on the corpus's tokens 5120..5630" "search without --heldout" -- \
+  "$kvcal" search "${nohold[@]}" --out "$tmp/nh.kvplan" --json
+python3 - "$tmp/out" <<'PY' && ok "JSON names the corpus tail as the held-out text" || bad "JSON without --heldout"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["heldout"] == "corpus tokens from 5120", r["heldout"]
+assert r["plans"][0]["feasible"] and r["plans"][0]["measured_heldout"]["kl_mean"] > 0
+PY
+head -c 8000 "$calib" > "$tmp/short.txt"
+expect 1 "without --heldout, validates on the tokens after them" "a corpus without room to validate" -- \
+  "$kvcal" search "${nohold[@]}" --corpus "$tmp/short.txt" --out "$tmp/nh2.kvplan"
+[ ! -e "$tmp/nh2.kvplan" ] && ok "no plan from the refused search" || bad "refused search wrote a plan"
 exit $fail

@@ -55,11 +55,14 @@ expect 1 "pruning.pool': must be 0 or odd" "even pooling kernel refused" -- "$bi
     --set pruning.method=snapkv --set pruning.budget=0.25 --set pruning.pool=4 --out "$tmp/x.kvplan"
 expect 1 "only method kivi" "16 bits with aqua refused" -- "$bin/kvcal" fit "${fit[@]}" --method aqua --bits 16 \
     --out "$tmp/x.kvplan"
-expect 2 "--bits must be 2, 3, 4, 8 or 16" "--bits 5 refused" -- "$bin/kvcal" fit "${fit[@]}" --method kivi --bits 5 \
-    --out "$tmp/x.kvplan"
+expect 1 "uniform quantizer: bits must be 1, 2, 3, 4 or 8 (got 5)" "kivi --bits 5 refused by the method" -- \
+    "$bin/kvcal" fit "${fit[@]}" --method kivi --bits 5 --out "$tmp/x.kvplan"
 expect 1 "expected an integer in \[1, 8\], got '12' (or 16" "keys.bits 12 refused" -- "$bin/kvcal" fit "${fit[@]}" \
     --method kivi --set keys.bits=12 --out "$tmp/x.kvplan"
 [ ! -e "$tmp/x.kvplan" ] && ok "no plan written by a refused fit" || bad "a refused fit wrote a plan"
+# every width a method supports is accepted by --bits (1-bit KIVI is a search candidate)
+"$bin/kvcal" fit "${fit[@]}" --method kivi --bits 1 --out "$tmp/kivi1.kvplan" > /dev/null \
+  && "$bin/kvrun" inspect "$tmp/kivi1.kvplan" | grep -q "keys: {bits: 1," && ok "kivi --bits 1 accepted" || bad "kivi --bits 1"
 
 # 3. continuation: exact model alone, then every plan on the same 3 samples
 cont=(-q --model "$model" --tokenizer "$tok" --text "$heldout" --protocol continuation --prompt-len 200 --score-len 48

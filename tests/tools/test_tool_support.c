@@ -144,6 +144,59 @@ START_TEST(test_pipe_and_device) {
 }
 END_TEST
 
+/* An empty file and an empty pipe end at once with no tokens (issue 32: the reader looped forever at
+ * the end of a text with nothing buffered); the hash is the empty text's. Its own TCase with a short
+ * timeout, so that a loop fails in seconds. */
+START_TEST(test_empty_input) {
+    kv_model *m = NULL;
+    kv_tokenizer *t = NULL;
+    ck_assert_kv_ok(kv_tool_open_model(&m, &t, g_stories, NULL, 1));
+    char dir[256], empty[600], fifo[600];
+    kv_test_tmpdir(dir, sizeof dir);
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(empty, sizeof empty, "%s/empty.txt", dir);
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    FILE *fp = fopen(empty, "wb");
+    ck_assert_ptr_nonnull(fp);
+    fclose(fp);
+    static const char empty_sha[] = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+    const size_t blocks[] = {16, 4096, 1u << 20};
+    for (size_t b = 0; b < sizeof blocks / sizeof *blocks; b++) {
+        int32_t *ids = NULL;
+        size_t n = 1;
+        char sha[65] = "";
+        ck_assert_kv_ok(kv_tool_tokenize_file_ex(&ids, &n, sha, t, empty, 0, blocks[b]));
+        ck_assert_uint_eq(n, 0);
+        ck_assert_str_eq(sha, empty_sha);
+        free(ids);
+        ck_assert_kv_ok(kv_tool_tokenize_file_ex(&ids, &n, NULL, t, empty, 100, blocks[b]));
+        ck_assert_uint_eq(n, 0);
+        free(ids);
+    }
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    const pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) { /* child: open the pipe for writing and close it at once */
+        FILE *out = fopen(fifo, "wb");
+        _exit(out && fclose(out) == 0 ? 0 : 1);
+    }
+    int32_t *ids = NULL;
+    size_t n = 1;
+    char sha[65] = "";
+    ck_assert_kv_ok(kv_tool_tokenize_file_ex(&ids, &n, sha, t, fifo, 0, 4096));
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ck_assert_uint_eq(n, 0);
+    ck_assert_str_eq(sha, empty_sha);
+    free(ids);
+    unlink(fifo);
+    unlink(empty);
+    rmdir(dir);
+    kv_tokenizer_free(t);
+    kv_model_free(m);
+}
+END_TEST
+
 /* A tokenizer whose vocabulary does not fit the model: SmolLM2 (49152) with stories' tok512.bin, and
  * stories260K (512) with SmolLM2's tokenizer. */
 START_TEST(test_vocab_mismatch) {
@@ -248,5 +301,9 @@ int main(void) {
     tcase_add_test(tc, test_vocab_mismatch);
     tcase_add_test(tc, test_io_and_threads);
     suite_add_tcase(s, tc);
+    TCase *te = tcase_create("empty_input");
+    tcase_set_timeout(te, 20);
+    tcase_add_test(te, test_empty_input);
+    suite_add_tcase(s, te);
     return kv_test_run(s);
 }

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The main job as a user sees it (issue 37): scripts/main.sh on the tiny model (stories260K), without set-up, prints
+# one line per phase, the tables and where the plans, results and logs went -- at most 60 lines -- and keeps the tools'
+# diagnostics (kvcal fit's per-layer lines) in its log files; a failing step shows its log's tail and path and fails
+# the job. Exit 77 without the data.
+set -u
+bin="$1"
+source "$(dirname "${BASH_SOURCE[0]}")/cli_test_lib.sh"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+build="$(cd "$bin/.." && pwd)"
+tiny=(--no-setup --build "$build" --model "$model" --tokenizer "$tok" --fit-tokens 4096 --fit-tokens-nopred 4096
+      --eval-tokens 1024 --ctx 256 --seq-len 256 --search-fit-tokens 4096 --set higgs.grid_samples=16384
+      --set higgs.grid_iters=20 --set cache.recent=32 --set keys.group_size=32 --set values.group_size=32)
+
+bash "$root/scripts/main.sh" "${tiny[@]}" --out "$tmp/main" > "$tmp/main.txt" 2>&1
+rc=$?
+[ "$rc" = 0 ] && ok "main job on the tiny model" || { cat "$tmp/main.txt"; bad "main job exited $rc"; }
+n=$(wc -l < "$tmp/main.txt")
+[ "$n" -le 60 ] && ok "main job printed $n lines (at most 60)" || { cat "$tmp/main.txt"; bad "main job printed $n lines"; }
+grep -q "info: fit: layer" "$tmp/main.txt" && bad "per-layer fit diagnostics on the terminal" || ok "no per-layer diagnostics on the terminal"
+grep -q "^| KIVI-2 " "$tmp/main.txt" && grep -q "^| searched, budget 4 " "$tmp/main.txt" \
+  && ok "the tables (single methods, searched plans)" || bad "tables missing"
+grep -q "^plans: 2 in $tmp/main/single/, 3 searched in $tmp/main/search/" "$tmp/main.txt" && grep -q "^logs: $tmp/main/logs/" "$tmp/main.txt" \
+  && ok "where the plans and logs are" || bad "paths missing"
+grep -q "info: fit: layer" "$tmp/main/logs/"*kivi-2.fit.log && ok "per-layer diagnostics in the fit's log" || bad "fit log"
+ls "$tmp/main/search/"*.kvplan > /dev/null 2>&1 && ok "searched plans written" || bad "no searched plans"
+
+# a failing step: its log's last lines and path on the terminal, the job fails
+bash "$root/scripts/main.sh" "${tiny[@]}" --out "$tmp/bad" --set no_such.key=1 > "$tmp/bad.txt" 2>&1
+rc=$?
+[ "$rc" != 0 ] && grep -q "no_such" "$tmp/bad.txt" && grep -q "log: $tmp/bad/logs/01-kivi-2.fit.log" "$tmp/bad.txt" \
+  && ok "a failing step shows its log (exit $rc)" || { cat "$tmp/bad.txt"; bad "failing step (exit $rc)"; }
+exit $fail
