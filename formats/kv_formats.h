@@ -173,11 +173,17 @@ kv_status kv_gguf_writer_to_memory(kv_gguf_writer *w, uint8_t **out, size_t *siz
  *   blk.N.attn_v.weight [d_model, n_kv_heads*head_dim]   blk.N.attn_v.bias
  *   blk.N.attn_output.weight [n_heads*head_dim, d_model]
  *   blk.N.ffn_gate.weight [d_model, d_ff]  blk.N.ffn_up.weight [d_model, d_ff]  blk.N.ffn_down.weight [d_ff, d_model]
+ *   blk.N.attn_q_norm.weight, blk.N.attn_k_norm.weight [head_dim]                (qk_norm: Qwen3, Gemma 3)
+ *   blk.N.post_attention_norm.weight, blk.N.post_ffw_norm.weight [d_model]       (post_norms: Gemma 3)
  * i.e. a weight W with ne = {in, out} is a row-major out x in matrix (y = W x), as in PyTorch.
  * Other GGUF tensors keep their own names (rope_freqs.weight [head_dim/2]: llama.cpp's per-pair
  * frequency divisors, its form of Llama 3 RoPE scaling); HF tensors a forward does not use are
  * left out. kv_model_file_open checks that every tensor above is present with its shape and a type
- * kv_dequantize reads (biases only when qkv_bias), so a model that opens can be loaded.
+ * kv_dequantize reads (biases only when qkv_bias, the norms of the last two lines only with their
+ * flags), so a model that opens can be loaded. Norm weights read as the forward multiplies by them:
+ * HF Gemma 3 stores w and computes x * (1 + w) (Gemma3RMSNorm), llama.cpp's converter stores 1 + w in
+ * GGUF; kv_model_file_read_f32 returns 1 + w for an HF Gemma 3 norm, so both formats give the same
+ * values (the bytes at kv_tensor_info.data stay the file's).
  * kv_tensor_info.offset counts from the GGUF data section, or from the start of the (shard) file
  * for safetensors and llama2.c. `data` is not necessarily aligned for its type (safetensors offsets
  * are byte offsets): read through kv_model_file_read_f32 or byte loads.
@@ -186,9 +192,14 @@ kv_status kv_gguf_writer_to_memory(kv_gguf_writer *w, uint8_t **out, size_t *siz
  * ============================================================================================ */
 typedef enum kv_model_format { KV_MODEL_GGUF = 0, KV_MODEL_SAFETENSORS = 1, KV_MODEL_LLAMA2C = 2 } kv_model_format;
 typedef enum kv_rope_scaling { KV_ROPE_SCALING_NONE = 0, KV_ROPE_SCALING_LINEAR = 1, KV_ROPE_SCALING_LLAMA3 = 2 } kv_rope_scaling;
+/* Gate activation of the gated feed-forward block: SwiGLU (silu(g) * u; Llama, Qwen) or GeGLU with the tanh
+ * approximation of GELU (gelu_tanh(g) * u; Gemma 3's hidden_activation "gelu_pytorch_tanh", llama.cpp's
+ * LLM_FFN_GELU). */
+typedef enum kv_ffn_act { KV_FFN_SILU = 0, KV_FFN_GELU_TANH = 1 } kv_ffn_act;
 
 typedef struct kv_arch {
-    char arch[32];        /* "llama", "qwen2", "mistral" (SmolLM2 is "llama") */
+    char arch[32];        /* "llama", "qwen2", "mistral", "qwen3", "gemma3" (SmolLM2 is "llama"; HF's gemma3_text
+                             reads as "gemma3") */
     char name[128];       /* general.name or the directory name; informational */
     int n_layers;
     int d_model;
@@ -209,7 +220,35 @@ typedef struct kv_arch {
     int qkv_bias;                 /* 1 when Q/K/V projections have biases (Qwen2) */
     int tied_embeddings;          /* 1 when output.weight is token_embd.weight */
     int bos_id, eos_id;           /* -1 when unknown */
+    /* Gemma 3 and Qwen3 (all zero: the Llama-family block above; the choices and their sources:
+     * model/MODELS.md). */
+    int qk_norm;                  /* 1: RMSNorm over each head of q and of k (blk.N.attn_q_norm.weight and
+                                     attn_k_norm.weight, [head_dim]) after the projections, before RoPE */
+    int post_norms;               /* 1: RMSNorm of the attention output (blk.N.post_attention_norm.weight) and of
+                                     the FFN output (blk.N.post_ffw_norm.weight) before each residual add */
+    kv_ffn_act ffn_act;           /* the gated FFN's activation */
+    float embed_scale;            /* token embeddings are multiplied by this (Gemma: sqrt(d_model)); 0 = 1 */
+    float attn_scale;             /* softmax scale of q.k (Gemma 3: query_pre_attn_scalar^-1/2); 0 = 1/sqrt(head_dim) */
+    float final_logit_softcap;    /* c > 0: logits = c * tanh(logits / c); 0 = none */
+    int sliding_window;           /* W > 0: a local layer's query attends to the last W positions, its own
+                                     included (keys at p - W < pos <= p); 0: every layer attends to all */
+    int swa_pattern;              /* with sliding_window: layer l is local when l % swa_pattern < swa_pattern - 1
+                                     (Gemma 3: 6, five local layers then a global one); 0: every layer local */
+    float rope_theta_local;       /* RoPE base of local layers (Gemma 3: 10000), which ignore rope_scaling;
+                                     global layers use rope_theta and the scaling */
 } kv_arch;
+
+/* The window of a layer's attention: sliding_window for a local layer, 0 (unbounded) for a global one or
+ * any layer of a model without windows. */
+int kv_arch_layer_window(const kv_arch *a, int layer);
+/* 1 when the layer is local (kv_arch_layer_window > 0). */
+int kv_arch_layer_is_local(const kv_arch *a, int layer);
+/* The RoPE base of a layer: rope_theta_local for a local layer, rope_theta otherwise. */
+float kv_arch_layer_rope_theta(const kv_arch *a, int layer);
+/* The softmax scale of q.k the model uses (attn_scale, or 1/sqrt(head_dim) when 0). */
+double kv_arch_attn_scale(const kv_arch *a);
+/* Architectures kv_model_file_open reads ("llama, mistral, qwen2, qwen3, gemma3"), for messages. */
+const char *kv_arch_supported_list(void);
 
 typedef struct kv_model_file kv_model_file; /* opaque */
 

@@ -47,6 +47,9 @@ kv_status kv_mf_add_tensor(kv_model_file *mf, const char *name, const char *src_
         char **s = realloc(mf->src_names, cap * sizeof *s);
         if (!s) return KV_ERR(KV_ENOMEM, "out of memory");
         mf->src_names = s;
+        float *sh = realloc(mf->shift, cap * sizeof *sh);
+        if (!sh) return KV_ERR(KV_ENOMEM, "out of memory");
+        mf->shift = sh;
         mf->cap_tensors = cap;
     }
     char *nm = mf_strdup(name);
@@ -66,9 +69,35 @@ kv_status kv_mf_add_tensor(kv_model_file *mf, const char *name, const char *src_
     t->nbytes = nbytes;
     t->data = data;
     mf->src_names[mf->n_tensors] = src;
+    mf->shift[mf->n_tensors] = 0.0f;
     mf->n_tensors++;
     return KV_OK;
 }
+
+void kv_mf_set_shift(kv_model_file *mf, const kv_tensor_info *t, float shift) {
+    const size_t i = (size_t)(t - mf->tensors);
+    if (i < mf->n_tensors) mf->shift[i] = shift;
+}
+
+/* ---- architecture helpers (kv_formats.h section 3) ------------------------------------------ */
+int kv_arch_layer_is_local(const kv_arch *a, int layer) {
+    if (!a || a->sliding_window <= 0 || layer < 0 || layer >= a->n_layers) return 0;
+    return a->swa_pattern <= 0 || layer % a->swa_pattern < a->swa_pattern - 1;
+}
+
+int kv_arch_layer_window(const kv_arch *a, int layer) {
+    return kv_arch_layer_is_local(a, layer) ? a->sliding_window : 0;
+}
+
+float kv_arch_layer_rope_theta(const kv_arch *a, int layer) {
+    return kv_arch_layer_is_local(a, layer) && a->rope_theta_local > 0.0f ? a->rope_theta_local : a->rope_theta;
+}
+
+double kv_arch_attn_scale(const kv_arch *a) {
+    return a->attn_scale > 0.0f ? (double)a->attn_scale : 1.0 / sqrt((double)a->head_dim);
+}
+
+const char *kv_arch_supported_list(void) { return "llama, mistral, qwen2, qwen3, gemma3"; }
 
 kv_status kv_mf_map_file(kv_model_file *mf, const char *path, kv_file_map *out) {
     if (mf->n_maps == mf->cap_maps) {
@@ -135,6 +164,20 @@ static kv_status check_arch(const kv_model_file *mf) {
                       "and original_max_position_embeddings (%d) >= 1",
                       mf->path, (double)a->rope_low_freq_factor, (double)a->rope_high_freq_factor,
                       a->rope_orig_max_pos);
+    if ((s = check_range(mf, "sliding_window", a->sliding_window, 0, KV_MF_MAX_SEQ)) ||
+        (s = check_range(mf, "sliding_window_pattern", a->swa_pattern, 0, KV_MF_MAX_LAYERS)))
+        return s;
+    if (a->sliding_window > 0 && a->rope_theta_local != 0.0f &&
+        (!(a->rope_theta_local > 0.0f) || !isfinite(a->rope_theta_local)))
+        return KV_ERR(KV_EFORMAT, "'%s': the local layers' rope_theta = %g must be positive", mf->path,
+                      (double)a->rope_theta_local);
+    if (!(a->embed_scale >= 0.0f) || !isfinite(a->embed_scale) || !(a->attn_scale >= 0.0f) ||
+        !isfinite(a->attn_scale) || !(a->final_logit_softcap >= 0.0f) || !isfinite(a->final_logit_softcap))
+        return KV_ERR(KV_EFORMAT, "'%s': embedding scale %g, attention scale %g and logit softcap %g must be finite "
+                      "and >= 0", mf->path, (double)a->embed_scale, (double)a->attn_scale,
+                      (double)a->final_logit_softcap);
+    if (a->ffn_act != KV_FFN_SILU && a->ffn_act != KV_FFN_GELU_TANH)
+        return KV_ERR(KV_EFORMAT, "'%s': unknown FFN activation %d", mf->path, (int)a->ffn_act);
     return KV_OK;
 }
 
@@ -143,7 +186,7 @@ static kv_status expect_tensor(const kv_model_file *mf, const char *name, uint64
     char desc[256];
     if (!t) {
         char src[160] = "";
-        if (mf->format == KV_MODEL_SAFETENSORS) kv_hf_source_name(name, src, sizeof src);
+        if (mf->format == KV_MODEL_SAFETENSORS) kv_hf_source_name(&mf->arch, name, src, sizeof src);
         return KV_ERR(KV_EFORMAT, "'%s': missing tensor '%s'%s%s%s", mf->path, name,
                       *src ? " ('" : "", src, *src ? "')" : "");
     }
@@ -202,8 +245,8 @@ kv_status kv_mf_check(kv_model_file *mf) {
     for (int l = 0; l < a->n_layers; l++) {
         static const struct {
             const char *suffix;
-            int in, out; /* 0 d_model, 1 q width, 2 kv width, 3 d_ff, 4 none (1-D) */
-            int bias;    /* only with qkv_bias */
+            int in, out; /* 0 d_model, 1 q width, 2 kv width, 3 d_ff, 4 none (1-D), 5 head_dim */
+            int bias;    /* only with: 1 qkv_bias, 2 qk_norm, 3 post_norms */
         } k_layer[] = {
             {"attn_norm.weight", 0, 4, 0}, {"ffn_norm.weight", 0, 4, 0},
             {"attn_q.weight", 0, 1, 0},    {"attn_k.weight", 0, 2, 0},
@@ -211,10 +254,14 @@ kv_status kv_mf_check(kv_model_file *mf) {
             {"ffn_gate.weight", 0, 3, 0},  {"ffn_up.weight", 0, 3, 0},
             {"ffn_down.weight", 3, 0, 0},  {"attn_q.bias", 1, 4, 1},
             {"attn_k.bias", 2, 4, 1},      {"attn_v.bias", 2, 4, 1},
+            {"attn_q_norm.weight", 5, 4, 2}, {"attn_k_norm.weight", 5, 4, 2},
+            {"post_attention_norm.weight", 0, 4, 3}, {"post_ffw_norm.weight", 0, 4, 3},
         };
-        const uint64_t width[5] = {d, q, kv, ff, 1};
+        const uint64_t width[6] = {d, q, kv, ff, 1, (uint64_t)a->head_dim};
         for (size_t k = 0; k < sizeof k_layer / sizeof k_layer[0]; k++) {
-            if (k_layer[k].bias && !a->qkv_bias) continue;
+            if (k_layer[k].bias == 1 && !a->qkv_bias) continue;
+            if (k_layer[k].bias == 2 && !a->qk_norm) continue;
+            if (k_layer[k].bias == 3 && !a->post_norms) continue;
             char name[96];
             snprintf(name, sizeof name, "blk.%d.%s", l, k_layer[k].suffix);
             if ((s = expect_tensor(mf, name, width[k_layer[k].in], width[k_layer[k].out]))) return s;
@@ -277,6 +324,7 @@ void kv_model_file_close(kv_model_file *mf) {
     }
     free(mf->tensors);
     free(mf->src_names);
+    free(mf->shift);
     for (size_t i = 0; i < mf->n_maps; i++) kv_file_map_close(&mf->maps[i]);
     free(mf->maps);
     kv_gguf_close(mf->gguf);
@@ -309,6 +357,9 @@ kv_status kv_model_file_read_f32(const kv_model_file *mf, const kv_tensor_info *
             return KV_ERR(KV_EFORMAT, "tensor '%s': element count overflows", t->name);
     kv_status s = kv_dequantize(dst, t->data, t->dtype, n);
     if (s != KV_OK) return kv_error_wrap(s, "reading tensor '%s' of '%s': ", t->name, mf->path);
+    const float shift = mf->shift[t - mf->tensors];
+    if (shift != 0.0f)
+        for (size_t i = 0; i < n; i++) dst[i] += shift;
     return KV_OK;
 }
 

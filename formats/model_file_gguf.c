@@ -1,7 +1,13 @@
-/* GGUF models (llama, mistral, qwen2 as llama.cpp converts them): kv_arch from the metadata keys,
- * tensors as stored (GGUF names and GGML-order shapes are already canonical). */
+/* GGUF models (llama, mistral, qwen2, qwen3, gemma3 as llama.cpp converts them): kv_arch from the metadata
+ * keys, tensors as stored (GGUF names and GGML-order shapes are already canonical).
+ *
+ * Gemma 3 and Qwen3 follow llama.cpp (cited at upstream ggml-org/llama.cpp 82bb48500, the tree
+ * unslothai/llama.cpp d32676d7 mirrors; model/MODELS.md has the whole list): the keys and their defaults
+ * from src/models/gemma3.cpp:3-34 and src/llama-hparams.h:127-129, the forward from src/models/gemma3.cpp:84-222
+ * and src/models/qwen3.cpp:53-140, the NEOX (half) RoPE layout of both from src/llama-model.cpp:2632,2646. */
 #include "model_file_internal.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,6 +69,53 @@ static kv_status get_str(gguf_ctx *c, const char *arch, const char *suffix, char
     return KV_OK;
 }
 
+/* Gemma 3's block (src/models/gemma3.cpp): embeddings times sqrt(d_model) (:93), QK-norm before RoPE
+ * (:133,141), queries scaled by f_attention_scale (:154) = 1/sqrt(head_dim), or 1/sqrt(d_model/n_heads) for
+ * the 62-layer 27B (:31-33), post-attention and post-FFN norms (:164,187), GELU-gated FFN (:184; ggml_gelu is
+ * the tanh approximation, ggml/src/ggml-cpu/vec.h:968), final logit softcapping when the key is there
+ * (:16-17,212-216). Sliding windows when attention.sliding_window > 0 (:4-14): local layers by
+ * sliding_window_pattern (default 6; llama_hparams::set_swa_pattern, src/llama-hparams.cpp:15: layer l is
+ * local when l % 6 < 5), with RoPE base rope.freq_base_swa (default 10000, src/llama-hparams.h:127) and no
+ * RoPE scaling (freq_scale_swa 1, :129); a query at p sees keys at p - W < pos <= p
+ * (llama_hparams::is_masked_swa, src/llama-hparams.h:388-392). Norm weights are stored with Gemma's +1
+ * already added (conversion/gemma.py:124-125,166-171). */
+static kv_status read_gemma3(gguf_ctx *c, kv_arch *a) {
+    const char *path = c->mf->path, *ar = a->arch;
+    kv_status s;
+    float attn_softcap = 0.0f;
+    if ((s = get_int(c, ar, "attention.sliding_window", 0, 0, &a->sliding_window)) ||
+        (s = get_float(c, ar, "final_logit_softcapping", 0, 0.0f, &a->final_logit_softcap)) ||
+        (s = get_float(c, ar, "attn_logit_softcapping", 0, 0.0f, &attn_softcap)))
+        return s;
+    if (attn_softcap != 0.0f)
+        return KV_ERR(KV_EUNSUPPORTED, "'%s': attention logit softcapping (%g) is not supported (Gemma 2's; Gemma 3 "
+                      "has none)", path, (double)attn_softcap);
+    if (a->sliding_window < 0)
+        return KV_ERR(KV_EFORMAT, "'%s': %s.attention.sliding_window = %d is negative", path, ar, a->sliding_window);
+    if (a->sliding_window > 0) {
+        if (has_key(c, ar, "attention.sliding_window_pattern")) {
+            const kv_gguf_value *v = kv_gguf_find(c->g, c->key);
+            if (v->type == KV_GGUF_ARRAY)
+                return KV_ERR(KV_EUNSUPPORTED, "'%s': a per-layer %s (array) is not supported, only a period", path,
+                              c->key);
+        }
+        if ((s = get_int(c, ar, "attention.sliding_window_pattern", 0, 6, &a->swa_pattern)) ||
+            (s = get_float(c, ar, "rope.freq_base_swa", 0, 10000.0f, &a->rope_theta_local)))
+            return s;
+        if (a->swa_pattern < 0)
+            return KV_ERR(KV_EFORMAT, "'%s': %s.attention.sliding_window_pattern = %d is negative", path, ar,
+                          a->swa_pattern);
+    }
+    a->qk_norm = 1;
+    a->post_norms = 1;
+    a->ffn_act = KV_FFN_GELU_TANH;
+    a->embed_scale = sqrtf((float)a->d_model);
+    a->attn_scale = a->n_layers == 62 && a->d_model % a->n_heads == 0
+                        ? (float)(1.0 / sqrt((double)(a->d_model / a->n_heads)))
+                        : (float)(1.0 / sqrt((double)a->head_dim));
+    return KV_OK;
+}
+
 static kv_status read_arch(gguf_ctx *c, kv_arch *a) {
     const char *path = c->mf->path;
     char name[64];
@@ -70,9 +123,11 @@ static kv_status read_arch(gguf_ctx *c, kv_arch *a) {
     kv_status s = get_str(c, NULL, "general.architecture", name, sizeof name, &found);
     if (s) return s;
     if (!found) return KV_ERR(KV_EFORMAT, "'%s': missing GGUF key 'general.architecture'", path);
-    if (strcmp(name, "llama") != 0 && strcmp(name, "mistral") != 0 && strcmp(name, "qwen2") != 0)
-        return KV_ERR(KV_EUNSUPPORTED, "'%s': architecture '%s' is not supported (llama, mistral, qwen2)",
-                      path, name);
+    const int gemma3 = strcmp(name, "gemma3") == 0, qwen3 = strcmp(name, "qwen3") == 0;
+    if (strcmp(name, "llama") != 0 && strcmp(name, "mistral") != 0 && strcmp(name, "qwen2") != 0 && !gemma3 &&
+        !qwen3)
+        return KV_ERR(KV_EUNSUPPORTED, "'%s': architecture '%s' is not supported (%s)", path, name,
+                      kv_arch_supported_list());
     kv_mf_copy_str(a->arch, sizeof a->arch, name, strlen(name));
     const char *ar = a->arch;
     if ((s = get_str(c, NULL, "general.name", a->name, sizeof a->name, &found))) return s;
@@ -128,11 +183,13 @@ static kv_status read_arch(gguf_ctx *c, kv_arch *a) {
                       type);
     }
     if ((s = get_int(c, ar, "rope.scaling.original_context_length", 0, 0, &a->rope_orig_max_pos))) return s;
-    /* llama.cpp permutes Llama/Mistral Q and K rows at conversion (adjacent pairs); qwen2 keeps
-     * the HF order and is rotated NEOX style (halves). */
-    a->rope_layout = strcmp(ar, "qwen2") == 0 ? KV_ROPE_HALF : KV_ROPE_ADJACENT;
+    /* llama.cpp permutes Llama/Mistral Q and K rows at conversion (adjacent pairs); qwen2, qwen3 and gemma3
+     * keep the HF order and are rotated NEOX style (halves; src/llama-model.cpp:2629-2685). */
+    a->rope_layout = strcmp(ar, "llama") == 0 || strcmp(ar, "mistral") == 0 ? KV_ROPE_ADJACENT : KV_ROPE_HALF;
     a->tied_embeddings = kv_gguf_find_tensor(c->g, "output.weight") == NULL;
     a->qkv_bias = kv_gguf_find_tensor(c->g, "blk.0.attn_q.bias") != NULL;
+    if (qwen3) a->qk_norm = 1; /* src/models/qwen3.cpp:88,97; attention scale 1/sqrt(head_dim) (:112) */
+    if (gemma3) return read_gemma3(c, a);
     return KV_OK;
 }
 

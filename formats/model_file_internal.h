@@ -17,6 +17,8 @@ struct kv_model_file {
     kv_arch arch;
     kv_tensor_info *tensors; /* names are owned (malloc'd) */
     char **src_names;        /* name in the source file when it differs (HF), else NULL; owned */
+    float *shift;            /* added to every value kv_model_file_read_f32 returns (HF Gemma 3 norms: 1, the
+                                +1 of Gemma3RMSNorm that llama.cpp's converter folds into GGUF), else 0 */
     size_t n_tensors, cap_tensors;
     kv_gguf *gguf;           /* GGUF only */
     kv_file_map *maps;       /* safetensors shards / llama2.c checkpoint */
@@ -36,6 +38,8 @@ struct kv_model_file {
 kv_status kv_mf_add_tensor(kv_model_file *mf, const char *name, const char *src_name, int dtype,
                            int n_dims, const uint64_t ne[4], uint64_t offset, size_t nbytes,
                            const void *data);
+/* Set the shift of tensor t (see kv_model_file.shift). */
+void kv_mf_set_shift(kv_model_file *mf, const kv_tensor_info *t, float shift);
 /* Map a file for the lifetime of mf; *out is the mapping (valid until close, not across calls). */
 kv_status kv_mf_map_file(kv_model_file *mf, const char *path, kv_file_map *out);
 /* The tensor's name for messages: "name" or "name ('src name')" into buf. */
@@ -57,8 +61,8 @@ kv_status kv_mf_open_llama2c(kv_model_file *mf, const kv_file_map *map);
  * messages. */
 kv_status kv_hf_config_parse(kv_arch *arch, const char *text, size_t len, const char *what);
 
-/* The HF tensor name of a canonical name into buf ("" when there is none); for messages. */
-const char *kv_hf_source_name(const char *canonical, char *buf, size_t n);
+/* The HF tensor name of a canonical name for architecture a into buf ("" when there is none); for messages. */
+const char *kv_hf_source_name(const kv_arch *a, const char *canonical, char *buf, size_t n);
 
 /* Check the architecture and that every tensor a Llama-family forward needs is present with the
  * right shape and a type kv_dequantize supports. Fills vocab_size from token_embd when 0. */

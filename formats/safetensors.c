@@ -14,16 +14,31 @@
 #include <sys/stat.h>
 
 /* ---- HF <-> canonical names ------------------------------------------------------------------ */
-static const struct {
+typedef struct name_pair {
     const char *hf;
     const char *canon;
-} k_layer_names[] = {
+} name_pair;
+static const name_pair k_layer_names[] = {
     {"self_attn.q_proj.weight", "attn_q.weight"},     {"self_attn.q_proj.bias", "attn_q.bias"},
     {"self_attn.k_proj.weight", "attn_k.weight"},     {"self_attn.k_proj.bias", "attn_k.bias"},
     {"self_attn.v_proj.weight", "attn_v.weight"},     {"self_attn.v_proj.bias", "attn_v.bias"},
     {"self_attn.o_proj.weight", "attn_output.weight"}, {"mlp.gate_proj.weight", "ffn_gate.weight"},
     {"mlp.up_proj.weight", "ffn_up.weight"},          {"mlp.down_proj.weight", "ffn_down.weight"},
     {"input_layernorm.weight", "attn_norm.weight"},   {"post_attention_layernorm.weight", "ffn_norm.weight"},
+    {"self_attn.q_norm.weight", "attn_q_norm.weight"}, {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+};
+/* Gemma 3's decoder layer has four norms: its post_attention_layernorm normalizes the attention output
+ * (llama.cpp's post_attention_norm), pre_feedforward_layernorm is the FFN's input norm (transformers 5.24.0
+ * models/gemma3/modeling_gemma3.py:367-370, 394-400). */
+static const name_pair k_gemma3_layer_names[] = {
+    {"self_attn.q_proj.weight", "attn_q.weight"},     {"self_attn.k_proj.weight", "attn_k.weight"},
+    {"self_attn.v_proj.weight", "attn_v.weight"},     {"self_attn.o_proj.weight", "attn_output.weight"},
+    {"mlp.gate_proj.weight", "ffn_gate.weight"},      {"mlp.up_proj.weight", "ffn_up.weight"},
+    {"mlp.down_proj.weight", "ffn_down.weight"},      {"input_layernorm.weight", "attn_norm.weight"},
+    {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+    {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+    {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+    {"self_attn.q_norm.weight", "attn_q_norm.weight"}, {"self_attn.k_norm.weight", "attn_k_norm.weight"},
 };
 static const struct {
     const char *hf;
@@ -52,20 +67,30 @@ static const char *layer_prefix(const char *name, const char *prefix, long *laye
     return p + 1;
 }
 
+static const name_pair *layer_names(const kv_arch *a, size_t *count) {
+    if (a && strcmp(a->arch, "gemma3") == 0) {
+        *count = N_ELEMS(k_gemma3_layer_names);
+        return k_gemma3_layer_names;
+    }
+    *count = N_ELEMS(k_layer_names);
+    return k_layer_names;
+}
+
 /* Canonical name of an HF tensor name into buf; 0 when the tensor is not one the model uses. */
-static int hf_to_canonical(const char *hf, char *buf, size_t n) {
+static int hf_to_canonical(const kv_arch *a, const char *hf, char *buf, size_t n) {
     for (size_t i = 0; i < N_ELEMS(k_global_names); i++)
         if (strcmp(hf, k_global_names[i].hf) == 0) return snprintf(buf, n, "%s", k_global_names[i].canon), 1;
     long layer;
     const char *rest = layer_prefix(hf, "model.layers.", &layer);
     if (!rest) return 0;
-    for (size_t i = 0; i < N_ELEMS(k_layer_names); i++)
-        if (strcmp(rest, k_layer_names[i].hf) == 0)
-            return snprintf(buf, n, "blk.%ld.%s", layer, k_layer_names[i].canon), 1;
+    size_t count;
+    const name_pair *names = layer_names(a, &count);
+    for (size_t i = 0; i < count; i++)
+        if (strcmp(rest, names[i].hf) == 0) return snprintf(buf, n, "blk.%ld.%s", layer, names[i].canon), 1;
     return 0;
 }
 
-const char *kv_hf_source_name(const char *canonical, char *buf, size_t n) {
+const char *kv_hf_source_name(const kv_arch *a, const char *canonical, char *buf, size_t n) {
     if (n) buf[0] = '\0';
     for (size_t i = 0; i < N_ELEMS(k_global_names); i++)
         if (strcmp(canonical, k_global_names[i].canon) == 0)
@@ -73,10 +98,18 @@ const char *kv_hf_source_name(const char *canonical, char *buf, size_t n) {
     long layer;
     const char *rest = layer_prefix(canonical, "blk.", &layer);
     if (!rest) return buf;
-    for (size_t i = 0; i < N_ELEMS(k_layer_names); i++)
-        if (strcmp(rest, k_layer_names[i].canon) == 0)
-            return snprintf(buf, n, "model.layers.%ld.%s", layer, k_layer_names[i].hf), buf;
+    size_t count;
+    const name_pair *names = layer_names(a, &count);
+    for (size_t i = 0; i < count; i++)
+        if (strcmp(rest, names[i].canon) == 0)
+            return snprintf(buf, n, "model.layers.%ld.%s", layer, names[i].hf), buf;
     return buf;
+}
+
+/* 1 for a canonical norm weight ("...norm.weight"): Gemma 3 computes x * (1 + w) with them. */
+static int is_norm_weight(const char *canon) {
+    const size_t n = strlen(canon), k = strlen("norm.weight");
+    return n >= k && strcmp(canon + n - k, "norm.weight") == 0;
 }
 
 /* ---- safetensors dtypes ------------------------------------------------------------------------ */
@@ -219,7 +252,7 @@ static kv_status parse_file(kv_model_file *mf, const kv_file_map *map, const cha
     for (size_t i = 0; i < n; i++) {
         const st_entry *e = &entries[i];
         char canon[96];
-        if (!hf_to_canonical(e->name, canon, sizeof canon)) {
+        if (!hf_to_canonical(&mf->arch, e->name, canon, sizeof canon)) {
             kv_log(KV_LOG_DEBUG, "%s: tensor '%s' is not used", path, e->name);
             continue;
         }
@@ -242,6 +275,10 @@ static kv_status parse_file(kv_model_file *mf, const kv_file_map *map, const cha
                                   data_start + e->begin, (size_t)(e->end - e->begin),
                                   map->data + data_start + e->begin)) != KV_OK)
             goto done;
+        /* Gemma3RMSNorm multiplies by (1 + w) (modeling_gemma3.py:132); GGUF stores 1 + w (llama.cpp's
+         * conversion/gemma.py:124-125,166-171), and so does what kv_model_file_read_f32 returns */
+        if (strcmp(mf->arch.arch, "gemma3") == 0 && is_norm_weight(canon))
+            kv_mf_set_shift(mf, kv_model_file_find(mf, canon), 1.0f);
     }
 done:
     free(entries);

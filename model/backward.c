@@ -33,6 +33,10 @@
 #undef EXP
 #undef FN
 
+/* Parameters per layer in params[]: the 12 of the Llama block, then QK-norm's and the post-norms' (absent
+ * ones have no values). */
+#define GRAD_PER_LAYER 16
+
 /* One named parameter: value and gradient (float* or double* by precision), element count. */
 typedef struct grad_param {
     char name[64];
@@ -47,6 +51,8 @@ struct kv_grad {
     int all_grads;
     int n_threads; /* the model's thread count (OpenMP regions) */
     double *inv_freq;
+    double *inv_freq_local; /* local layers' (NULL without) */
+    double fold;            /* the queries' factor (kv_model.q_fold) */
     state_f32 s32;
     state_f64 s64;
     grad_param *params;
@@ -86,13 +92,16 @@ kv_status kv_grad_create(kv_grad **out, const kv_model *m, kv_grad_precision pre
     const kv_arch *a = &g->arch;
     const int L = a->n_layers, d = a->d_model, qd = a->n_heads * a->head_dim;
     const int kvd = a->n_kv_heads * a->head_dim, ff = a->d_ff, V = a->vocab_size;
-    g->params = calloc((size_t)L * 12 + 3, sizeof(grad_param));
+    g->params = calloc((size_t)L * GRAD_PER_LAYER + 3, sizeof(grad_param));
     g->inv_freq = malloc(sizeof(double) * (size_t)(a->head_dim / 2));
-    if (!g->params || !g->inv_freq) {
+    if (m->inv_freq_local_d) g->inv_freq_local = malloc(sizeof(double) * (size_t)(a->head_dim / 2));
+    if (!g->params || !g->inv_freq || (m->inv_freq_local_d && !g->inv_freq_local)) {
         s = KV_ERR(KV_ENOMEM, "out of memory");
         goto done;
     }
     memcpy(g->inv_freq, m->inv_freq_d, sizeof(double) * (size_t)(a->head_dim / 2));
+    if (g->inv_freq_local) memcpy(g->inv_freq_local, m->inv_freq_local_d, sizeof(double) * (size_t)(a->head_dim / 2));
+    g->fold = m->q_fold;
     const kv_matrix emb = kv_model_token_embedding(m), outw = kv_model_output_weight(m);
     if ((s = need_f32(&emb, "token_embd")) != KV_OK || (s = need_f32(&outw, "output")) != KV_OK) goto done;
     const int tied = outw.f32 == emb.f32;
@@ -120,6 +129,10 @@ kv_status kv_grad_create(kv_grad **out, const kv_model *m, kv_grad_precision pre
         P("ffn_gate.weight", w->w_gate.f32, (size_t)ff * d, all_grads);
         P("ffn_up.weight", w->w_up.f32, (size_t)ff * d, all_grads);
         P("ffn_down.weight", w->w_down.f32, (size_t)d * ff, all_grads);
+        P("attn_q_norm.weight", w->q_norm, (size_t)a->head_dim, all_grads);
+        P("attn_k_norm.weight", w->k_norm, (size_t)a->head_dim, all_grads);
+        P("post_attention_norm.weight", w->post_attn_norm, (size_t)d, all_grads);
+        P("post_ffw_norm.weight", w->post_ffn_norm, (size_t)d, all_grads);
 #undef P
     }
     /* one block for the gradients (and, in double, one for the widened values) */
@@ -151,7 +164,7 @@ kv_status kv_grad_create(kv_grad **out, const kv_model *m, kv_grad_precision pre
         }
         if (!p->numel) p->value = NULL;
     }
-    /* wire the state's parameter views: params[] order is emb, out_norm, out, then 12 per layer */
+    /* wire the state's parameter views: params[] order is emb, out_norm, out, then GRAD_PER_LAYER per layer */
 #define WIRE(S, TYPE)                                                                              \
     do {                                                                                           \
         S.p = calloc((size_t)L, sizeof *S.p);                                                     \
@@ -167,9 +180,9 @@ kv_status kv_grad_create(kv_grad **out, const kv_model *m, kv_grad_precision pre
         S.out_w = tied ? S.emb : g->params[2].value;                                               \
         S.g_out_w = tied ? S.g_emb : g->params[2].grad;                                            \
         for (int l = 0; l < L; l++) {                                                              \
-            const grad_param *q = &g->params[3 + 12 * l];                                          \
-            TYPE *v[12], *gr[12];                                                                  \
-            for (int i = 0; i < 12; i++) {                                                         \
+            const grad_param *q = &g->params[3 + GRAD_PER_LAYER * l];                              \
+            TYPE *v[GRAD_PER_LAYER], *gr[GRAD_PER_LAYER];                                          \
+            for (int i = 0; i < GRAD_PER_LAYER; i++) {                                             \
                 v[i] = q[i].value;                                                                 \
                 gr[i] = q[i].grad;                                                                 \
             }                                                                                      \
@@ -179,6 +192,10 @@ kv_status kv_grad_create(kv_grad **out, const kv_model *m, kv_grad_precision pre
             S.gp[l].attn_norm = gr[0], S.gp[l].wq = gr[1], S.gp[l].wk = gr[2], S.gp[l].wv = gr[3]; \
             S.gp[l].wo = gr[4], S.gp[l].bq = gr[5], S.gp[l].bk = gr[6], S.gp[l].bv = gr[7];        \
             S.gp[l].ffn_norm = gr[8], S.gp[l].wg = gr[9], S.gp[l].wu = gr[10], S.gp[l].wd = gr[11]; \
+            S.p[l].q_norm = v[12], S.p[l].k_norm = v[13];                                          \
+            S.p[l].post_attn_norm = v[14], S.p[l].post_ffn_norm = v[15];                           \
+            S.gp[l].q_norm = gr[12], S.gp[l].k_norm = gr[13];                                      \
+            S.gp[l].post_attn_norm = gr[14], S.gp[l].post_ffn_norm = gr[15];                       \
         }                                                                                          \
     } while (0)
     if (prec == KV_GRAD_F64)
@@ -205,6 +222,7 @@ void kv_grad_free(kv_grad *g) {
     free(g->s64.gp);
     free(g->params);
     free(g->inv_freq);
+    free(g->inv_freq_local);
     free(g->owned_values);
     free(g->grads);
     free(g);
@@ -235,10 +253,10 @@ static kv_status run_single_blas(kv_grad *g, const int32_t *tokens, int n_tokens
     openblas_set_num_threads(1);
     const kv_status s =
         g->prec == KV_GRAD_F64
-            ? run_f64(&g->s64, &g->arch, g->inv_freq, tokens, n_tokens, backward, backward && g->all_grads, loss,
-                      g->n_threads)
-            : run_f32(&g->s32, &g->arch, g->inv_freq, tokens, n_tokens, backward, backward && g->all_grads, loss,
-                      g->n_threads);
+            ? run_f64(&g->s64, &g->arch, g->inv_freq, g->inv_freq_local, g->fold, tokens, n_tokens, backward,
+                      backward && g->all_grads, loss, g->n_threads)
+            : run_f32(&g->s32, &g->arch, g->inv_freq, g->inv_freq_local, g->fold, tokens, n_tokens, backward,
+                      backward && g->all_grads, loss, g->n_threads);
     openblas_set_num_threads(prev);
     return s;
 }
@@ -251,7 +269,7 @@ kv_status kv_grad_run(kv_grad *g, const int32_t *tokens, int n_tokens, double *l
     if (s != KV_OK) return s;
     if (loss) *loss = l;
     for (int layer = 0; layer < g->arch.n_layers; layer++) {
-        const grad_param *q = &g->params[3 + 12 * layer];
+        const grad_param *q = &g->params[3 + GRAD_PER_LAYER * layer];
         if (k_norm) k_norm[layer] = frob(g, q[2].grad, q[2].numel);
         if (v_norm) v_norm[layer] = frob(g, q[3].grad, q[3].numel);
     }

@@ -19,6 +19,7 @@ typedef struct kv_owned_matrix {
 typedef struct kv_layer_storage {
     kv_owned_matrix wq, wk, wv, wo, w_gate, w_up, w_down;
     float *attn_norm, *ffn_norm, *bq, *bk, *bv;
+    float *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm; /* qk_norm / post_norms only */
 } kv_layer_storage;
 
 /* Scratch reused by the forward functions, grown on demand. */
@@ -31,10 +32,10 @@ typedef struct kv_workspace {
     float *att;       /* rows x q_dim: attention output before wo */
     float *proj;      /* rows x d_model: wo / w_down output */
     float *gate, *up; /* rows x d_ff */
-    float *rope_cos, *rope_sin; /* rows x head_dim/2 */
+    float *rope_cos[2], *rope_sin[2]; /* rows x head_dim/2: [0] global layers' frequencies, [1] local layers' */
     int32_t *pos;     /* rows positions (kv_model_forward) */
-    int32_t *rope_pos; /* the positions rope_cos/rope_sin were computed for */
-    size_t rope_n;    /* rows of rope_pos that are valid */
+    int32_t *rope_pos[2]; /* the positions rope_cos[i]/rope_sin[i] were computed for */
+    size_t rope_n[2]; /* rows of rope_pos[i] that are valid */
     size_t scores_cap; /* floats */
     float *scores;    /* attention scores of the running tasks */
     size_t deq_cap;   /* floats */
@@ -54,8 +55,12 @@ struct kv_model {
     float *output_norm;
     kv_layer_storage *store; /* n_layers */
     kv_layer_weights *layers; /* n_layers views */
-    double *inv_freq_d;  /* head_dim/2 */
+    double *inv_freq_d;  /* head_dim/2: the global layers' (every layer's in a model without local layers) */
     float *inv_freq;     /* the same, rounded */
+    double *inv_freq_local_d; /* head_dim/2: the local layers' (kv_arch.rope_theta_local, unscaled); NULL without */
+    float *inv_freq_local;
+    double q_fold;       /* queries are multiplied by attn_scale * sqrt(head_dim) (1: nothing), so that the
+                            softmax scale 1/sqrt(head_dim) every cache and consumer assumes is the model's */
     size_t weight_bytes;
     kv_workspace ws;
     int stream;              /* layer-streamed weights (kv_model_*_streamed) */

@@ -88,6 +88,16 @@ kv_status kv_cache_rt_create(kv_cache **out, const kv_plan *plan, const kv_model
                    fp->n_layers, fp->n_kv_heads, fp->head_dim, a->n_layers, a->n_kv_heads, a->head_dim);
         goto done;
     }
+    /* the runtime rotates a pre-RoPE key stream with one set of frequencies (the global layers'); a local layer
+     * with its own RoPE base (Gemma 3) would be rotated wrongly: refused until the runtime knows per-layer bases */
+    for (int l = 0; m->inv_freq_local_d && l < a->n_layers; l++)
+        if (kv_arch_layer_is_local(a, l) && plan->layers && plan->layers[l].stream[0].pre_rope &&
+            kv_arch_layer_rope_theta(a, l) != a->rope_theta) {
+            s = KV_ERR(KV_EUNSUPPORTED, "layer %d's keys are stored before RoPE, but it is a sliding-window layer "
+                       "with its own RoPE base (%g), which the runtime does not know", l,
+                       (double)kv_arch_layer_rope_theta(a, l));
+            goto done;
+        }
     kv_rt_options o;
     memset(&o, 0, sizeof o);
     o.device = m->gpu ? KV_RT_DEVICE_CUDA : KV_RT_DEVICE_CPU; /* a GPU model's cache is on the GPU, on its stream */

@@ -12,9 +12,18 @@ extern "C" {
 
 /* ---- model ---- (weights*.c, forward*.c, kv_cache.c, eval.c, generate.c)
  *
- * The reference transformer of the Llama family (Llama 2/3.x, Mistral, Qwen2, SmolLM2): RMSNorm,
- * RoPE (adjacent-pair or half layout, theta and linear/llama3 scaling from kv_arch), grouped-query
- * attention, SwiGLU, optional QKV bias, tied or separate output. All arithmetic is f32 (sums that
+ * The reference transformer of the Llama family (Llama 2/3.x, Mistral, Qwen2, SmolLM2) and of Qwen3 and
+ * Gemma 3: RMSNorm, RoPE (adjacent-pair or half layout, theta and linear/llama3 scaling from kv_arch),
+ * grouped-query attention, SwiGLU, optional QKV bias, tied or separate output; and what kv_arch's Gemma 3 /
+ * Qwen3 fields switch on (model/MODELS.md): QK-norm before RoPE, post-attention and post-FFN norms,
+ * GELU-tanh gating, scaled embeddings, an attention scale other than 1/sqrt(head_dim) (folded into the
+ * queries: q is multiplied by attn_scale * sqrt(head_dim) right after its norm, so every consumer of q,
+ * the capture hooks and a cache's `attend` included, computes softmax(q.k / sqrt(head_dim))), final logit
+ * softcapping, and sliding-window layers with their own RoPE base (kv_arch_layer_window,
+ * kv_arch_layer_rope_theta): a local layer's query at position p attends to the keys at p - W < pos <= p.
+ * The window is applied by the model over a cache's `view`; a cache that attends itself (`attend`: the
+ * runtime) does not apply it yet, so a step whose queries would need it is refused (KV_EUNSUPPORTED; issue
+ * 36 part 3). All arithmetic is f32 (sums that
  * decide accuracy, such as RMSNorm's mean square and softmax's denominator, in double); weights are
  * dequantized to f32 at load time, or kept as f16 or in the file's quantized blocks and decoded on the
  * fly (kv_model_options.weights). One pool of OpenMP threads does the work: products of many rows
@@ -52,6 +61,8 @@ typedef struct kv_layer_weights {
     const float *ffn_norm;        /* [d_model] */
     kv_matrix w_gate, w_up;       /* d_ff x d_model */
     kv_matrix w_down;             /* d_model x d_ff */
+    const float *q_norm, *k_norm; /* [head_dim] (qk_norm), else NULL */
+    const float *post_attn_norm, *post_ffn_norm; /* [d_model] (post_norms), else NULL */
 } kv_layer_weights;
 
 /* How the model keeps its weight matrices (norms and biases are always f32). */
@@ -111,8 +122,11 @@ const float *kv_model_output_norm(const kv_model *m);                     /* [d_
 /* The RoPE inverse frequencies after scaling, head_dim/2 values (angle of pair i at position p is
  * p * inv_freq[i]); borrowed. */
 const float *kv_model_rope_inv_freq(const kv_model *m);
-/* The same in double precision, as the model computes its angles (head_dim/2 values; borrowed). */
+/* The same in double precision, as the model computes its angles (head_dim/2 values; borrowed). These two
+ * are the global layers' (every layer's in a model without sliding-window layers). */
 const double *kv_model_rope_inv_freq_d(const kv_model *m);
+/* A layer's inverse frequencies (local layers: kv_arch.rope_theta_local, unscaled); NULL out of range. */
+const double *kv_model_rope_inv_freq_layer(const kv_model *m, int layer);
 /* Bytes of the forward workspace for a step of `rows` token rows attending over `keys` cached
  * positions, with the model's threads (a double: an estimate for requests too large for size_t). */
 double kv_model_forward_bytes(const kv_model *m, double rows, double keys);
@@ -148,6 +162,9 @@ int kv_model_holds(const kv_model *m, int part);    /* 1 when the part's weights
  * For compressed caches that keep pre-RoPE keys and rotate them when they are read. */
 void kv_model_rope(const kv_model *m, float *x, size_t n, size_t ld, int n_heads, const int32_t *pos,
                    int inverse);
+/* The same with a layer's frequencies (kv_model_rope uses the global layers'). */
+void kv_model_rope_layer(const kv_model *m, int layer, float *x, size_t n, size_t ld, int n_heads,
+                         const int32_t *pos, int inverse);
 
 /* ---- KV-cache interface ----------------------------------------------------------------------
  * The model writes each layer's new keys/values into a cache and reads the layer's keys/values
@@ -249,9 +266,9 @@ typedef struct kv_capture {
     int d_model, q_dim, kv_dim; /* q_dim = n_heads*head_dim, kv_dim = n_kv_heads*head_dim */
     const float *h;         /* the layer's input (residual stream), rows x d_model */
     const float *x;         /* attention input after RMSNorm, rows x d_model */
-    const float *q_pre;     /* queries before RoPE (bias included), rows x q_dim */
+    const float *q_pre;     /* queries before RoPE (bias, QK-norm and the attention scale's fold included), rows x q_dim */
     const float *q;         /* queries after RoPE */
-    const float *k_pre;     /* keys before RoPE, rows x kv_dim */
+    const float *k_pre;     /* keys before RoPE (after QK-norm), rows x kv_dim */
     const float *k;         /* keys after RoPE */
     const float *v;         /* values, rows x kv_dim */
 } kv_capture;
@@ -281,10 +298,10 @@ kv_status kv_model_forward(kv_model *m, const kv_forward *f);
 
 /* The building blocks of kv_model_forward, for layer-by-layer use (calibration, backward passes
  * that recompute a layer from its input):
- *   embed: h[r] = token_embd[tokens[r]] (n rows);
+ *   embed: h[r] = token_embd[tokens[r]] * embed_scale (n rows);
  *   layer_forward: h <- layer(h) in place, for n_seqs x n_tokens rows at positions pos (rows
  *     values), with the cache (NULL: causal within each sequence, no past) and hooks as above;
- *   logits: out = output(rmsnorm(h)) for n rows (out: n x vocab). */
+ *   logits: out = output(rmsnorm(h)) for n rows (out: n x vocab), softcapped when the arch says so. */
 kv_status kv_model_embed(const kv_model *m, const int32_t *tokens, size_t n, float *h);
 kv_status kv_model_layer_forward(kv_model *m, int layer, float *h, int n_seqs, int n_tokens,
                                  const int32_t *pos, kv_cache *cache, const int *seq_ids,

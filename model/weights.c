@@ -42,7 +42,24 @@ static kv_status check_arch(const kv_arch *a) {
     if (a->rope_scaling != KV_ROPE_SCALING_NONE && a->rope_scaling != KV_ROPE_SCALING_LINEAR &&
         a->rope_scaling != KV_ROPE_SCALING_LLAMA3)
         return KV_ERR(KV_EINVAL, "unknown RoPE scaling %d", (int)a->rope_scaling);
+    if (a->ffn_act != KV_FFN_SILU && a->ffn_act != KV_FFN_GELU_TANH)
+        return KV_ERR(KV_EINVAL, "unknown FFN activation %d", (int)a->ffn_act);
+    if (a->sliding_window < 0 || a->swa_pattern < 0 || !(a->embed_scale >= 0.0f) || !isfinite(a->embed_scale) ||
+        !(a->attn_scale >= 0.0f) || !isfinite(a->attn_scale) || !(a->final_logit_softcap >= 0.0f) ||
+        !isfinite(a->final_logit_softcap) || !(a->rope_theta_local >= 0.0f) || !isfinite(a->rope_theta_local))
+        return KV_ERR(KV_EINVAL,
+                      "model architecture: sliding_window %d, pattern %d, embedding scale %g, attention scale %g, "
+                      "logit softcap %g and local rope_theta %g must be finite and >= 0",
+                      a->sliding_window, a->swa_pattern, (double)a->embed_scale, (double)a->attn_scale,
+                      (double)a->final_logit_softcap, (double)a->rope_theta_local);
     return KV_OK;
+}
+
+/* 1 when the arch uses anything the GPU forward (model/cuda) does not implement. */
+static int needs_cpu_forward(const kv_arch *a) {
+    return a->qk_norm || a->post_norms || a->ffn_act != KV_FFN_SILU || (a->embed_scale != 0.0f && a->embed_scale != 1.0f) ||
+           a->final_logit_softcap > 0.0f || a->sliding_window > 0 ||
+           (a->attn_scale > 0.0f && fabs(kv_arch_attn_scale(a) * sqrt((double)a->head_dim) - 1.0) > 1e-7);
 }
 
 /* Inverse frequencies: base theta^(-2i/hd), then the scaling (HF _compute_llama3_parameters /
@@ -69,6 +86,14 @@ static void compute_inv_freq(double *inv, const kv_arch *a, const float *freq_fa
         }
         inv[i] = f;
     }
+}
+
+/* Local (sliding-window) layers: base rope_theta_local and no scaling (llama.cpp's freq_scale_swa = 1,
+ * src/llama-hparams.h:129; HF Gemma 3's sliding_attention rope parameters are "default"). */
+static void compute_inv_freq_local(double *inv, const kv_arch *a) {
+    const int half = a->head_dim / 2;
+    const double theta = a->rope_theta_local > 0.0f ? (double)a->rope_theta_local : (double)a->rope_theta;
+    for (int i = 0; i < half; i++) inv[i] = 1.0 / pow(theta, (double)(2 * i) / (double)a->head_dim);
 }
 
 static void owned_matrix_free(kv_model *m, kv_owned_matrix *om) {
@@ -233,6 +258,10 @@ static void free_layer(kv_model *m, int l) {
     vec_free(m, &st->bq, qd);
     vec_free(m, &st->bk, kvd);
     vec_free(m, &st->bv, kvd);
+    vec_free(m, &st->q_norm, (size_t)a->head_dim);
+    vec_free(m, &st->k_norm, (size_t)a->head_dim);
+    vec_free(m, &st->post_attn_norm, d);
+    vec_free(m, &st->post_ffn_norm, d);
     memset(&m->layers[l], 0, sizeof m->layers[l]);
 }
 
@@ -264,6 +293,14 @@ static kv_status load_layer(kv_model *m, int l) {
         VEC(bk, "attn_k.bias", kvd, 0);
         VEC(bv, "attn_v.bias", kvd, 0);
     }
+    if (a->qk_norm) {
+        VEC(q_norm, "attn_q_norm.weight", hd, 0);
+        VEC(k_norm, "attn_k_norm.weight", hd, 0);
+    }
+    if (a->post_norms) {
+        VEC(post_attn_norm, "post_attention_norm.weight", d, 0);
+        VEC(post_ffn_norm, "post_ffw_norm.weight", d, 0);
+    }
     VEC(ffn_norm, "ffn_norm.weight", d, 0);
     MAT(w_gate, "ffn_gate.weight", ff, d);
     MAT(w_up, "ffn_up.weight", ff, d);
@@ -283,6 +320,10 @@ static kv_status load_layer(kv_model *m, int l) {
     lw->w_gate = st->w_gate.m;
     lw->w_up = st->w_up.m;
     lw->w_down = st->w_down.m;
+    lw->q_norm = st->q_norm;
+    lw->k_norm = st->k_norm;
+    lw->post_attn_norm = st->post_attn_norm;
+    lw->post_ffn_norm = st->post_ffn_norm;
 done:
     if (s != KV_OK) free_layer(m, l);
     return s;
@@ -383,6 +424,8 @@ void kv_model_free(kv_model *m) {
     free(m->layers);
     free(m->inv_freq_d);
     free(m->inv_freq);
+    free(m->inv_freq_local_d);
+    free(m->inv_freq_local);
     kv_pool_free(m->pool);
     kv_workspace *w = &m->ws;
     kv_aligned_free(w->x);
@@ -395,10 +438,12 @@ void kv_model_free(kv_model *m) {
     kv_aligned_free(w->proj);
     kv_aligned_free(w->gate);
     kv_aligned_free(w->up);
-    kv_aligned_free(w->rope_cos);
-    kv_aligned_free(w->rope_sin);
+    for (int i = 0; i < 2; i++) {
+        kv_aligned_free(w->rope_cos[i]);
+        kv_aligned_free(w->rope_sin[i]);
+        kv_aligned_free(w->rope_pos[i]);
+    }
     kv_aligned_free(w->pos);
-    kv_aligned_free(w->rope_pos);
     kv_aligned_free(w->hres);
     kv_aligned_free(w->scores);
     kv_aligned_free(w->deq);
@@ -468,9 +513,25 @@ kv_status kv_model_create_raw(kv_model **out, const kv_arch *arch, kv_tensor_rea
     }
     compute_inv_freq(m->inv_freq_d, &m->arch, freq_factors);
     for (int i = 0; i < hd / 2; i++) m->inv_freq[i] = (float)m->inv_freq_d[i];
+    if (a->sliding_window > 0) {
+        m->inv_freq_local_d = calloc((size_t)hd / 2, sizeof(double));
+        m->inv_freq_local = calloc((size_t)hd / 2, sizeof(float));
+        if (!m->inv_freq_local_d || !m->inv_freq_local) {
+            s = KV_ERR(KV_ENOMEM, "out of memory for the model");
+            goto done;
+        }
+        compute_inv_freq_local(m->inv_freq_local_d, a);
+        for (int i = 0; i < hd / 2; i++) m->inv_freq_local[i] = (float)m->inv_freq_local_d[i];
+    }
+    m->q_fold = kv_arch_attn_scale(a) * sqrt((double)hd);
+    if (fabs(m->q_fold - 1.0) <= 1e-7) m->q_fold = 1.0;
     s = KV_OK;
     if (m->opt.device == KV_MODEL_DEVICE_CUDA) {
-        s = m->stream ? KV_ERR(KV_EUNSUPPORTED, "model: layer-streamed weights run on the CPU only") : kv_model_cuda_open(m);
+        s = m->stream ? KV_ERR(KV_EUNSUPPORTED, "model: layer-streamed weights run on the CPU only")
+            : needs_cpu_forward(a)
+                ? KV_ERR(KV_EUNSUPPORTED, "model: the GPU forward implements the Llama-family block only; '%s' (QK-norm, "
+                         "post-norms, GELU gating, scaled embeddings, sliding windows) runs on the CPU", a->arch)
+                : kv_model_cuda_open(m);
     } else if (m->opt.device != KV_MODEL_DEVICE_CPU) {
         s = KV_ERR(KV_EINVAL, "unknown model device %d", (int)m->opt.device);
     }
@@ -497,6 +558,10 @@ kv_matrix kv_model_output_weight(const kv_model *m) { return m->output.m; }
 const float *kv_model_output_norm(const kv_model *m) { return m->output_norm; }
 const float *kv_model_rope_inv_freq(const kv_model *m) { return m->inv_freq; }
 const double *kv_model_rope_inv_freq_d(const kv_model *m) { return m->inv_freq_d; }
+const double *kv_model_rope_inv_freq_layer(const kv_model *m, int layer) {
+    if (!m || layer < 0 || layer >= m->arch.n_layers) return NULL;
+    return kv_arch_layer_is_local(&m->arch, layer) && m->inv_freq_local_d ? m->inv_freq_local_d : m->inv_freq_d;
+}
 size_t kv_model_weight_bytes(const kv_model *m) { return m->weight_bytes; }
 int kv_model_threads(const kv_model *m) { return m->n_threads; }
 

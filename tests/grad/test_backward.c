@@ -1,6 +1,9 @@
 /* The backward pass (model/backward.c) against finite differences in double precision, on small
  * random-weight models covering every op: embedding, RMSNorm, RoPE in both layouts (and llama3
- * scaling), GQA attention with the causal mask, SwiGLU, QKV bias, tied and separate output. Also:
+ * scaling), GQA attention with the causal mask, SwiGLU, QKV bias, tied and separate output, and
+ * Qwen3's / Gemma 3's additions (QK-norm, post-norms, GELU-tanh, scaled embeddings, an attention scale
+ * other than 1/sqrt(head_dim), final logit softcapping, a sliding window shorter than the prompt on local
+ * layers with their own RoPE base, linear scaling on the global ones). Also:
  * the float training forward against the reference forward (kv_model_forward), float gradients
  * against double ones, and finite differences on the real stories260K checkpoint. */
 #include "kv_test.h"
@@ -14,12 +17,15 @@ typedef struct model_case {
     kv_rope_scaling scaling;
     int qkv_bias;
     int tied;
+    int kind; /* 0 Llama family, 1 Qwen3, 2 Gemma 3 */
 } model_case;
 
 static const model_case k_cases[] = {
-    {"adjacent-tied", KV_ROPE_ADJACENT, KV_ROPE_SCALING_NONE, 0, 1},
-    {"half-bias-untied", KV_ROPE_HALF, KV_ROPE_SCALING_NONE, 1, 0},
-    {"half-llama3", KV_ROPE_HALF, KV_ROPE_SCALING_LLAMA3, 0, 0},
+    {"adjacent-tied", KV_ROPE_ADJACENT, KV_ROPE_SCALING_NONE, 0, 1, 0},
+    {"half-bias-untied", KV_ROPE_HALF, KV_ROPE_SCALING_NONE, 1, 0, 0},
+    {"half-llama3", KV_ROPE_HALF, KV_ROPE_SCALING_LLAMA3, 0, 0, 0},
+    {"qwen3", KV_ROPE_HALF, KV_ROPE_SCALING_NONE, 0, 0, 1},
+    {"gemma3", KV_ROPE_HALF, KV_ROPE_SCALING_LINEAR, 0, 1, 2},
 };
 
 static void small_arch(kv_arch *a, const model_case *c) {
@@ -45,6 +51,21 @@ static void small_arch(kv_arch *a, const model_case *c) {
     a->tied_embeddings = c->tied;
     a->bos_id = 1;
     a->eos_id = 2;
+    if (c->kind == 1) {
+        snprintf(a->arch, sizeof a->arch, "qwen3");
+        a->qk_norm = 1;
+    } else if (c->kind == 2) {
+        snprintf(a->arch, sizeof a->arch, "gemma3");
+        a->rope_factor = 2.0f;
+        a->qk_norm = a->post_norms = 1;
+        a->ffn_act = KV_FFN_GELU_TANH;
+        a->embed_scale = 1.7f;
+        a->attn_scale = 0.35f;       /* != 1/sqrt(head_dim) = 0.5 */
+        a->final_logit_softcap = 3.0f;
+        a->sliding_window = 3;       /* prompts of 9-12 tokens */
+        a->swa_pattern = 2;          /* layer 0 local, layer 1 global */
+        a->rope_theta_local = 100.0f;
+    }
 }
 
 typedef struct source {
@@ -126,12 +147,17 @@ START_TEST(test_fd_every_parameter) {
         if (i == 2 && c->tied) continue;
         check_param_fd(g, tok, 9, globals[i], 12, 10 + i);
     }
-    const char *per_layer[] = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
-                               "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
-                               "ffn_down.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias"};
+    const char *per_layer[] = {"attn_norm.weight",   "attn_q.weight",      "attn_k.weight",
+                               "attn_v.weight",      "attn_output.weight", "ffn_norm.weight",
+                               "ffn_gate.weight",    "ffn_up.weight",      "ffn_down.weight",
+                               "attn_q.bias",        "attn_k.bias",        "attn_v.bias",
+                               "attn_q_norm.weight", "attn_k_norm.weight", "post_attention_norm.weight",
+                               "post_ffw_norm.weight"};
     for (int l = 0; l < 2; l++)
-        for (int i = 0; i < 12; i++) {
-            if (i >= 9 && !c->qkv_bias) continue;
+        for (int i = 0; i < 16; i++) {
+            if (i >= 9 && i < 12 && !c->qkv_bias) continue;
+            if (i >= 12 && i < 14 && c->kind == 0) continue;
+            if (i >= 14 && c->kind != 2) continue;
             char nm[64];
             snprintf(nm, sizeof nm, "blk.%d.%s", l, per_layer[i]);
             check_param_fd(g, tok, 9, nm, 8, 100 + 12 * l + i);

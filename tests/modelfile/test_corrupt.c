@@ -201,6 +201,10 @@ static void c_cfg_act(const char *d, char *p) {
     with_config_text(d, p, "{\"model_type\": \"llama\", \"hidden_act\": \"gelu\"}");
 }
 static void c_cfg_not_object(const char *d, char *p) { with_config_text(d, p, "[\"llama\"]"); }
+static void c_cfg_mixtral(const char *d, char *p) { SPEC_WITH(model_type, "mixtral"); with_config(d, p, &s, NULL); }
+static void c_cfg_gemma2(const char *d, char *p) { SPEC_WITH(model_type, "gemma2"); with_config(d, p, &s, NULL); }
+static void c_cfg_qwen3_moe(const char *d, char *p) { SPEC_WITH(model_type, "qwen3_moe"); with_config(d, p, &s, NULL); }
+static void c_cfg_gemma3_mm(const char *d, char *p) { SPEC_WITH(model_type, "gemma3"); with_config(d, p, &s, NULL); }
 
 static void c_dir_no_config(const char *d, char *p) {
     mf_spec s = base_spec();
@@ -287,6 +291,23 @@ static void c_gguf_arch(const char *d, char *p) {
     o.arch = "gpt2";
     gguf_variant(d, p, &o, 0, 0, 0, 0);
 }
+/* Architectures still unsupported (issue 36 part 5): refused with the list of supported ones. */
+static void c_gguf_gemma2(const char *d, char *p) {
+    mf_gguf_opts o = {0};
+    o.arch = "gemma2";
+    gguf_variant(d, p, &o, 0, 0, 0, 0);
+}
+static void c_gguf_qwen3moe(const char *d, char *p) {
+    mf_gguf_opts o = {0};
+    o.arch = "qwen3moe";
+    gguf_variant(d, p, &o, 0, 0, 0, 0);
+}
+/* A Gemma 3 GGUF without its QK-norm weights (the llama tensors only). */
+static void c_gguf_gemma3_no_qk_norm(const char *d, char *p) {
+    mf_gguf_opts o = {0};
+    o.arch = "gemma3";
+    gguf_variant(d, p, &o, 0, 0, 0, 0);
+}
 static void c_gguf_no_arch(const char *d, char *p) {
     mf_gguf_opts o = {0};
     o.omit_key = "general.architecture";
@@ -360,6 +381,13 @@ static const corrupt_case k_cases[] = {
     {"cfg_hidden_act", c_cfg_act, KV_EUNSUPPORTED, "hidden_act 'gelu' is not supported"},
     {"cfg_absurd_layers", c_cfg_layers, KV_EFORMAT, "n_layers = 100000 is out of range"},
     {"cfg_not_object", c_cfg_not_object, KV_EFORMAT, "config.json: not a JSON object"},
+    {"cfg_mixtral", c_cfg_mixtral, KV_EUNSUPPORTED,
+     "model_type 'mixtral' is not supported (llama, mistral, qwen2, qwen3, gemma3_text)"},
+    {"cfg_gemma2", c_cfg_gemma2, KV_EUNSUPPORTED,
+     "model_type 'gemma2' is not supported (llama, mistral, qwen2, qwen3, gemma3_text)"},
+    {"cfg_qwen3_moe", c_cfg_qwen3_moe, KV_EUNSUPPORTED,
+     "model_type 'qwen3_moe' is not supported (llama, mistral, qwen2, qwen3, gemma3_text)"},
+    {"cfg_gemma3_multimodal", c_cfg_gemma3_mm, KV_EUNSUPPORTED, "only the text model (model_type 'gemma3_text'"},
     /* HF directory and index */
     {"dir_no_config", c_dir_no_config, KV_ENOTFOUND, "is a directory without config.json"},
     {"dir_no_weights", c_dir_no_weights, KV_ENOTFOUND, "no model.safetensors or model.safetensors.index.json"},
@@ -387,6 +415,11 @@ static const corrupt_case k_cases[] = {
     {"gguf_count_overflow", c_gguf_count, KV_EFORMAT, "tensor_count 4611686018427387904 is more than"},
     {"gguf_bad_magic", c_gguf_bad_magic, KV_EFORMAT, "unrecognized model format"},
     {"gguf_unknown_arch", c_gguf_arch, KV_EUNSUPPORTED, "architecture 'gpt2' is not supported"},
+    {"gguf_gemma2", c_gguf_gemma2, KV_EUNSUPPORTED,
+     "architecture 'gemma2' is not supported (llama, mistral, qwen2, qwen3, gemma3)"},
+    {"gguf_qwen3moe", c_gguf_qwen3moe, KV_EUNSUPPORTED,
+     "architecture 'qwen3moe' is not supported (llama, mistral, qwen2, qwen3, gemma3)"},
+    {"gguf_gemma3_no_qk_norm", c_gguf_gemma3_no_qk_norm, KV_EFORMAT, "missing tensor 'blk.0.attn_q_norm.weight'"},
     {"gguf_no_arch", c_gguf_no_arch, KV_EFORMAT, "missing GGUF key 'general.architecture'"},
     {"gguf_missing_key", c_gguf_missing_key, KV_EFORMAT, "missing GGUF key 'llama.block_count'"},
     {"gguf_key_type", c_gguf_key_type, KV_EFORMAT, "'llama.block_count' has type string, expected an integer"},
