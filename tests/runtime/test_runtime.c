@@ -1984,16 +1984,24 @@ int main(void) {
     return failed == 0 ? 0 : 1;
 }
 #else
+/* Three test cases, each its own CTest test (CK_RUN_CASE, tests/runtime/CMakeLists.txt), so that they run side by
+ * side and each has its own time limit: the CPU paths against exact attention, the device model, the rest. */
 int main(void) {
     Suite *s = suite_create("runtime");
-    TCase *tc = tcase_create("runtime");
+    TCase *tc = tcase_create("exact");
     tcase_set_timeout(tc, 900);
     tcase_add_loop_test(tc, test_attention_matches_exact, 0, 2 * (int)(sizeof k_cases / sizeof k_cases[0]));
     tcase_add_loop_test(tc, test_long_sequences, 0, 2);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("device");
+    tcase_set_timeout(tc, 900);
     tcase_add_loop_test(tc, test_device_model, 0, (int)(sizeof k_cases / sizeof k_cases[0]));
     tcase_add_test(tc, test_device_model_long);
     tcase_add_test(tc, test_batch_calls);
     tcase_add_test(tc, test_selfcheck);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("rest");
+    tcase_set_timeout(tc, 900);
     tcase_add_loop_test(tc, test_exp, 0, 2);
     tcase_add_test(tc, test_shift_by_max);
     tcase_add_test(tc, test_threads_agree);
