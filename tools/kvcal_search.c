@@ -6,7 +6,7 @@
  * context among the knapsack's, a context-corrected choice and the single methods within the budget (the
  * selection, SEARCH.md §5.3; with --pruned also single methods under H2O token pruning, §5.4, and with
  * --pruned-layers those with a candidate and a budget per layer, §5.5), write, and validate the plan end to end with
- * `kvrun eval --plan`'s own code (kv_tool_eval_plan). Several points share the fits and the sensitivities:
+ * `kvrun eval --plan`'s own code (kv_eval_plan). Several points share the fits and the sensitivities:
  * that is how one run draws a frontier (scripts/pareto.sh). */
 #define _POSIX_C_SOURCE 200809L
 #include "kv_calib.h"
@@ -45,7 +45,7 @@ typedef struct search_point {
     int refit;                   /* the plan has AQUA-KV streams: refitted layer-sequentially, not assembled */
     double seconds_refit;
     size_t eval_chunks;
-    kv_tool_plan_eval ev_same, ev;
+    kv_plan_eval ev_same, ev;
     double seconds_eval;
     /* the selection (--select-chunks, SEARCH.md §5.3): the measured KL on calibration tokens at the point's
      * context of the knapsack's choice, of the choice on context-corrected sensitivities (NAN: the same
@@ -239,8 +239,8 @@ typedef struct select_tokens {
 
 static kv_status select_kl(double *kl, double *bits, const select_tokens *st, const kv_plan *plan, long ctx,
                            const char *label) {
-    kv_tool_plan_eval e;
-    kv_status s = kv_tool_eval_plan_loaded(&e, st->m, plan, st->tok, st->n_tok, (int)ctx, st->bos, (size_t)st->chunks, 0,
+    kv_plan_eval e;
+    kv_status s = kv_eval_plan_loaded(&e, st->m, plan, st->tok, st->n_tok, (int)ctx, st->bos, (size_t)st->chunks, 0,
                                            0, label);
     if (s == KV_OK) *kl = e.cmp.kl_mean;
     if (s == KV_OK && bits) *bits = e.bits_per_value_total;
@@ -1312,9 +1312,9 @@ int kvcal_search(int argc, char **argv) {
         if (s != KV_OK) goto fail;
         /* the additivity gap on the very tokens the sensitivities saw, then the end-to-end validation */
         const double tv = kv_now_seconds();
-        if ((s = kv_tool_eval_plan(&pt->ev_same, m, model, pt->path, sens_tok, n_sens_tok, (int)sens_ctx, bos,
+        if ((s = kv_eval_plan(&pt->ev_same, m, model, pt->path, sens_tok, n_sens_tok, (int)sens_ctx, bos,
                                    (size_t)sens_samples, 0, 0, NULL)) != KV_OK ||
-            (s = kv_tool_eval_plan(&pt->ev, m, model, pt->path, ho, n_ho, (int)context, bos, pt->eval_chunks, 0, 0,
+            (s = kv_eval_plan(&pt->ev, m, model, pt->path, ho, n_ho, (int)context, bos, pt->eval_chunks, 0, 0,
                                    "validation")) != KV_OK)
             goto fail;
         pt->seconds_eval = kv_now_seconds() - tv;
