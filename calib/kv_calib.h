@@ -15,6 +15,7 @@
 #include "kv_dist.h"
 #include "kv_formats.h"
 #include "kv_model.h"
+#include "kv_profile.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -532,6 +533,142 @@ kv_status kv_search_cheapest(uint64_t *sum, int *choice, const uint64_t *cost, c
 kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *value, const unsigned char *allowed,
                              const kv_search_chain *chain, int n_items, int n_choices, uint64_t budget,
                              int max_units, uint64_t *unit_out);
+/* ---- kvcal search as one call (search_run.c; the phases in search_fit.c, search_select.c, search_point.c) ----
+ * kv_search_run runs what `kvcal search` runs (calib/SEARCH.md), in its phases: fit each candidate once
+ * (kv_fit_run), honest bytes per (context, stream, candidate) (kv_search_stream_bytes), sensitivities
+ * (kv_search_sensitivity), the proxy (KVmix importance, Spearman per stream), then per (budget, context) point the
+ * knapsack (kv_search_allocate), the plan assembled or refitted, the selection (§5.3-§5.5: the least KL on
+ * calibration text among the knapsack's choice, the context-corrected choice, the single methods and the pruned
+ * contenders within the budget), the plan written to its path, and the validation end to end (kv_eval_plan) on
+ * the sensitivity tokens and on held-out text. Progress and notes go through kv_log / kv_progress; nothing is
+ * printed. The caller tokenizes: the corpus's tokens are read in the order fits, sensitivities and proxy,
+ * selection, per-layer tables (kv_search_token_need). */
+#define KV_SEARCH_MAX_CANDS 32
+
+/* How many corpus tokens each phase reads (the corpus is cut in this order). */
+typedef struct kv_search_tokens {
+    size_t sens_need;   /* the sensitivities: sens_samples chunks of sens_ctx - 1 text tokens */
+    size_t extra;       /* the sensitivities and the proxy's windows (the larger of the two) */
+    size_t select_need; /* the selection: select_chunks chunks at the longest context */
+    size_t table_need;  /* --pruned-layers' per-layer tables: as many again (0 without them) */
+    size_t corpus_used; /* fit_tokens + all of the above: the validation without held-out text reads after it */
+} kv_search_tokens;
+void kv_search_token_need(kv_search_tokens *out, long fit_tokens, long sens_ctx, long sens_samples, long prompts,
+                          long select_chunks, long max_ctx, int layer_tables);
+
+/* A per-layer option of the pruned contenders (SEARCH.md §5.5): a contender's candidate (position in the
+ * request's candidates) keeping its contender's budget times mult. */
+typedef struct kv_search_layer_opt {
+    int cand;
+    double mult;
+} kv_search_layer_opt;
+
+/* One (budget, context) point asked for. */
+typedef struct kv_search_point_spec {
+    double budget_bits;       /* honest total bits per value at the context */
+    int ctx_index;            /* into the request's contexts */
+    const char *path;         /* where its plan is written (atomically) */
+    size_t eval_chunks;       /* validation chunks of its context */
+} kv_search_point_spec;
+
+typedef struct kv_search_request {
+    kv_model *model;
+    const kv_model_file *model_file;
+    const char *model_path;         /* the validation reads each plan back and checks it against this file */
+    const int32_t *ids;             /* the corpus's tokens, at least fit_tokens + sens_need (kv_search_tokens) */
+    size_t n_ids;
+    const int32_t *heldout;         /* the validation's tokens */
+    size_t n_heldout;
+    int32_t bos;                    /* the tokenizer's BOS, first token of every chunk */
+    int32_t fit_bos;                /* the fits' BOS: -1 when the tokenizer adds none */
+    const char *corpus_sha256;      /* the plans' provenance */
+    const char *grid_cache_dir;     /* generated HIGGS grids (NULL: none) */
+    const char *out_dir;            /* created (with its parents) before the first plan is written; NULL: none */
+    const int *candidates;          /* indices into kv_search_candidates(), at most KV_SEARCH_MAX_CANDS */
+    int n_candidates;
+    const long *contexts;
+    int n_contexts;
+    const kv_search_point_spec *points; /* in the order the report lists them (kvcal search: context-major) */
+    int n_points;
+    const kv_search_pruned *pruned; /* the pruned contenders (§5.4) */
+    const int *pruned_pos;          /* each one's candidate: its position in candidates */
+    int n_pruned;
+    const kv_search_layer_opt *layer_opts; /* §5.5 (n 0: none) */
+    int n_layer_opts;
+    const char *const *sets;        /* "key=value" for every candidate's fit and a refit */
+    int n_sets;
+    long fit_tokens, fit_seq_len, sens_ctx, sens_samples, prompts, select_chunks;
+    int predictors_chained;         /* --predictor-inputs chained (1) or free (0) */
+} kv_search_request;
+
+enum { KV_SEARCH_KEPT_KNAPSACK = 0, KV_SEARCH_KEPT_CORRECTED = 1, KV_SEARCH_KEPT_SINGLE = 2, KV_SEARCH_KEPT_PRUNED = 3 };
+/* "knapsack", "corrected", "single", "pruned". */
+const char *kv_search_kept_name(int kept);
+
+/* A pruned contender with per-layer options at one point (§5.5): allocated under the point's budget from the
+ * contender's per-layer table, then measured on the selection's chunks like every other plan. */
+enum { KV_SEARCH_LAYERED_NONE, KV_SEARCH_LAYERED_SAME, KV_SEARCH_LAYERED_MEASURED }; /* none fits / itself / measured */
+typedef struct kv_search_layered_try {
+    int state;
+    int *choice;                 /* per layer: 0 the contender, o + 1 option o */
+    double predicted_kl, predicted_bits, kl, bits;
+} kv_search_layered_try;
+
+/* One point: the plan chosen for it and what its validation measured. */
+typedef struct kv_search_point {
+    double budget_bits;
+    int ctx_index;
+    const char *path;            /* borrowed from the request */
+    int assembly;                /* the cheapest assembly fits the budget */
+    int feasible;                /* a plan was written: an assembly fits, or a pruned contender */
+    double cheapest_bits;
+    int *choice;                 /* per item (2l + s): a candidate position */
+    uint64_t budget_bytes, unit;
+    double predicted_kl, predicted_bits; /* NAN kl: a pruned contender (its bits measured) */
+    int refit;                   /* the plan has AQUA-KV streams: refitted layer-sequentially, not assembled */
+    double seconds_refit;
+    size_t eval_chunks;
+    kv_plan_eval ev_same, ev;    /* on the sensitivity tokens; on held-out text at the point's context */
+    double seconds_eval;
+    int selected;                /* KV_SEARCH_KEPT_* */
+    int single;                  /* KEPT_SINGLE: the candidate whose own fit is the plan */
+    int pruned;                  /* KEPT_PRUNED: the contender */
+    int layered;                 /* KEPT_PRUNED: with its per-layer options (layers[pruned]) */
+    kv_search_layered_try *layers; /* with layer options: per contender */
+    double sel_kl[2];            /* the selection's KL of the knapsack's choice, of the corrected one (NAN: none) */
+    double seconds_select;
+} kv_search_point;
+
+/* Everything a run measured (arrays owned: kv_search_result_free). Items i = 2l + s, candidates c by position. */
+typedef struct kv_search_result {
+    int n_layers, n_items, n_cands, n_contexts, n_pruned, n_layer_opts;
+    kv_search_point *points;     /* n_points, as asked */
+    int n_points;
+    double *kl;                  /* [item][cand]: sensitivities (non-finite: not offered) */
+    unsigned char *allowed;      /* [item][cand] */
+    uint64_t *bytes, *values;    /* [context][item][cand] */
+    double *fit_seconds;         /* [cand] */
+    double *rho;                 /* [stream][cand]: Spearman of the proxy vs kl (NAN: none) */
+    kv_importance importance;    /* the proxy (prompts > 0) */
+    /* the selection (select_chunks > 0; else NULL): per context */
+    double *select_single;       /* [context][cand]: a single method's KL (NAN: not one) */
+    double *context_scale;       /* [context][cand] */
+    uint64_t *single_bytes;      /* [context][cand] */
+    double *pruned_kl, *pruned_bits;   /* [context][contender] */
+    double *layer_kl, *layer_bits;     /* [context][contender]: the contender on the tables' chunks */
+    double *layer_dkl, *layer_dbits;   /* [context][contender][layer][option] */
+    int any_predicted;           /* an AQUA-KV candidate */
+    int n_evals;                 /* sensitivity evaluations */
+    size_t sens_need;
+    double seconds_fit, seconds_bytes, seconds_sens, seconds_proxy, seconds_select, seconds_eval;
+    int usage_error;             /* after a failure: the request itself is refused (a command-line error) */
+} kv_search_result;
+
+/* Run the search (*res zeroed first; free it with kv_search_result_free whatever the status). A point below the
+ * cheapest assembly (and every pruned contender) gets no plan (a warning), or fails the run when it is the only
+ * point; no plan at all is KV_EINVAL. */
+kv_status kv_search_run(const kv_search_request *req, kv_search_result *res);
+void kv_search_result_free(kv_search_result *res);
 #ifdef __cplusplus
 }
 #endif

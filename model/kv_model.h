@@ -413,6 +413,44 @@ typedef struct kv_compare_result {
 kv_status kv_eval_compare(kv_model *m, kv_cache *cache, const int32_t *tokens, size_t n_tokens,
                           const kv_compare_options *opt, kv_compare_result *out);
 
+/* ---- what a plan costs (eval_plan.c): `kvrun eval --plan`, kvcal search's selection and validation ----
+ * The plan's cost on tokenized text (protocol "all", chunks of ctx): the chunks run exactly and through the
+ * plan's runtime cache (kv_eval_compare); quality, honest bits, bytes and speed. Logs a warning (kv_log) when
+ * nothing was compressed. */
+typedef struct kv_plan_eval {
+    kv_compare_result cmp;
+    double bits_per_value;        /* compressed tokens: payload + positions (pruning) + predictors, bases amortized
+                                     over all evaluated tokens */
+    double bits_per_value_total;  /* everything held: + full-precision tokens at 16 bits, predictors and stored
+                                     SQuat bases per sequence, per value of every appended token (pruned ones too) */
+    double predictor_bits_per_value_sequence; /* predictors amortized over one ctx-token sequence */
+    double basis_bits_per_value_sequence;     /* stored SQuat bases, the same way */
+    double compressed_fraction;   /* compressed values / values held */
+    double held_fraction;         /* values held / values of every appended token (< 1 only with token pruning) */
+    uint64_t cache_bytes;         /* one full sequence: payload + fp16 tokens + predictors + bases */
+    uint64_t fp16_cache_bytes;    /* the same sequence uncompressed in fp16 */
+    uint64_t cache_bytes_allocated; /* what the runtime allocated for that sequence's cache (RUNTIME.md §5) */
+    int sinks, recent;
+    int prefill, step;            /* tokens of the first forward step of a chunk, then of each later one */
+} kv_plan_eval;
+/* prefill/step <= 0: sinks + recent, then recent (equivalent to token-by-token decoding for the
+ * fixed-buffer semantics). */
+kv_status kv_eval_plan(kv_plan_eval *out, kv_model *m, const char *model_path, const char *plan_path,
+                            const int32_t *tokens, size_t n_tokens, int ctx, int bos, size_t max_chunks,
+                            int prefill, int step, const char *progress_label);
+/* The same for a plan in memory that the caller has checked belongs to m (kvcal search's selection: the
+ * candidates' own fits and the chosen mixes before one is written). plan is not modified or freed. */
+kv_status kv_eval_plan_loaded(kv_plan_eval *out, kv_model *m, const kv_plan *plan, const int32_t *tokens,
+                                   size_t n_tokens, int ctx, int bos, size_t max_chunks, int prefill, int step,
+                                   const char *progress_label);
+/* The same writing every scored position's argmax to `predictions` (int32 little-endian: the exact pass's, then
+ * the cache's), e.g. to compare two devices' predictions (scripts/gpu-check.sh); NULL: none. */
+kv_status kv_eval_plan_ex(kv_plan_eval *out, kv_model *m, const char *model_path, const char *plan_path,
+                               const int32_t *tokens, size_t n_tokens, int ctx, int bos, size_t max_chunks,
+                               int prefill, int step, const char *progress_label, const char *predictions);
+kv_status kv_eval_plan_loaded_ex(kv_plan_eval *out, kv_model *m, const kv_plan *plan, const int32_t *tokens,
+                                      size_t n_tokens, int ctx, int bos, size_t max_chunks, int prefill, int step,
+                                      const char *progress_label, const char *predictions);
 /* ---- long-context evaluation (eval_compare.c, eval_passkey.c; DESIGN.md §9) ----------------
  * Perplexity over independent chunks cannot show what a cache policy (token pruning above all) loses.
  *

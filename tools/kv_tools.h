@@ -75,42 +75,8 @@ void kv_tool_json_string(FILE *fp, const char *s);
 /* one when n == 1, else many ("1 token", "2 tokens"). */
 const char *kv_tool_plural(long n, const char *one, const char *many);
 
-/* `kvrun eval --plan` (eval_plan.c): the plan's cost on tokenized text (protocol "all", chunks of ctx). */
-typedef struct kv_tool_plan_eval {
-    kv_compare_result cmp;
-    double bits_per_value;        /* compressed tokens: payload + positions (pruning) + predictors, bases amortized
-                                     over all evaluated tokens */
-    double bits_per_value_total;  /* everything held: + full-precision tokens at 16 bits, predictors and stored
-                                     SQuat bases per sequence, per value of every appended token (pruned ones too) */
-    double predictor_bits_per_value_sequence; /* predictors amortized over one ctx-token sequence */
-    double basis_bits_per_value_sequence;     /* stored SQuat bases, the same way */
-    double compressed_fraction;   /* compressed values / values held */
-    double held_fraction;         /* values held / values of every appended token (< 1 only with token pruning) */
-    uint64_t cache_bytes;         /* one full sequence: payload + fp16 tokens + predictors + bases */
-    uint64_t fp16_cache_bytes;    /* the same sequence uncompressed in fp16 */
-    uint64_t cache_bytes_allocated; /* what the runtime allocated for that sequence's cache (RUNTIME.md §5) */
-    int sinks, recent;
-    int prefill, step;            /* tokens of the first forward step of a chunk, then of each later one */
-} kv_tool_plan_eval;
-/* prefill/step <= 0: sinks + recent, then recent (equivalent to token-by-token decoding for the
- * fixed-buffer semantics). */
-kv_status kv_tool_eval_plan(kv_tool_plan_eval *out, kv_model *m, const char *model_path, const char *plan_path,
-                            const int32_t *tokens, size_t n_tokens, int ctx, int bos, size_t max_chunks,
-                            int prefill, int step, const char *progress_label);
-/* The same for a plan in memory that the caller has checked belongs to m (kvcal search's selection: the
- * candidates' own fits and the chosen mixes before one is written). plan is not modified or freed. */
-kv_status kv_tool_eval_plan_loaded(kv_tool_plan_eval *out, kv_model *m, const kv_plan *plan, const int32_t *tokens,
-                                   size_t n_tokens, int ctx, int bos, size_t max_chunks, int prefill, int step,
-                                   const char *progress_label);
-/* The same writing every scored position's argmax to `predictions` (int32 little-endian: the exact pass's, then
- * the cache's), e.g. to compare two devices' predictions (scripts/gpu-check.sh); NULL: none. */
-kv_status kv_tool_eval_plan_ex(kv_tool_plan_eval *out, kv_model *m, const char *model_path, const char *plan_path,
-                               const int32_t *tokens, size_t n_tokens, int ctx, int bos, size_t max_chunks,
-                               int prefill, int step, const char *progress_label, const char *predictions);
-kv_status kv_tool_eval_plan_loaded_ex(kv_tool_plan_eval *out, kv_model *m, const kv_plan *plan, const int32_t *tokens,
-                                      size_t n_tokens, int ctx, int bos, size_t max_chunks, int prefill, int step,
-                                      const char *progress_label, const char *predictions);
-void kv_tool_eval_plan_print(const kv_tool_plan_eval *e, int json);
+/* `kvrun eval --plan`'s report of kv_eval_plan (model library) on stdout, as text or one JSON line (eval_plan.c). */
+void kv_tool_eval_plan_print(const kv_plan_eval *e, int json);
 
 /* `kvrun eval --protocol continuation` and `--task passkey` (eval_long.c; DESIGN.md §9). */
 typedef struct kv_tool_cont_eval {

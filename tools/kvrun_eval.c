@@ -1,6 +1,6 @@
 /* kvrun eval: perplexity of a model on a text (protocols "all" and "llama.cpp"), and with --plan the
  * cost of a compression plan on the same chunks: ppl with and without the compressed cache, KL,
- * top-1 agreement, bits per value, cache bytes and speed (eval_plan.c). */
+ * top-1 agreement, bits per value, cache bytes and speed (kv_eval_plan, model/eval_plan.c). */
 #include "kv_tools.h"
 
 #include <math.h>
@@ -197,8 +197,8 @@ int kvrun_eval(int argc, char **argv) {
         goto done;
     }
     if (plan) {
-        kv_tool_plan_eval e;
-        if ((s = kv_tool_eval_plan_ex(&e, m, model, plan, ids, n_ids, (int)ctx, kv_tokenizer_bos(tok), max_chunks,
+        kv_plan_eval e;
+        if ((s = kv_eval_plan_ex(&e, m, model, plan, ids, n_ids, (int)ctx, kv_tokenizer_bos(tok), max_chunks,
                                       (int)prefill, (int)step, "eval", predictions)) != KV_OK)
             goto done;
         kv_tool_eval_plan_print(&e, json);

@@ -612,13 +612,13 @@ static kv_plan *refit(const char *const *names, int n, const int *choice, int L)
 
 /* `kvrun eval --plan`'s own code on the plan, written to a temporary file: 2 chunks of ctx tokens past the
  * fits' 4096. */
-static void eval_plan_file(kv_tool_plan_eval *ev, const kv_plan *p, int ctx) {
+static void eval_plan_file(kv_plan_eval *ev, const kv_plan *p, int ctx) {
     char dir[256], path[512];
     kv_test_tmpdir(dir, sizeof dir);
     ck_assert_ptr_nonnull(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/plan.kvplan", dir);
     ck_assert_kv_ok(kv_plan_write(p, path, NULL));
-    ck_assert_kv_ok(kv_tool_eval_plan(ev, g_model, g_model_path, path, g_ids + 4096, g_n - 4096, ctx, g_bos, 2, 0, 0,
+    ck_assert_kv_ok(kv_eval_plan(ev, g_model, g_model_path, path, g_ids + 4096, g_n - 4096, ctx, g_bos, 2, 0, 0,
                                       NULL));
     unlink(path);
     rmdir(dir);
@@ -720,7 +720,7 @@ START_TEST(test_refit_equals_kivi_g128) {
     const kv_plan *src[2] = {single, aqua};
     /* a KIVI stream reads its own layer's exact K/V: its calibrated eta is the single fit's (mask 1) */
     assert_mix_streams(re, src, names, choice, L, 512, 1, 1);
-    kv_tool_plan_eval ev;
+    kv_plan_eval ev;
     eval_plan_file(&ev, re, 300);
     ck_assert(isfinite(ev.cmp.kl_mean) && ev.cmp.kl_mean >= 0);
     kv_plan_free(re);
@@ -776,7 +776,7 @@ START_TEST(test_refit_mixed) {
             kv_plan_free(a);
             kv_plan_free(b);
         }
-    kv_tool_plan_eval ev;
+    kv_plan_eval ev;
     eval_plan_file(&ev, re, 200);
     ck_assert(isfinite(ev.cmp.kl_mean) && ev.cmp.kl_mean >= 0);
     kv_plan_free(re);
@@ -865,7 +865,7 @@ START_TEST(test_gptq_predictors) {
     for (int l = 1; l < L; l++)
         for (int st = 0; st < 2; st++)
             ck_assert_int_eq(re->layers[l].stream[st].predictor->qbits, choice[2 * l + st] ? 4 : 0);
-    kv_tool_plan_eval ev;
+    kv_plan_eval ev;
     eval_plan_file(&ev, re, 200);
     ck_assert(isfinite(ev.cmp.kl_mean) && ev.cmp.kl_mean >= 0);
     kv_plan_free(re);
@@ -914,7 +914,7 @@ START_TEST(test_sensitivity_predicted) {
     const kv_plan_predictor *pr = ss->predictor;
     ck_assert_kv_ok(kv_plan_set_predictor(one, l, st, pr->n_inputs, pr->inputs, pr->weight, pr->bias));
     ck_assert_kv_ok(kv_plan_set_predictor_dtype(one, l, st, pr->dtype));
-    kv_tool_plan_eval ev;
+    kv_plan_eval ev;
     eval_plan_file(&ev, one, 100);
     const double shortcut = kl[(2 * l + st) * 3];
     fprintf(stderr, "layer %d V: AQUA-KV-2 sensitivity %.6g, whole model through the plan %.6g\n", l, shortcut,
@@ -971,7 +971,7 @@ START_TEST(test_squat_candidate) {
     ck_assert_ptr_nonnull(re->layers[q].stream[KV_PLAN_K].squat);
     ck_assert_kv_ok(kv_search_copy_stream(expect, plans[0], q, KV_PLAN_K));
     assert_same_plan(re, expect, "the spliced refit differs from the kivi2 refit with the SQuat key copied in");
-    kv_tool_plan_eval ev;
+    kv_plan_eval ev;
     eval_plan_file(&ev, re, 200);
     ck_assert(isfinite(ev.cmp.kl_mean) && ev.cmp.kl_mean >= 0);
     kv_plan_free(re);
@@ -1039,7 +1039,7 @@ START_TEST(test_shared_candidate) {
     two->global = plans[1]->global;
     ck_assert_kv_ok(kv_search_copy_stream(two, plans[1], 0, KV_PLAN_V));
     ck_assert_kv_ok(kv_search_copy_stream(two, plans[1], 1, KV_PLAN_V));
-    kv_tool_plan_eval ev;
+    kv_plan_eval ev;
     eval_plan_file(&ev, two, 100);
     fprintf(stderr, "layers 0-1 V, kivi2s pair: sensitivity %.6g, whole model %.6g; kivi2 layer 0 V alone %.6g\n", pair,
             ev.cmp.kl_mean, kl[1 * NC + 0]);
@@ -1077,7 +1077,7 @@ START_TEST(test_shared_candidate) {
 END_TEST
 
 /* Honest bytes: the per-stream counts of a mixed plan add up to the bits_per_value_total `kvrun eval --plan`
- * reports at the same context (kv_tool_eval_plan, the tool's own function), exactly. The sensitivities:
+ * reports at the same context (kv_eval_plan, the tool's own function), exactly. The sensitivities:
  * finite, the f16 candidate far below 2-bit KIVI in every stream, and the summed KL falls with more bits. */
 START_TEST(test_bytes_and_sensitivity) {
     const char *names[] = {"f16", "kivi2", "kivi4", "higgs2", "fp8", "nvfp4"};
@@ -1092,7 +1092,7 @@ START_TEST(test_bytes_and_sensitivity) {
     uint64_t bytes[64], values[64], tb = 0, tv = 0;
     ck_assert_kv_ok(kv_search_stream_bytes(bytes, values, mix, g_model, ctx));
     for (int i = 0; i < 2 * L; i++) tb += bytes[i], tv += values[i];
-    kv_tool_plan_eval ev;
+    kv_plan_eval ev;
     eval_plan_file(&ev, mix, ctx);
     /* the same byte counts divided the same way: equal up to the last bit of the division */
     ck_assert_msg(fabs(ev.bits_per_value_total - 8.0 * (double)tb / (double)tv) < 1e-12,
