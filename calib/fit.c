@@ -1547,10 +1547,10 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
     kv_fit_options defopt;
     kv_fit_options_init(&defopt);
     const kv_fit_options *opt = opt_in ? opt_in : &defopt;
-    if (cfg && kv_fit_xq_active(cfg) && cfg->xquant.target_bits > 0) {
-        kv_status ts = m ? kv_fit_check(cfg, kv_model_arch(m)) : KV_ERR(KV_EINVAL, "kv_fit_run: no model");
-        return ts != KV_OK ? ts : kv_fit_xq_run_target(out, rep, m, mf, data, cfg, opt);
-    }
+    if (cfg && cfg->xquant.target_bits > 0) /* a search over fits, not a fit */
+        return KV_ERR(KV_EINVAL, "xquant.target_bits %g: the target is met by choosing kq, vq, km, vm before the fit "
+                      "(kv_xquant_probe, kv_xquant_choice_apply): kv_fit_run fits a configuration without one",
+                      cfg->xquant.target_bits);
     kv_dist *dist = opt->dist;
     fit_run r;
     memset(&r, 0, sizeof r);

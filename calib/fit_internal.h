@@ -156,11 +156,6 @@ kv_status kv_fit_xq_eta_sums(const kv_fit_xq_eta *e, double out[6], const struct
 /* The eta minimizing the calibration E, and the held-out gains 1 - E(eta)/E(0), 1 - E(eta)/E(eta_df). */
 void kv_fit_xq_eta_choose(const double sums[6], double eta_df, double *eta, double *gain0, double *gain_df);
 
-/* kvcal fit --method xquant --target-bits B (xquant.target_bits): four probe fits, the setting of kq,
- * vq, km, vm with the least measured error at bits per value <= B, then the fit of that setting. */
-kv_status kv_fit_xq_run_target(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_model_file *mf,
-                               const kv_fit_data *data, const kv_fit_config *cfg, const kv_fit_options *opt);
-
 /* ---- SQuat (fit_squat.c): r and lambda per layer from the calibration queries ----
  * Per local shard: each sequence's query Gram per KV head (double, hd x hd; all query heads of the
  * group, post-RoPE, every token), and of the held-out sequences every KV_FIT_SQ_QSTRIDE-th query

@@ -362,7 +362,12 @@ loaded: /* the ranks agree before working together (a rank that failed alone say
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
-    s = kv_fit_run(&plan, &rep, m, mf, &data, &cfg, &fo);
+    kv_xquant_choice xq_choice; /* --target-bits: kq, vq, km, vm chosen by four probe fits, then fitted */
+    const int xq_target = cfg.xquant.target_bits > 0;
+    s = xq_target ? kv_xquant_probe(&xq_choice, m, mf, &data, &cfg, &fo) : KV_OK;
+    if (s == KV_OK && xq_target) kv_xquant_choice_apply(&cfg, &xq_choice);
+    if (s == KV_OK) s = kv_fit_run(&plan, &rep, m, mf, &data, &cfg, &fo);
+    if (s == KV_OK && xq_target) kv_xquant_choice_report(&rep, &xq_choice);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (s != KV_OK) goto fail;
