@@ -297,3 +297,50 @@ void kv_fit_xq_eta_choose(const double sums[6], double eta_df, double *eta, doub
     *gain0 = e_0 > 0 ? 1.0 - e_best / e_0 : NAN;
     *gain_df = e_df > 0 ? 1.0 - e_best / e_df : NAN;
 }
+
+/* ---- eta of a stream from the calibration data, before its quantization pass (fit.c's loop) ---------- */
+typedef struct eta_job {
+    kv_fit_state *r;
+    int st;
+    kv_quant q;
+    const uint32_t *partner;
+    size_t wpc;
+} eta_job;
+
+static kv_status eta_part(void *user, int64_t k, double *out) {
+    eta_job *job = user;
+    kv_fit_state *r = job->r;
+    const int64_t j = k / r->size; /* k = rank + j * size */
+    int64_t base = 0;                /* this rank's chunks before shard j */
+    for (int64_t i = 0; i < j; i++) base += r->shard_nseq[i] * r->n_chunks;
+    float *Y = NULL;
+    kv_status s = kv_fit_store_get(&r->st, job->st == KV_PLAN_K ? KV_FIT_K : KV_FIT_V, j, 1, &Y);
+    if (s != KV_OK) return s;
+    return kv_fit_xq_eta_sums(&r->xqe, out, &job->q, job->st, j, kv_fit_shard_ncal(r, k), Y, r->n_chunks, r->recent, r->kv_dim,
+                              job->partner ? job->partner + (size_t)base * job->wpc : NULL, job->wpc);
+}
+
+kv_status kv_fit_xq_eta_search(kv_fit_state *r, int l, int st, kv_fit_layer_report *lr) {
+    lr->eta_gain_vs_0[st] = lr->eta_gain_vs_datafree[st] = NAN;
+    kv_plan_stream *ps = &r->plan->layers[l].stream[st];
+    if (!r->xqe.on || ps->method != KV_PLAN_UNIFORM || ps->predictor) return KV_OK;
+    /* an explicit layers.N.key_eta / value_eta is kept, not calibrated over (kvcal search's refit gives an
+     * AQUA-KV stream with uniform residuals the eta of its own fit that way) */
+    if (kv_fit_config_stream_eta(r->cfg, l, st, NULL)) return KV_OK;
+    eta_job job;
+    memset(&job, 0, sizeof job);
+    job.r = r;
+    job.st = st;
+    kv_status s = kv_quant_from_plan(&job.q, r->plan, l, st);
+    if (s != KV_OK) return s;
+    job.partner = job.q.shared_codes ? r->xq.prev[st] : NULL;
+    job.wpc = r->xq.words[st];
+    double acc[6] = {0}, res[3] = {0, NAN, NAN};
+    if ((s = kv_dist_fold(r->dist, acc, 6, r->n_shards, eta_part, &job)) != KV_OK) return s;
+    if (r->rank == 0) kv_fit_xq_eta_choose(acc, ps->eta, &res[0], &res[1], &res[2]);
+    if ((s = kv_dist_bcast(r->dist, res, sizeof res, 0)) != KV_OK) return s;
+    ps->eta = (float)res[0];
+    lr->eta_gain_vs_0[st] = res[1];
+    lr->eta_gain_vs_datafree[st] = res[2];
+    return KV_OK;
+}
