@@ -8,7 +8,6 @@
 #include "fit_internal.h"
 #include "kvrt.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

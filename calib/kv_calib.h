@@ -326,8 +326,8 @@ kv_status kv_fit_plan_uncalibrated(kv_plan **out, const kv_fit_config *cfg, cons
 /* Per-method defaults that differ from kv_fit_config_init's, applied before a configuration file so
  * that the file and later overrides win: kivi: keys per-channel groups of 32 tokens, values
  * per-token groups of 32 channels, keys post-RoPE (KIVI); aqua-uniform: per-token groups of 64 for
- * both streams (aquakv.txt §3.3 "per-token quantization for both schemes"); aqua, higgs: none. Sets
- * c->method. */
+ * both streams (aquakv.txt §3.3 "per-token quantization for both schemes"); aqua, higgs: none; the others
+ * as their rows in the fitter table say (calib/fitters.c). Sets c->method. */
 kv_status kv_fit_config_method_preset(kv_fit_config *c, kv_fit_method method);
 
 /* Wall time of one plain forward pass (embedding and every layer, no logits, no hooks) over the
