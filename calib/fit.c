@@ -8,7 +8,6 @@
 #include "fit_internal.h"
 #include "kvrt.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -128,34 +127,11 @@ kv_status kv_fit_make_seqs(kv_fit_seqs *out, const kv_fit_data *data, const kv_f
     return KV_OK;
 }
 
-/* ---- presets ------------------------------------------------------------------------------------ */
-kv_status kv_fit_config_method_preset(kv_fit_config *c, kv_fit_method method) {
-    static const char *const kivi[] = {"keys.group_axis=tokens", "keys.group_size=32", "values.group_axis=channels",
-                                       "values.group_size=32", "cache.pre_rope=false", NULL};
-    static const char *const aqua_uniform[] = {"keys.group_axis=channels", "keys.group_size=64",
-                                               "values.group_axis=channels", "values.group_size=64", NULL};
-    /* fp8 / nvfp4: keys after RoPE, as serving engines hold them */
-    static const char *const fp[] = {"cache.pre_rope=false", NULL};
-    /* squat: KIVI's layout (per-channel key groups along tokens, post-RoPE keys) with SQuat keys */
-    static const char *const squat[] = {"keys.group_axis=tokens", "keys.group_size=32", "values.group_axis=channels",
-                                        "values.group_size=32", "cache.pre_rope=false", "squat.enabled=true", NULL};
-    const char *const *set = method == KV_FIT_KIVI || method == KV_FIT_XQUANT ? kivi : method == KV_FIT_AQUA_UNIFORM ? aqua_uniform
-                             : method == KV_FIT_SQUAT ? squat : (method == KV_FIT_FP8 || method == KV_FIT_NVFP4) ? fp : NULL;
-    if (!kv_fit_method_name((int)method)) return KV_ERR(KV_EINVAL, "unknown fit method %d", (int)method);
-    c->method = method;
-    char where[64];
-    snprintf(where, sizeof where, "the %s preset", kv_fit_method_name((int)method));
-    for (int i = 0; set && set[i]; i++) {
-        kv_status s = kv_fit_config_set_from(c, set[i], where);
-        if (s != KV_OK) return s;
-    }
-    return KV_OK;
-}
-
 /* ---- plan set-up: every stream's quantizer and the grids ------------------------------------------ */
-static int is_aqua(kv_fit_method m) { return m == KV_FIT_AQUA || m == KV_FIT_AQUA_UNIFORM; }
-static int uses_higgs(kv_fit_method m) { return m == KV_FIT_AQUA || m == KV_FIT_HIGGS; }
-static int is_float(kv_fit_method m) { return m == KV_FIT_FP8 || m == KV_FIT_NVFP4; }
+/* Traits of a method (formats/config.c: kv_fit_method_traits_of). */
+static int is_aqua(kv_fit_method m) { return kv_fit_method_has((int)m, KV_FIT_T_PREDICTS); }
+static int uses_higgs(kv_fit_method m) { return kv_fit_method_has((int)m, KV_FIT_T_HIGGS); }
+static int is_float(kv_fit_method m) { return kv_fit_method_has((int)m, KV_FIT_T_FLOAT); }
 /* The method of one stream: layers.N.key_method / value_method (a mixed plan) or the config's method. */
 static kv_fit_method smethod(const kv_fit_config *cfg, int layer, int stream) {
     return (kv_fit_method)kv_fit_config_stream_method(cfg, layer, stream);
@@ -174,87 +150,6 @@ static int stream_bits(const kv_fit_config *cfg, int layer, int stream, int *exp
     if (lo && stream == KV_PLAN_K && (lo->set & KV_FIT_LO_KEY_BITS)) bits = lo->key_bits, *explicit_bits = 1;
     if (lo && stream == KV_PLAN_V && (lo->set & KV_FIT_LO_VALUE_BITS)) bits = lo->value_bits, *explicit_bits = 1;
     return bits;
-}
-
-/* HIGGS grids are data-free: one fixed seed for every plan, so that a grid cache serves every run. */
-#define FIT_GRID_SEED 1u
-
-static kv_status grid_index(kv_plan *p, int d, int n, const kv_fit_config *cfg, const kv_fit_options *opt,
-                            int *index, double *seconds) {
-    const char *cache_dir = opt->grid_cache_dir;
-    for (int i = 0; i < p->n_grids; i++)
-        if (p->grids[i].d == d && p->grids[i].n == n) {
-            *index = i;
-            return KV_OK;
-        }
-    if (n > 256)
-        return KV_ERR(KV_EINVAL, "a HIGGS grid of %d points in %d dimensions is needed (bits * higgs.d = %d): grids "
-                      "of at most 256 points are supported, i.e. bits * higgs.d <= 8", n, d, (int)log2((double)n));
-    const double t0 = kv_now_seconds();
-    float *pts = NULL;
-    char *path = NULL;
-    kv_status s = KV_OK;
-    if (cache_dir) {
-        const size_t len = strlen(cache_dir) + 128;
-        path = malloc(len);
-        if (!path) return KV_ERR(KV_ENOMEM, "out of memory");
-        snprintf(path, len, "%s/higgs-d%d-n%d-seed%u-m%lld-it%d.grid", cache_dir, d, n, FIT_GRID_SEED,
-                 (long long)cfg->higgs.grid_samples, cfg->higgs.grid_iters);
-        int gd = 0, gn = 0;
-        uint64_t gseed = 0, gsamples = 0;
-        if (kv_grid_read(&pts, &gd, &gn, &gseed, &gsamples, path) == KV_OK &&
-            !(gd == d && gn == n && gseed == FIT_GRID_SEED && gsamples == (uint64_t)cfg->higgs.grid_samples)) {
-            free(pts);
-            pts = NULL;
-        }
-        kv_error_clear();
-        /* valid CRCs say the file is whole, not that its points are a grid: its MSE on fresh N(0, 1) samples
-         * must be within 4x the Gaussian distortion-rate bound 2^(-2 log2(n) / d) (Lloyd-Max grids are within
-         * 2.72x, the high-rate limit of the 1-D case); a degenerate one (points collapsed) is regenerated */
-        double mse = 0.0;
-        const double bound = pow(2.0, -2.0 * log2((double)n) / d);
-        if (pts && (kv_grid_mse(&mse, pts, d, n, 0x5eedULL, 20000) != KV_OK || !(mse <= 4.0 * bound))) {
-            kv_log(KV_LOG_WARN, "fit: the cached HIGGS grid %s is degenerate (MSE per dimension %.4g on fresh samples; a "
-                   "sound grid of %d points in %d dimensions has at most %.4g): generating it again", path, mse, n, d,
-                   4.0 * bound);
-            free(pts);
-            pts = NULL;
-            kv_error_clear();
-        }
-        if (pts) kv_log(KV_LOG_INFO, "fit: HIGGS grid d = %d, n = %d from the cache %s", d, n, path);
-    }
-    if (!pts) {
-        kv_grid_opts go;
-        memset(&go, 0, sizeof go);
-        go.seed = FIT_GRID_SEED;
-        go.samples = (size_t)cfg->higgs.grid_samples;
-        go.max_iters = cfg->higgs.grid_iters;
-        go.interrupt = opt->interrupt;
-        kv_log(KV_LOG_INFO, "fit: generating a HIGGS grid (d = %d, n = %d, %lld samples, %d iterations)%s", d, n,
-               (long long)cfg->higgs.grid_samples, cfg->higgs.grid_iters, path ? "; it will be cached" : "");
-        s = kv_grid_generate(&pts, NULL, d, n, &go);
-        if (s == KV_EINTERRUPTED) {
-            free(path);
-            return KV_ERR(KV_EINTERRUPTED, "interrupted while generating the HIGGS grid d=%d n=%d, before layer 0%s",
-                          d, n, cache_dir ? " (grids finished before are cached)" : "");
-        }
-        if (s != KV_OK) {
-            free(path);
-            return kv_error_wrap(s, "HIGGS grid d=%d n=%d: ", d, n);
-        }
-        if (path) { /* a cache that cannot be written only costs time */
-            if (kv_mkdir_p(cache_dir) != 0 ||
-                kv_grid_write(path, pts, d, n, FIT_GRID_SEED, (uint64_t)cfg->higgs.grid_samples) != KV_OK)
-                kv_log(KV_LOG_WARN, "fit: could not cache the grid in %s: %s", path,
-                       *kv_error_last() ? kv_error_last() : strerror(errno));
-            kv_error_clear();
-        }
-    }
-    s = kv_plan_add_grid(p, d, n, pts, index);
-    free(pts);
-    free(path);
-    *seconds += kv_now_seconds() - t0;
-    return s;
 }
 
 /* "keys.bits=5 (cfg.yaml:3:9), keys.group_size=32 (default), ..." for the keys that shape stream st
@@ -330,7 +225,6 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
             const kv_fit_method method = smethod(cfg, l, st);
             int explicit_bits;
             const int bits = stream_bits(cfg, l, st, &explicit_bits);
-            const char *sname = st == KV_PLAN_K ? "key" : "value";
             s->scale_dtype = sc->scale_dtype;
             s->share_codes_with_layer = -1;
             s->rpc_ratio = (float)cfg->cache.rpc_ratio;
@@ -340,69 +234,9 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
                 s->rpc_ratio = (float)lo->value_rpc_ratio;
             s->pre_rope = st == KV_PLAN_K ? kv_fit_config_key_pre_rope(cfg, l) : 0;
             s->pack = KV_PLAN_PACK_WORD;
-            if (is_float(method)) { /* scales 1.0 until calibrated (fit_float.c) before the layer's pass */
-                const int nv = method == KV_FIT_NVFP4;
-                s->method = nv ? KV_PLAN_NVFP4 : cfg->fp.fp8_format ? KV_PLAN_FP8_E5M2 : KV_PLAN_FP8_E4M3;
-                s->bits = nv ? 4 : 8;
-                s->group_size = nv ? KV_NVFP4_BLOCK : 0;
-                s->group_axis = nv ? KV_PLAN_GROUP_CHANNELS : KV_PLAN_GROUP_TOKENS;
-                s->scale_dtype = KV_DTYPE_F32;
-                s->eta = 0.0f;
-                s->higgs_grid = -1;
-                float ones[4096];
-                const int ns = cfg->fp.scale_granularity ? p->fingerprint.n_kv_heads : 1;
-                for (int i = 0; i < ns; i++) ones[i] = 1.0f;
-                kv_status r = kv_plan_set_fp_scales(p, l, st, ns, ones);
-                if (r != KV_OK) return r;
-            } else if (uses_higgs(method)) {
-                if (bits < 1 || bits > 8)
-                    return KV_ERR(KV_EINVAL, "layer %d %s stream: %d bits for HIGGS (1..8)", l, sname, bits);
-                int n = (cfg->higgs.n && !explicit_bits) ? cfg->higgs.n : 1 << (bits * cfg->higgs.d > 20 ? 20 : bits * cfg->higgs.d);
-                int gi;
-                kv_status r = grid_index(p, cfg->higgs.d, n, cfg, opt, &gi, grid_seconds);
-                if (r != KV_OK) return r;
-                s->method = KV_PLAN_HIGGS;
-                s->bits = 0;
-                s->group_size = hg;
-                s->group_axis = KV_PLAN_GROUP_CHANNELS;
-                s->eta = 0.0f;
-                s->higgs_grid = gi;
-            } else if (bits == KV_FIT_F16_BITS) { /* kept in f16, not quantized (KV_FIT_F16_BITS) */
-                kv_plan_stream keep = *s;
-                memset(s, 0, sizeof *s);
-                s->method = KV_PLAN_FP;
-                s->bits = 16;
-                s->group_axis = KV_PLAN_GROUP_TOKENS;
-                s->scale_dtype = KV_DTYPE_F32;
-                s->pack = KV_PLAN_PACK_WORD;
-                s->share_codes_with_layer = -1;
-                s->higgs_grid = -1;
-                s->pre_rope = keep.pre_rope;
-                s->rpc_ratio = keep.rpc_ratio;
-            } else {
-                if (bits < 1 || bits > 8)
-                    return KV_ERR(KV_EINVAL, "layer %d %s stream: %d bits for the uniform quantizer (1..8)", l, sname,
-                                  bits);
-                s->method = KV_PLAN_UNIFORM;
-                s->bits = bits;
-                int axis, size;
-                kv_fit_config_stream_groups(cfg, l, st, &axis, &size);
-                s->group_axis = (kv_plan_group_axis)axis;
-                s->group_size = size;
-                double eta = sc->eta;
-                kv_fit_config_stream_eta(cfg, l, st, &eta); /* layers.N.key_eta / value_eta win */
-                s->eta = (float)eta;
-                s->pack = bits == 3 && sc->pack3 == 11 ? KV_PLAN_PACK_3BIT_11 : KV_PLAN_PACK_WORD;
-                s->higgs_grid = -1;
-                kv_status xs = kv_fit_xq_stream(p, cfg, l, st); /* 1-bit layers, eta, shared codes */
-                if (xs != KV_OK) return xs;
-                if (cfg->squat.enabled && st == KV_PLAN_K) { /* r and lambda: chosen per layer (fit_squat.c) */
-                    const int g = kv_fit_sq_g(cfg, head_dim), r0 = cfg->squat.r < head_dim ? cfg->squat.r : head_dim;
-                    kv_status qs = kv_plan_set_squat(p, l, r0, (float)cfg->squat.lambda, g, NULL);
-                    if (qs != KV_OK) return kv_error_wrap(qs, "squat.g (%s), squat.r (%s): ", kv_fit_config_origin(cfg, "squat.g"),
-                                                          kv_fit_config_origin(cfg, "squat.r"));
-                }
-            }
+            const kv_fit_stream_setup su = {p, cfg, opt, l, st, bits, explicit_bits, head_dim, hg, grid_seconds};
+            kv_status r = kv_fitter_of(method)->setup_stream(&su); /* the method's record (fitters.c) */
+            if (r != KV_OK) return r;
             /* The quantizer the runtime will build from this record, on one chunk's shape: a refusal
              * here names the configuration keys (and where they were set), not only the quantizer. */
             kv_quant q;
@@ -425,44 +259,8 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
  * to rank k mod size) and the unit of every sum: the normal equations are summed per shard and the
  * shards' sums added in shard order (kv_dist_fold), the held-out metrics per chunk and the chunks'
  * sums added in chunk order. The plan therefore has the same bits for any number of ranks (at a
- * given thread count per rank). */
-typedef struct fit_run {
-    kv_model *m;
-    const kv_fit_config *cfg;
-    const kv_fit_options *opt;
-    kv_dist *dist;
-    int rank, size;
-    kv_plan *plan;
-    kv_fit_seqs seqs;
-    int L, d_model, kv_dim;
-    int seq_len, sinks, recent, n_chunks, n_comp; /* per sequence */
-    int64_t n_seqs;             /* every rank's */
-    int shard_seqs;
-    int64_t n_shards, n_local, max_local; /* shards: all, this rank's, the most any rank has */
-    int64_t *shard_ids;         /* n_local: global index of each of this rank's shards */
-    int64_t *shard_nseq;        /* n_local: its sequences */
-    kv_fit_store st;            /* hidden states and K/V of this rank's shards */
-    int32_t *pos;               /* positions of one shard */
-    double *layer_report;       /* n_layers * KV_FIT_CKPT_DOUBLES */
-    size_t weight_bytes_max;
-    kv_grid_search *search[64]; /* per plan grid (at most 64, PLAN_FORMAT.md §6.3) */
-    kv_fit_xq_codes xq;         /* XQuant: codes of the lower layer of a sharing pair */
-    kv_fit_xq_eta xqe;          /* XQuant: eta statistics of the current layer */
-    kv_fit_sq sq;               /* SQuat: query Grams, held-out queries, the layer's choice */
-    int sq_layer;               /* 1 while the current layer's K stream is quantized by SQuat */
-} fit_run;
-
-static int64_t shard_nseq(const fit_run *r, int64_t k) {
-    const int64_t first = k * r->shard_seqs;
-    return r->n_seqs - first < r->shard_seqs ? r->n_seqs - first : r->shard_seqs;
-}
-
-/* Calibration sequences of shard k (they come first, so they are the shard's first ones). */
-static int64_t shard_ncal(const fit_run *r, int64_t k) {
-    int64_t c = r->seqs.n_cal - k * r->shard_seqs;
-    const int64_t n = shard_nseq(r, k);
-    return c < 0 ? 0 : c > n ? n : c;
-}
+ * given thread count per rank). The state (kv_fit_state) is in fit_internal.h: the fitters' hooks read it. */
+typedef kv_fit_state fit_run;
 
 typedef struct capture_ctx {
     fit_run *r;
@@ -481,7 +279,7 @@ static kv_status capture(void *user, const kv_capture *c) {
         memcpy(cc->k + dst0 * kvd, ksrc + row0 * kvd, (size_t)r->n_comp * kvd * sizeof(float));
         memcpy(cc->v + dst0 * kvd, c->v + row0 * kvd, (size_t)r->n_comp * kvd * sizeof(float));
     }
-    kv_status s = kv_fit_xq_eta_capture(&r->xqe, cc->j, shard_ncal(r, r->shard_ids[cc->j]), c);
+    kv_status s = kv_fit_xq_eta_capture(&r->xqe, cc->j, kv_fit_shard_ncal(r, r->shard_ids[cc->j]), c);
     return s == KV_OK ? kv_fit_sq_capture(&r->sq, cc->j, c) : s;
 }
 
@@ -550,7 +348,7 @@ static kv_status forward_pass(fit_run *r, int l, kv_progress *prog, double *done
         if ((s = kv_dist_agree(r->dist, s)) != KV_OK) return s;
         if (j < r->n_local) s = forward_shard(r, l, j);
         for (int64_t k = j * r->size; k < (j + 1) * r->size && k < r->n_shards; k++)
-            *done_rows += (double)shard_nseq(r, k) * (double)r->seq_len;
+            *done_rows += (double)kv_fit_shard_nseq(r, k) * (double)r->seq_len;
         kv_progress_update(prog, *done_rows);
     }
     return kv_dist_agree(r->dist, s);
@@ -583,7 +381,7 @@ static kv_status stats_part(void *user, int64_t k, double *out) {
     memset(st->yy, 0, (size_t)kvd * sizeof(double));
     memset(st->ys, 0, (size_t)kvd * sizeof(double));
     st->n_samples = 0;
-    const int64_t rows = shard_ncal(r, k) * r->n_comp;
+    const int64_t rows = kv_fit_shard_ncal(r, k) * r->n_comp;
     if (rows > 0) {
         const int64_t j = k / r->size; /* k = rank + j * size */
         float *in[2] = {NULL, NULL}, *y = NULL;
@@ -773,7 +571,7 @@ static kv_status quant_pass(fit_run *r, int l, int stream, const kv_plan_predict
     /* (KIVI streams only: in a mixed plan, kvcal search's refit, the HIGGS / float / AQUA-KV-uniform streams of
      * an xquant base are fitted as their own methods fit them) */
     const int xq_f16 = kv_fit_xq_active(r->cfg) && !pred && r->plan->layers[l].stream[stream].method == KV_PLAN_UNIFORM &&
-                       smethod(r->cfg, l, stream) != KV_FIT_AQUA_UNIFORM;
+                       !is_aqua(smethod(r->cfg, l, stream));
     const int sq = stream == KV_PLAN_K && r->sq_layer; /* SQuat keys: per head, the layer's chosen encoders */
     for (int64_t j = 0; j < r->n_local && s == KV_OK; j++) {
         const float *inputs[KV_PLAN_MAX_PRED_INPUTS] = {NULL};
@@ -865,221 +663,6 @@ static kv_status quant_pass(fit_run *r, int l, int stream, const kv_plan_predict
     return s;
 }
 
-/* ---- FP8 / NVFP4 scales (fit_float.c), before a stream's quantization pass ------------------------ */
-typedef struct float_job {
-    fit_run *r;
-    int role, n_groups, pass; /* pass 0: histograms; 1: squared errors */
-    kv_fp_format fmt;
-    const float *cand;
-} float_job;
-
-static kv_status float_part(void *user, int64_t k, double *out) {
-    float_job *job = user;
-    fit_run *r = job->r;
-    const int64_t rows = shard_ncal(r, k) * r->n_comp;
-    if (rows <= 0) return KV_OK;
-    float *y = NULL, amax[4096] = {0};
-    kv_status s = kv_fit_store_get(&r->st, job->role, k / r->size, 1, &y); /* k = rank + j * size */
-    if (s != KV_OK) return s;
-    if (job->pass == 0)
-        kv_fit_float_hist_add(out, amax, y, (size_t)rows, r->kv_dim, job->n_groups);
-    else
-        kv_fit_float_sse_add(out, y, (size_t)rows, r->kv_dim, job->n_groups, job->fmt, job->cand);
-    return KV_OK;
-}
-
-static kv_status float_scales(fit_run *r, int l, int stream) {
-    const kv_plan_stream *ps = &r->plan->layers[l].stream[stream];
-    if (!kv_plan_method_is_float(ps->method) || r->cfg->fp.scale == 1) return KV_OK; /* scale: one */
-    float_job job = {r, stream == KV_PLAN_K ? KV_FIT_K : KV_FIT_V, ps->n_fp_scales, 0,
-                     ps->method == KV_PLAN_NVFP4 ? KV_FP_NVFP4 : ps->method == KV_PLAN_FP8_E5M2 ? KV_FP_E5M2 : KV_FP_E4M3,
-                     NULL};
-    const int ng = job.n_groups;
-    const size_t hl = kv_fit_float_hist_len(ng), cl = (size_t)ng * KV_FIT_FLOAT_CANDS;
-    double *acc = calloc(hl, sizeof(double));
-    float amax[4096] = {0}, cand[4096 * KV_FIT_FLOAT_CANDS], scales[4096];
-    int which[4096];
-    kv_status s = kv_dist_agree(r->dist, acc ? KV_OK : KV_ERR(KV_ENOMEM, "out of memory for scale histograms"));
-    if (s != KV_OK) goto done;
-    /* the largest |x| per group: this rank's calibration shards, then the maximum over ranks */
-    for (int64_t j = 0; j < r->n_local && s == KV_OK; j++) {
-        const int64_t rows = shard_ncal(r, r->shard_ids[j]) * r->n_comp;
-        float *y = NULL;
-        if (rows <= 0 || (s = kv_fit_store_get(&r->st, job.role, j, 1, &y)) != KV_OK) continue;
-        for (int64_t t = 0; t < rows; t++)
-            for (int c = 0; c < r->kv_dim; c++) {
-                const float a = fabsf(y[(size_t)t * (size_t)r->kv_dim + (size_t)c]);
-                const int g = c / (r->kv_dim / ng);
-                amax[g] = a > amax[g] ? a : amax[g];
-            }
-    }
-    if ((s = kv_dist_agree(r->dist, s)) != KV_OK) goto done;
-    for (int g = 0; g < ng && s == KV_OK; g++) {
-        double v = amax[g];
-        s = kv_dist_max(r->dist, &v);
-        amax[g] = (float)v;
-    }
-    if (s != KV_OK) goto done;
-    if ((s = kv_dist_fold(r->dist, acc, hl, r->n_shards, float_part, &job)) != KV_OK) goto done;
-    if (r->rank == 0) kv_fit_float_candidates(cand, acc, amax, ng, job.fmt);
-    if ((s = kv_dist_bcast(r->dist, cand, cl * sizeof(float), 0)) != KV_OK) goto done;
-    job.pass = 1, job.cand = cand;
-    if ((s = kv_dist_fold(r->dist, acc, cl, r->n_shards, float_part, &job)) != KV_OK) goto done;
-    if (r->rank == 0) kv_fit_float_choose(scales, which, acc, cand, ng);
-    if ((s = kv_dist_bcast(r->dist, scales, (size_t)ng * sizeof(float), 0)) != KV_OK ||
-        (s = kv_dist_bcast(r->dist, which, (size_t)ng * sizeof(int), 0)) != KV_OK)
-        goto done;
-    kv_log(KV_LOG_INFO, "fit: layer %d %s: %s scale%s %.6g (from the %s)%s", l, stream ? "V" : "K",
-           kv_plan_method_name(ps->method), ng > 1 ? "s (head 0)" : "", (double)scales[0],
-           kv_fit_float_cand_names[which[0]], ng > 1 ? ", one per KV head" : "");
-    s = kv_plan_set_fp_scales(r->plan, l, stream, ng, scales);
-done:
-    free(acc);
-    return s;
-}
-
-/* ---- XQuant: eta of a stream from the calibration data (fit_xquant.c), before its quantization ---- */
-typedef struct eta_job {
-    fit_run *r;
-    int st;
-    kv_quant q;
-    const uint32_t *partner;
-    size_t wpc;
-} eta_job;
-
-static kv_status eta_part(void *user, int64_t k, double *out) {
-    eta_job *job = user;
-    fit_run *r = job->r;
-    const int64_t j = k / r->size; /* k = rank + j * size */
-    int64_t base = 0;                /* this rank's chunks before shard j */
-    for (int64_t i = 0; i < j; i++) base += r->shard_nseq[i] * r->n_chunks;
-    float *Y = NULL;
-    kv_status s = kv_fit_store_get(&r->st, job->st == KV_PLAN_K ? KV_FIT_K : KV_FIT_V, j, 1, &Y);
-    if (s != KV_OK) return s;
-    return kv_fit_xq_eta_sums(&r->xqe, out, &job->q, job->st, j, shard_ncal(r, k), Y, r->n_chunks, r->recent, r->kv_dim,
-                              job->partner ? job->partner + (size_t)base * job->wpc : NULL, job->wpc);
-}
-
-static kv_status eta_search(fit_run *r, int l, int st, kv_fit_layer_report *lr) {
-    lr->eta_gain_vs_0[st] = lr->eta_gain_vs_datafree[st] = NAN;
-    kv_plan_stream *ps = &r->plan->layers[l].stream[st];
-    if (!r->xqe.on || ps->method != KV_PLAN_UNIFORM || ps->predictor) return KV_OK;
-    /* an explicit layers.N.key_eta / value_eta is kept, not calibrated over (kvcal search's refit gives an
-     * AQUA-KV stream with uniform residuals the eta of its own fit that way) */
-    if (kv_fit_config_stream_eta(r->cfg, l, st, NULL)) return KV_OK;
-    eta_job job;
-    memset(&job, 0, sizeof job);
-    job.r = r;
-    job.st = st;
-    kv_status s = kv_quant_from_plan(&job.q, r->plan, l, st);
-    if (s != KV_OK) return s;
-    job.partner = job.q.shared_codes ? r->xq.prev[st] : NULL;
-    job.wpc = r->xq.words[st];
-    double acc[6] = {0}, res[3] = {0, NAN, NAN};
-    if ((s = kv_dist_fold(r->dist, acc, 6, r->n_shards, eta_part, &job)) != KV_OK) return s;
-    if (r->rank == 0) kv_fit_xq_eta_choose(acc, ps->eta, &res[0], &res[1], &res[2]);
-    if ((s = kv_dist_bcast(r->dist, res, sizeof res, 0)) != KV_OK) return s;
-    ps->eta = (float)res[0];
-    lr->eta_gain_vs_0[st] = res[1];
-    lr->eta_gain_vs_datafree[st] = res[2];
-    return KV_OK;
-}
-
-/* ---- SQuat (fit_squat.c): r and lambda of layer l's keys, before their quantization pass ----------
- * The calibration sequences' query Grams summed in shard order (kv_dist_fold) and sent to every rank;
- * each rank derives the same candidates; the held-out errors per candidate summed in shard order and
- * sent to every rank, which all make the same choice. */
-typedef struct sq_job {
-    fit_run *r;
-    const kv_plan_predictor *pred;
-    kv_uniform uq;
-} sq_job;
-
-static kv_status sq_gram_part(void *user, int64_t k, double *out) {
-    sq_job *job = user;
-    kv_fit_sq_gram_part(&job->r->sq, k / job->r->size, out); /* k = rank + j * size */
-    return KV_OK;
-}
-
-/* The held-out sequences of shard k: their quantizer input (K, or K minus the AQUA prediction). */
-static kv_status sq_err_part(void *user, int64_t k, double *out) {
-    sq_job *job = user;
-    fit_run *r = job->r;
-    const int64_t j = k / r->size, ncal = shard_ncal(r, k), nseq = shard_nseq(r, k);
-    if (ncal >= nseq) return KV_OK;
-    const size_t kvd = (size_t)r->kv_dim, per_seq = (size_t)r->n_comp * kvd, cv = (size_t)r->recent * kvd;
-    float *Y = NULL, *in = NULL;
-    kv_status s = kv_fit_store_get(&r->st, KV_FIT_K, j, 1, &Y);
-    if (s == KV_OK && job->pred) s = kv_fit_store_get(&r->st, KV_FIT_KP, j, 1, &in);
-    float *X = s == KV_OK ? malloc((per_seq ? per_seq : 1) * sizeof(float)) : NULL;
-    if (s == KV_OK && !X) s = KV_ERR(KV_ENOMEM, "out of memory");
-    for (int64_t b = ncal; b < nseq && s == KV_OK; b++) {
-        const float *y = Y + (size_t)b * per_seq;
-        if (job->pred) {
-            for (int c = 0; c < r->n_chunks && s == KV_OK; c++) {
-                const float *ins[KV_PLAN_MAX_PRED_INPUTS] = {in + (size_t)b * per_seq + (size_t)c * cv};
-                s = kv_predictor_apply(X + (size_t)c * cv, job->pred, ins, (size_t)r->recent, r->kv_dim);
-            }
-            for (size_t i = 0; i < per_seq; i++) X[i] = y[i] - X[i];
-        } else {
-            memcpy(X, y, per_seq * sizeof(float));
-        }
-        if (s == KV_OK) s = kv_fit_sq_err_seq(&r->sq, out, j, b, X, &job->uq);
-    }
-    free(X);
-    return s;
-}
-
-static kv_status squat_choose(fit_run *r, int l, const kv_plan_predictor *pk, kv_fit_layer_report *lr) {
-    r->sq_layer = 0;
-    const kv_plan_squat *ps = r->plan->layers[l].stream[KV_PLAN_K].squat;
-    if (!r->sq.on || !ps) return KV_OK;
-    const int g = ps->g, G = r->sq.n_kv_heads, hd = r->sq.head_dim;
-    sq_job job;
-    memset(&job, 0, sizeof job);
-    job.r = r;
-    job.pred = pk;
-    kv_quant q;
-    kv_status s = kv_quant_from_plan(&q, r->plan, l, KV_PLAN_K);
-    if (s != KV_OK) return s;
-    job.uq = q.uniform;
-    const size_t gl = kv_fit_sq_gram_len(&r->sq);
-    double *gram = calloc(gl, sizeof(double)), *err = NULL;
-    float *basis = NULL;
-    if ((s = kv_dist_agree(r->dist, gram ? KV_OK : KV_ERR(KV_ENOMEM, "out of memory"))) != KV_OK) goto done;
-    if ((s = kv_dist_fold(r->dist, gram, gl, r->n_shards, sq_gram_part, &job)) != KV_OK ||
-        (s = kv_dist_bcast(r->dist, gram, gl * sizeof(double), 0)) != KV_OK)
-        goto done;
-    if ((s = kv_dist_agree(r->dist, kv_fit_sq_candidates(&r->sq, gram, r->cfg))) != KV_OK) goto done;
-    const size_t el = kv_fit_sq_err_len(&r->sq);
-    err = calloc(el, sizeof(double));
-    if ((s = kv_dist_agree(r->dist, err ? KV_OK : KV_ERR(KV_ENOMEM, "out of memory"))) != KV_OK) goto done;
-    if ((s = kv_dist_fold(r->dist, err, el, r->n_shards, sq_err_part, &job)) != KV_OK ||
-        (s = kv_dist_bcast(r->dist, err, el * sizeof(double), 0)) != KV_OK)
-        goto done;
-    kv_fit_sq_choose(&r->sq, err, r->cfg, lr->squat);
-    if (r->cfg->squat.static_basis) {
-        if (!(basis = malloc((size_t)G * (size_t)r->sq.r * (size_t)hd * sizeof(float)))) {
-            s = KV_ERR(KV_ENOMEM, "out of memory");
-            goto done;
-        }
-        kv_fit_sq_static_basis(&r->sq, basis);
-    }
-    if ((s = kv_plan_set_squat(r->plan, l, r->sq.r, r->sq.lambda, g, basis)) != KV_OK) goto done;
-    r->plan->layers[l].stream[KV_PLAN_K].squat->static_subspace = r->cfg->squat.subspace == KV_FIT_SQ_STATIC;
-    if ((s = kv_fit_sq_encoders(&r->sq)) != KV_OK) goto done;
-    r->sq_layer = 1;
-    kv_log(KV_LOG_INFO, "fit: layer %d K: SQuat r %d lambda %g of %d candidates (90/95/99%% energy at r %d/%d/%d): "
-           "held-out softmax-output error %.4g (paper r=5 lambda=1e-3: %.4g, uniform: %.4g), score error %.4g",
-           l, r->sq.r, (double)r->sq.lambda, r->sq.n_cand, r->sq.r_energy[0], r->sq.r_energy[1], r->sq.r_energy[2],
-           lr->squat[3], lr->squat[5], lr->squat[7], lr->squat[2]);
-done:
-    free(gram);
-    free(err);
-    free(basis);
-    return s;
-}
-
 /* The stream's metrics from every held-out chunk's sums, added in chunk order. */
 static void stream_metrics(fit_run *r, int l, int stream, int has_pred, const double *ho, kv_fit_layer_report *lr) {
     const int kvd = r->kv_dim;
@@ -1108,6 +691,14 @@ static void stream_metrics(fit_run *r, int l, int stream, int has_pred, const do
     lr->eta[stream] = r->plan->layers[l].stream[stream].eta;
 }
 
+/* The stream's fitter: its statistics and choices before the quantization pass (fitters.c). */
+static kv_status calibrate(fit_run *r, int l, int st, const kv_plan_predictor *pred, kv_fit_layer_report *lr) {
+    const kv_fitter *f = kv_fitter_of(smethod(r->cfg, l, st));
+    return kv_dist_agree(r->dist, f->calibrate ? f->calibrate(r, l, st, pred, lr) : KV_OK);
+}
+
+/* One layer: per stream (K, then V, whose predictor reads K_hat), the AQUA-KV predictor where the method has
+ * one, the fitter's calibration, the quantization pass; then the held-out metrics. */
 static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
     const kv_fit_config *cfg = r->cfg;
     const int aqua_k = is_aqua(smethod(cfg, l, KV_PLAN_K)) && l >= 1, aqua_v = is_aqua(smethod(cfg, l, KV_PLAN_V)) && l >= 1;
@@ -1116,7 +707,10 @@ static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
     kv_status s = kv_dist_agree(r->dist, ho ? KV_OK : KV_ERR(KV_ENOMEM, "out of memory for the held-out sums"));
     lr->ridge_rcond[0] = lr->ridge_rcond[1] = NAN;
     lr->ridge_fallback[0] = lr->ridge_fallback[1] = NAN;
+    lr->eta_gain_vs_0[0] = lr->eta_gain_vs_0[1] = NAN; /* set by XQuant's calibrated eta */
+    lr->eta_gain_vs_datafree[0] = lr->eta_gain_vs_datafree[1] = NAN;
     for (int i = 0; i < KV_FIT_SQ_METRICS; i++) lr->squat[i] = NAN;
+    r->sq_layer = 0; /* set by SQuat's choice for the keys */
     if (s != KV_OK) goto done;
     /* K: f_k(K_hat(l-1)) */
     const kv_plan_predictor *pk = NULL;
@@ -1126,9 +720,7 @@ static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
         if ((s = fit_predictor(r, l, KV_PLAN_K, 1, ids, kin, lr)) != KV_OK) goto done;
         pk = r->plan->layers[l].stream[KV_PLAN_K].predictor;
     }
-    if ((s = float_scales(r, l, KV_PLAN_K)) != KV_OK) goto done;
-    if ((s = kv_dist_agree(r->dist, eta_search(r, l, KV_PLAN_K, lr))) != KV_OK) goto done;
-    if ((s = kv_dist_agree(r->dist, squat_choose(r, l, pk, lr))) != KV_OK) goto done;
+    if ((s = calibrate(r, l, KV_PLAN_K, pk, lr)) != KV_OK) goto done;
     if ((s = kv_dist_agree(r->dist, quant_pass(r, l, KV_PLAN_K, pk, kin, ho))) != KV_OK) goto done;
     r->sq_layer = 0;
     /* V: f_v([V_hat(l-1); K_hat(l)]) — the K role now holds K_hat(l) */
@@ -1140,8 +732,7 @@ static kv_status fit_layer(fit_run *r, int l, kv_fit_layer_report *lr) {
         if ((s = fit_predictor(r, l, KV_PLAN_V, n_in, ids, vin, lr)) != KV_OK) goto done;
         pv = r->plan->layers[l].stream[KV_PLAN_V].predictor;
     }
-    if ((s = float_scales(r, l, KV_PLAN_V)) != KV_OK) goto done;
-    if ((s = kv_dist_agree(r->dist, eta_search(r, l, KV_PLAN_V, lr))) != KV_OK) goto done;
+    if ((s = calibrate(r, l, KV_PLAN_V, pv, lr)) != KV_OK) goto done;
     if ((s = kv_dist_agree(r->dist, quant_pass(r, l, KV_PLAN_V, pv, vin, ho + n_ho))) != KV_OK) goto done;
     kv_fit_xq_codes_end_layer(&r->xq);
     if ((s = kv_dist_sum_disjoint(r->dist, ho, 2 * n_ho)) != KV_OK) goto done;
@@ -1246,7 +837,7 @@ kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a) {
                           "head and layer, but an AQUA-KV predictor reads every head of the previous layer's same "
                           "tokens: use method kivi or higgs with pruning (method %s, set at %s)", pw, pm,
                           kv_fit_method_name(cfg->method), kv_fit_config_origin(cfg, "method"));
-        if (cfg->method == KV_FIT_XQUANT &&
+        if (kv_fit_method_has(cfg->method, KV_FIT_T_XQUANT) &&
             (cfg->xquant.km >= 0 || cfg->xquant.vm >= 0 || cfg->xquant.target_bits > 0))
             return KV_ERR(KV_EUNSUPPORTED, "%s: key 'pruning.method': token pruning (%s) keeps different tokens per "
                           "layer, so a layer cannot reuse the codes of the layer below (xquant.km/vm%s)", pw, pm,
@@ -1287,7 +878,7 @@ kv_status kv_fit_plan_uncalibrated(kv_plan **out, const kv_fit_config *cfg, cons
                                    const kv_arch *a) {
     if (!out || !cfg || !fp || !a) return KV_ERR(KV_EINVAL, "kv_fit_plan_uncalibrated: bad arguments");
     *out = NULL;
-    if (cfg->method != KV_FIT_KIVI)
+    if (!kv_fit_method_has(cfg->method, KV_FIT_T_UNCALIBRATED))
         return KV_ERR(KV_EINVAL, "method %s calibrates predictors or grids: an uncalibrated plan exists for kivi only",
                       kv_fit_method_name(cfg->method));
     if (cfg->squat.enabled)
@@ -1356,7 +947,7 @@ static kv_status setup_shards(fit_run *r) {
     if (!r->shard_ids || !r->shard_nseq || !r->pos) return KV_ERR(KV_ENOMEM, "out of memory");
     for (int64_t j = 0; j < r->n_local; j++) {
         r->shard_ids[j] = r->rank + j * r->size;
-        r->shard_nseq[j] = shard_nseq(r, r->shard_ids[j]);
+        r->shard_nseq[j] = kv_fit_shard_nseq(r, r->shard_ids[j]);
     }
     for (int b = 0; b < r->shard_seqs; b++)
         for (int t = 0; t < r->seq_len; t++) r->pos[(size_t)b * (size_t)r->seq_len + (size_t)t] = t;
@@ -1370,7 +961,7 @@ static kv_status setup_shards(fit_run *r) {
     if (s != KV_OK) return s;
     int64_t *ncal = calloc((size_t)(r->n_local > 0 ? r->n_local : 1), sizeof *ncal);
     if (!ncal) return KV_ERR(KV_ENOMEM, "out of memory");
-    for (int64_t j = 0; j < r->n_local; j++) ncal[j] = shard_ncal(r, r->shard_ids[j]);
+    for (int64_t j = 0; j < r->n_local; j++) ncal[j] = kv_fit_shard_ncal(r, r->shard_ids[j]);
     s = kv_fit_sq_init(&r->sq, r->cfg, a->n_heads, a->n_kv_heads, a->head_dim, r->seq_len, r->sinks, r->n_comp, r->recent,
                        r->n_local, r->shard_nseq, ncal);
     free(ncal);
@@ -1547,10 +1138,10 @@ kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_mo
     kv_fit_options defopt;
     kv_fit_options_init(&defopt);
     const kv_fit_options *opt = opt_in ? opt_in : &defopt;
-    if (cfg && kv_fit_xq_active(cfg) && cfg->xquant.target_bits > 0) {
-        kv_status ts = m ? kv_fit_check(cfg, kv_model_arch(m)) : KV_ERR(KV_EINVAL, "kv_fit_run: no model");
-        return ts != KV_OK ? ts : kv_fit_xq_run_target(out, rep, m, mf, data, cfg, opt);
-    }
+    if (cfg && cfg->xquant.target_bits > 0) /* a search over fits, not a fit */
+        return KV_ERR(KV_EINVAL, "xquant.target_bits %g: the target is met by choosing kq, vq, km, vm before the fit "
+                      "(kv_xquant_probe, kv_xquant_choice_apply): kv_fit_run fits a configuration without one",
+                      cfg->xquant.target_bits);
     kv_dist *dist = opt->dist;
     fit_run r;
     memset(&r, 0, sizeof r);

@@ -15,6 +15,7 @@
 #include "fit_internal.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 const char *const kv_fit_float_cand_names[KV_FIT_FLOAT_CANDS] = {"max", "p99.999", "p99.99", "p99.9"};
@@ -100,4 +101,107 @@ void kv_fit_float_choose(float *scales, int *which, const double *sse, const flo
         scales[g] = cand[(size_t)g * KV_FIT_FLOAT_CANDS + (size_t)best];
         if (which) which[g] = best;
     }
+}
+
+/* ---- the fitters' stream set-up (fitters.c's rows fp8, nvfp4) -------------------------------------------
+ * The element format and its record's shape; scales 1.0 until calibrated (kv_fit_float_scales) before the
+ * layer's pass, one per tensor or per KV head (fp.scale_granularity). */
+static kv_status float_setup(const kv_fit_stream_setup *c, kv_plan_method method, int bits, int group,
+                             kv_plan_group_axis axis) {
+    kv_plan_stream *s = &c->plan->layers[c->layer].stream[c->stream];
+    s->method = method;
+    s->bits = bits;
+    s->group_size = group;
+    s->group_axis = axis;
+    s->scale_dtype = KV_DTYPE_F32;
+    s->eta = 0.0f;
+    s->higgs_grid = -1;
+    float ones[4096];
+    const int ns = c->cfg->fp.scale_granularity ? c->plan->fingerprint.n_kv_heads : 1;
+    for (int i = 0; i < ns; i++) ones[i] = 1.0f;
+    return kv_plan_set_fp_scales(c->plan, c->layer, c->stream, ns, ones);
+}
+
+kv_status kv_fit_fp8_setup(const kv_fit_stream_setup *c) {
+    return float_setup(c, c->cfg->fp.fp8_format ? KV_PLAN_FP8_E5M2 : KV_PLAN_FP8_E4M3, 8, 0, KV_PLAN_GROUP_TOKENS);
+}
+
+kv_status kv_fit_nvfp4_setup(const kv_fit_stream_setup *c) {
+    return float_setup(c, KV_PLAN_NVFP4, 4, KV_NVFP4_BLOCK, KV_PLAN_GROUP_CHANNELS);
+}
+
+/* ---- the fitter's hook: a stream's scales, before its quantization pass (fit.c's loop) ------------------ */
+typedef struct float_job {
+    kv_fit_state *r;
+    int role, n_groups, pass; /* pass 0: histograms; 1: squared errors */
+    kv_fp_format fmt;
+    const float *cand;
+} float_job;
+
+static kv_status float_part(void *user, int64_t k, double *out) {
+    float_job *job = user;
+    kv_fit_state *r = job->r;
+    const int64_t rows = kv_fit_shard_ncal(r, k) * r->n_comp;
+    if (rows <= 0) return KV_OK;
+    float *y = NULL, amax[4096] = {0};
+    kv_status s = kv_fit_store_get(&r->st, job->role, k / r->size, 1, &y); /* k = rank + j * size */
+    if (s != KV_OK) return s;
+    if (job->pass == 0)
+        kv_fit_float_hist_add(out, amax, y, (size_t)rows, r->kv_dim, job->n_groups);
+    else
+        kv_fit_float_sse_add(out, y, (size_t)rows, r->kv_dim, job->n_groups, job->fmt, job->cand);
+    return KV_OK;
+}
+
+kv_status kv_fit_float_scales(kv_fit_state *r, int l, int stream, const kv_plan_predictor *pred,
+                              kv_fit_layer_report *lr) {
+    (void)pred, (void)lr;
+    const kv_plan_stream *ps = &r->plan->layers[l].stream[stream];
+    if (!kv_plan_method_is_float(ps->method) || r->cfg->fp.scale == 1) return KV_OK; /* scale: one */
+    kv_quant q; /* the element format as the runtime's codec reads it from the plan */
+    kv_status qs = kv_quant_from_plan(&q, r->plan, l, stream);
+    if (qs != KV_OK) return qs;
+    float_job job = {r, stream == KV_PLAN_K ? KV_FIT_K : KV_FIT_V, ps->n_fp_scales, 0, q.fp.format, NULL};
+    const int ng = job.n_groups;
+    const size_t hl = kv_fit_float_hist_len(ng), cl = (size_t)ng * KV_FIT_FLOAT_CANDS;
+    double *acc = calloc(hl, sizeof(double));
+    float amax[4096] = {0}, cand[4096 * KV_FIT_FLOAT_CANDS], scales[4096];
+    int which[4096];
+    kv_status s = kv_dist_agree(r->dist, acc ? KV_OK : KV_ERR(KV_ENOMEM, "out of memory for scale histograms"));
+    if (s != KV_OK) goto done;
+    /* the largest |x| per group: this rank's calibration shards, then the maximum over ranks */
+    for (int64_t j = 0; j < r->n_local && s == KV_OK; j++) {
+        const int64_t rows = kv_fit_shard_ncal(r, r->shard_ids[j]) * r->n_comp;
+        float *y = NULL;
+        if (rows <= 0 || (s = kv_fit_store_get(&r->st, job.role, j, 1, &y)) != KV_OK) continue;
+        for (int64_t t = 0; t < rows; t++)
+            for (int c = 0; c < r->kv_dim; c++) {
+                const float a = fabsf(y[(size_t)t * (size_t)r->kv_dim + (size_t)c]);
+                const int g = c / (r->kv_dim / ng);
+                amax[g] = a > amax[g] ? a : amax[g];
+            }
+    }
+    if ((s = kv_dist_agree(r->dist, s)) != KV_OK) goto done;
+    for (int g = 0; g < ng && s == KV_OK; g++) {
+        double v = amax[g];
+        s = kv_dist_max(r->dist, &v);
+        amax[g] = (float)v;
+    }
+    if (s != KV_OK) goto done;
+    if ((s = kv_dist_fold(r->dist, acc, hl, r->n_shards, float_part, &job)) != KV_OK) goto done;
+    if (r->rank == 0) kv_fit_float_candidates(cand, acc, amax, ng, job.fmt);
+    if ((s = kv_dist_bcast(r->dist, cand, cl * sizeof(float), 0)) != KV_OK) goto done;
+    job.pass = 1, job.cand = cand;
+    if ((s = kv_dist_fold(r->dist, acc, cl, r->n_shards, float_part, &job)) != KV_OK) goto done;
+    if (r->rank == 0) kv_fit_float_choose(scales, which, acc, cand, ng);
+    if ((s = kv_dist_bcast(r->dist, scales, (size_t)ng * sizeof(float), 0)) != KV_OK ||
+        (s = kv_dist_bcast(r->dist, which, (size_t)ng * sizeof(int), 0)) != KV_OK)
+        goto done;
+    kv_log(KV_LOG_INFO, "fit: layer %d %s: %s scale%s %.6g (from the %s)%s", l, stream ? "V" : "K",
+           kv_plan_method_name(ps->method), ng > 1 ? "s (head 0)" : "", (double)scales[0],
+           kv_fit_float_cand_names[which[0]], ng > 1 ? ", one per KV head" : "");
+    s = kv_plan_set_fp_scales(r->plan, l, stream, ng, scales);
+done:
+    free(acc);
+    return s;
 }

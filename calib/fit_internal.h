@@ -1,4 +1,5 @@
-/* fit_internal.h — shared by fit.c, fit_ckpt.c and fit_report.c (not a public header). */
+/* fit_internal.h — shared by fit.c, the fitters (fitters.c and the fit_*.c of each method family), fit_ckpt.c and
+ * fit_report.c (not a public header). */
 #ifndef KV_FIT_INTERNAL_H
 #define KV_FIT_INTERNAL_H
 
@@ -156,11 +157,6 @@ kv_status kv_fit_xq_eta_sums(const kv_fit_xq_eta *e, double out[6], const struct
 /* The eta minimizing the calibration E, and the held-out gains 1 - E(eta)/E(0), 1 - E(eta)/E(eta_df). */
 void kv_fit_xq_eta_choose(const double sums[6], double eta_df, double *eta, double *gain0, double *gain_df);
 
-/* kvcal fit --method xquant --target-bits B (xquant.target_bits): four probe fits, the setting of kq,
- * vq, km, vm with the least measured error at bits per value <= B, then the fit of that setting. */
-kv_status kv_fit_xq_run_target(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_model_file *mf,
-                               const kv_fit_data *data, const kv_fit_config *cfg, const kv_fit_options *opt);
-
 /* ---- SQuat (fit_squat.c): r and lambda per layer from the calibration queries ----
  * Per local shard: each sequence's query Gram per KV head (double, hd x hd; all query heads of the
  * group, post-RoPE, every token), and of the held-out sequences every KV_FIT_SQ_QSTRIDE-th query
@@ -219,5 +215,89 @@ kv_status kv_fit_sq_roundtrip(float *x_hat, const kv_fit_sq *e, int64_t lseq, co
                               const float *x);
 /* A Gram's top-r subspace in kv_squat_subspace_ref's layout (qhat r x hd) and the energy it holds. */
 kv_status kv_fit_sq_gram_basis(float *qhat, double *energy, const double *gram, int hd, int r);
+
+/* ---- the state of one kv_fit_run (fit.c), which the fitters' hooks read ---------------------------- */
+typedef struct kv_fit_state {
+    kv_model *m;
+    const kv_fit_config *cfg;
+    const kv_fit_options *opt;
+    kv_dist *dist;
+    int rank, size;
+    kv_plan *plan;
+    kv_fit_seqs seqs;
+    int L, d_model, kv_dim;
+    int seq_len, sinks, recent, n_chunks, n_comp; /* per sequence */
+    int64_t n_seqs;             /* every rank's */
+    int shard_seqs;
+    int64_t n_shards, n_local, max_local; /* shards: all, this rank's, the most any rank has */
+    int64_t *shard_ids;         /* n_local: global index of each of this rank's shards */
+    int64_t *shard_nseq;        /* n_local: its sequences */
+    kv_fit_store st;            /* hidden states and K/V of this rank's shards */
+    int32_t *pos;               /* positions of one shard */
+    double *layer_report;       /* n_layers * KV_FIT_CKPT_DOUBLES */
+    size_t weight_bytes_max;
+    kv_grid_search *search[64]; /* per plan grid (at most 64, PLAN_FORMAT.md §6.3) */
+    kv_fit_xq_codes xq;         /* XQuant: codes of the lower layer of a sharing pair */
+    kv_fit_xq_eta xqe;          /* XQuant: eta statistics of the current layer */
+    kv_fit_sq sq;               /* SQuat: query Grams, held-out queries, the layer's choice */
+    int sq_layer;               /* 1 while the current layer's K stream is quantized by SQuat */
+} kv_fit_state;
+
+/* Sequences of shard k (every rank's numbering). */
+static inline int64_t kv_fit_shard_nseq(const kv_fit_state *r, int64_t k) {
+    const int64_t first = k * r->shard_seqs;
+    return r->n_seqs - first < r->shard_seqs ? r->n_seqs - first : r->shard_seqs;
+}
+
+/* Calibration sequences of shard k (they come first, so they are the shard's first ones). */
+static inline int64_t kv_fit_shard_ncal(const kv_fit_state *r, int64_t k) {
+    int64_t c = r->seqs.n_cal - k * r->shard_seqs;
+    const int64_t n = kv_fit_shard_nseq(r, k);
+    return c < 0 ? 0 : c > n ? n : c;
+}
+
+/* ---- the fitters (fitters.c): one row per kv_fit_method, driven by fit.c's layer-sequential loop ----
+ * A row is what the loop asks of a method:
+ *   preset        the configuration keys --method sets before the user's (kv_fit_config_method_preset);
+ *   setup_stream  the stream's record in the plan before any layer is fitted (its plan method: uniform, f16,
+ *                 HIGGS on a grid, FP8 / NVFP4 with scales 1 until calibrated), given the settings every
+ *                 stream shares (scale dtype, RPC ratio, pre-RoPE keys, word packing) already set;
+ *   calibrate     per layer, after the stream's predictor (if any) and before its quantization pass: the
+ *                 statistics over the calibration shards and the choice they make (FP8 / NVFP4 scales;
+ *                 XQuant's eta and SQuat's r and lambda on uniform streams), with its report fields in lr
+ *                 (NULL: nothing to calibrate). Every rank calls it (collectives inside).
+ * Predictors (AQUA-KV, traits KV_FIT_T_PREDICTS) are fitted by the loop itself (fit.c, ridge.c). */
+typedef struct kv_fit_stream_setup {
+    kv_plan *plan;
+    const kv_fit_config *cfg;
+    const kv_fit_options *opt; /* NULL: defaults (kv_fit_plan_uncalibrated) */
+    int layer, stream;
+    int bits, explicit_bits;   /* the stream's bits; 1 when not the config's stream default */
+    int head_dim, higgs_group; /* higgs.group_size, 0 resolved to head_dim */
+    double *grid_seconds;      /* += time generating HIGGS grids */
+} kv_fit_stream_setup;
+typedef struct kv_fitter {
+    kv_fit_method method;
+    const char *const *preset; /* "key=value" settings, NULL-terminated */
+    kv_status (*setup_stream)(const kv_fit_stream_setup *c);
+    kv_status (*calibrate)(kv_fit_state *r, int layer, int stream, const kv_plan_predictor *pred,
+                           kv_fit_layer_report *lr);
+} kv_fitter;
+/* The row of a method (an index in [0, KV_FIT_METHOD_COUNT): the caller has validated the configuration). */
+const kv_fitter *kv_fitter_of(kv_fit_method method);
+
+/* Stream set-up and calibration of each method family: */
+kv_status kv_fit_uniform_setup(const kv_fit_stream_setup *c); /* fitters.c: uniform codes, or f16 at 16 bits */
+kv_status kv_fit_higgs_setup(const kv_fit_stream_setup *c);   /* fit_higgs.c: a HIGGS grid (generated or cached) */
+kv_status kv_fit_fp8_setup(const kv_fit_stream_setup *c);     /* fit_float.c: FP8 E4M3 / E5M2 (fp.fp8_format) */
+kv_status kv_fit_nvfp4_setup(const kv_fit_stream_setup *c);   /* fit_float.c: NVFP4 */
+/* fit_float.c: the stream's FP8 / NVFP4 tensor scales from the calibration values (fp.scale) */
+kv_status kv_fit_float_scales(kv_fit_state *r, int layer, int stream, const kv_plan_predictor *pred,
+                              kv_fit_layer_report *lr);
+/* fit_xquant.c: XQuant's eta of a uniform stream without a predictor (xquant.calibrate_eta), into lr's eta gains */
+kv_status kv_fit_xq_eta_search(kv_fit_state *r, int layer, int stream, kv_fit_layer_report *lr);
+/* fit_squat.c: SQuat's r and lambda of the layer's keys (squat.enabled) from the query Grams and held-out
+ * errors, into lr->squat; sets r->sq_layer when the keys' pass uses SQuat. pk: the keys' predictor or NULL. */
+kv_status kv_fit_sq_choose_layer(kv_fit_state *r, int layer, const kv_plan_predictor *pk, kv_fit_layer_report *lr);
 
 #endif

@@ -550,3 +550,98 @@ kv_status kv_fit_sq_roundtrip(float *x_hat, const kv_fit_sq *e, int64_t lseq, co
     free(sc);
     return s;
 }
+
+/* ---- r and lambda of layer l's keys, before their quantization pass (fit.c's loop) -------------------
+ * The calibration sequences' query Grams summed in shard order (kv_dist_fold) and sent to every rank;
+ * each rank derives the same candidates; the held-out errors per candidate summed in shard order and
+ * sent to every rank, which all make the same choice. */
+typedef struct sq_job {
+    kv_fit_state *r;
+    const kv_plan_predictor *pred;
+    kv_uniform uq;
+} sq_job;
+
+static kv_status sq_gram_part(void *user, int64_t k, double *out) {
+    sq_job *job = user;
+    kv_fit_sq_gram_part(&job->r->sq, k / job->r->size, out); /* k = rank + j * size */
+    return KV_OK;
+}
+
+/* The held-out sequences of shard k: their quantizer input (K, or K minus the AQUA prediction). */
+static kv_status sq_err_part(void *user, int64_t k, double *out) {
+    sq_job *job = user;
+    kv_fit_state *r = job->r;
+    const int64_t j = k / r->size, ncal = kv_fit_shard_ncal(r, k), nseq = kv_fit_shard_nseq(r, k);
+    if (ncal >= nseq) return KV_OK;
+    const size_t kvd = (size_t)r->kv_dim, per_seq = (size_t)r->n_comp * kvd, cv = (size_t)r->recent * kvd;
+    float *Y = NULL, *in = NULL;
+    kv_status s = kv_fit_store_get(&r->st, KV_FIT_K, j, 1, &Y);
+    if (s == KV_OK && job->pred) s = kv_fit_store_get(&r->st, KV_FIT_KP, j, 1, &in);
+    float *X = s == KV_OK ? malloc((per_seq ? per_seq : 1) * sizeof(float)) : NULL;
+    if (s == KV_OK && !X) s = KV_ERR(KV_ENOMEM, "out of memory");
+    for (int64_t b = ncal; b < nseq && s == KV_OK; b++) {
+        const float *y = Y + (size_t)b * per_seq;
+        if (job->pred) {
+            for (int c = 0; c < r->n_chunks && s == KV_OK; c++) {
+                const float *ins[KV_PLAN_MAX_PRED_INPUTS] = {in + (size_t)b * per_seq + (size_t)c * cv};
+                s = kv_predictor_apply(X + (size_t)c * cv, job->pred, ins, (size_t)r->recent, r->kv_dim);
+            }
+            for (size_t i = 0; i < per_seq; i++) X[i] = y[i] - X[i];
+        } else {
+            memcpy(X, y, per_seq * sizeof(float));
+        }
+        if (s == KV_OK) s = kv_fit_sq_err_seq(&r->sq, out, j, b, X, &job->uq);
+    }
+    free(X);
+    return s;
+}
+
+kv_status kv_fit_sq_choose_layer(kv_fit_state *r, int l, const kv_plan_predictor *pk, kv_fit_layer_report *lr) {
+    r->sq_layer = 0;
+    const kv_plan_squat *ps = r->plan->layers[l].stream[KV_PLAN_K].squat;
+    if (!r->sq.on || !ps) return KV_OK;
+    const int g = ps->g, G = r->sq.n_kv_heads, hd = r->sq.head_dim;
+    sq_job job;
+    memset(&job, 0, sizeof job);
+    job.r = r;
+    job.pred = pk;
+    kv_quant q;
+    kv_status s = kv_quant_from_plan(&q, r->plan, l, KV_PLAN_K);
+    if (s != KV_OK) return s;
+    job.uq = q.uniform;
+    const size_t gl = kv_fit_sq_gram_len(&r->sq);
+    double *gram = calloc(gl, sizeof(double)), *err = NULL;
+    float *basis = NULL;
+    if ((s = kv_dist_agree(r->dist, gram ? KV_OK : KV_ERR(KV_ENOMEM, "out of memory"))) != KV_OK) goto done;
+    if ((s = kv_dist_fold(r->dist, gram, gl, r->n_shards, sq_gram_part, &job)) != KV_OK ||
+        (s = kv_dist_bcast(r->dist, gram, gl * sizeof(double), 0)) != KV_OK)
+        goto done;
+    if ((s = kv_dist_agree(r->dist, kv_fit_sq_candidates(&r->sq, gram, r->cfg))) != KV_OK) goto done;
+    const size_t el = kv_fit_sq_err_len(&r->sq);
+    err = calloc(el, sizeof(double));
+    if ((s = kv_dist_agree(r->dist, err ? KV_OK : KV_ERR(KV_ENOMEM, "out of memory"))) != KV_OK) goto done;
+    if ((s = kv_dist_fold(r->dist, err, el, r->n_shards, sq_err_part, &job)) != KV_OK ||
+        (s = kv_dist_bcast(r->dist, err, el * sizeof(double), 0)) != KV_OK)
+        goto done;
+    kv_fit_sq_choose(&r->sq, err, r->cfg, lr->squat);
+    if (r->cfg->squat.static_basis) {
+        if (!(basis = malloc((size_t)G * (size_t)r->sq.r * (size_t)hd * sizeof(float)))) {
+            s = KV_ERR(KV_ENOMEM, "out of memory");
+            goto done;
+        }
+        kv_fit_sq_static_basis(&r->sq, basis);
+    }
+    if ((s = kv_plan_set_squat(r->plan, l, r->sq.r, r->sq.lambda, g, basis)) != KV_OK) goto done;
+    r->plan->layers[l].stream[KV_PLAN_K].squat->static_subspace = r->cfg->squat.subspace == KV_FIT_SQ_STATIC;
+    if ((s = kv_fit_sq_encoders(&r->sq)) != KV_OK) goto done;
+    r->sq_layer = 1;
+    kv_log(KV_LOG_INFO, "fit: layer %d K: SQuat r %d lambda %g of %d candidates (90/95/99%% energy at r %d/%d/%d): "
+           "held-out softmax-output error %.4g (paper r=5 lambda=1e-3: %.4g, uniform: %.4g), score error %.4g",
+           l, r->sq.r, (double)r->sq.lambda, r->sq.n_cand, r->sq.r_energy[0], r->sq.r_energy[1], r->sq.r_energy[2],
+           lr->squat[3], lr->squat[5], lr->squat[7], lr->squat[2]);
+done:
+    free(gram);
+    free(err);
+    free(basis);
+    return s;
+}

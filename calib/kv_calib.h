@@ -283,10 +283,31 @@ void kv_fit_report_free(kv_fit_report *r);
  * (validated here) says. *out receives the plan (caller frees with kv_plan_free); rep (may be NULL)
  * the metrics and timings (kv_fit_report_free). Errors: KV_EINVAL (configuration or data that cannot
  * work, e.g. a corpus shorter than two sequences, a key group size that does not divide
- * cache.recent),
+ * cache.recent, an xquant.target_bits: kv_xquant_probe chooses for it before the fit),
  * KV_EINTERRUPTED (stopped; the checkpoint is kept), KV_EIO, KV_ENOMEM, KV_ENUMERIC. */
 kv_status kv_fit_run(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_model_file *mf,
                      const kv_fit_data *data, const kv_fit_config *cfg, const kv_fit_options *opt);
+
+/* XQuant's --target-bits (xquant.target_bits > 0, method xquant; calib/xquant_probe.c): four probe fits
+ * (2-bit, 1-bit, 2-bit shared, 1-bit shared everywhere) measure every stream under each quantizer, and the
+ * setting of kq, vq, km, vm with the least held-out error at bits per value <= target_bits is chosen. A
+ * search, so it runs before the fit and not inside it: kv_fit_run refuses a configuration with a target.
+ *     kv_xquant_probe(&c, m, mf, data, &cfg, opt);   kv_xquant_choice_apply(&cfg, &c);
+ *     kv_fit_run(&plan, &rep, m, mf, data, &cfg, opt);   kv_xquant_choice_report(&rep, &c);
+ * The probes run with opt's settings but no output path, checkpoint or stop. Errors: kv_fit_check's, the
+ * probe fits' (wrapped with the probe's name), KV_EINVAL when no setting reaches the target (the message
+ * gives the fewest bits the quantizers allow). *out is the choice (target_bits 0 and every threshold -1 on
+ * error). */
+typedef struct kv_xquant_choice {
+    double target_bits;    /* the target the choice is for */
+    int kq, vq, km, vm;    /* the thresholds chosen (-1 = off) */
+} kv_xquant_choice;
+kv_status kv_xquant_probe(kv_xquant_choice *out, kv_model *m, const kv_model_file *mf, const kv_fit_data *data,
+                          const kv_fit_config *cfg, const kv_fit_options *opt);
+/* The configuration to fit: xquant.kq / vq / km / vm of the choice, xquant.target_bits 0. */
+void kv_xquant_choice_apply(kv_fit_config *cfg, const kv_xquant_choice *c);
+/* The fit report's xq_target_bits and xq_chosen (kv_fit_report_format prints them). */
+void kv_xquant_choice_report(kv_fit_report *rep, const kv_xquant_choice *c);
 
 /* What kv_fit_run refuses before any work, checkable as soon as the model's architecture is known
  * (the tool calls it before loading weights or reading the corpus): kv_fit_config_validate, methods
@@ -306,8 +327,8 @@ kv_status kv_fit_plan_uncalibrated(kv_plan **out, const kv_fit_config *cfg, cons
 /* Per-method defaults that differ from kv_fit_config_init's, applied before a configuration file so
  * that the file and later overrides win: kivi: keys per-channel groups of 32 tokens, values
  * per-token groups of 32 channels, keys post-RoPE (KIVI); aqua-uniform: per-token groups of 64 for
- * both streams (aquakv.txt §3.3 "per-token quantization for both schemes"); aqua, higgs: none. Sets
- * c->method. */
+ * both streams (aquakv.txt §3.3 "per-token quantization for both schemes"); aqua, higgs: none; the others
+ * as their rows in the fitter table say (calib/fitters.c). Sets c->method. */
 kv_status kv_fit_config_method_preset(kv_fit_config *c, kv_fit_method method);
 
 /* Wall time of one plain forward pass (embedding and every layer, no logits, no hooks) over the

@@ -29,7 +29,24 @@ typedef struct key_desc {
     const char *const *enum_names;   /* T_ENUM: names indexed by value, NULL-terminated */
 } key_desc;
 
-static const char *const k_methods[] = {"aqua", "aqua-uniform", "higgs", "kivi", "fp8", "nvfp4", "xquant", "squat", NULL};
+/* The methods: one name and one row of traits each, indexed by kv_fit_method (the fit's side of a method is
+ * its row of calib/fitters.c). */
+static const char *const k_methods[KV_FIT_METHOD_COUNT + 1] = {
+    [KV_FIT_AQUA] = "aqua", [KV_FIT_AQUA_UNIFORM] = "aqua-uniform", [KV_FIT_HIGGS] = "higgs", [KV_FIT_KIVI] = "kivi",
+    [KV_FIT_FP8] = "fp8",   [KV_FIT_NVFP4] = "nvfp4",               [KV_FIT_XQUANT] = "xquant", [KV_FIT_SQUAT] = "squat",
+    [KV_FIT_METHOD_COUNT] = NULL};
+static const kv_fit_method_traits k_method_traits[] = {
+    [KV_FIT_AQUA] = {KV_FIT_T_HIGGS | KV_FIT_T_PREDICTS},
+    [KV_FIT_AQUA_UNIFORM] = {KV_FIT_T_PREDICTS | KV_FIT_T_SQUAT_OK},
+    [KV_FIT_HIGGS] = {KV_FIT_T_HIGGS},
+    [KV_FIT_KIVI] = {KV_FIT_T_F16 | KV_FIT_T_SQUAT_OK | KV_FIT_T_UNCALIBRATED},
+    [KV_FIT_FP8] = {KV_FIT_T_FLOAT},
+    [KV_FIT_NVFP4] = {KV_FIT_T_FLOAT},
+    [KV_FIT_XQUANT] = {KV_FIT_T_F16 | KV_FIT_T_WHOLE_PLAN | KV_FIT_T_XQUANT},
+    [KV_FIT_SQUAT] = {KV_FIT_T_F16 | KV_FIT_T_SQUAT_OK | KV_FIT_T_SQUAT | KV_FIT_T_WHOLE_PLAN},
+};
+_Static_assert(sizeof k_method_traits / sizeof *k_method_traits == KV_FIT_METHOD_COUNT,
+               "one row of traits per kv_fit_method");
 static const char *const k_sq_subspace[] = {"prompt", "static", NULL}; /* = KV_FIT_SQ_PROMPT, KV_FIT_SQ_STATIC */
 static const char *const k_sq_choose[] = {"calibrated", "fixed", NULL}; /* = KV_FIT_SQ_CALIBRATED, KV_FIT_SQ_FIXED */
 static const char *const k_fp8_formats[] = {"e4m3", "e5m2", NULL};
@@ -147,7 +164,22 @@ typedef struct origin {
     char where[N_KEYS][128];
 } origin;
 
-const char *kv_fit_method_name(int m) { return m >= 0 && m <= KV_FIT_SQUAT ? k_methods[m] : NULL; }
+const char *kv_fit_method_name(int m) { return m >= 0 && m < KV_FIT_METHOD_COUNT ? k_methods[m] : NULL; }
+
+const kv_fit_method_traits *kv_fit_method_traits_of(int m) {
+    return m >= 0 && m < KV_FIT_METHOD_COUNT ? &k_method_traits[m] : NULL;
+}
+
+int kv_fit_method_has(int m, unsigned flags) {
+    const kv_fit_method_traits *t = kv_fit_method_traits_of(m);
+    return t && (t->flags & flags) == flags;
+}
+
+int kv_fit_method_from_name(const char *name) {
+    for (int m = 0; name && m < KV_FIT_METHOD_COUNT; m++)
+        if (strcmp(name, k_methods[m]) == 0) return m;
+    return -1;
+}
 
 /* ---- init / free --------------------------------------------------------------------------- */
 kv_status kv_fit_config_init(kv_fit_config *c) {
@@ -613,7 +645,7 @@ static kv_status validate_method_overrides(const kv_fit_config *c) {
             if (!(o->set & bit)) continue;
             const int m = st == 0 ? o->key_method : o->value_method;
             const char *field = st == 0 ? "key_method" : "value_method";
-            if (m == KV_FIT_XQUANT || m == KV_FIT_SQUAT)
+            if (kv_fit_method_has(m, KV_FIT_T_WHOLE_PLAN))
                 return KV_ERR(KV_EINVAL, "%s: key 'layers.%d.%s': %s is a method of the whole plan (its eta "
                               "calibration, shared codes or query subspaces apply to every uniform stream): override "
                               "a stream with kivi and set method %s", o->where, o->layer, field, k_methods[m],
@@ -632,7 +664,7 @@ static kv_status validate_method_overrides(const kv_fit_config *c) {
     return KV_OK;
 }
 
-static int method_uses_higgs(int m) { return m == KV_FIT_AQUA || m == KV_FIT_HIGGS; }
+static int method_uses_higgs(int m) { return kv_fit_method_has(m, KV_FIT_T_HIGGS); }
 
 kv_status kv_fit_config_validate(const kv_fit_config *c) {
     if (!c) return KV_ERR(KV_EINVAL, "kv_fit_config_validate: no config");
@@ -648,7 +680,7 @@ kv_status kv_fit_config_validate(const kv_fit_config *c) {
     /* bits 16 = an f16 stream (KV_FIT_F16_BITS): no quantizer, so no predictor or grid either */
     {
         /* a stream of the global method with the global bits, then every overridden stream */
-        const int plain = c->method == KV_FIT_KIVI || c->method == KV_FIT_SQUAT || c->method == KV_FIT_XQUANT;
+        const int plain = kv_fit_method_has(c->method, KV_FIT_T_F16);
         if ((c->keys.bits == KV_FIT_F16_BITS || c->values.bits == KV_FIT_F16_BITS) && !plain)
             return KV_ERR(KV_EINVAL, "key '%s': 16 bits keeps the stream in f16 unquantized, which only method kivi "
                           "does (method is '%s', set at %s): an AQUA-KV or HIGGS stream is always quantized",
@@ -661,7 +693,7 @@ kv_status kv_fit_config_validate(const kv_fit_config *c) {
                 const int bits = !(o->set & bit) ? (st == 0 ? c->keys.bits : c->values.bits)
                                  : st == 0 ? o->key_bits : o->value_bits;
                 const int m = kv_fit_config_stream_method(c, o->layer, st);
-                if (bits == KV_FIT_F16_BITS && m != KV_FIT_KIVI && m != KV_FIT_SQUAT && m != KV_FIT_XQUANT)
+                if (bits == KV_FIT_F16_BITS && !kv_fit_method_has(m, KV_FIT_T_F16))
                     return KV_ERR(KV_EINVAL, "%s: key 'layers.%d.%s_bits': 16 bits keeps the stream in f16 "
                                   "unquantized, which only method kivi does (the stream's method is '%s'): an "
                                   "AQUA-KV, HIGGS or float stream is always quantized", o->where, o->layer,
@@ -692,12 +724,12 @@ kv_status kv_fit_config_validate(const kv_fit_config *c) {
     if (c->aqua.predictor_bits == 4 && (c->aqua.predictor_dtype != KV_DTYPE_F16 || c->aqua.rank != 0))
         return CFG_ERR("aqua.predictor_bits", "4-bit predictor codes need aqua.predictor_dtype f16 (their scales and bias) "
                        "and aqua.rank 0 (codes of the full weight)");
-    if (c->aqua.first_layer_bits > 8 && c->method != KV_FIT_AQUA && c->method != KV_FIT_HIGGS)
+    if (c->aqua.first_layer_bits > 8 && !method_uses_higgs(c->method))
         return CFG_ERR("aqua.first_layer_bits", "uniform quantization takes 1..8 bits (got %d)", c->aqua.first_layer_bits);
-    if (c->method == KV_FIT_SQUAT && !c->squat.enabled)
+    if (kv_fit_method_has(c->method, KV_FIT_T_SQUAT) && !c->squat.enabled)
         return CFG_ERR("squat.enabled", "method squat is kivi with SQuat keys: squat.enabled must stay true (or use "
                        "method kivi)");
-    if (c->squat.enabled && c->method != KV_FIT_KIVI && c->method != KV_FIT_AQUA_UNIFORM && c->method != KV_FIT_SQUAT)
+    if (c->squat.enabled && !kv_fit_method_has(c->method, KV_FIT_T_SQUAT_OK))
         return CFG_ERR("squat.enabled", "SQuat quantizes keys with the uniform quantizer: method must be squat, kivi or "
                        "aqua-uniform (method is '%s', set at %s)", kv_fit_method_name(c->method), origin_of(c, "method"));
     if (c->squat.enabled && c->cache.pre_rope)
@@ -720,15 +752,15 @@ kv_status kv_fit_config_validate(const kv_fit_config *c) {
         return CFG_ERR("pruning.budget", "a budget below 1 needs a pruning.method");
     if (c->pruning.pool != 0 && c->pruning.pool % 2 == 0)
         return CFG_ERR("pruning.pool", "must be 0 or odd (got %d)", c->pruning.pool);
-    if ((c->method == KV_FIT_FP8 || c->method == KV_FIT_NVFP4) && c->cache.rpc_ratio > 0.0)
+    if (kv_fit_method_has(c->method, KV_FIT_T_FLOAT) && c->cache.rpc_ratio > 0.0)
         return CFG_ERR("cache.rpc_ratio", "method %s keeps no recent pivotal context (serving engines' FP8 / NVFP4 "
                        "caches have none)", kv_fit_method_name(c->method));
     if ((c->xquant.km >= 0 || c->xquant.vm >= 0 || c->xquant.kq >= 0 || c->xquant.vq >= 0) &&
-        c->method != KV_FIT_XQUANT)
+        !kv_fit_method_has(c->method, KV_FIT_T_XQUANT))
         return CFG_ERR(c->xquant.km >= 0 ? "xquant.km" : c->xquant.vm >= 0 ? "xquant.vm"
                        : c->xquant.kq >= 0 ? "xquant.kq" : "xquant.vq",
                        "cross-layer code sharing and 1-bit layers are XQuant's: method xquant");
-    if ((c->xquant.calibrate_eta || c->xquant.target_bits > 0) && c->method != KV_FIT_XQUANT)
+    if ((c->xquant.calibrate_eta || c->xquant.target_bits > 0) && !kv_fit_method_has(c->method, KV_FIT_T_XQUANT))
         return CFG_ERR(c->xquant.calibrate_eta ? "xquant.calibrate_eta" : "xquant.target_bits",
                        "eta calibration and a bit target are XQuant's: method xquant");
     return KV_OK;

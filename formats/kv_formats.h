@@ -382,8 +382,25 @@ typedef enum kv_fit_method {
     KV_FIT_FP8 = 4,          /* FP8 (fp.fp8_format) with calibrated tensor scales (calib/fit_float.c) */
     KV_FIT_NVFP4 = 5,        /* NVFP4 with a calibrated second-level tensor scale */
     KV_FIT_XQUANT = 6,       /* XQuant: KIVI layout, data-free or calibrated eta, shared codes, 1-bit layers */
-    KV_FIT_SQUAT = 7         /* KIVI layout with SQuat keys (squat.enabled), r / lambda calibrated per layer */
+    KV_FIT_SQUAT = 7,        /* KIVI layout with SQuat keys (squat.enabled), r / lambda calibrated per layer */
+    KV_FIT_METHOD_COUNT      /* the number of methods: one row each in kv_fit_method_traits_of (formats/config.c)
+                              * and kv_fitter_of (calib/fitters.c) */
 } kv_fit_method;
+/* What a method is to the configuration and the fit: kv_fit_method_traits_of(m)->flags. */
+enum {
+    KV_FIT_T_HIGGS = 1u << 0,       /* streams coded on a HIGGS grid (higgs.* apply) */
+    KV_FIT_T_PREDICTS = 1u << 1,    /* AQUA-KV: predictors from layer 1 on, aqua.first_layer_bits on layer 0 */
+    KV_FIT_T_FLOAT = 1u << 2,       /* an engine's float format (fp.*): its bits are the format's own, no RPC */
+    KV_FIT_T_F16 = 1u << 3,         /* 16 bits keeps a stream in f16 unquantized (KIVI's layout) */
+    KV_FIT_T_SQUAT_OK = 1u << 4,    /* may quantize its keys with SQuat (squat.enabled) */
+    KV_FIT_T_SQUAT = 1u << 5,       /* always does (squat.enabled must stay true) */
+    KV_FIT_T_WHOLE_PLAN = 1u << 6,  /* a method of the whole plan, not a per-stream override (layers.N.*_method) */
+    KV_FIT_T_XQUANT = 1u << 7,      /* takes xquant.* (eta calibration, shared codes, 1-bit layers, target bits) */
+    KV_FIT_T_UNCALIBRATED = 1u << 8 /* has a plan without calibration data (kv_fit_plan_uncalibrated) */
+};
+typedef struct kv_fit_method_traits {
+    unsigned flags; /* KV_FIT_T_* */
+} kv_fit_method_traits;
 enum { KV_FIT_SQ_PROMPT = 0, KV_FIT_SQ_STATIC = 1 };        /* squat.subspace */
 enum { KV_FIT_SQ_CALIBRATED = 0, KV_FIT_SQ_FIXED = 1 };     /* squat.choose */
 
@@ -555,7 +572,13 @@ int kv_fit_config_pred_bits(const kv_fit_config *c, int layer, int stream);
 int kv_fit_config_stream_eta(const kv_fit_config *c, int layer, int stream, double *eta);
 /* A uniform stream's group layout: layers.N.key_group_axis / key_group_size (value_*), else keys.* / values.*. */
 void kv_fit_config_stream_groups(const kv_fit_config *c, int layer, int stream, int *axis, int *size);
+/* The method's name ("aqua", "kivi", ...) and traits; NULL outside [0, KV_FIT_METHOD_COUNT). */
 const char *kv_fit_method_name(int method);
+const kv_fit_method_traits *kv_fit_method_traits_of(int method);
+/* 1 when method m has every flag of `flags` (KV_FIT_T_*), 0 otherwise (also for an unknown method). */
+int kv_fit_method_has(int method, unsigned flags);
+/* The method called `name`, or -1. */
+int kv_fit_method_from_name(const char *name);
 
 #ifdef __cplusplus
 }

@@ -76,12 +76,6 @@ char *kv_tool_grid_cache_dir(void) {
     return d;
 }
 
-static int method_from_name(const char *n) {
-    for (int m = 0; m <= KV_FIT_SQUAT; m++)
-        if (strcmp(n, kv_fit_method_name(m)) == 0) return m;
-    return -1;
-}
-
 static kv_status set_string(char **dst, const char *v) {
     char *c = malloc(strlen(v) + 1);
     if (!c) return KV_ERR(KV_ENOMEM, "out of memory");
@@ -169,9 +163,14 @@ int kvcal_fit(int argc, char **argv) {
     if (s != KV_OK) goto fail;
     /* ---- flags that are usage errors ---- */
     int method_id = -1;
-    if (method && (method_id = method_from_name(method)) < 0) {
-        rc = kv_cli_usage_error(tool, "--method must be aqua, aqua-uniform, higgs, kivi, fp8, nvfp4, xquant or squat (got '%s')",
-                                method);
+    if (method && (method_id = kv_fit_method_from_name(method)) < 0) {
+        char known[256] = ""; /* "aqua, ..., xquant or squat": the methods' table (formats/config.c) */
+        for (int k = 0; k < KV_FIT_METHOD_COUNT; k++) {
+            const size_t len = strlen(known);
+            snprintf(known + len, sizeof known - len, "%s%s", k == 0 ? "" : k + 1 < KV_FIT_METHOD_COUNT ? ", " : " or ",
+                     kv_fit_method_name(k));
+        }
+        rc = kv_cli_usage_error(tool, "--method must be %s (got '%s')", known, method);
         goto end;
     }
     if (granularity && strcmp(granularity, "tensor") != 0 && strcmp(granularity, "head") != 0) {
@@ -220,7 +219,7 @@ int kvcal_fit(int argc, char **argv) {
     if (method_id >= 0 && (s = kv_fit_config_method_preset(&cfg, (kv_fit_method)method_id)) != KV_OK) goto fail;
     if (config && (s = kv_fit_config_load_file(&cfg, config)) != KV_OK) goto fail;
     if (method) cfg.method = (kv_fit_method)method_id;
-    if (kv_cli_given(&a, opts, "bits") && (cfg.method == KV_FIT_FP8 || cfg.method == KV_FIT_NVFP4)) {
+    if (kv_cli_given(&a, opts, "bits") && kv_fit_method_has(cfg.method, KV_FIT_T_FLOAT)) {
         /* a float format's bits are its own: refused rather than ignored */
         rc = rank ? KV_EXIT_USAGE
                   : kv_cli_usage_error(tool, "--bits does not apply to method %s (FP8 codes have 8 bits, NVFP4 4); "
@@ -363,7 +362,12 @@ loaded: /* the ranks agree before working together (a rank that failed alone say
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
-    s = kv_fit_run(&plan, &rep, m, mf, &data, &cfg, &fo);
+    kv_xquant_choice xq_choice; /* --target-bits: kq, vq, km, vm chosen by four probe fits, then fitted */
+    const int xq_target = cfg.xquant.target_bits > 0;
+    s = xq_target ? kv_xquant_probe(&xq_choice, m, mf, &data, &cfg, &fo) : KV_OK;
+    if (s == KV_OK && xq_target) kv_xquant_choice_apply(&cfg, &xq_choice);
+    if (s == KV_OK) s = kv_fit_run(&plan, &rep, m, mf, &data, &cfg, &fo);
+    if (s == KV_OK && xq_target) kv_xquant_choice_report(&rep, &xq_choice);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (s != KV_OK) goto fail;

@@ -557,7 +557,22 @@ START_TEST(test_xquant_target_bits) {
     kv_plan *plan = NULL;
     kv_fit_report rep;
     memset(&rep, 0, sizeof rep);
-    kv_status s = run_fit(&plan, &rep, &cfg, NULL);
+    /* kv_fit_run fits no target itself: the probe chooses first (calib/xquant_probe.c) */
+    ck_assert_int_eq(run_fit(&plan, &rep, &cfg, NULL), KV_EINVAL);
+    ck_assert_msg(strstr(kv_error_last(), "kv_xquant_probe"), "message: %s", kv_error_last());
+    ck_assert_ptr_null(plan);
+    kv_xquant_choice c;
+    kv_fit_options o;
+    kv_fit_options_init(&o);
+    o.fingerprint = &g_fp;
+    kv_fit_data d = make_data();
+    kv_status s = kv_xquant_probe(&c, g_model, NULL, &d, &cfg, &o);
+    if (s == KV_OK) {
+        kv_xquant_choice_apply(&cfg, &c);
+        ck_assert(cfg.xquant.target_bits == 0);
+        s = run_fit(&plan, &rep, &cfg, NULL);
+        if (s == KV_OK) kv_xquant_choice_report(&rep, &c);
+    }
     if (_i == 2) {
         ck_assert_int_eq(s, KV_EINVAL);
         ck_assert_msg(strstr(kv_error_last(), "no setting of kq, vq, km, vm reaches it") &&
