@@ -11,6 +11,7 @@
 #include "kv_model.h"
 #include "kv_test.h"
 #include "model_test_util.h"
+#include "st_writer.h"
 
 #define N_SEQS 2
 #define N_TOKENS 40
@@ -33,71 +34,6 @@ static const hf_model k_models[] = {
     {"mistral", "mistral", 64, 96, 2, 4, 2, 32, 73, 1000000.0, 1e-5, 0, 0, NULL},
 };
 
-/* ---- a minimal safetensors writer (F32 only) ---------------------------------------------------- */
-typedef struct st_tensor {
-    char name[96];
-    int n_dims;
-    int shape[2];
-    float *data;
-} st_tensor;
-
-typedef struct st_list {
-    st_tensor t[64];
-    int n;
-} st_list;
-
-static void add(st_list *l, const char *name, int rows, int cols, kv_test_weight_kind kind) {
-    ck_assert_int_lt(l->n, 64);
-    st_tensor *t = &l->t[l->n++];
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->n_dims = cols ? 2 : 1;
-    t->shape[0] = rows;
-    t->shape[1] = cols;
-    const size_t n = (size_t)rows * (cols ? cols : 1);
-    t->data = malloc(n * sizeof(float));
-    ck_assert_ptr_nonnull(t->data);
-    kv_test_fill(t->data, n, name, kind, cols, KV_TEST_MODEL_SEED);
-}
-
-static size_t numel(const st_tensor *t) { return (size_t)t->shape[0] * (t->n_dims == 2 ? t->shape[1] : 1); }
-
-static void write_safetensors(const char *path, const st_list *l) {
-    char *hdr = malloc(1 << 16);
-    ck_assert_ptr_nonnull(hdr);
-    size_t len = 0, off = 0;
-    len += (size_t)snprintf(hdr + len, (1 << 16) - len, "{\"__metadata__\":{\"format\":\"pt\"}");
-    for (int i = 0; i < l->n; i++) {
-        const st_tensor *t = &l->t[i];
-        const size_t nb = numel(t) * sizeof(float);
-        if (t->n_dims == 2)
-            len += (size_t)snprintf(hdr + len, (1 << 16) - len,
-                                    ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d,%d],\"data_offsets\":[%zu,%zu]}",
-                                    t->name, t->shape[0], t->shape[1], off, off + nb);
-        else
-            len += (size_t)snprintf(hdr + len, (1 << 16) - len,
-                                    ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d],\"data_offsets\":[%zu,%zu]}",
-                                    t->name, t->shape[0], off, off + nb);
-        off += nb;
-    }
-    len += (size_t)snprintf(hdr + len, (1 << 16) - len, "}");
-    while (len % 8) hdr[len++] = ' ';
-    FILE *fp = fopen(path, "wb");
-    ck_assert_ptr_nonnull(fp);
-    uint8_t n8[8];
-    kv_store_u64le(n8, (uint64_t)len);
-    ck_assert_int_eq(fwrite(n8, 1, 8, fp), 8);
-    ck_assert_int_eq(fwrite(hdr, 1, len, fp), len);
-    for (int i = 0; i < l->n; i++) {
-        const st_tensor *t = &l->t[i];
-        for (size_t j = 0; j < numel(t); j++) {
-            uint8_t b[4];
-            kv_store_f32le(b, t->data[j]);
-            ck_assert_int_eq(fwrite(b, 1, 4, fp), 4);
-        }
-    }
-    ck_assert_int_eq(fclose(fp), 0);
-    free(hdr);
-}
 
 static void write_checkpoint(const char *dir, const hf_model *m) {
     char path[512];
