@@ -594,32 +594,12 @@ static void check_replay(kv_rt *rt, const kv_plan *p, const rcase *c, int seq, i
              * then valid AQUA-KV caches of the same inputs: the device's error against the inputs must equal the
              * replay's within 5%, and at most 5% of its values may leave 1e-5 of the replay's row maximum. */
             /* Low-rank predictors on the CPU: chunks that every predicted stream has compressed are rebuilt from the
-             * factors (z = R x, then L z: RUNTIME.md §6), the replay applies the dense product; the codes are the same
-             * (what encoders read is rebuilt dense), so every value lies within rounding of the replay's: 1e-5 of
-             * the row's largest (a flipped code would move a value by a quantization step, ~1e-1 of it). */
-            if (g_device == KV_RT_DEVICE_CPU && c->aqua > 1 && l >= 1) {
-                int64_t differ = 0;
-                for (int st = 0; st < 2; st++)
-                    for (int t = 0; t < T; t++) {
-                        float row[KV_RT_MAX_HEAD_DIM];
-                        memcpy(row, RS(l, st) + (size_t)t * kvd + (size_t)h * hd, sizeof(float) * hd);
-                        if (st == 0 && c->pre_rope) rope_row(row, hd, c->rope_half, freq, t);
-                        const float *got = (st ? V : K) + (size_t)t * hd;
-                        double mx = 0;
-                        for (int ch = 0; ch < hd; ch++) mx = fmax(mx, fabs(row[ch]));
-                        for (int ch = 0; ch < hd; ch++) {
-                            ck_assert_msg(fabs((double)got[ch] - row[ch]) <= 1e-5 * mx + 1e-30,
-                                          "%s: layer %d head %d %s token %d ch %d: %.9g, the replay's %.9g (row max %.3g)",
-                                          c->name, l, h, st ? "V" : "K", t, ch, (double)got[ch], (double)row[ch], mx);
-                            differ += got[ch] != row[ch];
-                        }
-                    }
-                if (h == 0)
-                    printf("%s: layer %d head 0: %lld of %lld values differ from the dense replay in their last bits\n",
-                           c->name, l, (long long)differ, (long long)T * hd * 2);
-                continue;
-            }
-            if (g_device != KV_RT_DEVICE_CPU && c->aqua && l >= 1) {
+             * factors (z = R x, then L z: RUNTIME.md §6) where the replay applies the dense product, and the BLAS
+             * splits the runtime's products over other row counts than the replay's: predictions differ in their last
+             * bits, and under some OpenBLAS kernels and thread counts a residual code flips (seen: Haswell and Zen
+             * kernels with 2 threads, layer 3 of 'aqua low-rank', one value 0.11 of its row maximum away), so they take
+             * the device's criterion below. */
+            if ((g_device != KV_RT_DEVICE_CPU || c->aqua > 1) && c->aqua && l >= 1) {
                 int64_t far = 0;
                 double e_dev = 0, e_rep = 0;
                 for (int st = 0; st < 2; st++)
