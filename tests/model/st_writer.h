@@ -1,13 +1,14 @@
 /* st_writer.h — a minimal safetensors writer for the tests' random-weight HF checkpoints (F32 only): tensors filled
  * by kv_test_fill, written with their JSON header as the format says (8-byte little-endian header length, header
- * padded to 8 bytes, data in order). Shared by test_model_hf.c and test_model_hft.c; include after check.h and
- * kv_test.h. */
+ * padded to 8 bytes, data in order); the golden-file reader and the clean-up both tests use. Shared by
+ * test_model_hf.c and test_model_hft.c; include after check.h and kv_test.h. */
 #ifndef KV_TEST_ST_WRITER_H
 #define KV_TEST_ST_WRITER_H
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 typedef struct st_tensor {
     char name[96];
@@ -72,6 +73,32 @@ static inline void write_safetensors(const char *path, const st_list *l) {
     }
     ck_assert_int_eq(fclose(fp), 0);
     free(hdr);
+}
+
+/* A golden file of n little-endian f32 values: tests/model/golden/<prefix><name>.f32 (KVCAL_TEST_SRC: the tests'
+ * source directory when not run from the source tree). */
+static inline float *read_golden_f32(const char *prefix, const char *name, size_t n) {
+    const char *src = getenv("KVCAL_TEST_SRC");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/model/golden/%s%s.f32", src ? src : "tests", prefix, name);
+    char *buf = NULL;
+    size_t size = 0;
+    ck_assert_kv_ok(kv_file_read_all(&buf, &size, path));
+    ck_assert_msg(size == n * sizeof(float), "%s: %zu bytes, expected %zu", path, size, n * sizeof(float));
+    float *out = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) out[i] = kv_load_f32le((const uint8_t *)buf + 4 * i);
+    free(buf);
+    return out;
+}
+
+/* Remove a checkpoint directory the test wrote (config.json and model.safetensors). */
+static inline void remove_checkpoint_dir(const char *dir) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
 }
 
 #endif

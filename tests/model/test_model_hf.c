@@ -87,28 +87,7 @@ static void write_checkpoint(const char *dir, const hf_model *m) {
     free(l);
 }
 
-static float *read_golden(const char *name, size_t n) {
-    const char *src = getenv("KVCAL_TEST_SRC");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/model/golden/hf_%s.f32", src ? src : "tests", name);
-    char *buf = NULL;
-    size_t size = 0;
-    ck_assert_kv_ok(kv_file_read_all(&buf, &size, path));
-    ck_assert_msg(size == n * sizeof(float), "%s: %zu bytes, expected %zu", path, size, n * sizeof(float));
-    float *out = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) out[i] = kv_load_f32le((const uint8_t *)buf + 4 * i);
-    free(buf);
-    return out;
-}
-
-static void remove_dir(const char *dir) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    unlink(path);
-    rmdir(dir);
-}
+static float *read_golden(const char *name, size_t n) { return read_golden_f32("hf_", name, n); }
 
 /* Tolerance: the C model runs in f32 (BLAS sums, f32 softmax and RoPE products), the reference in
  * float64 on the same f32 weights. Over 2-3 layers of width <= 128 the f32 rounding stays near
@@ -178,7 +157,7 @@ START_TEST(test_hf_golden) {
     free(logits);
     free(golden);
     kv_model_free(m);
-    remove_dir(dir);
+    remove_checkpoint_dir(dir);
 }
 END_TEST
 
