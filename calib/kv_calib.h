@@ -554,6 +554,18 @@ kv_status kv_search_cheapest(uint64_t *sum, int *choice, const uint64_t *cost, c
 kv_status kv_search_allocate(int *choice, const uint64_t *cost, const double *value, const unsigned char *allowed,
                              const kv_search_chain *chain, int n_items, int n_choices, uint64_t budget,
                              int max_units, uint64_t *unit_out);
+/* kv_search_allocate under a second, additive constraint: sum_i time[i*n_choices + choice[i]] <= time_budget
+ * (seconds, >= 0) next to the byte budget. By Lagrangian relaxation: value + lambda * time is minimized under the
+ * byte budget exactly (kv_search_allocate) for lambda found by bisection (on a log scale, 48 steps) as the smallest
+ * that meets the time budget; the least value among every choice met on the way that meets both is returned. Not
+ * the exact two-constraint optimum (the relaxation's duality gap: at most the value between two neighbouring
+ * choices of the bisection's last bracket), always feasible. *lambda_out (may be NULL): 0 when the byte-only choice
+ * already meets the time budget. KV_EINVAL when no choice of the relaxation meets both (the message gives the least
+ * time found under the byte budget). */
+kv_status kv_search_allocate_timed(int *choice, const uint64_t *cost, const double *value, const double *time,
+                                   double time_budget, const unsigned char *allowed, const kv_search_chain *chain,
+                                   int n_items, int n_choices, uint64_t budget, double *lambda_out);
+
 /* ---- kvcal search as one call (search_run.c; the phases in search_fit.c, search_select.c, search_point.c) ----
  * kv_search_run runs what `kvcal search` runs (calib/SEARCH.md), in its phases: fit each candidate once
  * (kv_fit_run), honest bytes per (context, stream, candidate) (kv_search_stream_bytes), sensitivities
@@ -620,6 +632,10 @@ typedef struct kv_search_request {
     int n_sets;
     long fit_tokens, fit_seq_len, sens_ctx, sens_samples, prompts, select_chunks;
     int predictors_chained;         /* --predictor-inputs chained (1) or free (0) */
+    double min_decode_speed;        /* > 0: every plan decodes at least this many times the f16 cache's tokens/s at
+                                       its context on this machine (SEARCH.md §7); 0: no speed constraint */
+    int speed_steps;                /* decoding steps the cost model times per plan (0: 8) */
+    int speed_decode;               /* decoding steps of the end-to-end measure of each written plan (0: 32) */
 } kv_search_request;
 
 enum { KV_SEARCH_KEPT_KNAPSACK = 0, KV_SEARCH_KEPT_CORRECTED = 1, KV_SEARCH_KEPT_SINGLE = 2, KV_SEARCH_KEPT_PRUNED = 3 };
@@ -658,6 +674,12 @@ typedef struct kv_search_point {
     kv_search_layered_try *layers; /* with layer options: per contender */
     double sel_kl[2];            /* the selection's KL of the knapsack's choice, of the corrected one (NAN: none) */
     double seconds_select;
+    /* with min_decode_speed (SEARCH.md §7; else 0): */
+    double time_budget;          /* seconds of the cache's part of a decoding step the floor allows */
+    double predicted_speed;      /* the cost model's decode speed of the plan against the f16 cache */
+    double measured_speed;       /* kv_bench_run's: the plan's decode tokens/s over the f16 cache's, same context */
+    double plan_tps, f16_tps;    /* those tokens/s */
+    double lambda;               /* the multiplier of the speed constraint in the knapsack (0: not binding) */
 } kv_search_point;
 
 /* Everything a run measured (arrays owned: kv_search_result_free). Items i = 2l + s, candidates c by position. */
@@ -682,6 +704,12 @@ typedef struct kv_search_result {
     int n_evals;                 /* sensitivity evaluations */
     size_t sens_need;
     double seconds_fit, seconds_bytes, seconds_sens, seconds_proxy, seconds_select, seconds_eval;
+    /* the cost model (min_decode_speed > 0; else NULL / 0): seconds of a decoding step's parts, one sequence */
+    double weights_seconds;      /* the weights' part */
+    double *cache_seconds;       /* [context][item][cand]: the cache's part of each stream (half its layer's) */
+    double *f16_seconds;         /* [context]: the f16 cache's part, every layer */
+    double seconds_speed;        /* the time the cost model and the end-to-end measures took */
+    char device[128];            /* what the speeds were measured on ("cpu: MODEL NAME, N threads") */
     int usage_error;             /* after a failure: the request itself is refused (a command-line error) */
 } kv_search_result;
 

@@ -3,6 +3,7 @@
  * global choice under a byte budget (exact multiple-choice knapsack). The tool (tools/kvcal_search.c) fits
  * the candidates, calls these, validates the assembled plan end to end and reports. */
 #include "kv_calib.h"
+#include "kv_bench.h"
 #include "kvrt.h"
 
 #include <math.h>
@@ -214,31 +215,11 @@ kv_status kv_search_assemble(kv_plan **out, const kv_plan *const *srcs, int n_sr
 /* ---- honest bytes per stream --------------------------------------------------------------------------- */
 kv_status kv_search_stream_bytes(uint64_t *bytes, uint64_t *values, const kv_plan *plan, kv_model *m, int ctx) {
     if (!bytes || !values || !plan || !m || ctx < 1) return KV_ERR(KV_EINVAL, "kv_search_stream_bytes: bad arguments");
-    const kv_arch *a = kv_model_arch(m);
-    const int L = a->n_layers, kvd = a->n_kv_heads * a->head_dim;
+    const int L = kv_model_arch(m)->n_layers;
     kv_cache *cache = NULL;
-    float *x = NULL;
-    int32_t *pos = NULL;
     kv_status s = kv_cache_rt_create(&cache, plan, m, 1, ctx, 0, 0);
-    if (s != KV_OK) return s;
-    const int first = plan->global.sinks + plan->global.recent, step = plan->global.recent;
-    const int maxn = first > step ? first : step;
-    x = malloc((size_t)maxn * (size_t)kvd * sizeof(float));
-    pos = malloc((size_t)maxn * sizeof(int32_t));
-    if (!x || !pos) {
-        s = KV_ERR(KV_ENOMEM, "out of memory");
-        goto done;
-    }
-    /* synthetic K/V (sizes do not depend on them): a fixed pseudo-random pattern of moderate range */
-    for (size_t i = 0; i < (size_t)maxn * (size_t)kvd; i++) x[i] = (float)(kv_rng_uniform(0x736561726368ull, i) * 2.0 - 1.0);
-    for (int p = 0; p < ctx && s == KV_OK;) {
-        const int n = p == 0 ? first : step, len = n < ctx - p ? n : ctx - p;
-        for (int i = 0; i < len; i++) pos[i] = p + i;
-        for (int l = 0; l < L && s == KV_OK; l++) s = kv_cache_append(cache, l, 0, len, pos, x, x, x, (size_t)kvd);
-        if (s == KV_OK && p == 0) s = kv_cache_end_prompt(cache, 0);
-        p += len;
-    }
-    const kv_rt *rt = kv_cache_rt_runtime(cache);
+    if (s == KV_OK) s = kv_cache_feed_synthetic(cache, plan, ctx, NULL); /* sizes do not depend on the values */
+    const kv_rt *rt = s == KV_OK ? kv_cache_rt_runtime(cache) : NULL;
     for (int l = 0; l < L && s == KV_OK; l++)
         for (int st = 0; st < 2 && s == KV_OK; st++) {
             kv_rt_stats o;
@@ -246,9 +227,6 @@ kv_status kv_search_stream_bytes(uint64_t *bytes, uint64_t *values, const kv_pla
             bytes[2 * l + st] = o.accounted_bytes + o.predictor_bytes + o.basis_bytes;
             values[2 * l + st] = o.values_total;
         }
-done:
-    free(x);
-    free(pos);
     kv_cache_free(cache);
     return s;
 }

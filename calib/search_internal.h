@@ -34,6 +34,7 @@ typedef struct search_run {
     search_tokens sel, tab;                         /* the selection's chunks; the per-layer tables' */
     double *kl_scaled;                              /* [context][item][cand]: the context-corrected sensitivities */
     int *choice2;                                   /* a second choice per point */
+    double *f16_tps;                                /* [context]: the f16 cache's decode tokens/s (0: not yet) */
 } search_run;
 
 /* search_fit.c: fits and plans */
@@ -66,6 +67,17 @@ void kv_search_layered_release(search_layered *lp);
 
 /* search_select.c: the selection's measurements before the points (phase 4b) */
 kv_status kv_search_select_measure(search_run *r);
+
+/* search_speed.c: the decoding speed floor (SEARCH.md §7; each a no-op without min_decode_speed) */
+/* Phase 2b: the cost model's tables (the weights' part, the f16 cache's, every candidate's per stream). */
+kv_status kv_search_speed_measure(search_run *r);
+/* The seconds of the cache's part of a step the floor allows at context k (<= 0: not even a free cache meets it). */
+double kv_search_time_budget(const search_run *r, int k);
+/* The predicted seconds of the cache's part: candidate c on every stream; a choice. */
+double kv_search_single_seconds(const search_run *r, int k, int c);
+double kv_search_choice_seconds(const search_run *r, int k, const int *choice);
+/* After a point's plan is written: its decode speed measured end to end against the f16 cache (pt->measured_speed). */
+kv_status kv_search_speed_check(search_run *r, kv_search_point *pt);
 
 /* search_point.c: one point: the knapsack, the plan, the selection, the plan written and validated */
 kv_status kv_search_point_run(search_run *r, kv_search_point *pt);

@@ -4,6 +4,7 @@
  * contenders and their per-layer options within the budget), the plan written with its provenance, then validated
  * end to end (kv_eval_plan) on the sensitivity tokens and on held-out text. */
 #define _POSIX_C_SOURCE 200809L
+#include "kv_bench.h"
 #include "search_internal.h"
 
 #include <errno.h>
@@ -16,6 +17,26 @@ static const char *const k_kept_names[] = {"knapsack", "corrected", "single", "p
 
 const char *kv_search_kept_name(int kept) {
     return kept >= 0 && kept < 4 ? k_kept_names[kept] : "?";
+}
+
+/* The knapsack under the point's byte budget, and with a speed floor under its time budget too (SEARCH.md §7). */
+static kv_status allocate(int *choice, uint64_t *unit, const search_run *r, kv_search_point *pt, const double *value,
+                          double *lambda) {
+    const kv_search_result *res = r->res;
+    const int k = pt->ctx_index;
+    const uint64_t *by = res->bytes + r->table_len * k;
+    if (!(r->req->min_decode_speed > 0))
+        return kv_search_allocate(choice, by, value, res->allowed, r->chain_p, r->n_items, r->nc, pt->budget_bytes, 0,
+                                  unit);
+    if (unit) *unit = 0;
+    return kv_search_allocate_timed(choice, by, value, res->cache_seconds + r->table_len * k, pt->time_budget,
+                                    res->allowed, r->chain_p, r->n_items, r->nc, pt->budget_bytes, lambda);
+}
+
+/* 1 when plans of candidate c on every stream meet the speed floor (always without one). A pruned contender is
+ * judged by its candidate's cost at the whole context: it holds fewer tokens, so that is an upper bound. */
+static int speed_ok(const search_run *r, const kv_search_point *pt, int c) {
+    return !(r->req->min_decode_speed > 0) || kv_search_single_seconds(r, pt->ctx_index, c) <= pt->time_budget;
 }
 
 /* One pruned contender (index j) with its per-layer options at the point (§5.5): allocated under the point's budget
@@ -54,7 +75,7 @@ static kv_status try_layered(kv_search_point *pt, double *best, const search_run
     kv_search_layered_release(&lp);
     if (s != KV_OK) return s;
     lt->state = KV_SEARCH_LAYERED_MEASURED;
-    if (lt->bits <= pt->budget_bits && lt->kl < *best)
+    if (lt->bits <= pt->budget_bits && lt->kl < *best && speed_ok(r, pt, q->pruned_pos[j]))
         *best = lt->kl, pt->selected = KV_SEARCH_KEPT_PRUNED, pt->pruned = j, pt->layered = 1;
     return KV_OK;
 }
@@ -71,6 +92,10 @@ static void point_yaml(char *yaml, size_t cap, const kv_search_point *pt, long c
                                 r->cands[pt->choice[2 * l]]->name, r->cands[pt->choice[2 * l + 1]]->name);
     if (r->req->select_chunks > 0 && len < cap)
         len += (size_t)snprintf(yaml + len, cap - len, "  selected: %s\n", k_kept_names[pt->selected]);
+    if (r->req->min_decode_speed > 0 && len < cap) /* the constraint and the machine the plan was chosen for */
+        len += (size_t)snprintf(yaml + len, cap - len, "  min_decode_speed: %g\n  predicted_decode_speed: %.3f\n"
+                                "  speed_device: \"%s\"\n", r->req->min_decode_speed, pt->predicted_speed,
+                                r->res->device);
     if (pt->selected == KV_SEARCH_KEPT_PRUNED && len < cap)
         len += (size_t)snprintf(yaml + len, cap - len, "  pruned: %s\n", r->req->pruned[pt->pruned].name);
     if (pt->selected == KV_SEARCH_KEPT_PRUNED && pt->layered)
@@ -88,9 +113,12 @@ static kv_status knapsack_and_select(kv_plan **plan, int *owned, double *best, d
                                      kv_search_point *pt, long context) {
     const kv_search_result *res = r->res;
     const int nc = r->nc, n_items = r->n_items, k = pt->ctx_index;
-    const uint64_t *by = res->bytes + r->table_len * k;
-    kv_status s = kv_search_allocate(pt->choice, by, res->kl, res->allowed, r->chain_p, n_items, nc, pt->budget_bytes,
-                                     0, &pt->unit);
+    kv_status s = allocate(pt->choice, &pt->unit, r, pt, res->kl, &pt->lambda);
+    if (s == KV_EINVAL && r->req->min_decode_speed > 0) { /* the floor rules out every assembly: maybe a pruned one */
+        kv_log(KV_LOG_WARN, "search: budget %g at context %ld: %s", pt->budget_bits, context, kv_error_last());
+        pt->assembly = 0;
+        return KV_OK;
+    }
     if (s != KV_OK) return kv_error_wrap(s, "--budget-bits %g at --context %ld: ", pt->budget_bits, context);
     const int single = kv_search_single_of(pt->choice, n_items);
     if (single >= 0) { /* the single method's own fit: no assembly, no refit */
@@ -109,8 +137,7 @@ static kv_status knapsack_and_select(kv_plan **plan, int *owned, double *best, d
     int *choice2 = r->choice2;
     if (single >= 0) pt->sel_kl[0] = res->select_single[k * nc + single];
     if ((single < 0 && (s = kv_search_select_kl(&pt->sel_kl[0], NULL, &r->sel, *plan, context, NULL)) != KV_OK) ||
-        (s = kv_search_allocate(choice2, by, r->kl_scaled + r->table_len * k, res->allowed, r->chain_p, n_items, nc,
-                                pt->budget_bytes, 0, NULL)) != KV_OK)
+        (s = allocate(choice2, NULL, r, pt, r->kl_scaled + r->table_len * k, NULL)) != KV_OK)
         return s;
     *best = pt->sel_kl[0];
     const int single2 = kv_search_single_of(choice2, n_items);
@@ -137,7 +164,7 @@ static kv_status knapsack_and_select(kv_plan **plan, int *owned, double *best, d
     }
     for (int c = 0; c < nc; c++) /* a single method within the budget that measured less */
         if (isfinite(res->select_single[k * nc + c]) && res->single_bytes[k * nc + c] <= pt->budget_bytes &&
-            res->select_single[k * nc + c] < *best)
+            res->select_single[k * nc + c] < *best && speed_ok(r, pt, c))
             *best = res->select_single[k * nc + c], pt->selected = KV_SEARCH_KEPT_SINGLE, pt->single = c;
     return KV_OK;
 }
@@ -191,18 +218,25 @@ kv_status kv_search_point_run(search_run *r, kv_search_point *pt) {
     kv_status s = KV_OK;
     pt->sel_kl[0] = pt->sel_kl[1] = NAN;
     if (pt->assembly && (s = knapsack_and_select(&plan, &plan_owned, &best, &ts, r, pt, context)) != KV_OK) goto done;
+    const int assembled = pt->assembly; /* 0 now also when the speed floor ruled out every assembly */
     /* a pruned contender whose bits (measured at this context) fit the budget and that measured less (§5.4) */
     for (int j = 0; j < n_pruned; j++)
-        if (res->pruned_bits[k * n_pruned + j] <= pt->budget_bits && res->pruned_kl[k * n_pruned + j] < best)
+        if (res->pruned_bits[k * n_pruned + j] <= pt->budget_bits && res->pruned_kl[k * n_pruned + j] < best &&
+            speed_ok(r, pt, q->pruned_pos[j]))
             best = res->pruned_kl[k * n_pruned + j], pt->selected = KV_SEARCH_KEPT_PRUNED, pt->pruned = j;
     /* each contender with per-layer options allocated under this budget, measured (§5.5) */
     for (int j = 0; j < n_pruned && q->n_layer_opts > 0 && s == KV_OK; j++) s = try_layered(pt, &best, r, j, context);
     if (s != KV_OK) goto done;
-    if (!pt->assembly && pt->selected != KV_SEARCH_KEPT_PRUNED) { /* no assembly, no pruned contender fits */
+    if (!assembled && pt->selected != KV_SEARCH_KEPT_PRUNED) { /* no assembly, no pruned contender fits */
         pt->feasible = 0;
-        s = KV_ERR(KV_EINVAL, "--budget-bits %g at --context %ld is below the cheapest assembly of these candidates "
-                   "(%.4f honest bits per value) and below every pruned contender's measured bits",
-                   pt->budget_bits, context, pt->cheapest_bits);
+        if (q->min_decode_speed > 0 && pt->budget_bits >= pt->cheapest_bits)
+            s = KV_ERR(KV_EINVAL, "--budget-bits %g at --context %ld with --min-decode-speed %g: no assembly of these "
+                       "candidates within the bits decodes that fast, nor a pruned contender", pt->budget_bits, context,
+                       q->min_decode_speed);
+        else
+            s = KV_ERR(KV_EINVAL, "--budget-bits %g at --context %ld is below the cheapest assembly of these candidates "
+                       "(%.4f honest bits per value) and below every pruned contender's measured bits",
+                       pt->budget_bits, context, pt->cheapest_bits);
         if (q->n_points == 1) goto done;
         kv_log(KV_LOG_WARN, "search: %s: no plan for this point", kv_error_last());
         s = KV_OK;
@@ -238,11 +272,15 @@ kv_status kv_search_point_run(search_run *r, kv_search_point *pt) {
     if (pt->selected == KV_SEARCH_KEPT_PRUNED) /* the sensitivities do not model pruning; its bits were measured */
         pt->predicted_kl = NAN, pt->predicted_bits = pt->layered ? pt->layers[pt->pruned].bits
                                                                 : res->pruned_bits[k * n_pruned + pt->pruned];
+    if (q->min_decode_speed > 0) /* a pruned contender: its candidate's cost, an upper bound */
+        pt->predicted_speed = kv_decode_speed_ratio(res->weights_seconds, kv_search_choice_seconds(r, k, pt->choice),
+                                                    res->f16_seconds[k]);
     s = write_plan(r, pt, plan, context);
     if (plan_owned) kv_plan_free(plan);
     plan = NULL;
     kv_search_layered_release(&lp);
     if (s == KV_OK) s = validate(r, pt, context);
+    if (s == KV_OK) s = kv_search_speed_check(r, pt);
 done:
     if (plan_owned) kv_plan_free(plan);
     return s;

@@ -3,6 +3,7 @@
  * points below the cheapest assembly, sensitivities (kv_search_sensitivity, once), the proxy (KVmix importance,
  * Spearman per stream), the selection's measurements (search_select.c), then every point (search_point.c). Several
  * points share the fits and the sensitivities: that is how one run draws a frontier (scripts/pareto.sh). */
+#include "kv_bench.h"
 #include "search_internal.h"
 
 #include <math.h>
@@ -46,6 +47,8 @@ void kv_search_result_free(kv_search_result *res) {
     free(res->layer_bits);
     free(res->layer_dkl);
     free(res->layer_dbits);
+    free(res->cache_seconds);
+    free(res->f16_seconds);
     memset(res, 0, sizeof *res);
 }
 
@@ -218,6 +221,23 @@ static kv_status check_budgets(search_run *r) {
     return KV_OK;
 }
 
+/* With a speed floor: each point's time budget; a floor that not even a cache costing nothing meets is refused
+ * before the sensitivities. */
+static kv_status check_time_budgets(search_run *r) {
+    if (!(r->req->min_decode_speed > 0)) return KV_OK;
+    for (int p = 0; p < r->res->n_points; p++) {
+        kv_search_point *pt = &r->res->points[p];
+        pt->time_budget = kv_search_time_budget(r, pt->ctx_index);
+        if (pt->time_budget <= 0)
+            return KV_ERR(KV_EINVAL, "--min-decode-speed %g at --context %ld: the weights alone take %.2f ms of the f16 "
+                          "cache's %.2f ms per step on this machine, so no cache decodes that fast (at most %.2fx)",
+                          r->req->min_decode_speed, r->req->contexts[pt->ctx_index], r->res->weights_seconds * 1e3,
+                          (r->res->weights_seconds + r->res->f16_seconds[pt->ctx_index]) * 1e3,
+                          kv_decode_speed_ratio(r->res->weights_seconds, 0, r->res->f16_seconds[pt->ctx_index]));
+    }
+    return KV_OK;
+}
+
 /* Phases 3 and 4: sensitivities on calibration tokens the fits did not see, then the proxy (KVmix gradient
  * importance, Spearman vs measured KL per stream and candidate). */
 static kv_status measure_sensitivities(search_run *r) {
@@ -308,6 +328,8 @@ kv_status kv_search_run(const kv_search_request *req, kv_search_result *res) {
     /* ---- 1. fit each candidate once; 2. honest bytes; the budgets ---- */
     if ((s = fit_candidates(&r)) != KV_OK || (s = measure_bytes(&r)) != KV_OK || (s = check_budgets(&r)) != KV_OK)
         goto done;
+    /* ---- 2b. with a decoding speed floor: the cost model (SEARCH.md §7) ---- */
+    if ((s = kv_search_speed_measure(&r)) != KV_OK || (s = check_time_budgets(&r)) != KV_OK) goto done;
     /* ---- 3. sensitivities, 4. the proxy ---- */
     if ((s = measure_sensitivities(&r)) != KV_OK) goto done;
     /* ---- 4b. the selection's measurements ---- */
@@ -333,5 +355,6 @@ done:
     kv_search_chain_free(&r.chain);
     free(r.kl_scaled);
     free(r.choice2);
+    free(r.f16_tps);
     return s;
 }

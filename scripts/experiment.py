@@ -31,7 +31,7 @@ ROOT = os.path.dirname(HERE)
 # --KEY VALUE options of the command line that set an [experiment] key (aliases kept from the scripts this replaced)
 ALIASES = {"contexts": "ctx", "configs": "run", "methods": "run", "out": "out", "build": "build"}
 SEARCH_KEYS = {"budgets", "range", "candidates", "search-fit-tokens", "sens-ctx", "sens-samples", "prompts", "pruned",
-               "pruned-layers", "select-chunks", "search-args"}
+               "pruned-layers", "select-chunks", "min-decode-speed", "search-args"}
 IMPORTANCE_KEYS = {"prompts", "max-len", "random-seeds"}
 NAMES = {"kivi": "KIVI", "higgs": "HIGGS", "aqua": "AQUA-KV", "aqua-uniform": "AQUA-KV (uniform)", "fp8": "FP8 E4M3",
          "nvfp4": "NVFP4"}
@@ -460,6 +460,7 @@ class Runner:
                    + (["--pruned", srch["pruned"]] if srch.get("pruned") else [])
                    + (["--pruned-layers", srch["pruned-layers"]] if srch.get("pruned-layers") else [])
                    + (["--select-chunks", srch["select-chunks"]] if srch.get("select-chunks") else [])
+                   + (["--min-decode-speed", srch["min-decode-speed"]] if srch.get("min-decode-speed") else [])
                    + words(srch.get("search-args", "")) + self.opts["set"] + self.threads() + ["--json"])
             self.sh(cmd, stdout=f"{out}/search.json.part", tag="search")
             if not self.opts["dry"]:

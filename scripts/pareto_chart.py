@@ -85,11 +85,16 @@ def load(d):
     return single, search, s
 
 
-def verdicts(single, search):
+def verdicts(single, search, floor=None):
     """Per (context, single method): the searched plan at that method's own bits (budget within 1e-3 below), and
     failing that any searched plan at fewer bits that is better on both KL and ppl (a plan within m's bits that
-    beats m is a plan the search would meet m's budget with)."""
+    beats m is a plan the search would meet m's budget with). With a decoding speed floor (kvcal search
+    --min-decode-speed), a method measured slower than the floor is marked: the search could not have chosen it."""
     out = []
+    def mark(r, v):
+        if floor and r.get("speed") is not None and r["speed"] < floor:
+            return v + " (the method decodes at %.2fx the f16 cache, below the search's floor %gx)" % (r["speed"], floor)
+        return v
     for ctx in sorted(single):
         for r in sorted(single[ctx], key=lambda r: r["bits"]):
             # kvcal search's JSON prints KL and ppl to 6 significant digits: "lower" and "the same" are decided
@@ -101,22 +106,22 @@ def verdicts(single, search):
             match = [p for p in search.get(ctx, []) if r["bits"] - 1e-3 <= p["budget"] <= r["bits"] * (1 + 1e-5)]
             below = [p for p in search.get(ctx, []) if p["bits"] <= r["bits"] + 1e-9 and p not in match]
             if match and wins(match[0]):
-                out.append((ctx, r, match[0], "beats"))
+                out.append((ctx, r, match[0], mark(r, "beats")))
                 continue
             cheaper = [p for p in below if wins(p)]
             if cheaper:
                 p = min(cheaper, key=lambda p: p["bits"])
-                out.append((ctx, r, p, "beats (the searched plan at %.3f bits)" % p["bits"]))
+                out.append((ctx, r, p, mark(r, "beats (the searched plan at %.3f bits)" % p["bits"])))
                 continue
             if match:
                 p = match[0]
                 same = abs(p["kl"] - r["kl"]) <= 1e-5 * r["kl"] and abs(p["ppl"] - r["ppl"]) <= 1e-5 * r["ppl"]
                 # the method itself when it is the cheapest candidate: no other assembly fits its bits
-                out.append((ctx, r, p, "ties (the same plan)" if same else "does not beat"))
+                out.append((ctx, r, p, mark(r, "ties (the same plan)" if same else "does not beat")))
             elif below:
-                out.append((ctx, r, None, "not beaten by the searched plans below these bits"))
+                out.append((ctx, r, None, mark(r, "not beaten by the searched plans below these bits")))
             else:
-                out.append((ctx, r, None, "no searched plan at or below these bits"))
+                out.append((ctx, r, None, mark(r, "no searched plan at or below these bits")))
     return out
 
 
@@ -223,7 +228,8 @@ def table(single, search, s):
     lines += ["### searched plan vs each single method at that method's honest bits", "",
               "| context | method | bits | KL | ppl | searched bits | searched KL | searched ppl | verdict |",
               "|---|---|---|---|---|---|---|---|---|"]
-    for ctx, r, p, v in verdicts(single, search):
+    floors = [p["decode_speed"]["floor"] for p in s["plans"] if p.get("feasible") and p.get("decode_speed")]
+    for ctx, r, p, v in verdicts(single, search, floors[0] if floors else None):
         if p:
             lines.append(f"| {ctx} | {r['name']} | {r['bits']:.3f} | {r['kl']:.4f} | {r['ppl']:.4f} | {p['bits']:.3f} | "
                          f"{p['kl']:.4f} | {p['ppl']:.4f} | {v} |")

@@ -136,6 +136,7 @@ typedef struct search_args {
     const char *model, *tokenizer, *corpus, *heldout, *out, *out_dir, *cand_list, *set_last, *budget_list,
         *context_list, *pruned_list, *layer_list, *pred_inputs;
     long fit_tokens, fit_seq, sens_ctx, sens_samples, eval_chunks, eval_tokens, prompts, threads, select_chunks;
+    double min_speed;
     int json, n_threads;
     kv_cli_args cli;
     const char **sets; /* every --set, in order */
@@ -256,6 +257,9 @@ static int check_counts(const search_args *a, const kv_opt *opts, const char *to
         return kv_cli_usage_error(tool, "--fit-tokens, --sens-samples, --eval-chunks, --eval-tokens, --prompts and "
                                   "--select-chunks must be at most %ld, --fit-seq-len and --sens-ctx at most 2^20",
                                   (long)MAX_COUNT);
+    if (!(a->min_speed >= 0 && a->min_speed <= 100))
+        return kv_cli_usage_error(tool, "--min-decode-speed must be in [0, 100] (0: no floor; 1: as fast as the f16 "
+                                  "cache), not %g", a->min_speed);
     if (strcmp(a->pred_inputs, "chained") != 0 && strcmp(a->pred_inputs, "free") != 0)
         return kv_cli_usage_error(tool, "--predictor-inputs must be chained or free (got '%s')", a->pred_inputs);
     if (a->eval_tokens && kv_cli_given(&a->cli, opts, "eval-chunks"))
@@ -320,6 +324,12 @@ static int parse_args(search_args *a, const char *tool, int argc, char **argv) {
                                                                               "stream only where its inputs are "
                                                                               "AQUA-KV streams (keys before RoPE, "
                                                                               "SEARCH.md §1.4); free: anywhere", 0},
+        {"min-decode-speed", 0, KV_OPT_DOUBLE, &a->min_speed, "R", "every plan decodes at least R times the f16 "
+                                                               "cache's tokens/s at its context on this machine "
+                                                               "(default 0: no floor; calib/SEARCH.md §7): a "
+                                                               "second budget of the knapsack, from a cost model "
+                                                               "the runtime measures; each plan's speed is then "
+                                                               "measured end to end", 0},
         {"select-chunks", 0, KV_OPT_INT, &a->select_chunks, "N", "selection (default 1; 0: none): per point, keep the "
                                                               "plan of least KL on N chunks of calibration text "
                                                               "at its context among the knapsack's choice, the "
@@ -584,6 +594,10 @@ static void print_point_text(const kv_search_point *pt, const search_args *a, co
         printf("predicted: no KL (the sensitivities do not model pruning), honest bits %.4f (measured)\n",
                pt->predicted_bits);
     print_point_selection(pt, a, res);
+    if (pt->time_budget > 0)
+        printf("decode speed against the f16 cache (floor %.2fx, %s): predicted %.2fx, measured %.2fx (%.1f against "
+               "%.1f tokens/s)%s\n", a->min_speed, res->device, pt->predicted_speed, pt->measured_speed, pt->plan_tps,
+               pt->f16_tps, pt->measured_speed < a->min_speed ? " BELOW THE FLOOR" : "");
     printf("measured on the sensitivity tokens (ctx %ld, %ld chunks): KL %.5g, ppl %.4f (exact %.4f), bits %.4f\n",
            a->sens_ctx, a->sens_samples, pt->ev_same.cmp.kl_mean, pt->ev_same.cmp.ppl, pt->ev_same.cmp.ppl_ref,
            pt->ev_same.bits_per_value_total);
@@ -719,6 +733,14 @@ static void print_json_point(int p, const search_args *a, const kv_search_result
     if (isfinite(pt->predicted_kl)) printf("%.6g", pt->predicted_kl); else printf("null"); /* pruned */
     printf(", \"bits_per_value_total\": %.9f},\n", pt->predicted_bits);
     if (a->select_chunks > 0) print_json_selection(pt, a, res);
+    if (pt->time_budget > 0) {
+        printf("     \"decode_speed\": {\"floor\": %.6g, \"predicted\": %.6g, \"measured\": %.6g, "
+               "\"tokens_per_second\": %.6g, \"f16_tokens_per_second\": %.6g, \"lambda\": %.6g, "
+               "\"time_budget_ms\": %.6g, \"device\": ", a->min_speed, pt->predicted_speed, pt->measured_speed,
+               pt->plan_tps, pt->f16_tps, pt->lambda, pt->time_budget * 1e3);
+        kv_tool_json_string(stdout, res->device);
+        printf("},\n");
+    }
     printf("     \"measured_same_tokens\": {\"kl_mean\": %.6g, \"ppl\": %.6g, \"ppl_ref\": %.6g, "
            "\"bits_per_value_total\": %.9f, \"ctx\": %ld, \"chunks\": %ld},\n", pt->ev_same.cmp.kl_mean,
            pt->ev_same.cmp.ppl, pt->ev_same.cmp.ppl_ref, pt->ev_same.bits_per_value_total, a->sens_ctx, a->sens_samples);
@@ -780,9 +802,9 @@ static void print_json(const search_args *a, const kv_search_result *res, const 
     printf("\n  ],\n  \"plans\": [");
     for (int p = 0; p < res->n_points; p++) print_json_point(p, a, res);
     printf("\n  ],\n  \"seconds\": {\"fits\": %.3f, \"bytes\": %.3f, \"sensitivity\": %.3f, \"proxy\": %.3f, "
-           "\"selection\": %.3f, \"validation\": %.3f, \"total\": %.3f},\n  \"sensitivity_tokens\": %zu,\n  "
+           "\"selection\": %.3f, \"validation\": %.3f, \"speed\": %.3f, \"total\": %.3f},\n  \"sensitivity_tokens\": %zu,\n  "
            "\"predictor_inputs\": \"%s\"\n}\n", res->seconds_fit, res->seconds_bytes, res->seconds_sens, res->seconds_proxy,
-           res->seconds_select, res->seconds_eval,
+           res->seconds_select, res->seconds_eval, res->seconds_speed,
            kv_now_seconds() - t0, res->sens_need, res->any_predicted && strcmp(a->pred_inputs, "chained") == 0 ? "chained" : "free");
 }
 
@@ -825,6 +847,7 @@ int kvcal_search(int argc, char **argv) {
         req.fit_tokens = a->fit_tokens, req.fit_seq_len = a->fit_seq, req.sens_ctx = a->sens_ctx;
         req.sens_samples = a->sens_samples, req.prompts = a->prompts, req.select_chunks = a->select_chunks;
         req.predictors_chained = strcmp(a->pred_inputs, "chained") == 0;
+        req.min_decode_speed = a->min_speed;
         s = kv_search_run(&req, &res);
     }
     if (s == KV_OK && a->json) print_json(a, &res, &in.need, t0);

@@ -5,6 +5,7 @@
  * holds (from the runtime's own allocations; the plain cache's arrays otherwise), bits per value and
  * the process's peak RSS. Timings are wall time of the forward calls. */
 #define _POSIX_C_SOURCE 200809L
+#include "kv_bench.h"
 #include "kv_tools.h"
 #include "kvrt.h"
 
@@ -27,18 +28,11 @@ static long peak_rss_kb(void) {
     return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : 0;
 }
 
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
 int kvrun_bench(int argc, char **argv) {
     const char *model = NULL, *tokp = NULL, *text = NULL, *plan_path = NULL, *cache_kind = "f16", *weights = NULL;
     const char *device = NULL;
     long context = 0, decode = 32, batch = 1, threads = 0, seed = 1, prefill_chunk = 512;
-    int json = 0, keep = 0;
+    int json = 0, keep = 0, predict = 0;
     const kv_opt opts[] = {
         {"model", 'm', KV_OPT_STRING, &model, "PATH", "model (GGUF, safetensors directory, llama2.c)", 1},
         {"plan", 'p', KV_OPT_STRING, &plan_path, "PLAN", "the runtime with this plan's compressed cache", 0},
@@ -57,6 +51,9 @@ int kvrun_bench(int argc, char **argv) {
         {"threads", 't', KV_OPT_INT, &threads, "N", "threads, 1..4 per CPU (default: KVCAL_THREADS or all CPUs)", 0},
         {"keep-reconstructions", 0, KV_OPT_FLAG, &keep, NULL, "AQUA-KV plans: keep the reconstructions across steps "
                                                                   "instead of rebuilding them (kernels/RUNTIME.md §6)", 0},
+        {"predict", 0, KV_OPT_FLAG, &predict, NULL, "also the cost model's decode speed (kvcal search "
+                                                         "--min-decode-speed's; calib/SEARCH.md §7) for one sequence "
+                                                         "at --context, against the f16 cache's, beside what was measured", 0},
         {"json", 0, KV_OPT_FLAG, &json, NULL, "print the result as one JSON object", 0},
         {NULL, 0, 0, NULL, NULL, NULL, 0},
     };
@@ -86,9 +83,7 @@ int kvrun_bench(int argc, char **argv) {
     kv_tokenizer *tok = NULL;
     kv_cache *cache = NULL;
     kv_plan *plan = NULL;
-    int32_t *ids = NULL, *prompt = NULL, *next = NULL;
-    int *seq_ids = NULL;
-    float *logits = NULL;
+    int32_t *ids = NULL;
     size_t n_ids = 0;
     bench_result br;
     memset(&br, 0, sizeof br);
@@ -113,14 +108,6 @@ int kvrun_bench(int argc, char **argv) {
                  "%.0f rows, --prefill-chunk)", B, N, K, cache_b / 1073741824.0, rows);
         if ((s = kv_tool_check_memory(est, what)) != KV_OK) goto done;
     }
-    prompt = malloc(sizeof(int32_t) * (size_t)N);
-    next = malloc(sizeof(int32_t) * (size_t)B);
-    seq_ids = malloc(sizeof(int) * (size_t)B);
-    logits = malloc(sizeof(float) * (size_t)B * (size_t)V);
-    if (!prompt || !next || !seq_ids || !logits) {
-        s = KV_ERR(KV_ENOMEM, "out of memory");
-        goto done;
-    }
     if (text) {
         if ((s = kv_tool_tokenize_file(&ids, &n_ids, NULL, tok, text)) != KV_OK) goto done;
         if (n_ids < (size_t)N) {
@@ -130,43 +117,10 @@ int kvrun_bench(int argc, char **argv) {
     }
     if ((s = kv_tool_make_cache(&cache, &plan, m, model, plan_path, cache_kind, B, N + K,
                                  keep ? KV_CACHE_RT_KEEP_RECONSTRUCTIONS : 0u)) != KV_OK) goto done;
-    kv_rng rng;
-    kv_rng_init(&rng, (uint64_t)seed);
-    for (int b = 0; b < B; b++) {
-        /* sequence b's prompt: the corpus from a different offset, or fresh random ids */
-        if (text)
-            memcpy(prompt, ids + ((size_t)b * 7919u) % (n_ids - (size_t)N + 1), sizeof(int32_t) * (size_t)N);
-        else
-            for (int t = 0; t < N; t++) prompt[t] = (int32_t)(kv_rng_next_u64(&rng) % (uint64_t)V);
-        /* the prompt in chunks, as kvrun generate feeds it: a compressed cache compresses as it goes,
-         * so the decoding steps below see the steady state, not the whole prompt's compression */
-        const int chunk = prefill_chunk > 0 ? (int)prefill_chunk : N;
-        const double t0 = kv_now_seconds();
-        for (int p0 = 0; p0 < N; p0 += chunk) {
-            kv_forward f;
-            memset(&f, 0, sizeof f);
-            f.tokens = prompt + p0, f.n_seqs = 1, f.n_tokens = N - p0 < chunk ? N - p0 : chunk, f.cache = cache;
-            f.seq_ids = &b, f.logits = logits + (size_t)b * V, f.logits_last_only = 1;
-            if ((s = kv_model_forward(m, &f)) != KV_OK) goto done;
-        }
-        br.prefill_s += kv_now_seconds() - t0;
-        /* the prompt is complete: a pruning plan selects and compresses what it keeps (timed apart) */
-        const double t1 = kv_now_seconds();
-        if ((s = kv_cache_end_prompt(cache, b)) != KV_OK) goto done;
-        br.end_prompt_s += kv_now_seconds() - t1;
-        next[b] = argmax(logits + (size_t)b * V, V);
-        seq_ids[b] = b;
-    }
-    for (int i = 0; i < K; i++) {
-        kv_forward f;
-        memset(&f, 0, sizeof f);
-        f.tokens = next, f.n_seqs = B, f.n_tokens = 1, f.cache = cache, f.seq_ids = seq_ids;
-        f.logits = logits, f.logits_last_only = 1;
-        const double t0 = kv_now_seconds();
-        if ((s = kv_model_forward(m, &f)) != KV_OK) goto done;
-        br.decode_s += kv_now_seconds() - t0;
-        for (int b = 0; b < B; b++) next[b] = argmax(logits + (size_t)b * V, V);
-    }
+    const kv_bench_options bo = {N, K, B, (int)prefill_chunk, ids, n_ids, (uint64_t)seed};
+    kv_bench_result r;
+    if ((s = kv_bench_run(&r, m, cache, &bo)) != KV_OK) goto done;
+    br.prefill_s = r.prefill_s, br.decode_s = r.decode_s, br.end_prompt_s = r.end_prompt_s;
     kv_rt *rt = kv_cache_rt_runtime(cache);
     if (rt) {
         kv_rt_stats st;
@@ -181,6 +135,20 @@ int kvrun_bench(int argc, char **argv) {
         br.bits_per_value = br.bits_per_value_total = 32.0;
     }
     br.peak_rss_kb = peak_rss_kb();
+    double pred_tps = 0, pred_ratio = 0; /* the cost model: the weights' part and the cache's, one sequence */
+    if (predict) {
+        kv_decode_cost dc, df;
+        double w = 0;
+        if ((s = kv_decode_weights_seconds(&w, m, 16)) != KV_OK || (s = kv_decode_cost_measure(&dc, plan, m, N, 8)) != KV_OK)
+            goto done;
+        if ((s = kv_decode_cost_measure(&df, NULL, m, N, 8)) != KV_OK) {
+            kv_decode_cost_free(&dc);
+            goto done;
+        }
+        pred_tps = 1.0 / (w + dc.seconds), pred_ratio = kv_decode_speed_ratio(w, dc.seconds, df.seconds);
+        kv_decode_cost_free(&dc);
+        kv_decode_cost_free(&df);
+    }
     const double dec_tps = br.decode_s > 0 ? (double)B * K / br.decode_s : 0.0;
     const double pre_tps = br.prefill_s > 0 ? (double)B * N / br.prefill_s : 0.0;
     const char *what = plan_path ? plan_path : cache_kind;
@@ -194,11 +162,14 @@ int kvrun_bench(int argc, char **argv) {
                "\"prefill_tokens_per_second\": %.3f, \"decode_seconds\": %.4f, \"prefill_seconds\": %.4f, "
                "\"end_prompt_seconds\": %.4f, "
                "\"cache_bytes\": %llu, \"cache_bytes_accounted\": %llu, \"working_bytes\": %llu, "
-               "\"bits_per_value\": %.4f, \"bits_per_value_total\": %.4f, \"peak_rss_bytes\": %lld}\n",
+               "\"bits_per_value\": %.4f, \"bits_per_value_total\": %.4f, \"peak_rss_bytes\": %lld",
                N, K, B, kv_model_threads(m), dec_tps, pre_tps, br.decode_s, br.prefill_s, br.end_prompt_s,
                (unsigned long long)br.cache_bytes, (unsigned long long)br.cache_bytes_accounted,
                (unsigned long long)br.working_bytes, br.bits_per_value, br.bits_per_value_total,
                (long long)br.peak_rss_kb * 1024);
+        if (predict)
+            printf(", \"predicted_decode_tokens_per_second\": %.3f, \"predicted_speed_vs_f16\": %.4f", pred_tps, pred_ratio);
+        printf("}\n");
     } else {
         printf("cache                      %s\n", what);
         printf("context / decode / batch   %d / %d / %d (%d threads)\n", N, K, B, kv_model_threads(m));
@@ -211,13 +182,12 @@ int kvrun_bench(int argc, char **argv) {
                (unsigned long long)br.working_bytes);
         printf("bits_per_value             %.3f (total %.3f)\n", br.bits_per_value, br.bits_per_value_total);
         printf("peak_rss                   %.1f MiB\n", br.peak_rss_kb / 1024.0);
+        if (predict)
+            printf("predicted                  %.2f decode tokens/s for one sequence, %.3fx the f16 cache's (the cost "
+                   "model)\n", pred_tps, pred_ratio);
     }
 done:
     free(ids);
-    free(prompt);
-    free(next);
-    free(seq_ids);
-    free(logits);
     kv_cache_free(cache);
     kv_plan_free(plan);
     kv_tokenizer_free(tok);

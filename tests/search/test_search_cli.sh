@@ -49,6 +49,32 @@ expect 1 "compress nothing" "--sens-ctx within the f16 sinks and window" -- "$kv
   --set cache.recent=128 --budget-bits 7 --candidates kivi2 --out "$tmp/x.kvplan"
 [ -e "$tmp/x.kvplan" ] && bad "a refused search wrote a plan" || ok "no plan after a refusal"
 
+# the decoding speed floor (SEARCH.md §7): out of range is a usage error; a floor no cache meets (the weights alone
+# are slower) is refused after the cost model (before the sensitivities); a floor the plans meet gives a plan whose
+# predicted speed meets it (by construction), measured end to end, and recorded in the plan's provenance
+expect 2 "min-decode-speed" "--min-decode-speed out of range" -- "$kvcal" search "${common[@]}" --budget-bits 7 \
+  --candidates f16,kivi2 --min-decode-speed -1 --out "$tmp/x.kvplan"
+expect 1 "no cache decodes that fast" "a floor above what the weights allow" -- "$kvcal" search "${common[@]}" \
+  --budget-bits 7 --candidates f16,kivi2 --min-decode-speed 100 --out "$tmp/x.kvplan"
+grep -q "decoding cost at context 256: kivi2" "$tmp/err" && ok "refused after the cost model" ||
+  bad "the floor was refused before the cost model measured it"
+[ -e "$tmp/x.kvplan" ] && bad "a refused search wrote a plan" || ok "no plan after a refusal"
+expect 0 "" "search with a speed floor" -- "$kvcal" search "${common[@]}" --budget-bits 7 --candidates f16,kivi2,kivi4 \
+  --min-decode-speed 0.05 --out "$tmp/sp.kvplan" --json
+cp "$tmp/out" "$tmp/sp.json"
+expect 0 "" "kvrun inspect the floored plan" -- "$kvrun" inspect "$tmp/sp.kvplan" --json
+cp "$tmp/out" "$tmp/sp-inspect.json"
+python3 - "$tmp/sp.json" "$tmp/sp-inspect.json" <<'PY' || fail=1
+import json, sys
+r = json.load(open(sys.argv[1])); i = json.load(open(sys.argv[2]))
+d = r["plans"][0]["decode_speed"]
+assert d["floor"] == 0.05 and d["predicted"] >= 0.05 and d["measured"] > 0 and d["tokens_per_second"] > 0, d
+assert d["f16_tokens_per_second"] > 0 and d["time_budget_ms"] > 0 and d["device"].startswith("cpu: "), d
+cfg = i["provenance"]["config"]
+assert "min_decode_speed: 0.05" in cfg and "predicted_decode_speed:" in cfg and "speed_device:" in cfg, cfg
+print("ok: floor 0.05: predicted %.2fx, measured %.2fx the f16 cache" % (d["predicted"], d["measured"]))
+PY
+
 # KIVI with larger groups (kivi1g128) is the cheapest candidate: at 512 tokens with a 128-token window, 5.45 bits
 # is below KIVI-1 everywhere (5.5; the f16 sinks and window are 4.125 of them) and feasible with kivi1g128 keys
 expect 0 "" "search with kivi1g128" -- "$kvcal" search "${inputs[@]}" --set cache.recent=128 --sens-ctx 256 \
