@@ -357,6 +357,34 @@ kv_status kv_fit_forward_baseline(double *seconds, kv_model *m, const kv_fit_dat
 /* The report as text (json = 0: a table per layer and a summary) or JSON (json = 1). Caller frees. */
 kv_status kv_fit_report_format(char **out, const kv_fit_report *r, int json);
 
+/* ---- kvprof budget's plans (calib/budget_plans.c) ----------------------------------------------
+ * Every operating point of a grid (kv_budget_points, profile/) as the plan kvcal fit would write for it
+ * (kivi preset < config_path < sets < the point's assignments; kv_fit_plan_uncalibrated), each with a
+ * runtime cache of `capacity` tokens for one sequence, and the prefill cache (the base configuration
+ * with pruning.method=none, made with KV_CACHE_RT_PROMPT_STATS) for kv_budget_measure. The grid's
+ * mix_ranges is cut to the model's layers, and its mixes dropped when mix_base is not one of its bits. */
+typedef struct kv_budget_plans_request {
+    kv_budget_grid grid;
+    const char *model_path;   /* the model's file: the plans' fingerprint */
+    const char *config_path;  /* base kvcal fit configuration, or NULL */
+    const char *const *sets;  /* "key=value" over it, in order */
+    int n_sets;
+    int capacity;
+} kv_budget_plans_request;
+typedef struct kv_budget_plans {
+    kv_budget_point *points; /* n, budget-major (kv_budget_points) */
+    int n;
+    kv_plan **plans;         /* n */
+    kv_cache **caches;       /* n */
+    kv_plan *base;           /* the prefill cache's plan (its recent window and pruning pool are the base's) */
+    kv_cache *prefill;
+} kv_budget_plans;
+/* *out owned by the caller (kv_budget_plans_free, also after an error). Errors: kv_budget_points',
+ * the configuration's and kv_fit_plan_uncalibrated's (wrapped with the point's name and budget), the
+ * caches'. */
+kv_status kv_budget_plans_make(kv_budget_plans *out, kv_model *m, const kv_budget_plans_request *rq);
+void kv_budget_plans_free(kv_budget_plans *bp);
+
 /* ---- kvcal search: per-(layer, stream) choice of method under an honest bit budget (search.c) -------
  * calib/SEARCH.md. A stream fitted from its own layer's K/V of the exact model (no predictor, no shared
  * codes) does not depend on any other stream's choice (kv_fit_run advances the hidden states with the
