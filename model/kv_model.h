@@ -340,6 +340,12 @@ typedef struct kv_ppl_result {
  * adds it). KV_EINVAL when the text is shorter than one chunk. */
 kv_status kv_eval_perplexity(kv_ppl_result *out, kv_model *m, const int32_t *tokens, size_t n_tokens,
                              const kv_ppl_options *opt);
+/* The same over a text tokenized whole without BOS (ids), with tok's BOS conventions (eval_text.c): protocol
+ * all prefixes every chunk with tok's BOS; llama.cpp puts BOS before the text when the vocabulary adds it
+ * (kv_tokenizer_add_bos_default) and otherwise uses none. opt->bos_id is not read. */
+struct kv_tokenizer; /* kv_tokenizer, below */
+kv_status kv_eval_perplexity_text(kv_ppl_result *out, kv_model *m, const struct kv_tokenizer *tok,
+                                  const int32_t *ids, size_t n_ids, const kv_ppl_options *opt);
 
 /* -log softmax(logits)[target] of one row of n_vocab logits (max in float, sum of exp in double, as
  * llama.cpp's perplexity tool does). */
