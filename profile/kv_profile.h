@@ -92,6 +92,11 @@ typedef struct kv_importance {
 kv_status kv_importance_run(kv_importance *out, kv_model *m, const int32_t *tokens, size_t n_tokens,
                             const kv_importance_options *opt);
 void kv_importance_free(kv_importance *imp);
+/* Wall time of plain forward passes (logits included) over the prompts of imp (tokens: the corpus imp was
+ * run on; bos >= 0 first, as kv_importance_run put it): the reference --compare-forward reports
+ * (importance_forward.c). */
+kv_status kv_importance_time_forwards(double *seconds, kv_model *m, const kv_importance *imp, const int32_t *tokens,
+                                      int bos);
 
 /* Rank stability between the two disjoint halves A (prompts 0..h-1) and B (h..2h-1), h = P/2:
  * Spearman's rho of mean(A) vs mean(B) for K and V, the overlap of their top-n_top sets, and
