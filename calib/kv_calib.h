@@ -222,6 +222,13 @@ typedef struct kv_fit_options {
  * KV_FIT_CKPT_OWNER); KV_EINVAL, naming the reason, for a symbolic link, a file, or a directory
  * without the owner file (the fit neither uses nor cleans up a directory it did not create). */
 kv_status kv_fit_ckpt_check_dir(const char *dir);
+/* A plan's checkpoint directory is PLAN.ckpt (calib/fit_ckpt_path.c). Before any work: KV_EINVAL when it
+ * exists and is not a directory (a symlink to a directory counts as one), then kv_fit_ckpt_check_dir's
+ * refusals. */
+kv_status kv_fit_ckpt_check_plan(const char *plan_path);
+/* The checkpoint directory for a run writing plan_path: "PLAN.ckpt" (malloc'd into *dir), or *dir NULL
+ * (logged, no checkpoints) when plan_path exists and is not a regular file (a device or a pipe). */
+kv_status kv_fit_ckpt_dir_for(char **dir, const char *plan_path);
 
 /* Options with the defaults above (no checkpoint, stop_after_layer -1). */
 void kv_fit_options_init(kv_fit_options *o);
@@ -308,6 +315,11 @@ kv_status kv_xquant_probe(kv_xquant_choice *out, kv_model *m, const kv_model_fil
 void kv_xquant_choice_apply(kv_fit_config *cfg, const kv_xquant_choice *c);
 /* The fit report's xq_target_bits and xq_chosen (kv_fit_report_format prints them). */
 void kv_xquant_choice_report(kv_fit_report *rep, const kv_xquant_choice *c);
+/* kvcal fit's run (calib/fit_job.c): with xquant.target_bits > 0 the probe first (its choice applied to cfg,
+ * so cfg changes, and reported in rep), then kv_fit_run; a warning (kv_log) counts the predictors whose
+ * normal equations were rank deficient. rep must not be NULL. Errors: the probe's and kv_fit_run's. */
+kv_status kv_fit_run_job(kv_plan **out, kv_fit_report *rep, kv_model *m, const kv_model_file *mf,
+                         const kv_fit_data *data, kv_fit_config *cfg, const kv_fit_options *opt);
 
 /* What kv_fit_run refuses before any work, checkable as soon as the model's architecture is known
  * (the tool calls it before loading weights or reading the corpus): kv_fit_config_validate, methods
@@ -330,6 +342,10 @@ kv_status kv_fit_plan_uncalibrated(kv_plan **out, const kv_fit_config *cfg, cons
  * both streams (aquakv.txt §3.3 "per-token quantization for both schemes"); aqua, higgs: none; the others
  * as their rows in the fitter table say (calib/fitters.c). Sets c->method. */
 kv_status kv_fit_config_method_preset(kv_fit_config *c, kv_fit_method method);
+/* kvcal fit's lower configuration layers onto c (initialized; calib/fit_config_base.c): method's preset
+ * (method -1: the file's method, else none), then the file config_path (NULL: none), then c->method =
+ * method when one was given. Flags and --set go on top; validation is the caller's. Errors: the file's. */
+kv_status kv_fit_config_base(kv_fit_config *c, const char *config_path, int method);
 
 /* Wall time of one plain forward pass (embedding and every layer, no logits, no hooks) over the
  * sequences kv_fit_run would use, in the same batches (shards; each rank its own, the time is the
@@ -340,6 +356,34 @@ kv_status kv_fit_forward_baseline(double *seconds, kv_model *m, const kv_fit_dat
 
 /* The report as text (json = 0: a table per layer and a summary) or JSON (json = 1). Caller frees. */
 kv_status kv_fit_report_format(char **out, const kv_fit_report *r, int json);
+
+/* ---- kvprof budget's plans (calib/budget_plans.c) ----------------------------------------------
+ * Every operating point of a grid (kv_budget_points, profile/) as the plan kvcal fit would write for it
+ * (kivi preset < config_path < sets < the point's assignments; kv_fit_plan_uncalibrated), each with a
+ * runtime cache of `capacity` tokens for one sequence, and the prefill cache (the base configuration
+ * with pruning.method=none, made with KV_CACHE_RT_PROMPT_STATS) for kv_budget_measure. The grid's
+ * mix_ranges is cut to the model's layers, and its mixes dropped when mix_base is not one of its bits. */
+typedef struct kv_budget_plans_request {
+    kv_budget_grid grid;
+    const char *model_path;   /* the model's file: the plans' fingerprint */
+    const char *config_path;  /* base kvcal fit configuration, or NULL */
+    const char *const *sets;  /* "key=value" over it, in order */
+    int n_sets;
+    int capacity;
+} kv_budget_plans_request;
+typedef struct kv_budget_plans {
+    kv_budget_point *points; /* n, budget-major (kv_budget_points) */
+    int n;
+    kv_plan **plans;         /* n */
+    kv_cache **caches;       /* n */
+    kv_plan *base;           /* the prefill cache's plan (its recent window and pruning pool are the base's) */
+    kv_cache *prefill;
+} kv_budget_plans;
+/* *out owned by the caller (kv_budget_plans_free, also after an error). Errors: kv_budget_points',
+ * the configuration's and kv_fit_plan_uncalibrated's (wrapped with the point's name and budget), the
+ * caches'. */
+kv_status kv_budget_plans_make(kv_budget_plans *out, kv_model *m, const kv_budget_plans_request *rq);
+void kv_budget_plans_free(kv_budget_plans *bp);
 
 /* ---- kvcal search: per-(layer, stream) choice of method under an honest bit budget (search.c) -------
  * calib/SEARCH.md. A stream fitted from its own layer's K/V of the exact model (no predictor, no shared

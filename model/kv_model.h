@@ -340,6 +340,12 @@ typedef struct kv_ppl_result {
  * adds it). KV_EINVAL when the text is shorter than one chunk. */
 kv_status kv_eval_perplexity(kv_ppl_result *out, kv_model *m, const int32_t *tokens, size_t n_tokens,
                              const kv_ppl_options *opt);
+/* The same over a text tokenized whole without BOS (ids), with tok's BOS conventions (eval_text.c): protocol
+ * all prefixes every chunk with tok's BOS; llama.cpp puts BOS before the text when the vocabulary adds it
+ * (kv_tokenizer_add_bos_default) and otherwise uses none. opt->bos_id is not read. */
+struct kv_tokenizer; /* kv_tokenizer, below */
+kv_status kv_eval_perplexity_text(kv_ppl_result *out, kv_model *m, const struct kv_tokenizer *tok,
+                                  const int32_t *ids, size_t n_ids, const kv_ppl_options *opt);
 
 /* -log softmax(logits)[target] of one row of n_vocab logits (max in float, sum of exp in double, as
  * llama.cpp's perplexity tool does). */
@@ -374,6 +380,12 @@ typedef kv_status (*kv_token_fn)(void *user, int32_t token);
 kv_status kv_generate(int32_t *out, int *n_out, kv_gen_stats *stats, kv_model *m, kv_cache *cache,
                       const int32_t *prompt, int n_prompt, const kv_gen_options *opt, kv_token_fn on_token,
                       void *user);
+/* A text prompt for kv_generate (generate_prompt.c): its tokens (*ids malloc'd), BOS first when the vocabulary
+ * adds it and always for an empty prompt; KV_EINVAL for an empty prompt when the vocabulary has no BOS. */
+kv_status kv_gen_prompt_tokens(int32_t **ids, size_t *n, const struct kv_tokenizer *tok, const char *prompt);
+/* The tokens generation stops at (kv_gen_options.stop_ids; *ids malloc'd, *n of them): every end-of-generation
+ * token and BOS among the first min(tokenizer's, n_vocab) ids (n_vocab: the model's). */
+kv_status kv_gen_stop_tokens(int32_t **ids, int *n, const struct kv_tokenizer *tok, int n_vocab);
 /* Pick the next token from one row of logits: argmax at temp <= 0, else a draw from
  * softmax(logits/temp) (restricted to the top-p nucleus when 0 < top_p < 1) using one uniform of rng. */
 kv_status kv_sample_token(int32_t *out, const float *logits, int n_vocab, float temp, float top_p,

@@ -92,6 +92,11 @@ typedef struct kv_importance {
 kv_status kv_importance_run(kv_importance *out, kv_model *m, const int32_t *tokens, size_t n_tokens,
                             const kv_importance_options *opt);
 void kv_importance_free(kv_importance *imp);
+/* Wall time of plain forward passes (logits included) over the prompts of imp (tokens: the corpus imp was
+ * run on; bos >= 0 first, as kv_importance_run put it): the reference --compare-forward reports
+ * (importance_forward.c). */
+kv_status kv_importance_time_forwards(double *seconds, kv_model *m, const kv_importance *imp, const int32_t *tokens,
+                                      int bos);
 
 /* Rank stability between the two disjoint halves A (prompts 0..h-1) and B (h..2h-1), h = P/2:
  * Spearman's rho of mean(A) vs mean(B) for K and V, the overlap of their top-n_top sets, and
@@ -170,6 +175,30 @@ int kv_budget_better(const kv_budget_result *a, const kv_budget_result *b);
 /* The point as a kvcal fit configuration fragment (YAML; comments give its measured quality). */
 kv_status kv_budget_config_write(const char *path, const kv_budget_point *p, const kv_budget_result *r, int n_layers,
                                  int window, int pool);
+/* What kv_budget_measure runs (profile/budget_measure.c): the continuation protocol's prompts of prompt_len
+ * tokens (BOS included) and score_len scored tokens, at most `samples` of them, the prompt prefilled in steps
+ * of prefill_chunk (0: whole) and the scored tokens fed `step` at a time; passkey_len > 0: also passkey
+ * retrieval at that length, n_depths depths x trials prompts (trial t: key and filler offset of
+ * kv_rng_u64(seed, t)), 8 answer tokens. */
+typedef struct kv_budget_measure_options {
+    int prompt_len, score_len, prefill_chunk, step;
+    size_t samples;
+    int passkey_len;
+    const double *depths;
+    int n_depths, trials;
+    uint64_t seed;
+} kv_budget_measure_options;
+/* Every point's cache (caches[i], runtime caches of kv_cache_rt_create) measured on the same prompts of ids:
+ * res[i] (n results: KL, ppl, top-1 agreement, run time, cache bytes per value over f16's after the last
+ * sample, passkey accuracy or NaN), *sum the exact model's side, *seconds_continuation the continuation's
+ * wall time. prefill: a runtime cache made with KV_CACHE_RT_PROMPT_STATS that runs each prompt once for all
+ * (kv_cont_options.prefill_cache). Errors: kv_eval_continuation's, the passkey's, KV_ENOMEM. */
+kv_status kv_budget_measure(kv_budget_result *res, kv_cont_summary *sum, double *seconds_continuation, kv_model *m,
+                            const kv_tokenizer *tok, kv_cache *const *caches, int n, kv_cache *prefill,
+                            const int32_t *ids, size_t n_ids, const kv_budget_measure_options *o);
+/* best[b]: the index of the best point (kv_budget_better) whose budget is budgets[b], or -1. */
+void kv_budget_best(int *best, const kv_budget_point *pts, const kv_budget_result *res, int n, const double *budgets,
+                    int n_budgets);
 /* SVG: KL (log scale) against the budgets (in the order given), one line per operating point name. */
 kv_status kv_budget_svg_write(const char *path, const char *title, const kv_budget_point *pts,
                               const kv_budget_result *res, int n, const double *budgets, int n_budgets);

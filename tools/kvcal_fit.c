@@ -1,6 +1,7 @@
 /* kvcal fit: calibrate a compression plan (AQUA-KV and baselines) on a text corpus. Thin: parse,
- * resolve the configuration (defaults < method preset < config file < flags < --set), tokenize,
- * call kv_fit_run, print the held-out metrics. calib/FIT.md documents the procedure.
+ * resolve the configuration (defaults < method preset < config file < flags < --set; the lower layers
+ * are kv_fit_config_base), tokenize, call kv_fit_run_job (calib/fit_job.c: XQuant's probe, kv_fit_run),
+ * print the held-out metrics. calib/FIT.md documents the procedure.
  * Under mpirun every rank runs this with the same arguments (kv_dist): rank 0 prints and writes,
  * the others only report errors that are theirs alone (carried to rank 0 by kv_dist_agree). */
 #define _POSIX_C_SOURCE 200809L
@@ -13,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 static volatile sig_atomic_t g_interrupt;
@@ -85,47 +85,84 @@ static kv_status set_string(char **dst, const char *v) {
     return KV_OK;
 }
 
-int kvcal_fit(int argc, char **argv) {
-    const char *tool = "kvcal fit";
-    const char *model = NULL, *tokenizer = NULL, *corpus = NULL, *heldout = NULL, *config = NULL, *out = NULL;
-    const char *method = NULL, *set_last = NULL, *granularity = NULL, *target_bits = NULL;
-    long bits = 0, seq_len = 0, max_tokens = -1, seed = -1, threads = 0;
-    int json = 0, no_ckpt = 0, bench = 0;
+/* The command line, parsed and checked. */
+typedef struct fit_args {
+    const char *model, *tokenizer, *corpus, *heldout, *config, *out, *method, *set_last, *granularity, *target_bits;
+    long bits, seq_len, max_tokens, seed, threads;
+    int json, no_ckpt, bench;
+    int given_bits, given_seq_len, given_max_tokens, given_seed;
+    int method_id, n_threads;
+    const char **sets; /* every --set, in order (owned) */
+    int n_sets;
+} fit_args;
+
+/* The options' checks that need no configuration: KV_EXIT_OK or the usage error's exit code. */
+static int check_flags(fit_args *f, const char *tool) {
+    if (f->method && (f->method_id = kv_fit_method_from_name(f->method)) < 0) {
+        char known[256] = ""; /* "aqua, ..., xquant or squat": the methods' table (formats/config.c) */
+        for (int k = 0; k < KV_FIT_METHOD_COUNT; k++) {
+            const size_t len = strlen(known);
+            snprintf(known + len, sizeof known - len, "%s%s", k == 0 ? "" : k + 1 < KV_FIT_METHOD_COUNT ? ", " : " or ",
+                     kv_fit_method_name(k));
+        }
+        return kv_cli_usage_error(tool, "--method must be %s (got '%s')", known, f->method);
+    }
+    if (f->granularity && strcmp(f->granularity, "tensor") != 0 && strcmp(f->granularity, "head") != 0)
+        return kv_cli_usage_error(tool, "--scale-granularity must be tensor or head (got '%s')", f->granularity);
+    /* --bits is keys.bits and values.bits together: the same range as those keys here, and the method's own limits
+     * (uniform codes 1, 2, 3, 4 or 8 bits; HIGGS grids bits x d <= 16; 16 = f16 for kivi only) from the configuration's
+     * validation below, before any work, with the method named */
+    if (f->given_bits &&
+        !((f->bits >= KV_FIT_MIN_BITS && f->bits <= KV_FIT_MAX_BITS) || f->bits == KV_FIT_F16_BITS))
+        return kv_cli_usage_error(tool, "--bits must be in %d..%d or 16 (got %ld): uniform methods (kivi, xquant, squat, "
+                                  "aqua-uniform) take 1, 2, 3, 4 or 8, higgs and aqua 1..8, 16 keeps kivi streams in f16",
+                                  KV_FIT_MIN_BITS, KV_FIT_MAX_BITS, f->bits);
+    if (f->given_seq_len && (f->seq_len < 2 || f->seq_len > (1 << 20)))
+        return kv_cli_usage_error(tool, "--seq-len must be in 2..1048576 (got %ld)", f->seq_len);
+    if (f->given_max_tokens && f->max_tokens < 0)
+        return kv_cli_usage_error(tool, "--max-tokens must be >= 0 (got %ld)", f->max_tokens);
+    if (f->given_seed && f->seed < 0) return kv_cli_usage_error(tool, "--seed must be >= 0 (got %ld)", f->seed);
+    return kv_tool_threads(tool, f->threads, &f->n_threads);
+}
+
+/* The command line into *f (f->sets freed by the caller): KV_EXIT_OK, -1 after --help, or the usage error's exit
+ * code. */
+static int parse_args(fit_args *f, const char *tool, int argc, char **argv) {
+    memset(f, 0, sizeof *f);
+    f->max_tokens = -1, f->seed = -1, f->method_id = -1;
     const kv_opt opts[] = {
-        {"model", 'm', KV_OPT_STRING, &model, "M", "model: GGUF, safetensors directory or llama2.c checkpoint "
-                                                   "(default: the config's `model`)", 0},
-        {"tokenizer", 0, KV_OPT_STRING, &tokenizer, "T", "tokenizer (default: the model's own)", 0},
-        {"corpus", 'c', KV_OPT_STRING, &corpus, "FILE", "calibration text (default: the config's data.calibration)", 0},
-        {"heldout", 0, KV_OPT_STRING, &heldout, "FILE", "held-out text for the metrics (default: data.heldout, "
-                                                        "else a seeded data.heldout_fraction of the calibration sequences)", 0},
-        {"config", 0, KV_OPT_STRING, &config, "CFG.yaml", "fit configuration (configs/kvcal-example.yaml)", 0},
-        {"out", 'o', KV_OPT_STRING, &out, "PLAN", "plan to write (atomically); PLAN.ckpt/ holds checkpoints", 1},
-        {"method", 0, KV_OPT_STRING, &method, "NAME", "aqua (default), aqua-uniform, higgs, kivi, fp8, nvfp4, xquant or squat", 0},
-        {"scale-granularity", 0, KV_OPT_STRING, &granularity, "G", "fp8 / nvfp4: one calibrated scale per tensor "
-                                                                "(default) or per KV head (fp.scale_granularity)", 0},
-        {"bits", 'b', KV_OPT_INT, &bits, "B", "bits of keys and values: uniform methods 1, 2, 3, 4 or 8, higgs/aqua 1..8, or 16 (kivi: kept in f16, for pruning plans; default: the config's, 2)", 0},
-        {"target-bits", 0, KV_OPT_STRING, &target_bits, "B", "method xquant: choose kq, vq, km, vm for at most B bits "
-                                                          "per value (codes + scales + zero points; xquant.target_bits)", 0},
-        {"seq-len", 0, KV_OPT_INT, &seq_len, "N", "tokens per calibration sequence (data.seq_len, default 1024)", 0},
-        {"max-tokens", 0, KV_OPT_INT, &max_tokens, "N", "calibration tokens at most, 0 = all (data.max_tokens)", 0},
-        {"seed", 0, KV_OPT_INT, &seed, "S", "seed: held-out split, grids, HIGGS signs (default 0)", 0},
-        {"set", 0, KV_OPT_STRING, &set_last, "KEY=VALUE", "override one configuration key (repeatable), e.g. "
-                                                          "--set cache.recent=64", 0},
-        {"threads", 't', KV_OPT_INT, &threads, "N", "threads, 1..4 per CPU (default: KVCAL_THREADS or all CPUs)", 0},
-        {"json", 0, KV_OPT_FLAG, &json, NULL, "print the report as JSON", 0},
-        {"no-checkpoint", 0, KV_OPT_FLAG, &no_ckpt, NULL, "do not checkpoint after each layer (no resume)", 0},
-        {"bench", 0, KV_OPT_FLAG, &bench, NULL, "also time one plain forward pass over the same tokens and print "
-                                                "calibration time / forward time", 0},
+        {"model", 'm', KV_OPT_STRING, &f->model, "M", "model: GGUF, safetensors directory or llama2.c checkpoint "
+                                                      "(default: the config's `model`)", 0},
+        {"tokenizer", 0, KV_OPT_STRING, &f->tokenizer, "T", "tokenizer (default: the model's own)", 0},
+        {"corpus", 'c', KV_OPT_STRING, &f->corpus, "FILE", "calibration text (default: the config's data.calibration)", 0},
+        {"heldout", 0, KV_OPT_STRING, &f->heldout, "FILE", "held-out text for the metrics (default: data.heldout, "
+                                                           "else a seeded data.heldout_fraction of the calibration sequences)", 0},
+        {"config", 0, KV_OPT_STRING, &f->config, "CFG.yaml", "fit configuration (configs/kvcal-example.yaml)", 0},
+        {"out", 'o', KV_OPT_STRING, &f->out, "PLAN", "plan to write (atomically); PLAN.ckpt/ holds checkpoints", 1},
+        {"method", 0, KV_OPT_STRING, &f->method, "NAME", "aqua (default), aqua-uniform, higgs, kivi, fp8, nvfp4, xquant or squat", 0},
+        {"scale-granularity", 0, KV_OPT_STRING, &f->granularity, "G", "fp8 / nvfp4: one calibrated scale per tensor "
+                                                                   "(default) or per KV head (fp.scale_granularity)", 0},
+        {"bits", 'b', KV_OPT_INT, &f->bits, "B", "bits of keys and values: uniform methods 1, 2, 3, 4 or 8, higgs/aqua 1..8, or 16 (kivi: kept in f16, for pruning plans; default: the config's, 2)", 0},
+        {"target-bits", 0, KV_OPT_STRING, &f->target_bits, "B", "method xquant: choose kq, vq, km, vm for at most B bits "
+                                                             "per value (codes + scales + zero points; xquant.target_bits)", 0},
+        {"seq-len", 0, KV_OPT_INT, &f->seq_len, "N", "tokens per calibration sequence (data.seq_len, default 1024)", 0},
+        {"max-tokens", 0, KV_OPT_INT, &f->max_tokens, "N", "calibration tokens at most, 0 = all (data.max_tokens)", 0},
+        {"seed", 0, KV_OPT_INT, &f->seed, "S", "seed: held-out split, grids, HIGGS signs (default 0)", 0},
+        {"set", 0, KV_OPT_STRING, &f->set_last, "KEY=VALUE", "override one configuration key (repeatable), e.g. "
+                                                             "--set cache.recent=64", 0},
+        {"threads", 't', KV_OPT_INT, &f->threads, "N", "threads, 1..4 per CPU (default: KVCAL_THREADS or all CPUs)", 0},
+        {"json", 0, KV_OPT_FLAG, &f->json, NULL, "print the report as JSON", 0},
+        {"no-checkpoint", 0, KV_OPT_FLAG, &f->no_ckpt, NULL, "do not checkpoint after each layer (no resume)", 0},
+        {"bench", 0, KV_OPT_FLAG, &f->bench, NULL, "also time one plain forward pass over the same tokens and print "
+                                                   "calibration time / forward time", 0},
         {NULL, 0, KV_OPT_FLAG, NULL, NULL, NULL, 0},
     };
     /* --set may be given many times: collect every value in order (the parser keeps the last). */
-    const char **sets = calloc((size_t)argc + 1, sizeof *sets);
-    int n_sets = 0;
-    if (!sets) return kv_cli_fail(tool, KV_ERR(KV_ENOMEM, "out of memory"));
+    if (!(f->sets = calloc((size_t)argc + 1, sizeof *f->sets))) return kv_cli_fail(tool, KV_ERR(KV_ENOMEM, "out of memory"));
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) break;
-        if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) sets[n_sets++] = argv[++i];
-        else if (strncmp(argv[i], "--set=", 6) == 0) sets[n_sets++] = argv[i] + 6;
+        if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) f->sets[f->n_sets++] = argv[++i];
+        else if (strncmp(argv[i], "--set=", 6) == 0) f->sets[f->n_sets++] = argv[i] + 6;
     }
     kv_cli_args a;
     int rc = kv_cli_parse(&a, tool,
@@ -142,64 +179,176 @@ int kvcal_fit(int argc, char **argv) {
                           "spilling to disk). Under mpirun (mpirun -np N kvcal fit ...) the ranks share the "
                           "sequences and rank 0 writes the same plan as one process.",
                           opts, 0, argc, argv);
+    if (rc != KV_EXIT_OK) return rc;
+    f->given_bits = kv_cli_given(&a, opts, "bits"), f->given_seq_len = kv_cli_given(&a, opts, "seq-len");
+    f->given_max_tokens = kv_cli_given(&a, opts, "max-tokens"), f->given_seed = kv_cli_given(&a, opts, "seed");
+    kv_cli_args_free(&a);
+    return check_flags(f, tool);
+}
+
+/* The flags and --set over the configuration's lower layers (kv_fit_config_base), then validated. */
+static kv_status apply_flags(kv_fit_config *cfg, const fit_args *f) {
+    char as[96];
+    kv_status s;
+#define FIT_SET(cond, ...)                                                                                             \
+    if (cond) {                                                                                                        \
+        snprintf(as, sizeof as, __VA_ARGS__);                                                                          \
+        if ((s = kv_fit_config_set(cfg, as)) != KV_OK) return s;                                                       \
+    }
+    FIT_SET(f->given_bits, "keys.bits=%ld", f->bits)
+    FIT_SET(f->given_bits, "values.bits=%ld", f->bits)
+    FIT_SET(f->target_bits, "xquant.target_bits=%s", f->target_bits)
+    FIT_SET(f->given_seq_len, "data.seq_len=%ld", f->seq_len)
+    FIT_SET(f->given_max_tokens, "data.max_tokens=%ld", f->max_tokens)
+    FIT_SET(f->given_seed, "seed=%ld", f->seed)
+    FIT_SET(f->granularity, "fp.scale_granularity=%s", f->granularity)
+#undef FIT_SET
+    if (f->model && (s = set_string(&cfg->model, f->model)) != KV_OK) return s;
+    if (f->corpus && (s = set_string(&cfg->data.calibration, f->corpus)) != KV_OK) return s;
+    if (f->heldout && (s = set_string(&cfg->data.heldout, f->heldout)) != KV_OK) return s;
+    for (int i = 0; i < f->n_sets; i++)
+        if ((s = kv_fit_config_set(cfg, f->sets[i])) != KV_OK) return s;
+    return kv_fit_config_validate(cfg);
+}
+
+/* The resolved configuration names a model and a corpus, and every output location and input identity is
+ * usable, before any work: KV_EXIT_OK or the usage error's exit code (printed by rank 0 where marked). */
+static int check_files(const fit_args *f, const kv_fit_config *cfg, int rank, const char *tool) {
+    if (!cfg->model[0])
+        return rank ? KV_EXIT_USAGE : kv_cli_usage_error(tool, "no model: give --model or `model:` in the configuration");
+    if (!cfg->data.calibration[0])
+        return rank ? KV_EXIT_USAGE
+                    : kv_cli_usage_error(tool, "no corpus: give --corpus or `data.calibration:` in the configuration");
+    const kv_tool_path ins[] = {{"the model", cfg->model}, {"--tokenizer", f->tokenizer},
+                                {"the corpus", cfg->data.calibration},
+                                {"the held-out corpus", cfg->data.heldout[0] ? cfg->data.heldout : NULL},
+                                {"--config", f->config}};
+    const kv_tool_path outs[] = {{"--out", f->out}};
+    int rc = kv_tool_check_io(tool, ins, 5, outs, 1);
+    if (rc == KV_EXIT_OK && !f->no_ckpt && *f->out && kv_fit_ckpt_check_plan(f->out) != KV_OK)
+        rc = kv_cli_usage_error(tool, "%s", kv_error_last());
+    return rc;
+}
+
+/* The model, its tokenizer and the tokens the fit reads; every rank loads its own copy. */
+typedef struct fit_inputs {
+    kv_model_file *mf;
+    kv_model *m;
+    kv_tokenizer *tok;
+    int32_t *ids, *ho_ids;
+    size_t n_ids, n_ho;
+    char corpus_sha[65];
+    kv_fit_data data;
+} fit_inputs;
+
+static kv_status load_inputs(fit_inputs *in, const kv_fit_config *cfg, const fit_args *f) {
+    kv_status s;
+    if ((s = kv_model_file_open(&in->mf, cfg->model)) != KV_OK) return s;
+    /* what the fit would refuse, now that the model's shape is known and before any weight is read */
+    if ((s = kv_fit_check(cfg, kv_model_file_arch(in->mf))) != KV_OK) return s;
+    kv_tool_warn_context(kv_model_file_arch(in->mf), cfg->data.seq_len, "data.seq_len (--seq-len)");
+    kv_model_options mo; /* weights as memory.* says: one layer at a time by default */
+    memset(&mo, 0, sizeof mo);
+    mo.n_threads = f->n_threads;
+    mo.weights = (kv_weight_storage)cfg->memory.weights;
+    s = cfg->memory.stream_weights ? kv_model_load_streamed(&in->m, in->mf, &mo) : kv_model_load(&in->m, in->mf, &mo);
+    if (s != KV_OK) return s;
+    if ((s = kv_tokenizer_load(&in->tok, in->mf, f->tokenizer)) != KV_OK) return s;
+    if ((s = kv_tool_check_vocab(in->m, in->tok, f->tokenizer)) != KV_OK) return s;
+    /* only the tokens the fit can use are read and tokenized (data.max_tokens, 0 = all); the held-out
+     * corpus never needs more than that either (at most 0.9 of the calibration sequences) */
+    const size_t budget = cfg->data.max_tokens > 0 ? (size_t)cfg->data.max_tokens : 0;
+    if ((s = kv_tool_tokenize_file_max(&in->ids, &in->n_ids, in->corpus_sha, in->tok, cfg->data.calibration,
+                                       budget)) != KV_OK)
+        return s;
+    if (cfg->data.heldout[0] &&
+        (s = kv_tool_tokenize_file_max(&in->ho_ids, &in->n_ho, NULL, in->tok, cfg->data.heldout, budget)) != KV_OK)
+        return s;
+    in->data.tokens = in->ids, in->data.n_tokens = in->n_ids;
+    in->data.heldout_tokens = in->ho_ids, in->data.n_heldout_tokens = in->n_ho;
+    in->data.bos_id = kv_tokenizer_add_bos_default(in->tok) ? kv_tokenizer_bos(in->tok) : -1;
+    return KV_OK;
+}
+
+static void fit_inputs_free(fit_inputs *in) {
+    free(in->ids);
+    free(in->ho_ids);
+    kv_tokenizer_free(in->tok);
+    kv_model_free(in->m);
+    kv_model_file_close(in->mf);
+}
+
+/* The fit's options: provenance, checkpoints (*ckpt owned by the caller), the grid cache, the ranks. */
+static kv_status fit_options(kv_fit_options *fo, char **ckpt, char hash[41], const fit_args *f, const fit_inputs *in,
+                             const char *gcache, kv_dist *dist) {
+    git_hash(hash);
+    kv_fit_options_init(fo);
+    fo->out_path = f->out, fo->git_hash = hash, fo->corpus_sha256 = in->corpus_sha;
+    fo->interrupt = &g_interrupt, fo->grid_cache_dir = gcache, fo->dist = dist;
+    kv_status s = f->no_ckpt ? KV_OK : kv_fit_ckpt_dir_for(ckpt, f->out);
+    fo->checkpoint_dir = *ckpt;
+    const char *stop = getenv("KVCAL_FIT_STOP_AFTER_LAYER");
+    if (stop && *stop) fo->stop_after_layer = atoi(stop);
+    return s;
+}
+
+/* The fit between SIGINT/SIGTERM handlers that ask it to stop at the next batch (the checkpoint is kept). */
+static kv_status run_fit(kv_plan **plan, kv_fit_report *rep, fit_inputs *in, kv_fit_config *cfg,
+                         const kv_fit_options *fo) {
+    struct sigaction sa, old_int, old_term;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    const kv_status s = kv_fit_run_job(plan, rep, in->m, in->mf, &in->data, cfg, fo);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    return s;
+}
+
+/* The report (text: kv_fit_report_format's, JSON: its object plus where the plan went, and the benchmark). */
+static void print_report(const char *text, const fit_args *f, const kv_fit_config *cfg, const kv_fit_report *rep,
+                         double fwd) {
+    if (f->json) {
+        size_t n = strlen(text);
+        while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '}')) n--;
+        fwrite(text, 1, n, stdout);
+        printf(",\n  \"method\": \"%s\", \"plan\": ", kv_fit_method_name(cfg->method));
+        kv_tool_json_string(stdout, f->out);
+        if (f->bench)
+            printf(",\n  \"bench\": {\"calibration_s\": %.3f, \"forward_s\": %.3f, \"ratio\": %.3f}", rep->seconds_total,
+                   fwd, fwd > 0 ? rep->seconds_total / fwd : 0.0);
+        printf("\n}\n");
+    } else {
+        fputs(text, stdout);
+        printf("method %s: plan written to %s\n", kv_fit_method_name(cfg->method), f->out);
+        if (f->bench)
+            printf("bench: calibration %.2f s, one plain forward pass over the same %lld tokens %.2f s, ratio %.2f\n",
+                   rep->seconds_total, (long long)(rep->calib_tokens + rep->heldout_tokens), fwd,
+                   fwd > 0 ? rep->seconds_total / fwd : 0.0);
+    }
+}
+
+int kvcal_fit(int argc, char **argv) {
+    const char *tool = "kvcal fit";
+    fit_args f;
+    int rc = parse_args(&f, tool, argc, argv);
     if (rc != KV_EXIT_OK) {
-        free(sets);
+        free(f.sets);
         return rc < 0 ? KV_EXIT_OK : rc;
     }
     kv_fit_config cfg;
     kv_dist *dist = NULL;
     int rank = 0;
-    kv_model_file *mf = NULL;
-    kv_model *m = NULL;
-    kv_tokenizer *tok = NULL;
-    int32_t *ids = NULL, *ho_ids = NULL;
-    size_t n_ids = 0, n_ho = 0;
+    fit_inputs in;
+    memset(&in, 0, sizeof in);
     kv_plan *plan = NULL;
     kv_fit_report rep;
-    char *text = NULL, *ckpt = NULL, *gcache = kv_tool_grid_cache_dir();
     memset(&rep, 0, sizeof rep);
+    char *text = NULL, *ckpt = NULL, *gcache = kv_tool_grid_cache_dir(), hash[41];
     kv_status s = kv_fit_config_init(&cfg);
-    rc = KV_EXIT_OK;
     if (s != KV_OK) goto fail;
-    /* ---- flags that are usage errors ---- */
-    int method_id = -1;
-    if (method && (method_id = kv_fit_method_from_name(method)) < 0) {
-        char known[256] = ""; /* "aqua, ..., xquant or squat": the methods' table (formats/config.c) */
-        for (int k = 0; k < KV_FIT_METHOD_COUNT; k++) {
-            const size_t len = strlen(known);
-            snprintf(known + len, sizeof known - len, "%s%s", k == 0 ? "" : k + 1 < KV_FIT_METHOD_COUNT ? ", " : " or ",
-                     kv_fit_method_name(k));
-        }
-        rc = kv_cli_usage_error(tool, "--method must be %s (got '%s')", known, method);
-        goto end;
-    }
-    if (granularity && strcmp(granularity, "tensor") != 0 && strcmp(granularity, "head") != 0) {
-        rc = kv_cli_usage_error(tool, "--scale-granularity must be tensor or head (got '%s')", granularity);
-        goto end;
-    }
-    /* --bits is keys.bits and values.bits together: the same range as those keys here, and the method's own limits
-     * (uniform codes 1, 2, 3, 4 or 8 bits; HIGGS grids bits x d <= 16; 16 = f16 for kivi only) from the configuration's
-     * validation below, before any work, with the method named */
-    if (kv_cli_given(&a, opts, "bits") && !((bits >= KV_FIT_MIN_BITS && bits <= KV_FIT_MAX_BITS) || bits == KV_FIT_F16_BITS)) {
-        rc = kv_cli_usage_error(tool, "--bits must be in %d..%d or 16 (got %ld): uniform methods (kivi, xquant, squat, "
-                                "aqua-uniform) take 1, 2, 3, 4 or 8, higgs and aqua 1..8, 16 keeps kivi streams in f16",
-                                KV_FIT_MIN_BITS, KV_FIT_MAX_BITS, bits);
-        goto end;
-    }
-    if (kv_cli_given(&a, opts, "seq-len") && (seq_len < 2 || seq_len > (1 << 20))) {
-        rc = kv_cli_usage_error(tool, "--seq-len must be in 2..1048576 (got %ld)", seq_len);
-        goto end;
-    }
-    if (kv_cli_given(&a, opts, "max-tokens") && max_tokens < 0) {
-        rc = kv_cli_usage_error(tool, "--max-tokens must be >= 0 (got %ld)", max_tokens);
-        goto end;
-    }
-    if (kv_cli_given(&a, opts, "seed") && seed < 0) {
-        rc = kv_cli_usage_error(tool, "--seed must be >= 0 (got %ld)", seed);
-        goto end;
-    }
-    int n_threads = 0;
-    if ((rc = kv_tool_threads(tool, threads, &n_threads)) != KV_EXIT_OK) goto end;
     /* ---- ranks (mpirun), one process otherwise: from here on only rank 0 prints ---- */
     if ((s = kv_dist_init(&dist, NULL, NULL)) != KV_OK) goto fail;
     rank = kv_dist_rank(dist);
@@ -208,18 +357,8 @@ int kvcal_fit(int argc, char **argv) {
         kv_progress_set_stream(NULL, 10.0);
     }
     /* ---- configuration: defaults < method preset < file < flags < --set ---- */
-    if (method_id < 0 && config) { /* the file's method picks the preset */
-        kv_fit_config probe;
-        if ((s = kv_fit_config_init(&probe)) != KV_OK) goto fail;
-        s = kv_fit_config_load_file(&probe, config);
-        method_id = (int)probe.method;
-        kv_fit_config_free(&probe);
-        if (s != KV_OK) goto fail;
-    }
-    if (method_id >= 0 && (s = kv_fit_config_method_preset(&cfg, (kv_fit_method)method_id)) != KV_OK) goto fail;
-    if (config && (s = kv_fit_config_load_file(&cfg, config)) != KV_OK) goto fail;
-    if (method) cfg.method = (kv_fit_method)method_id;
-    if (kv_cli_given(&a, opts, "bits") && kv_fit_method_has(cfg.method, KV_FIT_T_FLOAT)) {
+    if ((s = kv_fit_config_base(&cfg, f.config, f.method_id)) != KV_OK) goto fail;
+    if (f.given_bits && kv_fit_method_has(cfg.method, KV_FIT_T_FLOAT)) {
         /* a float format's bits are its own: refused rather than ignored */
         rc = rank ? KV_EXIT_USAGE
                   : kv_cli_usage_error(tool, "--bits does not apply to method %s (FP8 codes have 8 bits, NVFP4 4); "
@@ -227,182 +366,23 @@ int kvcal_fit(int argc, char **argv) {
                                        kv_fit_method_name(cfg.method));
         goto end;
     }
-    {
-        char as[96];
-        if (kv_cli_given(&a, opts, "bits")) {
-            snprintf(as, sizeof as, "keys.bits=%ld", bits);
-            if ((s = kv_fit_config_set(&cfg, as)) != KV_OK) goto fail;
-            snprintf(as, sizeof as, "values.bits=%ld", bits);
-            if ((s = kv_fit_config_set(&cfg, as)) != KV_OK) goto fail;
-        }
-        if (target_bits) {
-            snprintf(as, sizeof as, "xquant.target_bits=%s", target_bits);
-            if ((s = kv_fit_config_set(&cfg, as)) != KV_OK) goto fail;
-        }
-        if (kv_cli_given(&a, opts, "seq-len")) {
-            snprintf(as, sizeof as, "data.seq_len=%ld", seq_len);
-            if ((s = kv_fit_config_set(&cfg, as)) != KV_OK) goto fail;
-        }
-        if (kv_cli_given(&a, opts, "max-tokens")) {
-            snprintf(as, sizeof as, "data.max_tokens=%ld", max_tokens);
-            if ((s = kv_fit_config_set(&cfg, as)) != KV_OK) goto fail;
-        }
-        if (kv_cli_given(&a, opts, "seed")) {
-            snprintf(as, sizeof as, "seed=%ld", seed);
-            if ((s = kv_fit_config_set(&cfg, as)) != KV_OK) goto fail;
-        }
-        if (granularity) {
-            snprintf(as, sizeof as, "fp.scale_granularity=%s", granularity);
-            if ((s = kv_fit_config_set(&cfg, as)) != KV_OK) goto fail;
-        }
-    }
-    if (model && (s = set_string(&cfg.model, model)) != KV_OK) goto fail;
-    if (corpus && (s = set_string(&cfg.data.calibration, corpus)) != KV_OK) goto fail;
-    if (heldout && (s = set_string(&cfg.data.heldout, heldout)) != KV_OK) goto fail;
-    for (int i = 0; i < n_sets; i++)
-        if ((s = kv_fit_config_set(&cfg, sets[i])) != KV_OK) goto fail;
-    if ((s = kv_fit_config_validate(&cfg)) != KV_OK) goto fail;
-    if (!cfg.model[0]) {
-        rc = rank ? KV_EXIT_USAGE : kv_cli_usage_error(tool, "no model: give --model or `model:` in the configuration");
-        goto end;
-    }
-    if (!cfg.data.calibration[0]) {
-        rc = rank ? KV_EXIT_USAGE
-                  : kv_cli_usage_error(tool, "no corpus: give --corpus or `data.calibration:` in the configuration");
-        goto end;
-    }
-    /* ---- every output location and input identity, before any work ---- */
-    {
-        const kv_tool_path ins[] = {{"the model", cfg.model}, {"--tokenizer", tokenizer},
-                                    {"the corpus", cfg.data.calibration},
-                                    {"the held-out corpus", cfg.data.heldout[0] ? cfg.data.heldout : NULL},
-                                    {"--config", config}};
-        const kv_tool_path outs[] = {{"--out", out}};
-        if ((rc = kv_tool_check_io(tool, ins, 5, outs, 1)) != KV_EXIT_OK) goto end;
-        struct stat st;
-        if (!no_ckpt && *out) {
-            char ck[4096];
-            snprintf(ck, sizeof ck, "%s.ckpt", out);
-            if (stat(ck, &st) == 0 && !S_ISDIR(st.st_mode)) {
-                rc = kv_cli_usage_error(tool, "'%s' (the checkpoint directory of --out) exists and is not a directory",
-                                        ck);
-                goto end;
-            }
-            if (kv_fit_ckpt_check_dir(ck) != KV_OK) { /* a symlink, or a directory kvcal fit did not create */
-                rc = kv_cli_usage_error(tool, "%s", kv_error_last());
-                goto end;
-            }
-        }
-    }
+    if ((s = apply_flags(&cfg, &f)) != KV_OK) goto fail;
+    if ((rc = check_files(&f, &cfg, rank, tool)) != KV_EXIT_OK) goto end;
     /* corpora that never end (devices) are refused before anything is loaded */
     if ((s = kv_input_check(cfg.data.calibration)) != KV_OK) goto fail;
     if (cfg.data.heldout[0] && (s = kv_input_check(cfg.data.heldout)) != KV_OK) goto fail;
-    /* ---- model, tokenizer, corpus: every rank loads its own copy ---- */
-    char corpus_sha[65] = "";
-    if ((s = kv_model_file_open(&mf, cfg.model)) != KV_OK) goto loaded;
-    /* what the fit would refuse, now that the model's shape is known and before any weight is read */
-    if ((s = kv_fit_check(&cfg, kv_model_file_arch(mf))) != KV_OK) goto loaded;
-    kv_tool_warn_context(kv_model_file_arch(mf), cfg.data.seq_len, "data.seq_len (--seq-len)");
-    {   /* weights as memory.* says: one layer at a time by default */
-        kv_model_options mo;
-        memset(&mo, 0, sizeof mo);
-        mo.n_threads = n_threads;
-        mo.weights = (kv_weight_storage)cfg.memory.weights;
-        s = cfg.memory.stream_weights ? kv_model_load_streamed(&m, mf, &mo) : kv_model_load(&m, mf, &mo);
-        if (s != KV_OK) goto loaded;
-    }
-    if ((s = kv_tokenizer_load(&tok, mf, tokenizer)) != KV_OK) goto loaded;
-    if ((s = kv_tool_check_vocab(m, tok, tokenizer)) != KV_OK) goto loaded;
-    /* only the tokens the fit can use are read and tokenized (data.max_tokens, 0 = all); the held-out
-     * corpus never needs more than that either (at most 0.9 of the calibration sequences) */
-    const size_t budget = cfg.data.max_tokens > 0 ? (size_t)cfg.data.max_tokens : 0;
-    if ((s = kv_tool_tokenize_file_max(&ids, &n_ids, corpus_sha, tok, cfg.data.calibration, budget)) != KV_OK)
-        goto loaded;
-    if (cfg.data.heldout[0]) s = kv_tool_tokenize_file_max(&ho_ids, &n_ho, NULL, tok, cfg.data.heldout, budget);
-loaded: /* the ranks agree before working together (a rank that failed alone says why) */
+    /* ---- model, tokenizer, corpus; the ranks agree before working together (a rank that failed alone says why) ---- */
+    s = load_inputs(&in, &cfg, &f);
     if ((s = kv_dist_agree(dist, s)) != KV_OK) goto fail;
-    kv_fit_data data;
-    memset(&data, 0, sizeof data);
-    data.tokens = ids;
-    data.n_tokens = n_ids;
-    data.heldout_tokens = ho_ids;
-    data.n_heldout_tokens = n_ho;
-    data.bos_id = kv_tokenizer_add_bos_default(tok) ? kv_tokenizer_bos(tok) : -1;
     /* ---- run ---- */
-    char hash[41];
-    git_hash(hash);
     kv_fit_options fo;
-    kv_fit_options_init(&fo);
-    fo.out_path = out;
-    fo.git_hash = hash;
-    fo.corpus_sha256 = corpus_sha;
-    fo.interrupt = &g_interrupt;
-    fo.grid_cache_dir = gcache;
-    fo.dist = dist;
-    struct stat ost;
-    if (!no_ckpt && stat(out, &ost) == 0 && !S_ISREG(ost.st_mode)) {
-        /* a device or a pipe: its directory (/dev) is no place for PLAN.ckpt, and nothing could resume */
-        kv_log(KV_LOG_INFO, "--out '%s' is not a regular file: no checkpoints (as --no-checkpoint)", out);
-        no_ckpt = 1;
-    }
-    if (!no_ckpt) {
-        ckpt = malloc(strlen(out) + 6);
-        if (!ckpt) {
-            s = KV_ERR(KV_ENOMEM, "out of memory");
-            goto fail;
-        }
-        sprintf(ckpt, "%s.ckpt", out);
-        fo.checkpoint_dir = ckpt;
-    }
-    const char *stop = getenv("KVCAL_FIT_STOP_AFTER_LAYER");
-    if (stop && *stop) fo.stop_after_layer = atoi(stop);
-    struct sigaction sa, old_int, old_term;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    kv_xquant_choice xq_choice; /* --target-bits: kq, vq, km, vm chosen by four probe fits, then fitted */
-    const int xq_target = cfg.xquant.target_bits > 0;
-    s = xq_target ? kv_xquant_probe(&xq_choice, m, mf, &data, &cfg, &fo) : KV_OK;
-    if (s == KV_OK && xq_target) kv_xquant_choice_apply(&cfg, &xq_choice);
-    if (s == KV_OK) s = kv_fit_run(&plan, &rep, m, mf, &data, &cfg, &fo);
-    if (s == KV_OK && xq_target) kv_xquant_choice_report(&rep, &xq_choice);
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
-    if (s != KV_OK) goto fail;
-    {   /* predictors whose normal equations were rank deficient (also in the report and the plan) */
-        int n_fb = 0;
-        for (int l = 0; l < rep.n_layers; l++)
-            for (int st = 0; st < 2; st++) n_fb += rep.layers[l].ridge_fallback[st] == 1.0;
-        if (n_fb > 0)
-            kv_log(KV_LOG_WARN, "%d %s rank-deficient normal equations and got the minimum-norm solution "
-                   "(collinear inputs; the report lists them, the plan records ridge_rcond and ridge_fallback)", n_fb,
-                   kv_tool_plural(n_fb, "predictor had", "predictors had"));
-    }
+    if ((s = fit_options(&fo, &ckpt, hash, &f, &in, gcache, dist)) != KV_OK) goto fail;
+    if ((s = run_fit(&plan, &rep, &in, &cfg, &fo)) != KV_OK) goto fail;
     double fwd = 0.0;
-    if (bench && (s = kv_fit_forward_baseline(&fwd, m, &data, &cfg, &fo)) != KV_OK) goto fail;
+    if (f.bench && (s = kv_fit_forward_baseline(&fwd, in.m, &in.data, &cfg, &fo)) != KV_OK) goto fail;
     if (rank != 0) goto end;
-    if ((s = kv_fit_report_format(&text, &rep, json)) != KV_OK) goto fail;
-    if (json) {
-        /* the report object, plus where the plan went (and the benchmark) */
-        size_t n = strlen(text);
-        while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '}')) n--;
-        fwrite(text, 1, n, stdout);
-        printf(",\n  \"method\": \"%s\", \"plan\": ", kv_fit_method_name(cfg.method));
-        kv_tool_json_string(stdout, out);
-        if (bench)
-            printf(",\n  \"bench\": {\"calibration_s\": %.3f, \"forward_s\": %.3f, \"ratio\": %.3f}", rep.seconds_total, fwd,
-                   fwd > 0 ? rep.seconds_total / fwd : 0.0);
-        printf("\n}\n");
-    } else {
-        fputs(text, stdout);
-        printf("method %s: plan written to %s\n", kv_fit_method_name(cfg.method), out);
-        if (bench)
-            printf("bench: calibration %.2f s, one plain forward pass over the same %lld tokens %.2f s, ratio %.2f\n",
-                   rep.seconds_total, (long long)(rep.calib_tokens + rep.heldout_tokens), fwd,
-                   fwd > 0 ? rep.seconds_total / fwd : 0.0);
-    }
+    if ((s = kv_fit_report_format(&text, &rep, f.json)) != KV_OK) goto fail;
+    print_report(text, &f, &cfg, &rep, fwd);
     goto end;
 fail:
     /* failures past kv_dist_init are the same on every rank (deterministic, or agreed): rank 0 says it */
@@ -411,16 +391,11 @@ end:
     free(text);
     free(ckpt);
     free(gcache);
-    free(ids);
-    free(ho_ids);
+    fit_inputs_free(&in);
     kv_fit_report_free(&rep);
     kv_plan_free(plan);
-    kv_tokenizer_free(tok);
-    kv_model_free(m);
-    kv_model_file_close(mf);
     kv_fit_config_free(&cfg);
-    kv_cli_args_free(&a);
-    free(sets);
+    free(f.sets);
     kv_dist_finalize(dist);
     return rc;
 }
