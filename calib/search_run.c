@@ -346,7 +346,11 @@ kv_status kv_search_run(const kv_search_request *req, kv_search_result *res) {
     /* every point may have been refused one by one: no plan at all is a failure */
     int n_plans = 0;
     for (int p = 0; p < res->n_points; p++) n_plans += res->points[p].feasible;
-    if (n_plans == 0)
+    if (n_plans == 0 && req->min_decode_speed > 0)
+        s = KV_ERR(KV_EINVAL, "no point got a plan: at every point no assembly of these candidates within its bits (nor "
+                   "a pruned contender) meets --min-decode-speed %g on this machine (each point's warning gives the "
+                   "time budget and the least time found)", req->min_decode_speed);
+    else if (n_plans == 0)
         s = KV_ERR(KV_EINVAL, "no point got a plan: every --budget-bits is below the cheapest assembly of these "
                    "candidates and below every pruned contender's measured bits");
 done:

@@ -10,7 +10,11 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="$(cd "$bin/.." && pwd)"
 tiny=(--no-setup --build "$build" --model "$model" --tokenizer "$tok" --fit-tokens 4096 --fit-tokens-nopred 4096
       --eval-tokens 1024 --ctx 256 --seq-len 256 --search-fit-tokens 4096 --set higgs.grid_samples=16384
-      --set higgs.grid_iters=20 --set cache.recent=32 --set keys.group_size=32 --set values.group_size=32)
+      --set higgs.grid_iters=20 --set cache.recent=32 --set keys.group_size=32 --set values.group_size=32
+      --min-decode-speed 0)
+# --min-decode-speed 0: the main job's floor (1.0x the f16 cache) is for real models; stories260K's heads are too
+# small for any compressed cache to decode as fast as f16 (measured: KIVI-2 0.35 ms against f16's 0.08 ms per step at
+# 256 tokens), so with it no point gets a plan; the floor itself is tested in tests/search/test_search_cli.sh
 
 bash "$root/scripts/main.sh" "${tiny[@]}" --out "$tmp/main" > "$tmp/main.txt" 2>&1
 rc=$?
