@@ -144,6 +144,9 @@ typedef struct rt_sqstate {
 
 typedef struct rt_seq {
     int *layer_n;        /* tokens appended per layer */
+    int *ev;             /* per layer: the first position it holds (windowed layers that drop what left the window,
+                            RUNTIME.md §13: positions [0, ev) are gone, sinks included; row v is position ev + v);
+                            0 for every other layer */
     rt_sqstate *sq;      /* n_layers when the plan has SQuat keys with the prompt subspace, else NULL */
     rt_stream *st;       /* n_layers * 2 */
     rt_recon *recon;     /* n_layers * 2 */
@@ -189,6 +192,11 @@ struct kv_rt {
     int hold_prompt;     /* a prompt stays in f16 until it ends (pruning plans, prompt_stats) */
     int collect_acc;     /* accumulate attention while the prompt is open (H2O; prompt_stats) and after (H2O) */
     int wq_rows;         /* last queries kept while the prompt is open (SnapKV/PyramidKV: window; prompt_stats) */
+    /* attention windows (plan 1.5, RUNTIME.md §13) */
+    int *win;            /* n_layers: the layer's window W (a query at p sees positions p - W + 1 .. p), 0 = full */
+    int *evicts;         /* n_layers: 1 when the layer drops the tokens that left its window (0: masked only, for a
+                            layer whose tokens another stream still reads: predictor inputs, shared codes) */
+    int any_window;
     struct rt_devstate *dv; /* device runtimes (KV_RT_DEVICE_CUDA, _CUDA_MODEL): the device side, else NULL */
 };
 
@@ -427,6 +435,8 @@ kv_status kv_rti_fp_resize(kv_rt *rt, rt_seq *sq, rt_stream *st, int rows);
 kv_status kv_rti_block_push(kv_rt *rt, rt_seq *sq, rt_stream *st, int t0, int m, uint8_t *data, size_t bytes,
                         const uint32_t *codes);
 kv_status kv_rti_window_drop(kv_rt *rt, int seq, rt_stream *st, int m);
+/* The f16 row where a stream's window rows start: rt->sinks, or 0 once its windowed layer dropped the sinks. */
+int kv_rti_fp_window0(const kv_rt *rt, int seq, const rt_stream *st);
 /* Free the per-head blocks of a stream (stream_clear). */
 void kv_rti_hstore_clear(rt_hstore *hs);
 /* Bytes: kept-token payload and index of a stream (stats). */
