@@ -840,7 +840,7 @@ kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a) {
         (cfg->xquant.km >= 0 || cfg->xquant.vm >= 0 || cfg->xquant.kq >= 0 || cfg->xquant.vq >= 0))
         return KV_ERR(KV_EINVAL, "xquant.target_bits %g chooses xquant.kq/vq/km/vm: leave them at -1",
                       cfg->xquant.target_bits);
-    int windowed = 0; /* the model's sliding-window layers (the plan records them; RUNTIME.md §13) */
+    int windowed = 0; /* the model's sliding-window layers (the plan records them; RUNTIME.md §11) */
     for (int l = 0; l < a->n_layers; l++) windowed |= kv_arch_layer_window(a, l) > 0;
     if (windowed && cfg->pruning.method != KV_PLAN_PRUNE_NONE)
         return KV_ERR(KV_EUNSUPPORTED, "%s: key 'pruning.method': the model has sliding-window layers, which the "

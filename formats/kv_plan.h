@@ -152,7 +152,7 @@ typedef struct kv_plan_layer {
     int window;                 /* (1.5) attention window of the layer: 0 = full attention; W >= 1: a query at
                                    position p sees the keys at positions p - W + 1 .. p only (sliding window,
                                    Gemma 3's local layers), so the runtime holds about W of its tokens
-                                   (RUNTIME.md §13). Section WNDW; kvcal fit sets it from kv_arch_layer_window */
+                                   (RUNTIME.md §11). Section WNDW; kvcal fit sets it from kv_arch_layer_window */
 } kv_plan_layer;
 
 /* How the plan was made. Strings are owned (NULL = empty). */

@@ -145,7 +145,7 @@ typedef struct rt_sqstate {
 typedef struct rt_seq {
     int *layer_n;        /* tokens appended per layer */
     int *ev;             /* per layer: the first position it holds (windowed layers that drop what left the window,
-                            RUNTIME.md §13: positions [0, ev) are gone, sinks included; row v is position ev + v);
+                            RUNTIME.md §11: positions [0, ev) are gone, sinks included; row v is position ev + v);
                             0 for every other layer */
     rt_sqstate *sq;      /* n_layers when the plan has SQuat keys with the prompt subspace, else NULL */
     rt_stream *st;       /* n_layers * 2 */
@@ -192,7 +192,7 @@ struct kv_rt {
     int hold_prompt;     /* a prompt stays in f16 until it ends (pruning plans, prompt_stats) */
     int collect_acc;     /* accumulate attention while the prompt is open (H2O; prompt_stats) and after (H2O) */
     int wq_rows;         /* last queries kept while the prompt is open (SnapKV/PyramidKV: window; prompt_stats) */
-    /* attention windows (plan 1.5, RUNTIME.md §13) */
+    /* attention windows (plan 1.5, RUNTIME.md §11) */
     int *win;            /* n_layers: the layer's window W (a query at p sees positions p - W + 1 .. p), 0 = full */
     int *evicts;         /* n_layers: 1 when the layer drops the tokens that left its window (0: masked only, for a
                             layer whose tokens another stream still reads: predictor inputs, shared codes) */

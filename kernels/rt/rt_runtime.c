@@ -150,7 +150,7 @@ int kv_rti_fp_window0(const kv_rt *rt, int seq, const rt_stream *st) {
     return sq->ev[i / 2] > 0 ? 0 : rt->sinks;
 }
 
-/* ---- attention windows (RUNTIME.md §13) ------------------------------------------------------------------ */
+/* ---- attention windows (RUNTIME.md §11) ------------------------------------------------------------------ */
 /* The first position a stream must keep for queries from position lo's window on: what lies before the piece
  * (sinks, block, window rows) that holds lo can go. */
 static int window_keep_from(const kv_rt *rt, int seq, const rt_stream *st, int lo) {
@@ -624,7 +624,7 @@ static kv_status check_plan(const kv_plan *p, const kv_rt_options *o) {
     return KV_OK;
 }
 
-/* The layers' attention windows (RUNTIME.md §13), after the codecs and the policy. A windowed layer drops what left
+/* The layers' attention windows (RUNTIME.md §11), after the codecs and the policy. A windowed layer drops what left
  * its window unless another stream still reads its tokens (it is a predictor's input or has one, or shares codes
  * either way): those are masked only. */
 static kv_status window_open(kv_rt *rt) {

@@ -277,7 +277,7 @@ static kv_status run_cache_steps(kv_model *m, kv_cache *c, const int32_t *toks, 
  * all 40 tokens within the f16 rounding of K and V (2^-11 relative per value; measured below 2e-4 of the largest
  * logit, bound 2e-3), token by token and as steps of 13, 5 and single tokens (the tiled and the direct attention).
  * Gemma 3's local layers have a window of 8: the f16 plan carries the model's windows (plan 1.5), so the runtime
- * applies them itself (RUNTIME.md §13); a plan without windows (format 1.4) still runs positions 0..7 and the step
+ * applies them itself (RUNTIME.md §11); a plan without windows (format 1.4) still runs positions 0..7 and the step
  * at position 8 is refused, not attended wrongly; a plan whose windows are not the model's is refused at creation. */
 START_TEST(test_hft_runtime_cache) {
     const hft_model *hm = &k_models[_i];

@@ -1,4 +1,4 @@
-/* Layers with an attention window (plan 1.5, RUNTIME.md §13): a windowed layer's query at position p sees the
+/* Layers with an attention window (plan 1.5, RUNTIME.md §11): a windowed layer's query at position p sees the
  * positions p - W + 1 .. p only (the model's mask, model/forward.c `attend`), and the runtime drops what left the
  * window, so that what it holds stays bounded while the sequence grows.
  *
