@@ -295,7 +295,10 @@ static void direct_item(void *ctx, int item, int thread) {
     const int H = jb->rt->n_kv_heads, h = item % H, sgi = item / H, nqv = jb->nqv, hd = (int)jb->hd, nh = jb->nh[h];
     float *part = jb->part + ((size_t)h * (size_t)jb->nseg + (size_t)sgi) * (size_t)nqv * (size_t)(hd + 2);
     const int a = sgi * RT_SEGMENT, b = a + RT_SEGMENT < nh ? a + RT_SEGMENT : nh, len = b - a;
-    if (len <= 0) { /* a head holding fewer rows than another: nothing here */
+    /* nothing here: a head holding fewer rows than another, or a windowed layer's segment no query vector sees */
+    int seen = len > 0 && jb->window == 0;
+    for (int j = 0; len > 0 && j < nqv && !seen; j++) seen = lower_of(jb, h, j) < b && limit_of(jb, h, j) > a;
+    if (!seen) {
         for (int j = 0; j < nqv; j++) {
             float *pj = part + (size_t)j * (size_t)(hd + 2);
             pj[0] = -INFINITY;
@@ -310,17 +313,6 @@ static void direct_item(void *ctx, int item, int thread) {
     float *tile = racc + (size_t)nqv * (size_t)hd;   /* RT_TILE x hd */
     const float *qv = jb->qv + (size_t)h * (size_t)nqv * (size_t)hd;
     const float *hprep = jb->hprep ? jb->hprep + (size_t)h * (size_t)nqv * jb->hprep_floats : NULL;
-    int seen = jb->window == 0; /* a windowed layer's segment that no query vector sees is skipped */
-    for (int j = 0; j < nqv && !seen; j++) seen = lower_of(jb, h, j) < b && limit_of(jb, h, j) > a;
-    if (!seen) {
-        for (int j = 0; j < nqv; j++) {
-            float *pj = part + (size_t)j * (size_t)(hd + 2);
-            pj[0] = -INFINITY;
-            pj[1] = 0.0f;
-            memset(pj + 2, 0, (size_t)hd * sizeof(float));
-        }
-        return;
-    }
     item_scores(jb, h, a, b, qv, hprep, sc, RT_SEGMENT, tile);
     int any = 0;
     for (int j = 0; j < nqv; j++) {
