@@ -82,6 +82,9 @@ kv_status kv_cache_rt_create(kv_cache **out, const kv_plan *plan, const kv_model
     kv_status s = KV_OK;
     if (!plan) {
         if ((s = kv_model_f16_plan(&r->own_plan, a)) != KV_OK) goto done;
+        /* prompt statistics do not take windows yet (RUNTIME.md §11): such a cache runs without them, and the model
+         * refuses a step past a window as it did before plans knew windows */
+        for (int l = 0; (flags & KV_CACHE_RT_PROMPT_STATS) && l < a->n_layers; l++) r->own_plan->layers[l].window = 0;
         plan = r->own_plan;
     }
     const kv_plan_fingerprint *fp = &plan->fingerprint;

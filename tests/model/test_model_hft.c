@@ -278,7 +278,8 @@ static kv_status run_cache_steps(kv_model *m, kv_cache *c, const int32_t *toks, 
  * logit, bound 2e-3), token by token and as steps of 13, 5 and single tokens (the tiled and the direct attention).
  * Gemma 3's local layers have a window of 8: the f16 plan carries the model's windows (plan 1.5), so the runtime
  * applies them itself (RUNTIME.md §11); a plan without windows (format 1.4) still runs positions 0..7 and the step
- * at position 8 is refused, not attended wrongly; a plan whose windows are not the model's is refused at creation. */
+ * at position 8 is refused, not attended wrongly; a plan whose windows are not the model's is refused at creation;
+ * a cache with prompt statistics (which do not take windows yet) runs its own plan without them. */
 START_TEST(test_hft_runtime_cache) {
     const hft_model *hm = &k_models[_i];
     char dir[256];
@@ -341,6 +342,10 @@ START_TEST(test_hft_runtime_cache) {
         ck_assert_ptr_nonnull(strstr(kv_error_last(), "sliding window of 8 tokens"));
         kv_cache_free(c);
         kv_plan_free(p);
+        /* prompt statistics do not take windows yet: the cache's own plan runs without them */
+        ck_assert_kv_ok(kv_cache_rt_create(&c, NULL, m, 1, 0, 1, KV_CACHE_RT_PROMPT_STATS));
+        ck_assert_int_eq(kv_cache_applies_windows(c), 0);
+        kv_cache_free(c);
     }
     free(lg);
     free(golden);
