@@ -23,17 +23,19 @@ typedef struct wcase {
     int kbits, kgroup, vbits, vgroup; /* 16: f16 stream; else uniform (K groups along tokens, V along channels) */
     int pre_rope;
     int T, prefill, step;
+    int share;    /* 1: layer 1 decodes layer 0's codes (XQuant): the windowed layer 0 is then masked, not bounded */
 } wcase;
 
 enum { LAYERS = 2, KVH = 2, GQA = 2, HD = 16, KVD = KVH * HD, QD = KVH * GQA * HD };
 
 static const wcase k_cases[] = {
-    {"f16 W8 sinks3 recent5 decode", 8, 3, 5, 16, 0, 16, 0, 0, 29, 1, 1},
-    {"f16 W16 recent12 prefill20 step3", 16, 0, 12, 16, 0, 16, 0, 0, 52, 20, 3},
-    {"kivi4 W8 sinks2 recent6 decode", 8, 2, 6, 4, 6, 4, 8, 0, 30, 1, 1},
-    {"kivi2 W16 sinks4 recent12 pre-RoPE prefill25 step7", 16, 4, 12, 2, 12, 2, 16, 1, 60, 25, 7},
-    {"kivi4 W16 recent32 (blocks longer than W)", 16, 0, 32, 4, 32, 4, 16, 0, 100, 9, 2},
-    {"kivi4 W8 sinks4 recent12 prefill30 step1", 8, 4, 12, 4, 4, 4, 16, 0, 40, 30, 1},
+    {"f16 W8 sinks3 recent5 decode", 8, 3, 5, 16, 0, 16, 0, 0, 29, 1, 1, 0},
+    {"f16 W16 recent12 prefill20 step3", 16, 0, 12, 16, 0, 16, 0, 0, 52, 20, 3, 0},
+    {"kivi4 W8 sinks2 recent6 decode", 8, 2, 6, 4, 6, 4, 8, 0, 30, 1, 1, 0},
+    {"kivi2 W16 sinks4 recent12 pre-RoPE prefill25 step7", 16, 4, 12, 2, 12, 2, 16, 1, 60, 25, 7, 0},
+    {"kivi4 W16 recent32 (blocks longer than W)", 16, 0, 32, 4, 32, 4, 16, 0, 100, 9, 2, 0},
+    {"kivi4 W8 sinks4 recent12 prefill30 step1", 8, 4, 12, 4, 4, 4, 16, 0, 40, 30, 1, 0},
+    {"kivi4 W8 sinks2 recent6 XQuant pair (masked, kept)", 8, 2, 6, 4, 6, 4, 8, 0, 30, 7, 1, 1},
 };
 
 static void set_stream(kv_plan_stream *s, int bits, int group, int axis) {
@@ -57,6 +59,8 @@ static kv_plan *make_plan(const wcase *c, int window) {
         p->layers[l].stream[KV_PLAN_K].pre_rope = c->pre_rope;
     }
     p->layers[0].window = window;
+    if (c->share)
+        for (int st = 0; st < 2; st++) p->layers[1].stream[st].share_codes_with_layer = 0;
     ck_assert_kv_ok(kv_plan_validate(p));
     return p;
 }
@@ -154,11 +158,11 @@ START_TEST(test_window_attend) {
             const int W = l == 0 ? c->W : 0, len = t0 + n;
             for (int h = 0; h < KVH; h++) {
                 const int held = kv_rt_held(rt, l, 0, h);
-                if (W == 0) ck_assert_int_eq(held, len);
+                if (W == 0 || c->share) ck_assert_int_eq(held, len);
                 /* bounded: the step's rows and the window of its first one, plus what shares a block (or the
                  * sinks) with the window's first position */
                 const int extra = c->recent > c->sinks + 1 ? c->recent : c->sinks + 1;
-                if (W > 0) ck_assert_int_le(held, W + extra + n);
+                if (W > 0 && !c->share) ck_assert_int_le(held, W + extra + n);
                 if (W > 0 && held > max_held) max_held = held;
                 ck_assert_kv_ok(kv_rt_decode_head(rt, l, 0, h, K, V));
                 ck_assert_kv_ok(kv_rt_held_positions(rt, l, 0, h, hp));
@@ -211,6 +215,7 @@ START_TEST(test_window_attend) {
     /* rows older than the step's own tokens would need positions that are gone: n_q = held rows reach back to
      * position T - held, whose window starts W - 1 before the first position held */
     const int held = kv_rt_held(rt, 0, 0, 0);
+    if (c->share) ck_assert_int_eq(held, c->T);
     if (held < c->T) {
         float *qq = calloc((size_t)held * QD, sizeof(float)), *oo = malloc(sizeof(float) * (size_t)held * QD);
         ck_assert_int_eq(kv_rt_attend(rt, 0, 0, held, qq, QD, oo, QD), KV_EINVAL);
@@ -226,7 +231,7 @@ END_TEST
 /* Bytes held stop growing: a windowed layer at 4W and at 16W tokens holds the same (decoding one token at a time,
  * recent buffer 12), while the full layer grows with the sequence. */
 START_TEST(test_window_bounded) {
-    const wcase c = {"bounded", 16, 4, 12, 4, 4, 4, 16, 0, 0, 1, 1};
+    const wcase c = {"bounded", 16, 4, 12, 4, 4, 4, 16, 0, 0, 1, 1, 0};
     kv_plan *p = make_plan(&c, c.W);
     kv_rt *rt = NULL;
     open_rt(&rt, p, KV_RT_DEVICE_CPU);
@@ -263,7 +268,7 @@ END_TEST
 
 /* What the runtime does not take with windows yet: the device runtime (its host model here), token pruning. */
 START_TEST(test_window_refusals) {
-    const wcase c = {"refusals", 8, 0, 8, 4, 8, 4, 16, 0, 0, 1, 1};
+    const wcase c = {"refusals", 8, 0, 8, 4, 8, 4, 16, 0, 0, 1, 1, 0};
     kv_plan *p = make_plan(&c, c.W);
     kv_rt *rt = NULL;
     kv_rt_options o;
