@@ -329,11 +329,7 @@ START_TEST(test_windowed_layers) {
     syn_init(&sw, 12345);
     sw.arch.sliding_window = 8;
     sw.arch.swa_pattern = 2; /* layers 0, 2, ... local */
-    kv_model_options mo;
-    memset(&mo, 0, sizeof mo);
-    mo.n_threads = 1;
-    kv_model *m = NULL;
-    ck_assert_kv_ok(kv_model_create(&m, &sw.arch, syn_read, &sw, &mo));
+    kv_model *m = syn_model_open(&sw);
     kv_fit_options o;
     kv_fit_options_init(&o);
     o.fingerprint = &g_fp;
@@ -878,11 +874,7 @@ START_TEST(test_rank_deficient_predictor_reported) {
     memcpy(sm.wk[0] + SYN_DMODEL, sm.wk[0], sizeof(float) * SYN_DMODEL); /* K channel 1 = channel 0 */
     for (int l = 1; l < SYN_LAYERS; l++) /* keep K(l) = A_l K(l-1) exact */
         syn_matmul(sm.wk[l], sm.A[l], sm.wk[l - 1], SYN_KVD, SYN_KVD, SYN_DMODEL);
-    kv_model_options mo;
-    memset(&mo, 0, sizeof mo);
-    mo.n_threads = 1;
-    kv_model *m = NULL;
-    ck_assert_kv_ok(kv_model_create(&m, &sm.arch, syn_read, &sm, &mo));
+    kv_model *m = syn_model_open(&sm);
     kv_fit_config cfg;
     const char *sets[] = {"keys.bits=8", "values.bits=8", "aqua.first_layer_bits=8", "aqua.ridge=0", NULL};
     make_cfg(&cfg, KV_FIT_AQUA_UNIFORM, sets);
