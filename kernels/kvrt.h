@@ -351,6 +351,9 @@ typedef struct kv_rt_options {
      * KV_ROPE_ADJACENT or (i, i + head_dim/2) for KV_ROPE_HALF. NULL: such plans are refused. */
     const double *rope_inv_freq;
     int rope_layout;       /* kv_rope_layout */
+    /* The RoPE frequencies of the layers with an attention window (plan 1.5), when they have their own base (Gemma 3's
+     * local layers: rope_local_base_freq), head_dim/2 values, copied; NULL: rope_inv_freq for every layer. */
+    const double *rope_inv_freq_local;
     /* AQUA-KV streams (RUNTIME.md §6): 0 (default) rebuilds each predicted stream's reconstruction at
      * every step and drops it when no later layer needs it (memory: the compressed cache plus about
      * two layers' reconstructions); 1 keeps every reconstruction and extends it chunk by chunk

@@ -103,13 +103,15 @@ kv_status kv_cache_rt_create(kv_cache **out, const kv_plan *plan, const kv_model
                            kv_arch_layer_window(a, l) > 0 ? "a sliding-window layer" : "full attention");
                 goto done;
             }
-    /* the runtime rotates a pre-RoPE key stream with one set of frequencies (the global layers'); a local layer
-     * with its own RoPE base (Gemma 3) would be rotated wrongly: refused until the runtime knows per-layer bases */
-    for (int l = 0; m->inv_freq_local_d && l < a->n_layers; l++)
+    /* a pre-RoPE key stream is rotated with its layer's frequencies: the windowed (local) layers' own base goes to the
+     * runtime with a plan that carries the windows (kv_rt_options.rope_inv_freq_local); a plan without them would
+     * rotate a local layer with the global base: refused */
+    for (int l = 0; m->inv_freq_local_d && !kv_plan_has_windows(plan) && l < a->n_layers; l++)
         if (kv_arch_layer_is_local(a, l) && plan->layers && plan->layers[l].stream[0].pre_rope &&
             kv_arch_layer_rope_theta(a, l) != a->rope_theta) {
             s = KV_ERR(KV_EUNSUPPORTED, "layer %d's keys are stored before RoPE, but it is a sliding-window layer "
-                       "with its own RoPE base (%g), which the runtime does not know", l,
+                       "with its own RoPE base (%g), and the plan has no layer windows (plan format 1.5) to tell the "
+                       "runtime which layers take it: refit the plan", l,
                        (double)kv_arch_layer_rope_theta(a, l));
             goto done;
         }
@@ -124,6 +126,7 @@ kv_status kv_cache_rt_create(kv_cache **out, const kv_plan *plan, const kv_model
     /* the model's own threads, so that decoding has one set of threads (forward_internal.h) */
     if (o.n_threads == m->n_threads && !m->gpu) o.pool = kv_model_pool((kv_model *)m);
     o.rope_inv_freq = m->inv_freq_d;
+    o.rope_inv_freq_local = m->inv_freq_local_d; /* NULL: one base for every layer */
     o.rope_layout = (int)a->rope_layout;
     o.keep_reconstructions = (flags & KV_CACHE_RT_KEEP_RECONSTRUCTIONS) != 0;
     o.prompt_stats = (flags & KV_CACHE_RT_PROMPT_STATS) != 0;

@@ -159,9 +159,9 @@ void kv_rti_read_rows_ready(const kv_rt *rt, int seq, int layer, int stream, int
         }
         if (stream == KV_PLAN_K && c->pre_rope) {
             if (p.pos)
-                kv_rti_rope_rows_at(rt, o, ldo, len, p.pos);
+                kv_rti_rope_rows_at(rt, layer, o, ldo, len, p.pos);
             else
-                kv_rti_rope_rows(rt, o, ldo, len, p.p0);
+                kv_rti_rope_rows_layer(rt, layer, o, ldo, len, p.p0);
         }
     }
 }

@@ -176,9 +176,10 @@ struct kv_rt {
     int own_pool;        /* 1: pool was created here */
     int n_threads;
     rt_scratch *scratch; /* n_threads */
-    /* RoPE table (pre-RoPE streams): cos/sin of rope_n positions x head_dim/2 pairs */
-    double *inv_freq;
-    float *rope_cos, *rope_sin;
+    /* RoPE table (pre-RoPE streams): cos/sin of rope_n positions x head_dim/2 pairs; the windowed layers' own
+     * (inv_freq_local, rope_cos_local, rope_sin_local) when kv_rt_options.rope_inv_freq_local gave them */
+    double *inv_freq, *inv_freq_local;
+    float *rope_cos, *rope_sin, *rope_cos_local, *rope_sin_local;
     int rope_n;
     int any_pre_rope;
     int squat_prompt;    /* some layer's SQuat keys take the prompt subspace (per-sequence state, rt_squat.c) */
@@ -332,10 +333,14 @@ void kv_rti_f32_accum(const float *x, size_t ld, int n, int hd, const float *p, 
 
 /* ---- RoPE (rt_rope.c) ---- */
 kv_status kv_rti_rope_reserve(kv_rt *rt, int n_pos);
-/* Rotate rows (head_dim floats each, stride ld) of tokens at positions p0, p0 + 1, ... */
+/* Rotate rows (head_dim floats each, stride ld) of tokens at positions p0, p0 + 1, ... (the global table) */
 void kv_rti_rope_rows(const kv_rt *rt, float *x, size_t ld, int n, int p0);
+/* The cos/sin table of a layer's keys: the windowed layers' own when the runtime has one, else the global one. */
+void kv_rti_rope_table(const kv_rt *rt, int layer, const float **cs, const float **sn);
+/* kv_rti_rope_rows with the layer's table. */
+void kv_rti_rope_rows_layer(const kv_rt *rt, int layer, float *x, size_t ld, int n, int p0);
 /* The same at positions pos[0..n). */
-void kv_rti_rope_rows_at(const kv_rt *rt, float *x, size_t ld, int n, const int32_t *pos);
+void kv_rti_rope_rows_at(const kv_rt *rt, int layer, float *x, size_t ld, int n, const int32_t *pos);
 
 /* ---- reconstruction working set (rt_recon.c) ---- */
 /* Make rt->seqs[seq].recon[layer*2+stream] cover every compressed token of the stream. */

@@ -517,7 +517,7 @@ kv_status kv_rt_get_stats(const kv_rt *rt, int seq, kv_rt_stats *out) {
         if (seq < 0 || q == seq) seq_stats(rt, q, -1, -1, out);
     out->predictor_bytes = kv_plan_predictor_bytes(rt->plan);
     out->basis_bytes = kv_plan_basis_bytes(rt->plan);
-    out->working_bytes += (uint64_t)rt->rope_n * (uint64_t)rt->head_dim * sizeof(float);
+    out->working_bytes += (uint64_t)rt->rope_n * (uint64_t)rt->head_dim * sizeof(float) * (rt->inv_freq_local ? 2u : 1u);
     stats_finish(out);
     return KV_OK;
 }
@@ -597,8 +597,11 @@ void kv_rt_close(kv_rt *rt) {
     free(rt->codec);
     free(rt->seqs);
     free(rt->inv_freq);
+    free(rt->inv_freq_local);
     free(rt->rope_cos);
     free(rt->rope_sin);
+    free(rt->rope_cos_local);
+    free(rt->rope_sin_local);
     free(rt->recon_last_use);
     free(rt->win);
     free(rt->evicts);
@@ -675,6 +678,7 @@ kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt)
     rt->plan = plan;
     rt->opt = *opt;
     rt->opt.rope_inv_freq = NULL;
+    rt->opt.rope_inv_freq_local = NULL;
     rt->n_layers = fp->n_layers;
     rt->n_kv_heads = fp->n_kv_heads;
     rt->head_dim = fp->head_dim;
@@ -702,6 +706,14 @@ kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt)
             goto done;
         }
         memcpy(rt->inv_freq, opt->rope_inv_freq, (size_t)rt->head_dim / 2 * sizeof(double));
+    }
+    if (opt->rope_inv_freq && opt->rope_inv_freq_local && kv_plan_has_windows(plan)) { /* the windowed layers' own */
+        rt->inv_freq_local = malloc((size_t)rt->head_dim / 2 * sizeof(double));
+        if (!rt->inv_freq_local) {
+            s = KV_ERR(KV_ENOMEM, "out of memory");
+            goto done;
+        }
+        memcpy(rt->inv_freq_local, opt->rope_inv_freq_local, (size_t)rt->head_dim / 2 * sizeof(double));
     }
     /* the HIGGS encoder's search accelerator, one per low-dimensional grid */
     for (int g = 0; g < plan->n_grids; g++)

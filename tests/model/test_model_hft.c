@@ -279,7 +279,8 @@ static kv_status run_cache_steps(kv_model *m, kv_cache *c, const int32_t *toks, 
  * Gemma 3's local layers have a window of 8: the f16 plan carries the model's windows (plan 1.5), so the runtime
  * applies them itself (RUNTIME.md §11); a plan without windows (format 1.4) still runs positions 0..7 and the step
  * at position 8 is refused, not attended wrongly; a plan whose windows are not the model's is refused at creation;
- * a cache with prompt statistics (which do not take windows yet) runs its own plan without them. */
+ * a cache with prompt statistics (which do not take windows yet) runs its own plan without them. Keys stored before
+ * RoPE take the local layers' own base with a plan that has windows, and are refused without. */
 START_TEST(test_hft_runtime_cache) {
     const hft_model *hm = &k_models[_i];
     char dir[256];
@@ -333,10 +334,25 @@ START_TEST(test_hft_runtime_cache) {
         p->layers[2].window = 8; /* a global layer given a window */
         ck_assert_int_eq(kv_cache_rt_create(&c, p, m, 1, 0, 1, 0), KV_EMISMATCH);
         ck_assert_ptr_nonnull(strstr(kv_error_last(), "layer 2"));
+        /* keys stored before RoPE: the local layers rotate with their own base (10000, the global 1e6 with linear
+         * scaling), which the runtime takes with a plan that carries the windows; the same bound as above */
+        p->layers[2].window = 0;
+        for (int l = 0; l < a->n_layers; l++) p->layers[l].stream[KV_PLAN_K].pre_rope = 1;
+        ck_assert_kv_ok(kv_cache_rt_create(&c, p, m, 1, 0, 1, 0));
+        int done = 0;
+        ck_assert_kv_ok(run_cache_steps(m, c, toks, mixed, n_mixed, lg, &done));
+        double md, mr;
+        kv_test_maxdiff(lg, golden, (size_t)N_TOKENS * V, &md, &mr);
+        printf("hft %-6s runtime f16 cache, keys before RoPE (13 + 5 + decode): max |diff| %.3g (rel %.3g)\n", hm->name,
+               md, md / mr);
+        ck_assert_msg(md <= 2e-3 * mr, "%s: pre-RoPE runtime cache logits differ by %g", hm->name, md);
+        kv_cache_free(c);
         for (int l = 0; l < a->n_layers; l++) p->layers[l].window = 0; /* a plan of format 1.4 */
+        ck_assert_int_eq(kv_cache_rt_create(&c, p, m, 1, 0, 1, 0), KV_EUNSUPPORTED); /* which base, per layer? */
+        ck_assert_ptr_nonnull(strstr(kv_error_last(), "own RoPE base"));
+        for (int l = 0; l < a->n_layers; l++) p->layers[l].stream[KV_PLAN_K].pre_rope = 0;
         ck_assert_kv_ok(kv_cache_rt_create(&c, p, m, 1, 0, 1, 0));
         ck_assert_int_eq(kv_cache_applies_windows(c), 0);
-        int done = 0;
         ck_assert_int_eq(run_cache_steps(m, c, toks, ones, N_TOKENS, lg, &done), KV_EUNSUPPORTED);
         ck_assert_int_eq(done, 8);
         ck_assert_ptr_nonnull(strstr(kv_error_last(), "sliding window of 8 tokens"));

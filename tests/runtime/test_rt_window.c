@@ -24,18 +24,21 @@ typedef struct wcase {
     int pre_rope;
     int T, prefill, step;
     int share;    /* 1: layer 1 decodes layer 0's codes (XQuant): the windowed layer 0 is then masked, not bounded */
+    int local;    /* 1: the windowed layer has its own RoPE base (kv_rt_options.rope_inv_freq_local: 10, not 10000) */
 } wcase;
 
 enum { LAYERS = 2, KVH = 2, GQA = 2, HD = 16, KVD = KVH * HD, QD = KVH * GQA * HD };
 
 static const wcase k_cases[] = {
-    {"f16 W8 sinks3 recent5 decode", 8, 3, 5, 16, 0, 16, 0, 0, 29, 1, 1, 0},
-    {"f16 W16 recent12 prefill20 step3", 16, 0, 12, 16, 0, 16, 0, 0, 52, 20, 3, 0},
-    {"kivi4 W8 sinks2 recent6 decode", 8, 2, 6, 4, 6, 4, 8, 0, 30, 1, 1, 0},
-    {"kivi2 W16 sinks4 recent12 pre-RoPE prefill25 step7", 16, 4, 12, 2, 12, 2, 16, 1, 60, 25, 7, 0},
-    {"kivi4 W16 recent32 (blocks longer than W)", 16, 0, 32, 4, 32, 4, 16, 0, 100, 9, 2, 0},
-    {"kivi4 W8 sinks4 recent12 prefill30 step1", 8, 4, 12, 4, 4, 4, 16, 0, 40, 30, 1, 0},
-    {"kivi4 W8 sinks2 recent6 XQuant pair (masked, kept)", 8, 2, 6, 4, 6, 4, 8, 0, 30, 7, 1, 1},
+    {"f16 W8 sinks3 recent5 decode", 8, 3, 5, 16, 0, 16, 0, 0, 29, 1, 1, 0, 0},
+    {"f16 W16 recent12 prefill20 step3", 16, 0, 12, 16, 0, 16, 0, 0, 52, 20, 3, 0, 0},
+    {"kivi4 W8 sinks2 recent6 decode", 8, 2, 6, 4, 6, 4, 8, 0, 30, 1, 1, 0, 0},
+    {"kivi2 W16 sinks4 recent12 pre-RoPE prefill25 step7", 16, 4, 12, 2, 12, 2, 16, 1, 60, 25, 7, 0, 0},
+    {"kivi4 W16 recent32 (blocks longer than W)", 16, 0, 32, 4, 32, 4, 16, 0, 100, 9, 2, 0, 0},
+    {"kivi4 W8 sinks4 recent12 prefill30 step1", 8, 4, 12, 4, 4, 4, 16, 0, 40, 30, 1, 0, 0},
+    {"kivi4 W8 sinks2 recent6 XQuant pair (masked, kept)", 8, 2, 6, 4, 6, 4, 8, 0, 30, 7, 1, 1, 0},
+    {"f16 W8 sinks2 recent5 pre-RoPE, own RoPE base", 8, 2, 5, 16, 0, 16, 0, 1, 30, 12, 1, 0, 1},
+    {"kivi4 W16 recent12 pre-RoPE, own RoPE base", 16, 0, 12, 4, 12, 4, 16, 1, 50, 20, 3, 0, 1},
 };
 
 static void set_stream(kv_plan_stream *s, int bits, int group, int axis) {
@@ -65,14 +68,15 @@ static kv_plan *make_plan(const wcase *c, int window) {
     return p;
 }
 
-static double g_freq[HD / 2];
+static double g_freq[HD / 2], g_freq_local[HD / 2];
 
-static void open_rt(kv_rt **rt, const kv_plan *p, kv_rt_device dev) {
-    for (int i = 0; i < HD / 2; i++) g_freq[i] = pow(10000.0, -2.0 * i / HD);
+static void open_rt(kv_rt **rt, const kv_plan *p, kv_rt_device dev, int local) {
+    for (int i = 0; i < HD / 2; i++) g_freq[i] = pow(10000.0, -2.0 * i / HD), g_freq_local[i] = pow(10.0, -2.0 * i / HD);
     kv_rt_options o;
     memset(&o, 0, sizeof o);
     o.device = dev, o.n_seqs = 1, o.n_heads = KVH * GQA, o.n_threads = 2;
     o.rope_inv_freq = g_freq, o.rope_layout = KV_ROPE_ADJACENT;
+    o.rope_inv_freq_local = local ? g_freq_local : NULL;
     ck_assert_kv_ok(kv_rt_open(rt, p, &o));
 }
 
@@ -83,10 +87,10 @@ static float val(int layer, int what, int t, int c) {
 }
 
 /* Keys after RoPE (adjacent pairs) from the keys before RoPE, in double then rounded, as a model hands them over. */
-static void rope(float *k, const float *kp, int pos) {
+static void rope(float *k, const float *kp, int pos, const double *freq) {
     for (int h = 0; h < KVH; h++)
         for (int i = 0; i < HD / 2; i++) {
-            const double a = pos * g_freq[i], x = kp[h * HD + 2 * i], y = kp[h * HD + 2 * i + 1];
+            const double a = pos * freq[i], x = kp[h * HD + 2 * i], y = kp[h * HD + 2 * i + 1];
             k[h * HD + 2 * i] = (float)(x * cos(a) - y * sin(a));
             k[h * HD + 2 * i + 1] = (float)(x * sin(a) + y * cos(a));
         }
@@ -132,7 +136,7 @@ START_TEST(test_window_attend) {
     const wcase *c = &k_cases[_i];
     kv_plan *p = make_plan(c, c->W);
     kv_rt *rt = NULL;
-    open_rt(&rt, p, KV_RT_DEVICE_CPU);
+    open_rt(&rt, p, KV_RT_DEVICE_CPU, c->local);
     const int maxn = c->prefill > c->step ? c->prefill : c->step;
     float *kp = malloc(sizeof(float) * (size_t)maxn * KVD), *k = malloc(sizeof(float) * (size_t)maxn * KVD);
     float *v = malloc(sizeof(float) * (size_t)maxn * KVD), *q = malloc(sizeof(float) * (size_t)maxn * QD);
@@ -151,7 +155,7 @@ START_TEST(test_window_attend) {
                     v[(size_t)i * KVD + ch] = val(l, 1, t0 + i, ch);
                 }
                 for (int ch = 0; ch < QD; ch++) q[(size_t)i * QD + ch] = 1.5f * val(l, 2, t0 + i, ch);
-                rope(k + (size_t)i * KVD, kp + (size_t)i * KVD, t0 + i);
+                rope(k + (size_t)i * KVD, kp + (size_t)i * KVD, t0 + i, l == 0 && c->local ? g_freq_local : g_freq);
             }
             ck_assert_kv_ok(kv_rt_append(rt, l, 0, n, pos, kp, k, v, KVD));
             ck_assert_kv_ok(kv_rt_attend(rt, l, 0, n, q, QD, out, QD));
@@ -167,6 +171,17 @@ START_TEST(test_window_attend) {
                 ck_assert_kv_ok(kv_rt_decode_head(rt, l, 0, h, K, V));
                 ck_assert_kv_ok(kv_rt_held_positions(rt, l, 0, h, hp));
                 for (int r = 1; r < held; r++) ck_assert_int_eq(hp[r], hp[r - 1] + 1);
+                /* f16 keys before RoPE decode to the keys rotated with the layer's own base: within the f16
+                 * rounding of the stored values (2^-11 relative, |x| < 1) and f32 rotation (measured < 1e-3) */
+                for (int r = 0; c->kbits == 16 && c->pre_rope && r < held; r++) {
+                    float kpr[KVD], kr[KVD];
+                    for (int ch = 0; ch < KVD; ch++) kpr[ch] = val(l, 0, hp[r], ch);
+                    rope(kr, kpr, hp[r], l == 0 && c->local ? g_freq_local : g_freq);
+                    for (int ch = 0; ch < HD; ch++)
+                        ck_assert_msg(fabs((double)K[(size_t)r * HD + ch] - kr[h * HD + ch]) < 2e-3,
+                                      "%s: layer %d key at %d channel %d: %g, rotated %g", c->name, l, hp[r], ch,
+                                      (double)K[(size_t)r * HD + ch], (double)kr[h * HD + ch]);
+                }
                 if (held > 0) ck_assert_int_eq(hp[held - 1], len - 1);
                 for (int i = 0; i < n; i++)
                     for (int g = 0; g < GQA; g++) {
@@ -231,10 +246,10 @@ END_TEST
 /* Bytes held stop growing: a windowed layer at 4W and at 16W tokens holds the same (decoding one token at a time,
  * recent buffer 12), while the full layer grows with the sequence. */
 START_TEST(test_window_bounded) {
-    const wcase c = {"bounded", 16, 4, 12, 4, 4, 4, 16, 0, 0, 1, 1, 0};
+    const wcase c = {"bounded", 16, 4, 12, 4, 4, 4, 16, 0, 0, 1, 1, 0, 0};
     kv_plan *p = make_plan(&c, c.W);
     kv_rt *rt = NULL;
-    open_rt(&rt, p, KV_RT_DEVICE_CPU);
+    open_rt(&rt, p, KV_RT_DEVICE_CPU, 0);
     float kp[KVD], k[KVD], v[KVD], q[QD], out[QD];
     uint64_t at[2][2];
     for (int t = 0; t < 16 * c.W; t++) {
@@ -242,7 +257,7 @@ START_TEST(test_window_bounded) {
         for (int l = 0; l < LAYERS; l++) {
             for (int ch = 0; ch < KVD; ch++) kp[ch] = val(l, 0, t, ch), v[ch] = val(l, 1, t, ch);
             for (int ch = 0; ch < QD; ch++) q[ch] = val(l, 2, t, ch);
-            rope(k, kp, t);
+            rope(k, kp, t, g_freq);
             ck_assert_kv_ok(kv_rt_append(rt, l, 0, 1, &pos, kp, k, v, KVD));
             ck_assert_kv_ok(kv_rt_attend(rt, l, 0, 1, q, QD, out, QD));
         }
@@ -268,7 +283,7 @@ END_TEST
 
 /* What the runtime does not take with windows yet: the device runtime (its host model here), token pruning. */
 START_TEST(test_window_refusals) {
-    const wcase c = {"refusals", 8, 0, 8, 4, 8, 4, 16, 0, 0, 1, 1, 0};
+    const wcase c = {"refusals", 8, 0, 8, 4, 8, 4, 16, 0, 0, 1, 1, 0, 0};
     kv_plan *p = make_plan(&c, c.W);
     kv_rt *rt = NULL;
     kv_rt_options o;
