@@ -137,11 +137,16 @@ static kv_fit_method smethod(const kv_fit_config *cfg, int layer, int stream) {
     return (kv_fit_method)kv_fit_config_stream_method(cfg, layer, stream);
 }
 
-/* Bits of (layer, stream) before the quantizer is chosen; *explicit_bits = 1 when not the config's
- * stream default (first layer of AQUA, or a per-layer override). */
-static int stream_bits(const kv_fit_config *cfg, int layer, int stream, int *explicit_bits) {
+/* Bits of (layer, stream) before the quantizer is chosen (window: the layer's attention window, 0 = full);
+ * *explicit_bits = 1 when not the config's stream default (first layer of AQUA, a windowed layer left in f16 by
+ * cache.windowed_layers, or a per-layer override, which wins). */
+static int stream_bits(const kv_fit_config *cfg, int layer, int stream, int window, int *explicit_bits) {
     int bits = stream == KV_PLAN_K ? cfg->keys.bits : cfg->values.bits;
     *explicit_bits = 0;
+    if (window > 0 && cfg->cache.windowed_layers == KV_FIT_WINDOWED_F16) { /* a windowed layer left in f16 */
+        bits = KV_FIT_F16_BITS;
+        *explicit_bits = 1;
+    }
     if (is_aqua(smethod(cfg, layer, stream)) && layer == 0) {
         bits = cfg->aqua.first_layer_bits;
         *explicit_bits = 1;
@@ -184,6 +189,13 @@ static void stream_keys(char *buf, size_t n, const kv_fit_config *cfg, int l, in
     if (lo && used < n) snprintf(buf + used, n - used, ", layers.%d (%s)", l, lo->where[0] ? lo->where : "?");
 }
 
+/* The layers' attention windows, the model's (plan 1.5): the runtime applies them and holds at most a window of
+ * such a layer's tokens, in every accounting the plan is measured by. */
+static kv_status set_windows(kv_plan *p, const kv_arch *a) {
+    for (int l = 0; l < p->n_layers; l++) p->layers[l].window = kv_arch_layer_window(a, l);
+    return KV_OK;
+}
+
 static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, int head_dim, const kv_fit_options *opt,
                             double *grid_seconds) {
     if (cfg->cache.recent < 1)
@@ -224,7 +236,7 @@ static kv_status setup_plan(kv_plan *p, const kv_fit_config *cfg, int kv_dim, in
             const kv_fit_stream_config *sc = st == KV_PLAN_K ? &cfg->keys : &cfg->values;
             const kv_fit_method method = smethod(cfg, l, st);
             int explicit_bits;
-            const int bits = stream_bits(cfg, l, st, &explicit_bits);
+            const int bits = stream_bits(cfg, l, st, p->layers[l].window, &explicit_bits);
             s->scale_dtype = sc->scale_dtype;
             s->share_codes_with_layer = -1;
             s->rpc_ratio = (float)cfg->cache.rpc_ratio;
@@ -828,6 +840,23 @@ kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a) {
         (cfg->xquant.km >= 0 || cfg->xquant.vm >= 0 || cfg->xquant.kq >= 0 || cfg->xquant.vq >= 0))
         return KV_ERR(KV_EINVAL, "xquant.target_bits %g chooses xquant.kq/vq/km/vm: leave them at -1",
                       cfg->xquant.target_bits);
+    int windowed = 0; /* the model's sliding-window layers (the plan records them; RUNTIME.md §11) */
+    for (int l = 0; l < a->n_layers; l++) windowed |= kv_arch_layer_window(a, l) > 0;
+    if (windowed && cfg->pruning.method != KV_PLAN_PRUNE_NONE)
+        return KV_ERR(KV_EUNSUPPORTED, "%s: key 'pruning.method': the model has sliding-window layers, which the "
+                      "runtime's token pruning (%s) does not take yet", kv_fit_config_origin(cfg, "pruning.method"),
+                      kv_plan_prune_name(cfg->pruning.method));
+    for (int l = 0; windowed && cfg->cache.windowed_layers == KV_FIT_WINDOWED_F16 && l < a->n_layers; l++)
+        for (int st = 0; st < 2 && kv_arch_layer_window(a, l) > 0; st++) {
+            int explicit_bits;
+            const int m = smethod(cfg, l, st);
+            if (stream_bits(cfg, l, st, kv_arch_layer_window(a, l), &explicit_bits) == KV_FIT_F16_BITS &&
+                !kv_fit_method_has(m, KV_FIT_T_F16))
+                return KV_ERR(KV_EINVAL, "%s: key 'cache.windowed_layers': f16 keeps layer %d (a sliding-window layer) "
+                              "in f16 unquantized, which method %s does not do (kivi, xquant and squat do); set the "
+                              "layer's bits with layers.%d, or compress windowed layers",
+                              kv_fit_config_origin(cfg, "cache.windowed_layers"), l, kv_fit_method_name(m), l);
+        }
     if (cfg->pruning.method != KV_PLAN_PRUNE_NONE) { /* what the runtime's token policy cannot combine with */
         const char *pw = kv_fit_config_origin(cfg, "pruning.method"), *pm = kv_plan_prune_name(cfg->pruning.method);
         int any_aqua = 0; /* per stream: overrides may take every stream away from method aqua, or add one */
@@ -857,7 +886,9 @@ kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a) {
         for (int st = 0; st < 2; st++) {
             const kv_fit_method m = smethod(cfg, l, st);
             int explicit_bits, axis, size;
-            if (uses_higgs(m) || is_float(m) || stream_bits(cfg, l, st, &explicit_bits) == KV_FIT_F16_BITS) continue;
+            if (uses_higgs(m) || is_float(m) ||
+                stream_bits(cfg, l, st, kv_arch_layer_window(a, l), &explicit_bits) == KV_FIT_F16_BITS)
+                continue;
             kv_fit_config_stream_groups(cfg, l, st, &axis, &size);
             if (axis == KV_PLAN_GROUP_TOKENS && cfg->cache.recent % size != 0)
                 return KV_ERR(KV_EINVAL, "layer %d: %s.group_size %d: groups along tokens must divide cache.recent (%d, "
@@ -890,7 +921,7 @@ kv_status kv_fit_plan_uncalibrated(kv_plan **out, const kv_fit_config *cfg, cons
         return KV_ERR(KV_EMISMATCH, "the fingerprint does not describe the model");
     kv_plan *p = NULL;
     double grid_seconds = 0;
-    if ((s = kv_plan_create(&p, fp)) == KV_OK &&
+    if ((s = kv_plan_create(&p, fp)) == KV_OK && (s = set_windows(p, a)) == KV_OK &&
         (s = setup_plan(p, cfg, a->n_kv_heads * a->head_dim, a->head_dim, NULL, &grid_seconds)) == KV_OK)
         s = kv_plan_validate(p);
     if (s != KV_OK) {
@@ -1107,7 +1138,8 @@ static kv_status fresh_plan(fit_run *r, const kv_plan_fingerprint *fp, kv_fit_re
     if (r->rank == 0) {
         const kv_fit_config *cfg = r->cfg;
         const kv_fit_options *opt = r->opt;
-        if ((s = kv_plan_create(&r->plan, fp)) != KV_OK) goto agree;
+        if ((s = kv_plan_create(&r->plan, fp)) != KV_OK || (s = set_windows(r->plan, kv_model_arch(r->m))) != KV_OK)
+            goto agree;
         if ((s = setup_plan(r->plan, cfg, r->kv_dim, kv_model_arch(r->m)->head_dim, opt, &lrep->seconds_grids)) !=
             KV_OK)
             goto agree;

@@ -56,6 +56,7 @@ static const char *const k_axes[] = {"tokens", "channels", NULL};
 static const char *const k_dtypes[] = {"f32", "f16", NULL}; /* = KV_DTYPE_F32, KV_DTYPE_F16 */
 static const char *const k_weights[] = {"f32", "f16", "native", NULL}; /* = model/'s kv_weight_storage */
 static const char *const k_prunes[] = {"none", "streamingllm", "h2o", "snapkv", "pyramidkv", NULL};
+static const char *const k_windowed[] = {"compress", "f16", NULL}; /* kv_fit_windowed */
 
 #define OFF(field) offsetof(kv_fit_config, field)
 #define STREAM_KEYS(prefix, member)                                                            \
@@ -80,6 +81,7 @@ static const key_desc k_keys[] = {
     {"cache.recent", T_INT, OFF(cache.recent), 0, 1 << 24, NULL},
     {"cache.pre_rope", T_BOOL, OFF(cache.pre_rope), 0, 1, NULL},
     {"cache.rpc_ratio", T_DOUBLE, OFF(cache.rpc_ratio), 0, 1, NULL},
+    {"cache.windowed_layers", T_ENUM, OFF(cache.windowed_layers), 0, 0, k_windowed},
     STREAM_KEYS("keys", keys),
     STREAM_KEYS("values", values),
     {"aqua.ridge", T_DOUBLE, OFF(aqua.ridge), 0, 1e6, NULL},
@@ -196,6 +198,7 @@ kv_status kv_fit_config_init(kv_fit_config *c) {
     c->cache.recent = 128;
     c->cache.pre_rope = 1;
     c->cache.rpc_ratio = 0.0;
+    c->cache.windowed_layers = KV_FIT_WINDOWED_COMPRESS;
     const kv_fit_stream_config keys = {2, 64, KV_PLAN_GROUP_TOKENS, KV_DTYPE_F16, 0.0, 11};
     const kv_fit_stream_config values = {2, 64, KV_PLAN_GROUP_CHANNELS, KV_DTYPE_F16, 0.0, 11};
     c->keys = keys;

@@ -469,6 +469,8 @@ typedef struct kv_fit_config {
         int sinks, recent;
         int pre_rope;            /* keys compressed before RoPE */
         double rpc_ratio;        /* default KVmix recent-pivotal-context ratio */
+        int windowed_layers;     /* kv_fit_windowed: what the fit does with a layer whose attention has a window
+                                    (kv_arch_layer_window > 0, e.g. Gemma 3's local layers; the plan records the window) */
     } cache;
     kv_fit_stream_config keys, values;
     struct {
@@ -554,6 +556,9 @@ const char *kv_fit_config_origin(const kv_fit_config *c, const char *path);
  * stream of method fp, bits 16; uniform methods only: kivi). With token pruning this is "1x tokens at 16
  * bits", the quantized-pruning paper's baseline; the uniform quantizer itself has no 16-bit mode. */
 #define KV_FIT_F16_BITS 16
+/* cache.windowed_layers: compress a windowed layer like any other (the default), or keep it in f16 (KV_FIT_F16_BITS on
+ * both streams, unless layers.N sets its bits; methods that can keep a stream in f16 only: kivi, xquant, squat). */
+typedef enum kv_fit_windowed { KV_FIT_WINDOWED_COMPRESS = 0, KV_FIT_WINDOWED_F16 = 1 } kv_fit_windowed;
 kv_status kv_fit_config_validate(const kv_fit_config *c);
 /* The resolved configuration as YAML (caller frees). */
 kv_status kv_fit_config_dump(char **out, const kv_fit_config *c);

@@ -24,7 +24,8 @@ extern "C" {
  * Indices: layers 0..n_layers-1; streams KV_PLAN_K (0) and KV_PLAN_V (1). kv_dim below means
  * fingerprint.n_kv_heads * fingerprint.head_dim. */
 #define KV_PLAN_VERSION_MAJOR 1
-#define KV_PLAN_VERSION_MINOR 4
+#define KV_PLAN_VERSION_MINOR 5 /* what this reader knows; a writer writes the least minor that holds the
+                                   content: 4 for a plan without attention windows (section WNDW, 1.5) */
 #define KV_PLAN_MAX_PRED_INPUTS 8  /* PLAN_FORMAT.md §6.5 */
 
 typedef enum kv_plan_stream_id { KV_PLAN_K = 0, KV_PLAN_V = 1 } kv_plan_stream_id;
@@ -148,6 +149,10 @@ typedef struct kv_plan_stream {
 typedef struct kv_plan_layer {
     kv_plan_stream stream[2];   /* [KV_PLAN_K], [KV_PLAN_V] */
     float prune_budget;         /* per-layer budget (PyramidKV), (0, 1]; 0 = the global one */
+    int window;                 /* (1.5) attention window of the layer: 0 = full attention; W >= 1: a query at
+                                   position p sees the keys at positions p - W + 1 .. p only (sliding window,
+                                   Gemma 3's local layers), so the runtime holds about W of its tokens
+                                   (RUNTIME.md §11). Section WNDW; kvcal fit sets it from kv_arch_layer_window */
 } kv_plan_layer;
 
 /* How the plan was made. Strings are owned (NULL = empty). */
@@ -200,7 +205,8 @@ typedef struct kv_plan_file_info {
                                               every sequence (older readers would compute the prompt's) */
 #define KV_PLAN_FEAT_PRED_LOWRANK 0x400ull /* required (1.3): a predictor is stored as two low-rank factors */
 #define KV_PLAN_FEAT_PRED_Q4 0x800ull /* required (1.4): a predictor is stored as GPTQ codes */
-#define KV_PLAN_REQUIRED_KNOWN 0xfffull
+#define KV_PLAN_FEAT_WINDOW 0x1000ull /* required (1.5): a layer attends over a window (section WNDW) */
+#define KV_PLAN_REQUIRED_KNOWN 0x1fffull
 #define KV_PLAN_OPT_REPORT 0x1ull        /* optional: calibration report section present */
 #define KV_PLAN_OPT_SQUAT_BASIS 0x2ull   /* optional: a static SQuat basis is stored */
 #define KV_PLAN_OPT_PROVENANCE 0x4ull    /* optional: provenance section present */
@@ -280,6 +286,9 @@ kv_status kv_plan_validate(const kv_plan *p);
  * Full-precision tokens (sinks, recent buffer) and predictor weights are not included: they depend
  * on the sequence length (kv_plan_predictor_bytes gives the latter). Shared codes count 0 bits. */
 double kv_plan_stream_bits(const kv_plan *p, int layer, int stream);
+/* 1 when some layer of the plan has an attention window (kv_plan_layer.window > 0). */
+int kv_plan_has_windows(const kv_plan *p);
+
 /* Bytes of predictor weights and biases over the whole plan, as stored (f16 or f32). */
 uint64_t kv_plan_predictor_bytes(const kv_plan *p);
 /* ... of (layer, stream) alone, as stored (f16 or f32); 0 without a predictor. */

@@ -537,6 +537,10 @@ kv_status kv_plan_stream_copy(kv_plan *dst, const kv_plan *src, int layer, int s
         dst->fingerprint.head_dim != src->fingerprint.head_dim)
         return KV_ERR(KV_EINVAL, "kv_plan_stream_copy: layer %d stream %d: the plans are for models of different "
                       "shapes", layer, stream);
+    /* the layer's attention window is the model's (1.5): a stream of a windowed layer brings it along */
+    const int sw = src->layers[layer].window, dw = dst->layers[layer].window;
+    if (sw > 0 && dw > 0 && sw != dw)
+        return KV_ERR(KV_EINVAL, "kv_plan_stream_copy: layer %d: attention windows %d and %d differ", layer, sw, dw);
     const kv_plan_stream *ss = &src->layers[layer].stream[stream];
     const kv_plan_codec *codec = kv_plan_codec_of((int)ss->method);
     if (!codec) return KV_ERR(KV_EINVAL, "kv_plan_stream_copy: layer %d stream %d: unknown method %d", layer, stream,
@@ -579,6 +583,7 @@ kv_status kv_plan_stream_copy(kv_plan *dst, const kv_plan *src, int layer, int s
     }
     stream_release(&dst->layers[layer].stream[stream]);
     dst->layers[layer].stream[stream] = c;
+    if (sw > 0) dst->layers[layer].window = sw;
     return KV_OK;
 }
 
@@ -796,6 +801,9 @@ kv_status kv_plan_validate(const kv_plan *p) {
         const float b = p->layers[l].prune_budget;
         if (!(b == 0.0f || (b > 0.0f && b <= 1.0f)))
             return KV_ERR(KV_EFORMAT, "layer %d: prune_budget %g (0, or in (0, 1])", l, (double)b);
+        if (p->layers[l].window < 0 || p->layers[l].window > KV_PLAN_MAX_WINDOW) /* §6.10 */
+            return KV_ERR(KV_EFORMAT, "layer %d: window %d out of range (0 = full attention, or 1..%d)", l,
+                          p->layers[l].window, KV_PLAN_MAX_WINDOW);
         for (int st = 0; st < 2; st++) {
             s = validate_stream(p, l, st);
             if (s != KV_OK) return s;
@@ -848,7 +856,14 @@ uint64_t kv_plan_required_features(const kv_plan *p) {
             if (s->predictor && s->predictor->qbits > 0) f |= KV_PLAN_FEAT_PRED_Q4;
             if (s->pack == KV_PLAN_PACK_3BIT_11) f |= KV_PLAN_FEAT_PACK3_11;
         }
+    if (kv_plan_has_windows(p)) f |= KV_PLAN_FEAT_WINDOW;
     return f;
+}
+
+int kv_plan_has_windows(const kv_plan *p) {
+    for (int l = 0; p && p->layers && l < p->n_layers; l++)
+        if (p->layers[l].window > 0) return 1;
+    return 0;
 }
 
 uint64_t kv_plan_optional_features(const kv_plan *p) {

@@ -246,6 +246,8 @@ static json_t *dump_layers(const kv_plan *p, int full, int *ok) {
         json_t *o = json_object();
         put(o, "layer", jint(l), ok);
         put(o, "prune_budget", jf32(p->layers[l].prune_budget), ok);
+        /* (1.5) plans with attention windows: every layer's (0 = full attention) */
+        if (kv_plan_has_windows(p)) put(o, "window", jint(p->layers[l].window), ok);
         put(o, "K", dump_stream(p, l, KV_PLAN_K, full, ok), ok);
         put(o, "V", dump_stream(p, l, KV_PLAN_V, full, ok), ok);
         push(a, o, ok);

@@ -32,6 +32,7 @@
 #define KV_PLAN_MAX_LAYERS 4096
 #define KV_PLAN_MAX_GRIDS 64
 #define KV_PLAN_MAX_METRICS 64
+#define KV_PLAN_MAX_WINDOW (1 << 24) /* §6.10 */
 
 /* ---- growable little-endian byte buffer (writer side) ---- */
 typedef struct kv_buf {

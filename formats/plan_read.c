@@ -442,6 +442,23 @@ static kv_status read_fscl(reader *r, cursor *c) { /* §6.9 (1.1) */
     return finish(r, c);
 }
 
+static kv_status read_wndw(reader *r, cursor *c) { /* §6.10 (1.5) */
+    kv_plan *p = r->p;
+    const uint32_t nl = rd_u32(c, "n_layers");
+    if (c->err != KV_OK) return c->err;
+    if (nl != (uint32_t)p->n_layers)
+        return KV_ERR(KV_EFORMAT, "section 'WNDW': %u layers for a model of %d layers", nl, p->n_layers);
+    int any = 0;
+    for (int l = 0; l < p->n_layers; l++) {
+        p->layers[l].window = (int)rd_range(c, 0, KV_PLAN_MAX_WINDOW, "window");
+        if (c->err != KV_OK) return c->err;
+        any |= p->layers[l].window > 0;
+    }
+    if (!any) return KV_ERR(KV_EFORMAT, "section 'WNDW': every layer's window is 0 (the section is written only when "
+                            "a layer has a window)");
+    return finish(r, c);
+}
+
 static kv_status read_prov(reader *r, cursor *c) {
     kv_plan_provenance *v = &r->p->provenance;
     v->tool_version = rd_str(c, "tool_version");
@@ -475,7 +492,7 @@ static kv_status read_rept(reader *r, cursor *c) {
 
 /* ---- the file ---------------------------------------------------------------------------------- */
 /* The sections of §5 in decode order (FPRT first: it sizes everything else). */
-static const char k_known[][5] = {"FPRT", "GLOB", "GRID", "LAYR", "PRED", "SQAT", "FSCL", "PROV", "REPT"};
+static const char k_known[][5] = {"FPRT", "GLOB", "GRID", "LAYR", "PRED", "SQAT", "FSCL", "WNDW", "PROV", "REPT"};
 enum { N_KNOWN = sizeof k_known / sizeof *k_known };
 
 static int known_index(const char tag[4]) {
@@ -639,6 +656,7 @@ static const char *feature_name(uint64_t bit) {
     case KV_PLAN_FEAT_PRED_F16: return "PRED_F16";
     case KV_PLAN_FEAT_PRED_LOWRANK: return "PRED_LOWRANK";
     case KV_PLAN_FEAT_PRED_Q4: return "PRED_Q4";
+    case KV_PLAN_FEAT_WINDOW: return "WINDOW";
     }
     return "?";
 }
@@ -687,7 +705,7 @@ static kv_status read_all(reader *r) {
     if (s != KV_OK) return s;
 
     static kv_status (*const readers[N_KNOWN])(reader *, cursor *) = {
-        NULL, read_glob, read_grid, read_layr, read_pred, read_sqat, read_fscl, read_prov, read_rept};
+        NULL, read_glob, read_grid, read_layr, read_pred, read_sqat, read_fscl, read_wndw, read_prov, read_rept};
     for (int k = 1; k < N_KNOWN && s == KV_OK; k++) {
         const kv_plan_section_info *si = by_index[k];
         if (!si) continue;

@@ -244,6 +244,11 @@ static void put_fscl(kv_buf *b, const kv_plan *p) { /* §6.9 (1.1) */
         }
 }
 
+static void put_wndw(kv_buf *b, const kv_plan *p) { /* §6.10 (1.5) */
+    kv_buf_u32(b, (uint32_t)p->n_layers);
+    for (int l = 0; l < p->n_layers; l++) kv_buf_u32(b, (uint32_t)p->layers[l].window);
+}
+
 static void put_prov(kv_buf *b, const kv_plan *p) { /* §6.7 */
     const kv_plan_provenance *v = &p->provenance;
     kv_buf_str(b, v->tool_version);
@@ -305,6 +310,7 @@ kv_status kv_plan_write_memory(uint8_t **out, size_t *out_size, const kv_plan *p
     const size_t compress_min = opt && opt->compress_min ? opt->compress_min : 4096;
 
     int any_pred = 0, any_squat = 0, any_fscl = 0;
+    const int windows = kv_plan_has_windows(p);
     for (int l = 0; l < p->n_layers; l++) {
         any_fscl |= p->layers[l].stream[0].fp_scales || p->layers[l].stream[1].fp_scales;
         any_pred |= p->layers[l].stream[0].predictor || p->layers[l].stream[1].predictor;
@@ -324,6 +330,7 @@ kv_status kv_plan_write_memory(uint8_t **out, size_t *out_size, const kv_plan *p
         {"PRED", KV_PLAN_SECTION_REQUIRED, any_pred, put_pred},
         {"SQAT", KV_PLAN_SECTION_REQUIRED, any_squat, put_sqat},
         {"FSCL", KV_PLAN_SECTION_REQUIRED, any_fscl, put_fscl},
+        {"WNDW", KV_PLAN_SECTION_REQUIRED, windows, put_wndw},
         {"PROV", 0, 1, put_prov},
         {"REPT", 0, p->report.n_metrics > 0, put_rept},
     };
@@ -379,7 +386,8 @@ kv_status kv_plan_write_memory(uint8_t **out, size_t *out_size, const kv_plan *p
     /* §4 header */
     memcpy(file, KV_PLAN_MAGIC_BYTES, 8);
     kv_store_u16le(file + 8, KV_PLAN_VERSION_MAJOR);
-    kv_store_u16le(file + 10, KV_PLAN_VERSION_MINOR);
+    /* §2: the least minor that holds the content, so that a plan without windows stays a 1.4 file byte for byte */
+    kv_store_u16le(file + 10, windows ? KV_PLAN_VERSION_MINOR : 4);
     kv_store_u16le(file + 12, KV_PLAN_HEADER_SIZE);
     kv_store_u16le(file + 14, KV_PLAN_ENTRY_SIZE);
     kv_store_u32le(file + 16, KV_PLAN_BOM);

@@ -300,6 +300,11 @@ kv_status kv_predictor_apply(float *y, const kv_plan_predictor *pr, const float 
  * quantizer; a stream with a KVmix rpc_ratio keeps floor(ratio * window) of its window instead.
  * Attention of a step's query i covers every token held up to its own position (causal).
  *
+ * Attention windows (plans of format 1.5, kv_plan_layer.window = W > 0; RUNTIME.md §11): a query at position p of
+ * such a layer sees positions p - W + 1 .. p only, and before an append the layer drops what no query of the
+ * step sees any more (its sinks, whole blocks, window rows), so it holds about W tokens; the statistics count what
+ * is held. A windowed layer whose tokens other streams read (a predictor's input, XQuant pairs) is masked only.
+ *
  * Token pruning (plans with a prune_method; RUNTIME.md §8): a sequence's first tokens are its prompt, held
  * in f16 (nothing is compressed while it is open) until kv_rt_end_prompt (or the first append of a single
  * token, which ends it first). Then, per layer and KV head, the token policy keeps the sinks, the last
@@ -325,7 +330,7 @@ typedef struct kv_rt kv_rt;
  * between the CPU and the GPU fails the open with the codec and the size of the difference.
  * KV_RT_DEVICE_CUDA_MODEL is the same backend with its kernels run on the CPU by their host model (host
  * pointers): what tests and the self-check compare the GPU with. Not on a device yet (KV_EUNSUPPORTED at
- * open): token pruning, prompt statistics, HIGGS groups spanning heads, head_dim above 256. */
+ * open): token pruning, prompt statistics, HIGGS groups spanning heads, head_dim above 256, layers' attention windows. */
 typedef enum kv_rt_device {
     KV_RT_DEVICE_CPU = 0,
     KV_RT_DEVICE_CUDA = 1,
@@ -346,6 +351,9 @@ typedef struct kv_rt_options {
      * KV_ROPE_ADJACENT or (i, i + head_dim/2) for KV_ROPE_HALF. NULL: such plans are refused. */
     const double *rope_inv_freq;
     int rope_layout;       /* kv_rope_layout */
+    /* The RoPE frequencies of the layers with an attention window (plan 1.5), when they have their own base (Gemma 3's
+     * local layers: rope_local_base_freq), head_dim/2 values, copied; NULL: rope_inv_freq for every layer. */
+    const double *rope_inv_freq_local;
     /* AQUA-KV streams (RUNTIME.md §6): 0 (default) rebuilds each predicted stream's reconstruction at
      * every step and drops it when no later layer needs it (memory: the compressed cache plus about
      * two layers' reconstructions); 1 keeps every reconstruction and extends it chunk by chunk
@@ -407,8 +415,8 @@ kv_status kv_rt_end_prompt(kv_rt *rt, int seq);
  * that holds its prompt in f16 and collected what dst's policy needs (kv_rt_options.prompt_stats), and a
  * destination that holds prompts (a pruning plan, or prompt_stats). KV_EINVAL naming what differs. */
 kv_status kv_rt_prompt_copy(kv_rt *dst, int dst_seq, const kv_rt *src, int src_seq);
-/* Tokens KV head kv_head of (layer, seq) holds (the sequence's length unless tokens were pruned); -1 for
- * bad arguments. */
+/* Tokens KV head kv_head of (layer, seq) holds (the sequence's length unless tokens were pruned, or left the layer's
+ * attention window: RUNTIME.md §11); -1 for bad arguments. */
 int kv_rt_held(const kv_rt *rt, int layer, int seq, int kv_head);
 /* Their positions, in order, into pos (kv_rt_held entries). */
 kv_status kv_rt_held_positions(const kv_rt *rt, int layer, int seq, int kv_head, int32_t *pos);

@@ -459,12 +459,14 @@ kv_status kv_model_layer_forward(kv_model *m, int layer, float *h, int n_seqs, i
             s = cache->ops->append(cache, layer, sid, n_tokens, pos + r0, w->k_pre + r0 * kvd, K, V, (size_t)kvd);
             if (s != KV_OK) return s;
             if (cache->ops->attend) { /* the cache attends over what it holds (a compressed form) */
-                /* it does not know the layer's window (issue 36 part 3): refuse a step whose queries would
-                 * need it (one at position >= W) instead of attending beyond the window */
-                if (window > 0 && pos[r0 + (size_t)n_tokens - 1] >= window)
+                /* a cache that applies the layer's window itself (a plan with windows, checked against the model
+                 * at kv_cache_rt_create) attends like the model; one that does not (a plan of format 1.4 or older)
+                 * must not attend beyond it: refuse a step whose queries would need it (one at position >= W) */
+                if (window > 0 && pos[r0 + (size_t)n_tokens - 1] >= window && !kv_cache_applies_windows(cache))
                     return KV_ERR(KV_EUNSUPPORTED,
                                   "layer %d attends over a sliding window of %d tokens, which the KV cache '%s' does "
-                                  "not apply (it attends itself); at most %d positions can run through it",
+                                  "not apply (it attends itself; its plan has no layer windows: refit it with this kvcal, plan "
+                                  "format 1.5); at most %d positions can run through it",
                                   layer, window, cache->ops->name, window);
                 kv_model_blas_threads(m, 1); /* it may call the BLAS from its own threads */
                 s = cache->ops->attend(cache, layer, sid, n_tokens, w->q + r0 * qd, (size_t)qd, w->att + r0 * qd,

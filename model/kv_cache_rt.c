@@ -14,6 +14,7 @@ typedef struct rt_cache {
     kv_cache base;
     kv_rt *rt;
     kv_plan *own_plan; /* the f16 plan when the caller gave none */
+    int windows;       /* the plan carries the layers' attention windows (the model's) */
 } rt_cache;
 
 static kv_status rc_append(kv_cache *c, int layer, int seq, int n, const int32_t *pos, const float *k_pre,
@@ -67,6 +68,7 @@ kv_status kv_model_f16_plan(kv_plan **out, const kv_arch *a) {
     if (s != KV_OK) return s;
     (*out)->global.sinks = 0;
     (*out)->global.recent = 64;
+    for (int l = 0; l < a->n_layers; l++) (*out)->layers[l].window = kv_arch_layer_window(a, l);
     return KV_OK;
 }
 
@@ -80,6 +82,9 @@ kv_status kv_cache_rt_create(kv_cache **out, const kv_plan *plan, const kv_model
     kv_status s = KV_OK;
     if (!plan) {
         if ((s = kv_model_f16_plan(&r->own_plan, a)) != KV_OK) goto done;
+        /* prompt statistics do not take windows yet (RUNTIME.md §11): such a cache runs without them, and the model
+         * refuses a step past a window as it did before plans knew windows */
+        for (int l = 0; (flags & KV_CACHE_RT_PROMPT_STATS) && l < a->n_layers; l++) r->own_plan->layers[l].window = 0;
         plan = r->own_plan;
     }
     const kv_plan_fingerprint *fp = &plan->fingerprint;
@@ -88,13 +93,25 @@ kv_status kv_cache_rt_create(kv_cache **out, const kv_plan *plan, const kv_model
                    fp->n_layers, fp->n_kv_heads, fp->head_dim, a->n_layers, a->n_kv_heads, a->head_dim);
         goto done;
     }
-    /* the runtime rotates a pre-RoPE key stream with one set of frequencies (the global layers'); a local layer
-     * with its own RoPE base (Gemma 3) would be rotated wrongly: refused until the runtime knows per-layer bases */
-    for (int l = 0; m->inv_freq_local_d && l < a->n_layers; l++)
+    /* the layers' attention windows (plan 1.5) are the model's: a plan that carries them must carry exactly these; a
+     * plan that carries none (written before 1.5) runs, and the model refuses a step past a window it cannot apply */
+    if (kv_plan_has_windows(plan))
+        for (int l = 0; l < a->n_layers; l++)
+            if (plan->layers[l].window != kv_arch_layer_window(a, l)) {
+                s = KV_ERR(KV_EMISMATCH, "layer %d: the plan's attention window is %d tokens, the model's %d (%s); the "
+                           "plan was fitted for another model", l, plan->layers[l].window, kv_arch_layer_window(a, l),
+                           kv_arch_layer_window(a, l) > 0 ? "a sliding-window layer" : "full attention");
+                goto done;
+            }
+    /* a pre-RoPE key stream is rotated with its layer's frequencies: the windowed (local) layers' own base goes to the
+     * runtime with a plan that carries the windows (kv_rt_options.rope_inv_freq_local); a plan without them would
+     * rotate a local layer with the global base: refused */
+    for (int l = 0; m->inv_freq_local_d && !kv_plan_has_windows(plan) && l < a->n_layers; l++)
         if (kv_arch_layer_is_local(a, l) && plan->layers && plan->layers[l].stream[0].pre_rope &&
             kv_arch_layer_rope_theta(a, l) != a->rope_theta) {
             s = KV_ERR(KV_EUNSUPPORTED, "layer %d's keys are stored before RoPE, but it is a sliding-window layer "
-                       "with its own RoPE base (%g), which the runtime does not know", l,
+                       "with its own RoPE base (%g), and the plan has no layer windows (plan format 1.5) to tell the "
+                       "runtime which layers take it: refit the plan", l,
                        (double)kv_arch_layer_rope_theta(a, l));
             goto done;
         }
@@ -109,10 +126,12 @@ kv_status kv_cache_rt_create(kv_cache **out, const kv_plan *plan, const kv_model
     /* the model's own threads, so that decoding has one set of threads (forward_internal.h) */
     if (o.n_threads == m->n_threads && !m->gpu) o.pool = kv_model_pool((kv_model *)m);
     o.rope_inv_freq = m->inv_freq_d;
+    o.rope_inv_freq_local = m->inv_freq_local_d; /* NULL: one base for every layer */
     o.rope_layout = (int)a->rope_layout;
     o.keep_reconstructions = (flags & KV_CACHE_RT_KEEP_RECONSTRUCTIONS) != 0;
     o.prompt_stats = (flags & KV_CACHE_RT_PROMPT_STATS) != 0;
     if ((s = kv_rt_open(&r->rt, plan, &o)) != KV_OK) goto done;
+    r->windows = kv_plan_has_windows(plan);
     r->base.ops = &k_rt_ops;
     r->base.impl = r;
     r->base.n_layers = a->n_layers;
@@ -130,6 +149,10 @@ done:
 
 kv_rt *kv_cache_rt_runtime(kv_cache *c) {
     return c && c->ops == &k_rt_ops ? ((rt_cache *)c)->rt : NULL;
+}
+
+int kv_cache_applies_windows(const kv_cache *c) {
+    return c && c->ops == &k_rt_ops && ((const rt_cache *)c)->windows;
 }
 
 kv_status kv_cache_rt_prompt_copy(kv_cache *dst, int dst_seq, kv_cache *src, int src_seq) {

@@ -243,6 +243,9 @@ kv_status kv_cache_rt_create(kv_cache **out, const kv_plan *plan, const kv_model
                              int n_threads, unsigned flags);
 /* The runtime behind a cache made by kv_cache_rt_create (borrowed), or NULL for another cache. */
 struct kv_rt *kv_cache_rt_runtime(kv_cache *c);
+/* 1 when c is a runtime cache whose plan carries the layers' attention windows (plan format 1.5; checked against
+ * the model's at creation), so that it attends over each sliding-window layer's window itself; 0 otherwise. */
+int kv_cache_applies_windows(const kv_cache *c);
 /* kv_rt_prompt_copy between two runtime caches (KV_EINVAL for other caches). */
 kv_status kv_cache_rt_prompt_copy(kv_cache *dst, int dst_seq, kv_cache *src, int src_seq);
 /* Dispatch helpers (argument checks, then the vtable). kv_cache_free accepts NULL. */

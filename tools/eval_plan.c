@@ -38,8 +38,8 @@ void kv_tool_eval_plan_print(const kv_plan_eval *e, int json) {
            (unsigned long long)e->cache_bytes, (unsigned long long)e->fp16_cache_bytes,
            (unsigned long long)e->cache_bytes_allocated);
     if (e->held_fraction < 1.0)
-        printf("held_fraction          %.4f  (token pruning: the values still held at the end of a chunk; evicted ones "
-               "count 0 bits above)\n", e->held_fraction);
+        printf("held_fraction          %.4f  (token pruning, layers' attention windows: the values still held at the end "
+               "of a chunk; evicted ones and those that left a window count 0 bits above)\n", e->held_fraction);
     if (e->compressed_fraction == 0.0) {
         const size_t chunk = r->n_chunks ? r->tokens_evaluated / r->n_chunks : 0;
         if ((size_t)e->prefill >= chunk && chunk > (size_t)(e->sinks + e->recent))

@@ -47,7 +47,7 @@ int kv_rti_head_rows(const kv_rt *rt, int seq, int layer, int h) {
     const rt_seq *sq = &rt->seqs[seq];
     const int n = sq->layer_n[layer];
     const rt_stream *st = &sq->st[layer * 2];
-    if (!st->heads) return n;
+    if (!st->heads) return n - sq->ev[layer];
     return n - (sq->ps[layer].sel_end - rt->sinks) + st->heads[h].kept;
 }
 
@@ -55,7 +55,10 @@ void kv_rti_piece_at(const kv_rt *rt, int seq, int layer, int stream, int h, int
     const rt_seq *sq = &rt->seqs[seq];
     const rt_stream *st = &sq->st[layer * 2 + stream];
     const int n = sq->layer_n[layer], kvd = rt->kv_dim;
-    const int sinks_held = rt_sinks_held(rt, n);
+    /* a windowed layer that dropped what left its window holds positions [ev, n) (no sinks): row v is position
+     * ev + v, its f16 rows are the window alone */
+    const int ev = sq->ev[layer];
+    const int sinks_held = ev > 0 ? 0 : rt_sinks_held(rt, n), fp0 = ev > 0 ? 0 : rt->sinks;
     memset(p, 0, sizeof *p);
     p->a = v;
     p->kh = h;
@@ -66,7 +69,7 @@ void kv_rti_piece_at(const kv_rt *rt, int seq, int layer, int stream, int h, int
         p->p0 = v;
         return;
     }
-    int dropped = 0;
+    int dropped = ev;
     if (st->heads) {
         const rt_hstore *hs = &st->heads[h];
         const int k = v - sinks_held;
@@ -116,7 +119,7 @@ void kv_rti_piece_at(const kv_rt *rt, int seq, int layer, int stream, int h, int
     } else {
         p->kind = RT_PIECE_FP16;
         p->b = (tend < n ? tend : n) - dropped;
-        p->fp = st->fp + (size_t)(rt->sinks + (t - st->comp_end)) * (size_t)kvd;
+        p->fp = st->fp + (size_t)(fp0 + (t - st->comp_end)) * (size_t)kvd;
     }
 }
 
@@ -156,9 +159,9 @@ void kv_rti_read_rows_ready(const kv_rt *rt, int seq, int layer, int stream, int
         }
         if (stream == KV_PLAN_K && c->pre_rope) {
             if (p.pos)
-                kv_rti_rope_rows_at(rt, o, ldo, len, p.pos);
+                kv_rti_rope_rows_at(rt, layer, o, ldo, len, p.pos);
             else
-                kv_rti_rope_rows(rt, o, ldo, len, p.p0);
+                kv_rti_rope_rows_layer(rt, layer, o, ldo, len, p.p0);
         }
     }
 }
@@ -174,6 +177,7 @@ kv_status kv_rti_read_rows(kv_rt *rt, int seq, int layer, int stream, int h, int
 typedef struct attn_job {
     kv_rt *rt;
     int layer, seq, n_q, nqv, nseg;
+    int window;          /* the layer's attention window (rows are consecutive positions then), 0 = full */
     size_t hd;
     const int *nh;       /* per KV head: the rows it holds (the sequence length unless tokens were pruned) */
     const float *qv;     /* per KV head: nqv x hd scaled query vectors (vector j = row j / group, head j % group) */
@@ -191,6 +195,11 @@ typedef struct attn_job {
 static int row_of(const attn_job *jb, int j) { return j / jb->rt->group; }
 /* Rows of head h that query vector j may see: [0, limit). */
 static int limit_of(const attn_job *jb, int h, int j) { return jb->nh[h] - jb->n_q + row_of(jb, j) + 1; }
+/* The first row it may see: the window's left edge (query at p sees p - W + 1 .. p), 0 without a window. */
+static int lower_of(const attn_job *jb, int h, int j) {
+    const int lo = limit_of(jb, h, j) - jb->window;
+    return jb->window > 0 && lo > 0 ? lo : 0;
+}
 
 /* Scores of the item's query vectors for rows [a, b) of head h into sc (row stride ld). */
 static void item_scores(const attn_job *jb, int h, int a, int b, const float *qv, const float *hprep, float *sc,
@@ -286,7 +295,10 @@ static void direct_item(void *ctx, int item, int thread) {
     const int H = jb->rt->n_kv_heads, h = item % H, sgi = item / H, nqv = jb->nqv, hd = (int)jb->hd, nh = jb->nh[h];
     float *part = jb->part + ((size_t)h * (size_t)jb->nseg + (size_t)sgi) * (size_t)nqv * (size_t)(hd + 2);
     const int a = sgi * RT_SEGMENT, b = a + RT_SEGMENT < nh ? a + RT_SEGMENT : nh, len = b - a;
-    if (len <= 0) { /* a head holding fewer rows than another: nothing here */
+    /* nothing here: a head holding fewer rows than another, or a windowed layer's segment no query vector sees */
+    int seen = len > 0 && jb->window == 0;
+    for (int j = 0; len > 0 && j < nqv && !seen; j++) seen = lower_of(jb, h, j) < b && limit_of(jb, h, j) > a;
+    if (!seen) {
         for (int j = 0; j < nqv; j++) {
             float *pj = part + (size_t)j * (size_t)(hd + 2);
             pj[0] = -INFINITY;
@@ -306,18 +318,20 @@ static void direct_item(void *ctx, int item, int thread) {
     for (int j = 0; j < nqv; j++) {
         float *s = sc + (size_t)j * RT_SEGMENT;
         const int lim = limit_of(jb, h, j), valid = lim - a < len ? (lim - a > 0 ? lim - a : 0) : len;
+        const int vlo = lower_of(jb, h, j) - a > 0 ? lower_of(jb, h, j) - a : 0; /* rows [vlo, valid) are seen */
         float *pj = part + (size_t)j * (size_t)(hd + 2);
-        if (valid == 0) {
+        if (valid <= vlo) {
             pj[0] = -INFINITY;
             pj[1] = 0.0f;
             memset(s, 0, (size_t)len * sizeof(float));
             continue;
         }
-        const float mx = kv_rti_shift_by_max(s, (size_t)valid);
-        kv_rti_exp_inplace(s, (size_t)valid);
+        const float mx = kv_rti_shift_by_max(s + vlo, (size_t)(valid - vlo));
+        kv_rti_exp_inplace(s + vlo, (size_t)(valid - vlo));
+        for (int t = 0; t < vlo; t++) s[t] = 0.0f;
         for (int t = valid; t < len; t++) s[t] = 0.0f;
         pj[0] = mx;
-        pj[1] = sum8(s, valid);
+        pj[1] = sum8(s + vlo, valid - vlo);
         any = 1;
     }
     if (jb->hs) { /* accumulated attention: keep the exponentiated scores of the rows from vb[h] */
@@ -428,7 +442,9 @@ static void tiled_item(void *ctx, int item, int thread) {
     const int end = first_row + r1; /* the last row sees rows < end */
     const int vb = tj->col ? jb->vb[h] : end, ntiles = (end + RT_TILE - 1) / RT_TILE;
     float *tmax = E + (size_t)nv * tj->e_stride;     /* nv x ntiles */
-    for (int a = 0; a < end; a += RT_TILE) {
+    /* a windowed layer: the block's first row sees rows from its window's left edge on (no accumulation then) */
+    const int W = jb->window, a0 = W > 0 && first_row + r0 + 1 - W > 0 ? first_row + r0 + 1 - W : 0;
+    for (int a = a0; a < end; a += RT_TILE) {
         const int b = a + RT_TILE < end ? a + RT_TILE : end, len = b - a;
         kv_rti_read_rows_ready(rt, jb->seq, jb->layer, KV_PLAN_K, h, a, b, Kt, (size_t)hd);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nv, len, hd, 1.0f, Q, hd, Kt, hd, 0.0f, S, RT_TILE);
@@ -437,14 +453,15 @@ static void tiled_item(void *ctx, int item, int thread) {
             float *s = S + (size_t)v * RT_TILE;
             const int lim = first_row + r0 + v / G + 1 - a;
             const int valid = lim < len ? (lim > 0 ? lim : 0) : len;
-            if (valid == 0) {
+            const int vlo = W > 0 && lim - W > 0 ? lim - W : 0; /* rows [vlo, valid) of the tile are in the window */
+            if (valid <= vlo) {
                 memset(s, 0, (size_t)len * sizeof(float));
                 if (tj->col) tmax[(size_t)v * (size_t)ntiles + (size_t)(a / RT_TILE)] = -INFINITY;
                 continue;
             }
             any = 1;
-            float mt = s[0];
-            for (int t = 1; t < valid; t++) mt = s[t] > mt ? s[t] : mt;
+            float mt = s[vlo];
+            for (int t = vlo + 1; t < valid; t++) mt = s[t] > mt ? s[t] : mt;
             const float m_old = ml[v], m_new = mt > m_old ? mt : m_old;
             if (m_old != -INFINITY && m_new != m_old) {
                 float corr = m_old - m_new;
@@ -453,10 +470,11 @@ static void tiled_item(void *ctx, int item, int thread) {
                 for (int c = 0; c < hd; c++) O[(size_t)v * (size_t)hd + (size_t)c] *= corr;
             }
             ml[v] = m_new;
-            for (int t = 0; t < valid; t++) s[t] = s[t] - m_new;
-            kv_rti_exp_inplace(s, (size_t)valid);
+            for (int t = vlo; t < valid; t++) s[t] = s[t] - m_new;
+            kv_rti_exp_inplace(s + vlo, (size_t)(valid - vlo));
+            for (int t = 0; t < vlo; t++) s[t] = 0.0f;
             for (int t = valid; t < len; t++) s[t] = 0.0f;
-            ml[nv + v] += sum8(s, valid);
+            ml[nv + v] += sum8(s + vlo, valid - vlo);
             if (tj->col) tmax[(size_t)v * (size_t)ntiles + (size_t)(a / RT_TILE)] = m_new;
         }
         if (tj->col && b > vb) { /* keep the exponentiated scores of rows >= vb until the sums are final */
@@ -520,6 +538,7 @@ kv_status kv_rti_attend(kv_rt *rt, int layer, int seq, int n_q, const float *q, 
     attn_job jb;
     memset(&jb, 0, sizeof jb);
     jb.rt = rt, jb.layer = layer, jb.seq = seq, jb.n_q = n_q, jb.hd = (size_t)hd, jb.nh = nh, jb.vb = vb;
+    jb.window = rt->win[layer];
     jb.out = out, jb.ldo = ldo;
     const int qd = rt->n_heads * hd;
     float *qv = NULL, *hprep = NULL, *part = NULL, *hs = NULL, *col = NULL;

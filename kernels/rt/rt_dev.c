@@ -55,6 +55,10 @@ static kv_status dev_refusals(const kv_rt *rt) {
     if (rt->hold_prompt || rt->policy->score != RT_SCORE_NONE)
         return KV_ERR(KV_EUNSUPPORTED, "runtime (CUDA): token pruning (%s) and prompt statistics are not supported on "
                       "the device yet; use the CPU runtime", rt->policy->name);
+    for (int l = 0; l < rt->n_layers; l++)
+        if (rt->win[l] > 0)
+            return KV_ERR(KV_EUNSUPPORTED, "runtime (CUDA): layer %d attends over a window of %d tokens (plan format "
+                          "1.5), which the device runtime does not apply yet; use the CPU runtime", l, rt->win[l]);
     if (rt->head_dim > 256)
         return KV_ERR(KV_EUNSUPPORTED, "runtime (CUDA): head_dim %d (the device attention takes at most 256)",
                       rt->head_dim);

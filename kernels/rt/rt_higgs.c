@@ -173,11 +173,13 @@ int kv_rti_higgs_scores_rope(const kv_rt *rt, const rt_codec *c, const uint32_t 
     for (int i = 0; i < 16; i++) gx[i] = hq->grid[2 * i], gy[i] = hq->grid[2 * i + 1];
     kv_rti_higgs_split_queries_avx2(q, nq, (int)hd, qs);
     const int rope = rt->opt.rope_layout == KV_ROPE_ADJACENT ? 1 : 2;
+    const float *tc, *ts;
+    kv_rti_rope_table(rt, c->layer, &tc, &ts);
     for (int t0 = r0; t0 < r1; t0 += 64) {
         const int n = r1 - t0 < 64 ? r1 - t0 : 64;
         rt_higgs_tile_muls(mul, 64, params, (int)hq->norm_type, gpt, g0, ng, g, t0, n);
         kv_rti_higgs_scores_rope16_avx2(codes, (size_t)t0 * ws + (size_t)h * words, ws, n, (int)words, (int)wpg, gx, gy, mul,
-                                    64, c->signs + (size_t)h * hd, rope, rt->rope_cos, rt->rope_sin, hd / 2,
+                                    64, c->signs + (size_t)h * hd, rope, tc, ts, hd / 2,
                                     p0 + (t0 - r0), pos ? pos + (t0 - r0) : NULL, qs, nq, out + (size_t)(t0 - r0), ld);
     }
     return 1;

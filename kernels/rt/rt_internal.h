@@ -144,6 +144,9 @@ typedef struct rt_sqstate {
 
 typedef struct rt_seq {
     int *layer_n;        /* tokens appended per layer */
+    int *ev;             /* per layer: the first position it holds (windowed layers that drop what left the window,
+                            RUNTIME.md §11: positions [0, ev) are gone, sinks included; row v is position ev + v);
+                            0 for every other layer */
     rt_sqstate *sq;      /* n_layers when the plan has SQuat keys with the prompt subspace, else NULL */
     rt_stream *st;       /* n_layers * 2 */
     rt_recon *recon;     /* n_layers * 2 */
@@ -173,9 +176,10 @@ struct kv_rt {
     int own_pool;        /* 1: pool was created here */
     int n_threads;
     rt_scratch *scratch; /* n_threads */
-    /* RoPE table (pre-RoPE streams): cos/sin of rope_n positions x head_dim/2 pairs */
-    double *inv_freq;
-    float *rope_cos, *rope_sin;
+    /* RoPE table (pre-RoPE streams): cos/sin of rope_n positions x head_dim/2 pairs; the windowed layers' own
+     * (inv_freq_local, rope_cos_local, rope_sin_local) when kv_rt_options.rope_inv_freq_local gave them */
+    double *inv_freq, *inv_freq_local;
+    float *rope_cos, *rope_sin, *rope_cos_local, *rope_sin_local;
     int rope_n;
     int any_pre_rope;
     int squat_prompt;    /* some layer's SQuat keys take the prompt subspace (per-sequence state, rt_squat.c) */
@@ -189,6 +193,11 @@ struct kv_rt {
     int hold_prompt;     /* a prompt stays in f16 until it ends (pruning plans, prompt_stats) */
     int collect_acc;     /* accumulate attention while the prompt is open (H2O; prompt_stats) and after (H2O) */
     int wq_rows;         /* last queries kept while the prompt is open (SnapKV/PyramidKV: window; prompt_stats) */
+    /* attention windows (plan 1.5, RUNTIME.md §11) */
+    int *win;            /* n_layers: the layer's window W (a query at p sees positions p - W + 1 .. p), 0 = full */
+    int *evicts;         /* n_layers: 1 when the layer drops the tokens that left its window (0: masked only, for a
+                            layer whose tokens another stream still reads: predictor inputs, shared codes) */
+    int any_window;
     struct rt_devstate *dv; /* device runtimes (KV_RT_DEVICE_CUDA, _CUDA_MODEL): the device side, else NULL */
 };
 
@@ -324,10 +333,14 @@ void kv_rti_f32_accum(const float *x, size_t ld, int n, int hd, const float *p, 
 
 /* ---- RoPE (rt_rope.c) ---- */
 kv_status kv_rti_rope_reserve(kv_rt *rt, int n_pos);
-/* Rotate rows (head_dim floats each, stride ld) of tokens at positions p0, p0 + 1, ... */
+/* Rotate rows (head_dim floats each, stride ld) of tokens at positions p0, p0 + 1, ... (the global table) */
 void kv_rti_rope_rows(const kv_rt *rt, float *x, size_t ld, int n, int p0);
+/* The cos/sin table of a layer's keys: the windowed layers' own when the runtime has one, else the global one. */
+void kv_rti_rope_table(const kv_rt *rt, int layer, const float **cs, const float **sn);
+/* kv_rti_rope_rows with the layer's table. */
+void kv_rti_rope_rows_layer(const kv_rt *rt, int layer, float *x, size_t ld, int n, int p0);
 /* The same at positions pos[0..n). */
-void kv_rti_rope_rows_at(const kv_rt *rt, float *x, size_t ld, int n, const int32_t *pos);
+void kv_rti_rope_rows_at(const kv_rt *rt, int layer, float *x, size_t ld, int n, const int32_t *pos);
 
 /* ---- reconstruction working set (rt_recon.c) ---- */
 /* Make rt->seqs[seq].recon[layer*2+stream] cover every compressed token of the stream. */
@@ -427,6 +440,8 @@ kv_status kv_rti_fp_resize(kv_rt *rt, rt_seq *sq, rt_stream *st, int rows);
 kv_status kv_rti_block_push(kv_rt *rt, rt_seq *sq, rt_stream *st, int t0, int m, uint8_t *data, size_t bytes,
                         const uint32_t *codes);
 kv_status kv_rti_window_drop(kv_rt *rt, int seq, rt_stream *st, int m);
+/* The f16 row where a stream's window rows start: rt->sinks, or 0 once its windowed layer dropped the sinks. */
+int kv_rti_fp_window0(const kv_rt *rt, int seq, const rt_stream *st);
 /* Free the per-head blocks of a stream (stream_clear). */
 void kv_rti_hstore_clear(rt_hstore *hs);
 /* Bytes: kept-token payload and index of a stream (stats). */

@@ -36,6 +36,7 @@ static void seq_clear(kv_rt *rt, rt_seq *sq) {
     }
     if (rt->dv) kv_rti_dev_seq_clear(rt, sq);
     memset(sq->layer_n, 0, (size_t)rt->n_layers * sizeof(int));
+    memset(sq->ev, 0, (size_t)rt->n_layers * sizeof(int));
     kv_rti_policy_seq_clear(rt, sq);
     kv_rti_squat_seq_clear(rt, sq);
     sq->allocated = 0;
@@ -136,10 +137,83 @@ kv_status kv_rti_window_drop(kv_rt *rt, int seq, rt_stream *st, int m) {
     if (m == 0) return KV_OK;
     if (rt->dv) return kv_rti_dev_window_drop(rt, &rt->seqs[seq], st, m);
     const size_t kvd = (size_t)rt->kv_dim;
-    const int win0 = rt->sinks, rows_after = st->fp_rows - m;
+    const int win0 = kv_rti_fp_window0(rt, seq, st), rows_after = st->fp_rows - m;
     memmove(st->fp + (size_t)win0 * kvd, st->fp + (size_t)(win0 + m) * kvd,
             (size_t)(rows_after - win0) * kvd * sizeof(uint16_t));
     return kv_rti_fp_resize(rt, &rt->seqs[seq], st, rows_after);
+}
+
+/* The f16 row where a stream's window starts: after the sinks, or 0 once a windowed layer dropped them. */
+int kv_rti_fp_window0(const kv_rt *rt, int seq, const rt_stream *st) {
+    const rt_seq *sq = &rt->seqs[seq];
+    const int i = (int)(st - sq->st);
+    return sq->ev[i / 2] > 0 ? 0 : rt->sinks;
+}
+
+/* ---- attention windows (RUNTIME.md §11) ------------------------------------------------------------------ */
+/* The first position a stream must keep for queries from position lo's window on: what lies before the piece
+ * (sinks, block, window rows) that holds lo can go. */
+static int window_keep_from(const kv_rt *rt, int seq, const rt_stream *st, int lo) {
+    if (lo <= 0 || (rt->seqs[seq].ev[(int)(st - rt->seqs[seq].st) / 2] == 0 && lo < rt->sinks)) return 0;
+    if (lo >= st->comp_end) return lo;
+    for (int b = 0; b < st->n_blocks; b++)
+        if (lo < st->blocks[b].t0 + st->blocks[b].m) return st->blocks[b].t0;
+    return lo;
+}
+
+/* Drop what stream `st` of layer holds before position ev (>= the layer's current first position): the sinks,
+ * the whole blocks before it, and window rows before it (comp_end moves up to ev then). */
+static kv_status window_evict_stream(kv_rt *rt, int seq, int layer, rt_stream *st, int ev) {
+    rt_seq *sq = &rt->seqs[seq];
+    const size_t kvd = (size_t)rt->kv_dim;
+    kv_status s = KV_OK;
+    if (sq->ev[layer] == 0 && ev > 0) { /* the sinks leave (no window keeps them) */
+        const int sk = rt_sinks_held(rt, sq->layer_n[layer]);
+        if (sk > 0) {
+            memmove(st->fp, st->fp + (size_t)sk * kvd, (size_t)(st->fp_rows - sk) * kvd * sizeof(uint16_t));
+            if ((s = kv_rti_fp_resize(rt, sq, st, st->fp_rows - sk)) != KV_OK) return s;
+        }
+    }
+    int nb = 0;
+    while (nb < st->n_blocks && st->blocks[nb].t0 + st->blocks[nb].m <= ev) {
+        rt_layout L;
+        kv_rti_codec_layout(rt_codec_of(rt, layer, (int)(st - sq->st) % 2), st->blocks[nb].m, &L);
+        free(st->blocks[nb].data);
+        sq->allocated -= L.total;
+        nb++;
+    }
+    if (nb > 0) {
+        memmove(st->blocks, st->blocks + nb, (size_t)(st->n_blocks - nb) * sizeof *st->blocks);
+        st->n_blocks -= nb;
+    }
+    if (ev > st->comp_end) { /* window rows that left the window before they were compressed */
+        const int m = ev - st->comp_end, fp0 = 0; /* the sinks are gone by now */
+        memmove(st->fp + (size_t)fp0 * kvd, st->fp + (size_t)(fp0 + m) * kvd,
+                (size_t)(st->fp_rows - fp0 - m) * kvd * sizeof(uint16_t));
+        if ((s = kv_rti_fp_resize(rt, sq, st, st->fp_rows - m)) != KV_OK) return s;
+        st->comp_end = ev;
+    }
+    return KV_OK;
+}
+
+/* Before tokens from position `have` join a windowed layer: the first of them sees positions have - W + 1 on,
+ * later ones less, so what lies before that piece boundary is dropped, from both streams alike (a row is one
+ * position in K and V). */
+static kv_status window_evict(kv_rt *rt, int seq, int layer) {
+    rt_seq *sq = &rt->seqs[seq];
+    const int lo = sq->layer_n[layer] - rt->win[layer] + 1;
+    int ev = INT32_MAX;
+    for (int stream = 0; stream < 2; stream++) {
+        const int k = window_keep_from(rt, seq, rt_stream_of(rt, seq, layer, stream), lo);
+        ev = k < ev ? k : ev;
+    }
+    if (ev <= sq->ev[layer]) return KV_OK;
+    for (int stream = 0; stream < 2; stream++) {
+        const kv_status s = window_evict_stream(rt, seq, layer, rt_stream_of(rt, seq, layer, stream), ev);
+        if (s != KV_OK) return s;
+    }
+    sq->ev[layer] = ev;
+    return KV_OK;
 }
 
 /* Bring one stream's window to what the semantics allow before new tokens arrive. */
@@ -147,17 +221,17 @@ static kv_status settle_stream(kv_rt *rt, int seq, int layer, int stream, float 
     rt_stream *st = rt_stream_of(rt, seq, layer, stream);
     const rt_codec *c = rt_codec_of(rt, layer, stream);
     const int n = rt->seqs[seq].layer_n[layer];
-    const int window = n > st->comp_end ? n - st->comp_end : 0;
+    const int window = n > st->comp_end ? n - st->comp_end : 0, win0 = kv_rti_fp_window0(rt, seq, st);
     kv_status s = KV_OK;
     int done = 0; /* window rows compressed */
     if (c->rpc_ratio > 0.0f) { /* KVmix: keep floor(rpc * current_RPC) of the window */
         const int keep = (int)((double)c->rpc_ratio * window);
         int m = window - keep;
         m -= m % c->granule;
-        if (m > 0 && (s = compress_chunk(rt, seq, layer, stream, rt->sinks, m, x, pred)) == KV_OK) done = m;
+        if (m > 0 && (s = compress_chunk(rt, seq, layer, stream, win0, m, x, pred)) == KV_OK) done = m;
     } else {
         for (; window - done >= rt->recent; done += rt->recent)
-            if ((s = compress_chunk(rt, seq, layer, stream, rt->sinks + done, rt->recent, x, pred)) != KV_OK) break;
+            if ((s = compress_chunk(rt, seq, layer, stream, win0 + done, rt->recent, x, pred)) != KV_OK) break;
     }
     const kv_status s2 = kv_rti_window_drop(rt, seq, st, done);
     return s != KV_OK ? s : s2;
@@ -192,6 +266,7 @@ static kv_status append_begin(kv_rt *rt, int layer, int seq, int n, const int32_
     if (n == 1 && layer == 0 && sq->prompt_open && have > 0 && (s = kv_rt_end_prompt(rt, seq)) != KV_OK) return s;
     if (n > 0 && !sq->prompt_ended) sq->prompt_open = 1;
     if ((s = kv_rti_policy_reserve(rt, seq, layer, have + n)) != KV_OK) return s;
+    if (n > 0 && rt->evicts[layer] && (s = window_evict(rt, seq, layer)) != KV_OK) return s;
     const int hold = sq->prompt_open && rt->hold_prompt;
     int rows = hold ? 0 : settle_rows(rt, seq, layer, 0);
     const int rv = hold ? 0 : settle_rows(rt, seq, layer, 1);
@@ -287,6 +362,11 @@ static kv_status attend_checks(const kv_rt *rt, int layer, int seq, int n_q, siz
     if (n_q > rt->seqs[seq].layer_n[layer])
         return KV_ERR(KV_EINVAL, "kv_rt_attend: %d query rows but layer %d of sequence %d holds %d tokens", n_q, layer,
                       seq, rt->seqs[seq].layer_n[layer]);
+    const int ev = rt->seqs[seq].ev[layer], first = rt->seqs[seq].layer_n[layer] - n_q;
+    if (ev > 0 && first - rt->win[layer] + 1 < ev)
+        return KV_ERR(KV_EINVAL, "kv_rt_attend: %d query rows, but layer %d of sequence %d dropped positions before %d, "
+                      "which the window of %d of its row at position %d sees (the rows must be the step's own tokens)",
+                      n_q, layer, seq, ev, rt->win[layer], first);
     const int whole = rt->seqs[seq].layer_n[layer] - rt->seqs[seq].ps[layer].sel_end;
     if (rt->seqs[seq].st[layer * 2].heads && rt->seqs[seq].ps[layer].sel_end > rt->sinks && n_q > whole)
         return KV_ERR(KV_EINVAL, "kv_rt_attend: %d query rows, but layer %d of sequence %d appended only %d tokens since "
@@ -437,7 +517,7 @@ kv_status kv_rt_get_stats(const kv_rt *rt, int seq, kv_rt_stats *out) {
         if (seq < 0 || q == seq) seq_stats(rt, q, -1, -1, out);
     out->predictor_bytes = kv_plan_predictor_bytes(rt->plan);
     out->basis_bytes = kv_plan_basis_bytes(rt->plan);
-    out->working_bytes += (uint64_t)rt->rope_n * (uint64_t)rt->head_dim * sizeof(float);
+    out->working_bytes += (uint64_t)rt->rope_n * (uint64_t)rt->head_dim * sizeof(float) * (rt->inv_freq_local ? 2u : 1u);
     stats_finish(out);
     return KV_OK;
 }
@@ -501,6 +581,7 @@ void kv_rt_close(kv_rt *rt) {
             free(sq->st);
             free(sq->recon);
             free(sq->layer_n);
+            free(sq->ev);
         }
     }
     kv_rti_policy_close(rt);
@@ -516,9 +597,14 @@ void kv_rt_close(kv_rt *rt) {
     free(rt->codec);
     free(rt->seqs);
     free(rt->inv_freq);
+    free(rt->inv_freq_local);
     free(rt->rope_cos);
     free(rt->rope_sin);
+    free(rt->rope_cos_local);
+    free(rt->rope_sin_local);
     free(rt->recon_last_use);
+    free(rt->win);
+    free(rt->evicts);
     kv_rti_dev_close(rt);
     free(rt);
 }
@@ -538,6 +624,35 @@ static kv_status check_plan(const kv_plan *p, const kv_rt_options *o) {
                       RT_MAX_QV / RT_DIRECT_MAX_ROWS);
     if (p->global.recent < 1 || p->global.sinks < 0)
         return KV_ERR(KV_EFORMAT, "plan: recent buffer %d / sinks %d", p->global.recent, p->global.sinks);
+    return KV_OK;
+}
+
+/* The layers' attention windows (RUNTIME.md §11), after the codecs and the policy. A windowed layer drops what left
+ * its window unless another stream still reads its tokens (it is a predictor's input or has one, or shares codes
+ * either way): those are masked only. */
+static kv_status window_open(kv_rt *rt) {
+    const kv_plan *p = rt->plan;
+    const int L = rt->n_layers;
+    rt->win = calloc((size_t)L, sizeof(int));
+    rt->evicts = calloc((size_t)L, sizeof(int));
+    if (!rt->win || !rt->evicts) return KV_ERR(KV_ENOMEM, "out of memory for a runtime");
+    for (int l = 0; l < L; l++) {
+        rt->win[l] = p->layers[l].window;
+        rt->evicts[l] = rt->win[l] > 0;
+        rt->any_window |= rt->win[l] > 0;
+    }
+    if (!rt->any_window) return KV_OK;
+    if (rt->hold_prompt || rt->policy->score != RT_SCORE_NONE)
+        return KV_ERR(KV_EUNSUPPORTED, "runtime: the plan has attention windows (layer windows, plan 1.5), which token "
+                      "pruning (%s) and prompt statistics do not take yet", rt->policy->name);
+    for (int i = 0; i < L * 2; i++) {
+        const rt_codec *c = &rt->codec[i];
+        if (c->pred) {
+            rt->evicts[i / 2] = 0;
+            for (int k = 0; k < c->pred->n_inputs; k++) rt->evicts[c->pred->inputs[k].layer] = 0;
+        }
+        if (c->share_from >= 0) rt->evicts[i / 2] = rt->evicts[c->share_from] = 0;
+    }
     return KV_OK;
 }
 
@@ -563,6 +678,7 @@ kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt)
     rt->plan = plan;
     rt->opt = *opt;
     rt->opt.rope_inv_freq = NULL;
+    rt->opt.rope_inv_freq_local = NULL;
     rt->n_layers = fp->n_layers;
     rt->n_kv_heads = fp->n_kv_heads;
     rt->head_dim = fp->head_dim;
@@ -590,6 +706,14 @@ kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt)
             goto done;
         }
         memcpy(rt->inv_freq, opt->rope_inv_freq, (size_t)rt->head_dim / 2 * sizeof(double));
+    }
+    if (opt->rope_inv_freq && opt->rope_inv_freq_local && kv_plan_has_windows(plan)) { /* the windowed layers' own */
+        rt->inv_freq_local = malloc((size_t)rt->head_dim / 2 * sizeof(double));
+        if (!rt->inv_freq_local) {
+            s = KV_ERR(KV_ENOMEM, "out of memory");
+            goto done;
+        }
+        memcpy(rt->inv_freq_local, opt->rope_inv_freq_local, (size_t)rt->head_dim / 2 * sizeof(double));
     }
     /* the HIGGS encoder's search accelerator, one per low-dimensional grid */
     for (int g = 0; g < plan->n_grids; g++)
@@ -631,14 +755,16 @@ kv_status kv_rt_open(kv_rt **out, const kv_plan *plan, const kv_rt_options *opt)
         }
     }
     if ((s = kv_rti_policy_open(rt)) != KV_OK) goto done;
+    if ((s = window_open(rt)) != KV_OK) goto done;
     if (opt->device != KV_RT_DEVICE_CPU && (s = kv_rti_dev_open(rt)) != KV_OK) goto done;
     for (int q = 0; q < opt->n_seqs; q++) {
         rt_seq *sq = &rt->seqs[q];
         sq->layer_n = calloc((size_t)rt->n_layers, sizeof(int));
+        sq->ev = calloc((size_t)rt->n_layers, sizeof(int));
         sq->st = calloc((size_t)L2, sizeof *sq->st);
         sq->recon = calloc((size_t)L2, sizeof *sq->recon);
         sq->ps = calloc((size_t)rt->n_layers, sizeof *sq->ps);
-        if (!sq->layer_n || !sq->st || !sq->recon || !sq->ps) {
+        if (!sq->layer_n || !sq->ev || !sq->st || !sq->recon || !sq->ps) {
             s = KV_ERR(KV_ENOMEM, "out of memory for %d sequences", opt->n_seqs);
             goto done;
         }

@@ -18,13 +18,20 @@ static int32_t *g_tokens;
 static size_t g_n_tokens;
 static kv_plan_fingerprint g_fp;
 
-static void setup(void) {
-    kv_error_clear();
-    syn_init(&g_syn, 12345);
+/* The reference model over a synthetic model's weights (one thread). */
+static kv_model *syn_model_open(syn_model *sm) {
     kv_model_options mo;
     memset(&mo, 0, sizeof mo);
     mo.n_threads = 1;
-    ck_assert_kv_ok(kv_model_create(&g_model, &g_syn.arch, syn_read, &g_syn, &mo));
+    kv_model *m = NULL;
+    ck_assert_kv_ok(kv_model_create(&m, &sm->arch, syn_read, sm, &mo));
+    return m;
+}
+
+static void setup(void) {
+    kv_error_clear();
+    syn_init(&g_syn, 12345);
+    g_model = syn_model_open(&g_syn);
     g_n_tokens = (size_t)N_SEQS * (SEQ_LEN - 1);
     g_tokens = malloc(g_n_tokens * sizeof *g_tokens);
     for (size_t i = 0; i < g_n_tokens; i++) g_tokens[i] = (int32_t)(3 + kv_rng_u64(99, i) % (SYN_VOCAB - 3));

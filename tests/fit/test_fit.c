@@ -320,6 +320,66 @@ END_TEST
 
 /* KIVI: uniform everywhere, keys per-channel (groups along tokens) post-RoPE, values per-token,
  * groups of 32, no predictors. The keys' group runs along the 32 tokens of a chunk. */
+/* A model with sliding-window layers (every other layer local, a window of 8 tokens): the fit records each layer's
+ * window in the plan (plan 1.5); cache.windowed_layers=f16 leaves the local layers' streams in f16 (a layer's own bits
+ * win), compress (the default) quantizes them like the others; f16 with a method that always quantizes, and token
+ * pruning, are refused before any work. */
+START_TEST(test_windowed_layers) {
+    syn_model sw;
+    syn_init(&sw, 12345);
+    sw.arch.sliding_window = 8;
+    sw.arch.swa_pattern = 2; /* layers 0, 2, ... local */
+    kv_model *m = syn_model_open(&sw);
+    kv_fit_options o;
+    kv_fit_options_init(&o);
+    o.fingerprint = &g_fp;
+    kv_fit_data d = make_data();
+    for (int f16 = 0; f16 < 2; f16++) {
+        const char *sets[] = {f16 ? "cache.windowed_layers=f16" : "cache.windowed_layers=compress", "layers.2.key_bits=4",
+                              NULL};
+        kv_fit_config cfg;
+        make_cfg(&cfg, KV_FIT_KIVI, sets);
+        kv_plan *plan = NULL;
+        ck_assert_kv_ok(kv_fit_run(&plan, NULL, m, NULL, &d, &cfg, &o));
+        for (int l = 0; l < SYN_LAYERS; l++) {
+            const int local = l % 2 == 0;
+            ck_assert_int_eq(plan->layers[l].window, local ? 8 : 0);
+            for (int st = 0; st < 2; st++) {
+                const kv_plan_stream *s = &plan->layers[l].stream[st];
+                const int want_f16 = f16 && local && !(l == 2 && st == KV_PLAN_K);
+                ck_assert_msg(s->method == (want_f16 ? KV_PLAN_FP : KV_PLAN_UNIFORM), "f16 %d layer %d %s: method %d", f16,
+                              l, st ? "V" : "K", (int)s->method);
+                if (want_f16) ck_assert_int_eq(s->bits, 16);
+            }
+        }
+        /* the uncalibrated plan is the same shape */
+        kv_plan *u = NULL;
+        ck_assert_kv_ok(kv_fit_plan_uncalibrated(&u, &cfg, &g_fp, &sw.arch));
+        for (int l = 0; l < SYN_LAYERS; l++) {
+            ck_assert_int_eq(u->layers[l].window, plan->layers[l].window);
+            ck_assert_int_eq(u->layers[l].stream[KV_PLAN_V].method, plan->layers[l].stream[KV_PLAN_V].method);
+        }
+        kv_plan_free(u);
+        kv_plan_free(plan);
+        kv_fit_config_free(&cfg);
+    }
+    const char *aqua[] = {"cache.windowed_layers=f16", NULL};
+    kv_fit_config cfg;
+    make_cfg(&cfg, KV_FIT_AQUA, aqua);
+    ck_assert_int_eq(kv_fit_check(&cfg, &sw.arch), KV_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "cache.windowed_layers"));
+    ck_assert_kv_ok(kv_fit_check(&cfg, kv_model_arch(g_model))); /* no windowed layer: nothing to refuse */
+    kv_fit_config_free(&cfg);
+    const char *prune[] = {"pruning.method=snapkv", "pruning.budget=0.5", NULL};
+    make_cfg(&cfg, KV_FIT_KIVI, prune);
+    ck_assert_int_eq(kv_fit_check(&cfg, &sw.arch), KV_EUNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(kv_error_last(), "sliding-window layers"));
+    kv_fit_config_free(&cfg);
+    kv_model_free(m);
+    syn_free(&sw);
+}
+END_TEST
+
 START_TEST(test_kivi_preset) {
     kv_fit_config cfg;
     ck_assert_kv_ok(kv_fit_config_init(&cfg));
@@ -814,11 +874,7 @@ START_TEST(test_rank_deficient_predictor_reported) {
     memcpy(sm.wk[0] + SYN_DMODEL, sm.wk[0], sizeof(float) * SYN_DMODEL); /* K channel 1 = channel 0 */
     for (int l = 1; l < SYN_LAYERS; l++) /* keep K(l) = A_l K(l-1) exact */
         syn_matmul(sm.wk[l], sm.A[l], sm.wk[l - 1], SYN_KVD, SYN_KVD, SYN_DMODEL);
-    kv_model_options mo;
-    memset(&mo, 0, sizeof mo);
-    mo.n_threads = 1;
-    kv_model *m = NULL;
-    ck_assert_kv_ok(kv_model_create(&m, &sm.arch, syn_read, &sm, &mo));
+    kv_model *m = syn_model_open(&sm);
     kv_fit_config cfg;
     const char *sets[] = {"keys.bits=8", "values.bits=8", "aqua.first_layer_bits=8", "aqua.ridge=0", NULL};
     make_cfg(&cfg, KV_FIT_AQUA_UNIFORM, sets);
@@ -996,6 +1052,7 @@ static Suite *fit_suite(void) {
     tcase_add_test(tc, test_higgs_error_near_grid_mse);
     tcase_add_test(tc, test_plan_round_trip);
     tcase_add_test(tc, test_kivi_preset);
+    tcase_add_test(tc, test_windowed_layers);
     tcase_add_test(tc, test_same_quantizer_as_runtime);
     tcase_add_loop_test(tc, test_xquant_runtime_applies_fit, 0, 2);
     tcase_add_test(tc, test_xquant_eta_choose);

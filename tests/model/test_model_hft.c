@@ -248,10 +248,39 @@ START_TEST(test_hft_golden) {
 }
 END_TEST
 
-/* Through the runtime's f16 cache (kv_cache_rt_create without a plan, which attends itself): Qwen3 decodes
- * all 40 tokens within the f16 rounding of K and V (2^-11 relative per value; measured below 2e-4 of the
- * largest logit, bound 2e-3); Gemma 3's local layers have a window of 8 that the runtime does not apply yet
- * (issue 36 part 3), so positions 0..7 run and the step at position 8 is refused, not attended wrongly. */
+/* Steps of the given sizes (sequence 0 alone) through a cache, the logits of every position into out. */
+static kv_status run_cache_steps(kv_model *m, kv_cache *c, const int32_t *toks, const int *steps, int n_steps,
+                                 float *out, int *done) {
+    const size_t V = (size_t)kv_model_arch(m)->vocab_size;
+    float *lg = malloc((size_t)N_TOKENS * V * sizeof(float));
+    kv_status st = KV_OK;
+    int t0 = 0;
+    for (int s = 0; s < n_steps && st == KV_OK; s++) {
+        kv_forward f;
+        memset(&f, 0, sizeof f);
+        f.tokens = toks + t0;
+        f.n_seqs = 1;
+        f.n_tokens = steps[s];
+        f.cache = c;
+        f.logits = lg;
+        if ((st = kv_model_forward(m, &f)) == KV_OK) {
+            memcpy(out + (size_t)t0 * V, lg, (size_t)steps[s] * V * sizeof(float));
+            t0 += steps[s];
+        }
+    }
+    *done = t0;
+    free(lg);
+    return st;
+}
+
+/* Through the runtime's f16 cache (kv_cache_rt_create without a plan, which attends itself): every model decodes
+ * all 40 tokens within the f16 rounding of K and V (2^-11 relative per value; measured below 2e-4 of the largest
+ * logit, bound 2e-3), token by token and as steps of 13, 5 and single tokens (the tiled and the direct attention).
+ * Gemma 3's local layers have a window of 8: the f16 plan carries the model's windows (plan 1.5), so the runtime
+ * applies them itself (RUNTIME.md §11); a plan without windows (format 1.4) still runs positions 0..7 and the step
+ * at position 8 is refused, not attended wrongly; a plan whose windows are not the model's is refused at creation;
+ * a cache with prompt statistics (which do not take windows yet) runs its own plan without them. Keys stored before
+ * RoPE take the local layers' own base with a plan that has windows, and are refused without. */
 START_TEST(test_hft_runtime_cache) {
     const hft_model *hm = &k_models[_i];
     char dir[256];
@@ -260,39 +289,80 @@ START_TEST(test_hft_runtime_cache) {
     write_checkpoint(dir, hm, 0);
     kv_model *m = NULL;
     ck_assert_kv_ok(kv_model_open(&m, dir, NULL));
+    const kv_arch *a = kv_model_arch(m);
     const size_t V = (size_t)hm->vocab;
     int32_t toks[N_SEQS * N_TOKENS];
     kv_test_tokens(toks, (size_t)N_SEQS * N_TOKENS, hm->vocab);
     float *golden = read_golden(hm->name, (size_t)N_SEQS * N_TOKENS * V);
-    kv_cache *c = NULL;
-    ck_assert_kv_ok(kv_cache_rt_create(&c, NULL, m, 1, 0, 1, 0));
-    float *lg = malloc(V * sizeof(float));
-    double md = 0, mr = 0;
-    const int n_ok = hm->gemma ? 8 : N_TOKENS;
-    for (int t = 0; t < N_TOKENS; t++) {
-        kv_forward f;
-        memset(&f, 0, sizeof f);
-        f.tokens = toks + t;
-        f.n_seqs = 1;
-        f.n_tokens = 1;
-        f.cache = c;
-        f.logits = lg;
-        const kv_status st = kv_model_forward(m, &f);
-        if (t >= n_ok) {
-            ck_assert_int_eq(st, KV_EUNSUPPORTED);
-            ck_assert_ptr_nonnull(strstr(kv_error_last(), "sliding window of 8 tokens"));
-            break;
-        }
-        ck_assert_kv_ok(st);
-        double d1, r1;
-        kv_test_maxdiff(lg, golden + (size_t)t * V, V, &d1, &r1);
-        md = fmax(md, d1);
-        mr = fmax(mr, r1);
+    float *lg = malloc((size_t)N_TOKENS * V * sizeof(float));
+    int ones[N_TOKENS], mixed[N_TOKENS], n_mixed = 0;
+    for (int t = 0; t < N_TOKENS; t++) ones[t] = 1;
+    mixed[n_mixed++] = 13;
+    mixed[n_mixed++] = 5;
+    for (int t = 18; t < N_TOKENS; t++) mixed[n_mixed++] = 1;
+    const int *const runs[2] = {ones, mixed};
+    const int n_runs[2] = {N_TOKENS, n_mixed};
+    for (int r = 0; r < 2; r++) {
+        kv_cache *c = NULL;
+        ck_assert_kv_ok(kv_cache_rt_create(&c, NULL, m, 1, 0, 1, 0));
+        ck_assert_int_eq(kv_cache_applies_windows(c), hm->gemma);
+        int done = 0;
+        ck_assert_kv_ok(run_cache_steps(m, c, toks, runs[r], n_runs[r], lg, &done));
+        double md, mr;
+        kv_test_maxdiff(lg, golden, (size_t)N_TOKENS * V, &md, &mr);
+        printf("hft %-6s runtime f16 cache (%s), %d positions: max |diff| %.3g (rel %.3g)\n", hm->name,
+               r ? "13 + 5 + decode" : "decode", N_TOKENS, md, md / mr);
+        fflush(stdout);
+        ck_assert_msg(md <= 2e-3 * mr, "%s: runtime f16 cache logits differ by %g", hm->name, md);
+        kv_cache_free(c);
     }
-    printf("hft %-6s runtime f16 cache, %d positions: max |diff| %.3g (rel %.3g)\n", hm->name, n_ok, md, md / mr);
-    fflush(stdout);
-    ck_assert_msg(md <= 2e-3 * mr, "%s: runtime f16 cache logits differ by %g", hm->name, md);
-    kv_cache_free(c);
+    if (hm->gemma) {
+        kv_plan *p = NULL;
+        kv_plan_fingerprint fp;
+        memset(&fp, 0, sizeof fp);
+        snprintf(fp.arch, sizeof fp.arch, "%s", a->arch);
+        fp.n_layers = a->n_layers, fp.d_model = a->d_model, fp.n_heads = a->n_heads, fp.n_kv_heads = a->n_kv_heads;
+        fp.head_dim = a->head_dim, fp.vocab_size = a->vocab_size, fp.rope_theta = a->rope_theta;
+        ck_assert_kv_ok(kv_plan_create(&p, &fp)); /* every stream f16, as the cache's own plan */
+        p->global.sinks = 0;
+        for (int l = 0; l < a->n_layers; l++) p->layers[l].window = kv_arch_layer_window(a, l);
+        kv_cache *c = NULL;
+        p->layers[0].window = 9; /* not the model's */
+        ck_assert_int_eq(kv_cache_rt_create(&c, p, m, 1, 0, 1, 0), KV_EMISMATCH);
+        ck_assert_ptr_nonnull(strstr(kv_error_last(), "layer 0: the plan's attention window is 9 tokens, the model's 8"));
+        p->layers[0].window = 8;
+        p->layers[2].window = 8; /* a global layer given a window */
+        ck_assert_int_eq(kv_cache_rt_create(&c, p, m, 1, 0, 1, 0), KV_EMISMATCH);
+        ck_assert_ptr_nonnull(strstr(kv_error_last(), "layer 2"));
+        /* keys stored before RoPE: the local layers rotate with their own base (10000, the global 1e6 with linear
+         * scaling), which the runtime takes with a plan that carries the windows; the same bound as above */
+        p->layers[2].window = 0;
+        for (int l = 0; l < a->n_layers; l++) p->layers[l].stream[KV_PLAN_K].pre_rope = 1;
+        ck_assert_kv_ok(kv_cache_rt_create(&c, p, m, 1, 0, 1, 0));
+        int done = 0;
+        ck_assert_kv_ok(run_cache_steps(m, c, toks, mixed, n_mixed, lg, &done));
+        double md, mr;
+        kv_test_maxdiff(lg, golden, (size_t)N_TOKENS * V, &md, &mr);
+        printf("hft %-6s runtime f16 cache, keys before RoPE (13 + 5 + decode): max |diff| %.3g (rel %.3g)\n", hm->name,
+               md, md / mr);
+        ck_assert_msg(md <= 2e-3 * mr, "%s: pre-RoPE runtime cache logits differ by %g", hm->name, md);
+        kv_cache_free(c);
+        for (int l = 0; l < a->n_layers; l++) p->layers[l].window = 0; /* a plan of format 1.4 */
+        ck_assert_int_eq(kv_cache_rt_create(&c, p, m, 1, 0, 1, 0), KV_EUNSUPPORTED); /* which base, per layer? */
+        ck_assert_ptr_nonnull(strstr(kv_error_last(), "own RoPE base"));
+        for (int l = 0; l < a->n_layers; l++) p->layers[l].stream[KV_PLAN_K].pre_rope = 0;
+        ck_assert_kv_ok(kv_cache_rt_create(&c, p, m, 1, 0, 1, 0));
+        ck_assert_int_eq(kv_cache_applies_windows(c), 0);
+        ck_assert_int_eq(run_cache_steps(m, c, toks, ones, N_TOKENS, lg, &done), KV_EUNSUPPORTED);
+        ck_assert_int_eq(done, 8);
+        ck_assert_ptr_nonnull(strstr(kv_error_last(), "sliding window of 8 tokens"));
+        kv_cache_free(c);
+        kv_plan_free(p);
+        /* prompt statistics do not take windows yet: the cache's own plan runs without them */
+        ck_assert_kv_ok(kv_cache_rt_create(&c, NULL, m, 1, 0, 1, KV_CACHE_RT_PROMPT_STATS));
+        ck_assert_int_eq(kv_cache_applies_windows(c), 0);
+        kv_cache_free(c);
+    }
     free(lg);
     free(golden);
     kv_model_free(m);

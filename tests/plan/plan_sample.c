@@ -170,6 +170,16 @@ kv_status plan_sample_make_v1_4(kv_plan **out) {
     return KV_OK;
 }
 
+kv_status plan_sample_make_v1_5(kv_plan **out) {
+    kv_plan *p = NULL;
+    kv_status s = plan_sample_make_v1_4(&p);
+    if (s != KV_OK) return s;
+    p->layers[0].window = 512; /* local, global, local (Gemma 3's pattern, shortened) */
+    p->layers[2].window = 7;
+    *out = p;
+    return KV_OK;
+}
+
 /* ---- comparison ---------------------------------------------------------------------------- */
 static int feq(float a, float b) { return (isnan(a) && isnan(b)) || memcmp(&a, &b, sizeof a) == 0; }
 static int farr_eq(const float *a, const float *b, size_t n) {
@@ -207,6 +217,7 @@ int plan_equal(const kv_plan *a, const kv_plan *b, char *why, size_t why_n) {
     const int kv_dim = fa->n_kv_heads * fa->head_dim;
     for (int l = 0; l < a->n_layers; l++) {
         if (!feq(a->layers[l].prune_budget, b->layers[l].prune_budget)) DIFF("layer %d prune_budget", l);
+        if (a->layers[l].window != b->layers[l].window) DIFF("layer %d window", l);
         for (int st = 0; st < 2; st++) {
             const kv_plan_stream *x = &a->layers[l].stream[st], *y = &b->layers[l].stream[st];
             if (x->method != y->method || x->bits != y->bits || x->group_size != y->group_size ||

@@ -23,6 +23,8 @@ kv_status plan_sample_make_v1_3(kv_plan **out);
 /* 1.3 plus layer 1 V's predictor (8 x 16) as 4-bit codes with groups of 8 columns (format 1.4: PRED_Q4); layer
  * 1 K stays rank-2. */
 kv_status plan_sample_make_v1_4(kv_plan **out);
+/* 1.4 plus attention windows: layer 0 of 512 tokens, layer 2 of 7, layer 1 full (format 1.5: section WNDW, WINDOW). */
+kv_status plan_sample_make_v1_5(kv_plan **out);
 /* The sample's fingerprint alone. */
 void plan_sample_fingerprint(kv_plan_fingerprint *fp);
 

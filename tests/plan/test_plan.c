@@ -8,6 +8,7 @@
  *                                    current writer writes minor 1, so do not regenerate it)
  *   test_plan --write-golden-1.1 PATH  write the golden v1.1 plan (FP8 stream, tensor scales)
  *   test_plan --write-golden-1.2 PATH  write the golden v1.2 plan (SQuat with the static subspace)
+ *   test_plan --write-golden-1.5 PATH  write the golden v1.5 plan (attention windows)
  *   test_plan --write-corpus DIR     write the fuzz seed corpus (valid plans + every corrupt variant) */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
@@ -68,7 +69,7 @@ static void roundtrip_with(const kv_plan_write_options *o) {
     ck_assert_msg(plan_equal(p, q, why, sizeof why), "round trip: %s", why);
     /* file info */
     ck_assert_int_eq(q->file.version_major, 1);
-    ck_assert_int_eq(q->file.version_minor, KV_PLAN_VERSION_MINOR); /* writers write the current minor */
+    ck_assert_int_eq(q->file.version_minor, 4); /* the least minor that holds the content: 1.5 adds windows only */
     ck_assert_uint_eq(q->file.file_size, n1);
     const uint64_t req = KV_PLAN_FEAT_HIGGS | KV_PLAN_FEAT_PREDICTOR | KV_PLAN_FEAT_SHARED_CODES |
                          KV_PLAN_FEAT_SQUAT | KV_PLAN_FEAT_PRUNING | KV_PLAN_FEAT_PACK3_11 |
@@ -1368,6 +1369,100 @@ static int write_corpus(const char *dir) {
     return rc;
 }
 
+/* ---- format 1.5: attention windows (section WNDW, feature bit 12) --------------------------------------- */
+/* The frozen 1.5 file (written once by `test_plan --write-golden-1.5`, never regenerated): the windows read back;
+ * without the feature bit it is refused. */
+START_TEST(test_golden_v1_5) {
+    char path[1024];
+    golden_path(path, sizeof path, "1.5");
+    kv_plan *p = NULL;
+    ck_assert_kv_ok(kv_plan_read(&p, path));
+    ck_assert_int_eq(p->file.version_minor, 5);
+    ck_assert(p->file.required_features & KV_PLAN_FEAT_WINDOW);
+    ck_assert_int_eq(p->layers[0].window, 512);
+    ck_assert_int_eq(p->layers[1].window, 0);
+    ck_assert_int_eq(p->layers[2].window, 7);
+    assert_is_sample(p, plan_sample_make_v1_5, "1.5");
+    assert_refused_without_feature(p, KV_PLAN_FEAT_WINDOW, "WINDOW");
+    kv_plan_free(p);
+}
+END_TEST
+
+/* Windows: a plan with them is written as 1.5 with a REQUIRED section WNDW after FSCL and round-trips; the same plan
+ * without them is 1.4 byte for byte (no WNDW, no bit); the section's own refusals; windows in validation, in the
+ * dump, and through kv_plan_stream_copy. */
+START_TEST(test_windows) {
+    kv_plan *p = NULL, *q = NULL;
+    ck_assert_kv_ok(plan_sample_make_v1_5(&p));
+    uint8_t *b = NULL, *b4 = NULL;
+    size_t n = 0, n4 = 0;
+    serialize(&b, &n, p, &k_plain);
+    ck_assert_int_eq(kv_load_u16le(b + 10), 5);
+    const size_t e = plan_bytes_entry(b, "WNDW");
+    ck_assert_uint_ne(e, 0);
+    ck_assert_uint_eq(kv_load_u32le(b + e + 4), KV_PLAN_SECTION_REQUIRED);
+    ck_assert_uint_eq(kv_load_u64le(b + e + 24), 4u + 3u * 4u);
+    ck_assert_kv_ok(kv_plan_read_memory(&q, b, n));
+    char why[256] = "";
+    ck_assert_msg(plan_equal(p, q, why, sizeof why), "round trip: %s", why);
+    ck_assert_int_eq(q->file.version_minor, 5);
+    kv_plan_free(q);
+    assert_roundtrip(p);
+    /* the section's refusals: a window out of range, every window 0, another layer count */
+    const uint64_t off = kv_load_u64le(b + e + 8);
+    static const struct { int field; uint32_t value; const char *msg; } bad[] = {
+        {1, (1u << 24) + 1u, "window"}, {0, 4u, "section 'WNDW': 4 layers"}, {-1, 0u, "every layer's window is 0"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        uint8_t *c = malloc(n);
+        memcpy(c, b, n);
+        if (bad[i].field >= 0) {
+            kv_store_u32le(c + off + 4u * (uint32_t)bad[i].field, bad[i].value);
+        } else {
+            kv_store_u32le(c + off + 4, 0), kv_store_u32le(c + off + 12, 0);
+        }
+        plan_bytes_repair_crcs(c, n);
+        ck_assert_int_eq(kv_plan_read_memory(&q, c, n), KV_EFORMAT);
+        ck_assert_msg(strstr(kv_error_last(), bad[i].msg), "case %zu: %s", i, kv_error_last());
+        free(c);
+    }
+    /* validation */
+    p->layers[1].window = -1;
+    ck_assert_int_eq(kv_plan_validate(p), KV_EFORMAT);
+    p->layers[1].window = (1 << 24) + 1;
+    ck_assert_int_eq(kv_plan_validate(p), KV_EFORMAT);
+    p->layers[1].window = 0;
+    /* the dump shows every layer's window */
+    char *y = NULL;
+    ck_assert_kv_ok(kv_plan_dump(&y, p, 0, 0));
+    ck_assert_ptr_nonnull(strstr(y, "window: 512"));
+    ck_assert_ptr_nonnull(strstr(y, "window: 7"));
+    free(y);
+    /* without windows: a 1.4 file, byte for byte what the 1.4 sample writes */
+    kv_plan *p4 = NULL;
+    ck_assert_kv_ok(plan_sample_make_v1_4(&p4));
+    uint8_t *b44 = NULL;
+    size_t n44 = 0;
+    serialize(&b44, &n44, p4, &k_plain);
+    for (int l = 0; l < p->n_layers; l++) p->layers[l].window = 0;
+    serialize(&b4, &n4, p, &k_plain);
+    ck_assert_int_eq(kv_load_u16le(b4 + 10), 4);
+    ck_assert_uint_eq(plan_bytes_entry(b4, "WNDW"), 0);
+    ck_assert_uint_eq(kv_load_u64le(b4 + 32) & KV_PLAN_FEAT_WINDOW, 0);
+    ck_assert_uint_eq(n4, n44);
+    ck_assert(memcmp(b4, b44, n4) == 0);
+    /* a stream of a windowed layer copied into a plan brings the window; different windows are refused */
+    ck_assert_kv_ok(plan_sample_make_v1_5(&q));
+    ck_assert_kv_ok(kv_plan_stream_copy(p4, q, 2, KV_PLAN_V, KV_PLAN_COPY_PREDICTOR));
+    ck_assert_int_eq(p4->layers[2].window, 7);
+    p4->layers[0].window = 16;
+    ck_assert_int_eq(kv_plan_stream_copy(p4, q, 0, KV_PLAN_V, KV_PLAN_COPY_PREDICTOR), KV_EINVAL);
+    kv_plan_free(q);
+    kv_plan_free(p4);
+    kv_plan_free(p);
+    free(b), free(b4), free(b44);
+}
+END_TEST
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--write-golden") == 0)
         return write_golden(argv[2], plan_sample_make, "write-golden");
@@ -1379,6 +1474,8 @@ int main(int argc, char **argv) {
         return write_golden(argv[2], plan_sample_make_v1_3, "write-golden-1.3");
     if (argc == 3 && strcmp(argv[1], "--write-golden-1.4") == 0)
         return write_golden(argv[2], plan_sample_make_v1_4, "write-golden-1.4");
+    if (argc == 3 && strcmp(argv[1], "--write-golden-1.5") == 0)
+        return write_golden(argv[2], plan_sample_make_v1_5, "write-golden-1.5");
     if (argc == 3 && strcmp(argv[1], "--write-corpus") == 0) return write_corpus(argv[2]);
     Suite *s = suite_create("plan");
     TCase *tc = tcase_create("format");
@@ -1393,6 +1490,8 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_golden_v1_2);
     tcase_add_test(tc, test_golden_v1_3);
     tcase_add_test(tc, test_golden_v1_4);
+    tcase_add_test(tc, test_golden_v1_5);
+    tcase_add_test(tc, test_windows);
     tcase_add_test(tc, test_predictor_lowrank);
     tcase_add_test(tc, test_predictor_q4);
     tcase_add_test(tc, test_predictor_f16);
