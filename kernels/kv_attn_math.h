@@ -112,6 +112,7 @@ typedef struct kv_dattn {
     int split, n_splits, tile;
     const float *rope_cos, *rope_sin; /* pre-RoPE keys: position p, pair i at p * (hd / 2) + i */
     int rope_adjacent;      /* pairs (2i, 2i+1); else (i, i + hd/2) */
+    int window;             /* the layer's attention window: a row at p sees p - window + 1 .. p; 0 = all before it */
     kv_dseq seq[KV_DA_MAX_BATCH];
 } kv_dattn;
 
@@ -400,12 +401,23 @@ KV_HD void kv_da_job_of(const kv_dattn *A, int bx, int by, int bz, kv_da_job *J)
     const int n = A->seq[bz].n, lim = n - A->n_q + J->row0 + J->rows; /* the last row's causal limit */
     J->a0 = bx * A->split;
     J->a1 = J->a0 + A->split < lim ? J->a0 + A->split : lim;
+    if (A->window > 0) { /* nothing before the first row's window is seen: start at its tile */
+        const int lo = n - A->n_q + J->row0 + 1 - A->window, lo_tile = lo > 0 ? lo / A->tile * A->tile : 0;
+        J->a0 = lo_tile > J->a0 ? lo_tile : J->a0;
+    }
     J->a = J->a0;
 }
 
 /* Causal limit of query vector j of the job: tokens [0, lim) are visible. */
 KV_HD int kv_da_limit(const kv_dattn *A, const kv_da_job *J, int j) {
     return A->seq[J->z].n - A->n_q + J->row0 + j / A->G + 1;
+}
+
+/* Whether token a is visible to query vector j: before its causal limit and, in a windowed layer, inside its
+ * window (the model's mask, model/forward.c `attend`). */
+KV_HD int kv_da_visible(const kv_dattn *A, const kv_da_job *J, int j, int a) {
+    const int lim = kv_da_limit(A, J, j);
+    return a < lim && (A->window <= 0 || a >= lim - A->window);
 }
 
 /* ---- shared memory --------------------------------------------------------------------------------- */
@@ -558,7 +570,7 @@ KV_HD void kv_da_ph_scores(const kv_dattn *A, const kv_da_job *J, kv_da_smem *S,
     for (int i = tid; i < J->nqv * T; i += nt) {
         const int j = i / T, r = i - j * T;
         float v = -INFINITY;
-        if (J->a + r < kv_da_limit(A, J, j)) {
+        if (kv_da_visible(A, J, j, J->a + r)) {
             const float *qv = (S->rotk[r] ? S->qr : S->q) + j * S->hdp;
             v = kv_da_dot(qv, S->ks + (size_t)r * (size_t)S->ld, A->hd);
         }

@@ -55,10 +55,6 @@ static kv_status dev_refusals(const kv_rt *rt) {
     if (rt->hold_prompt || rt->policy->score != RT_SCORE_NONE)
         return KV_ERR(KV_EUNSUPPORTED, "runtime (CUDA): token pruning (%s) and prompt statistics are not supported on "
                       "the device yet; use the CPU runtime", rt->policy->name);
-    for (int l = 0; l < rt->n_layers; l++)
-        if (rt->win[l] > 0)
-            return KV_ERR(KV_EUNSUPPORTED, "runtime (CUDA): layer %d attends over a window of %d tokens (plan format "
-                          "1.5), which the device runtime does not apply yet; use the CPU runtime", l, rt->win[l]);
     if (rt->head_dim > 256)
         return KV_ERR(KV_EUNSUPPORTED, "runtime (CUDA): head_dim %d (the device attention takes at most 256)",
                       rt->head_dim);
@@ -128,6 +124,8 @@ void kv_rti_dev_close(kv_rt *rt) {
         for (int i = 0; i < dv->n_owned; i++) op->free(dv->dev, dv->owned[i]);
         op->free(dv->dev, dv->rope_cos);
         op->free(dv->dev, dv->rope_sin);
+        op->free(dv->dev, dv->rope_cos_local);
+        op->free(dv->dev, dv->rope_sin_local);
         op->free(dv->dev, dv->x);
         op->free(dv->dev, dv->pred);
         op->free(dv->dev, dv->tmp);
@@ -436,20 +434,26 @@ kv_status kv_rti_dev_recon_ensure(kv_rt *rt, int seq, int layer, int stream) {
     return KV_OK;
 }
 
+/* A device copy of one host RoPE table (rt->rope_n positions) in *dst, replacing the old one. */
+static kv_status rope_copy(kv_rt *rt, float **dst, const float *host) {
+    const size_t bytes = (size_t)rt->rope_n * (size_t)(rt->head_dim / 2) * sizeof(float);
+    OPS(rt)->free(dev_of(rt), *dst);
+    *dst = NULL;
+    void *p = NULL;
+    kv_status s = OPS(rt)->alloc(dev_of(rt), &p, bytes);
+    if (s == KV_OK) *dst = p;
+    return s == KV_OK ? OPS(rt)->copy(dev_of(rt), p, host, bytes, RT_COPY_H2D) : s;
+}
+
 kv_status kv_rti_dev_rope_reserve(kv_rt *rt, int n_pos) {
-    kv_status s = kv_rti_rope_reserve(rt, n_pos); /* the host table, which the device copies */
+    kv_status s = kv_rti_rope_reserve(rt, n_pos); /* the host tables, which the device copies */
     if (s != KV_OK || rt->rope_n <= rt->dv->rope_n) return s;
     rt_devstate *dv = rt->dv;
-    const size_t bytes = (size_t)rt->rope_n * (size_t)(rt->head_dim / 2) * sizeof(float);
-    OPS(rt)->free(dev_of(rt), dv->rope_cos);
-    OPS(rt)->free(dev_of(rt), dv->rope_sin);
-    dv->rope_cos = dv->rope_sin = NULL;
     dv->rope_n = 0;
-    void *c = NULL, *sn = NULL;
-    if ((s = OPS(rt)->alloc(dev_of(rt), &c, bytes)) == KV_OK) dv->rope_cos = c;
-    if (s == KV_OK && (s = OPS(rt)->alloc(dev_of(rt), &sn, bytes)) == KV_OK) dv->rope_sin = sn;
-    if (s == KV_OK) s = OPS(rt)->copy(dev_of(rt), c, rt->rope_cos, bytes, RT_COPY_H2D);
-    if (s == KV_OK) s = OPS(rt)->copy(dev_of(rt), sn, rt->rope_sin, bytes, RT_COPY_H2D);
+    s = rope_copy(rt, &dv->rope_cos, rt->rope_cos);
+    if (s == KV_OK) s = rope_copy(rt, &dv->rope_sin, rt->rope_sin);
+    if (s == KV_OK && rt->inv_freq_local) s = rope_copy(rt, &dv->rope_cos_local, rt->rope_cos_local);
+    if (s == KV_OK && rt->inv_freq_local) s = rope_copy(rt, &dv->rope_sin_local, rt->rope_sin_local);
     if (s == KV_OK) dv->rope_n = rt->rope_n;
     return s;
 }
@@ -497,8 +501,10 @@ kv_status kv_rti_dev_attend(kv_rt *rt, int layer, int n_seqs, const int *seqs, i
         A->n_seqs = nb, A->n_q = n_q, A->H = rt->n_kv_heads, A->G = rt->group, A->hd = rt->head_dim, A->sinks = rt->sinks;
         A->ldq = (int)ldq, A->ldo = (int)ldo;
         A->scale = rt->scale;
-        A->rope_cos = dv->rope_cos, A->rope_sin = dv->rope_sin;
+        const int local = rt->inv_freq_local && rt->win[layer] > 0; /* as kv_rti_rope_table */
+        A->rope_cos = local ? dv->rope_cos_local : dv->rope_cos, A->rope_sin = local ? dv->rope_sin_local : dv->rope_sin;
         A->rope_adjacent = rt->opt.rope_layout == KV_ROPE_ADJACENT;
+        A->window = rt->win[layer];
         int n_max = 1;
         for (int i = 0; i < nb; i++) {
             const int n = rt->seqs[seqs[b0 + i]].layer_n[layer];

@@ -81,6 +81,7 @@ typedef struct rt_devstate {
     int n_owned, cap_owned;
     float **pred_w, **pred_b; /* n_layers * 2: device copies of the predictors (NULL without) */
     float *rope_cos, *rope_sin; /* device copies of the RoPE table (rt->rope_n positions) */
+    float *rope_cos_local, *rope_sin_local; /* and of the windowed layers' own (rt->inv_freq_local), or NULL */
     int rope_n;
     float *x, *pred;          /* compression scratch: rows x kv_dim each */
     size_t x_rows;

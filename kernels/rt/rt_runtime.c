@@ -629,7 +629,8 @@ static kv_status check_plan(const kv_plan *p, const kv_rt_options *o) {
 
 /* The layers' attention windows (RUNTIME.md §11), after the codecs and the policy. A windowed layer drops what left
  * its window unless another stream still reads its tokens (it is a predictor's input or has one, or shares codes
- * either way): those are masked only. */
+ * either way): those are masked only. On a device every windowed layer is masked only (RUNTIME.md §10.8): its
+ * blocks live in the sequence's shared arena and its kernel addresses rows by position from 0. */
 static kv_status window_open(kv_rt *rt) {
     const kv_plan *p = rt->plan;
     const int L = rt->n_layers;
@@ -638,7 +639,7 @@ static kv_status window_open(kv_rt *rt) {
     if (!rt->win || !rt->evicts) return KV_ERR(KV_ENOMEM, "out of memory for a runtime");
     for (int l = 0; l < L; l++) {
         rt->win[l] = p->layers[l].window;
-        rt->evicts[l] = rt->win[l] > 0;
+        rt->evicts[l] = rt->win[l] > 0 && rt->opt.device == KV_RT_DEVICE_CPU;
         rt->any_window |= rt->win[l] > 0;
     }
     if (!rt->any_window) return KV_OK;

@@ -51,10 +51,11 @@ static void term_mag(int kind, int g, const float *row, const double *zmax, int 
     }
 }
 
-/* Rows [r0, n_q) of an attend of n_q rows against exact attention over K, V (n x hd, the CPU's decoded cache of
- * head h): the largest error / bound, or a negative value with `what` filled when a row leaves its bound. */
-static double check_rows(const kv_rt *rt, int layer, int h, int n, int n_q, int r0, const float *q, const float *out,
-                         const float *K, const float *V, double *work, char *what, size_t what_len) {
+/* Rows [r0, n_q) of an attend of n_q rows against exact attention over K, V (n x hd, the device's decoded cache of
+ * head h, row t = position t: a device keeps a windowed layer's tokens), masked to the layer's window W (0: none):
+ * the largest error / bound, or a negative value with `what` filled when a row leaves its bound. */
+static double check_rows(const kv_rt *rt, int layer, int h, int n, int n_q, int r0, int W, const float *q,
+                         const float *out, const float *K, const float *V, double *work, char *what, size_t what_len) {
     const int hd = rt->head_dim, G = rt->group, qd = rt->n_heads * hd;
     const rt_codec *kc = rt_codec_of(rt, layer, KV_PLAN_K), *vc = rt_codec_of(rt, layer, KV_PLAN_V);
     const int kk = term_kind(kc), vk = term_kind(vc);
@@ -75,9 +76,9 @@ static double check_rows(const kv_rt *rt, int layer, int h, int n, int n_q, int 
     for (int r = r0; r < n_q; r++)
         for (int g = 0; g < G; g++) {
             const float *qv = q + (size_t)r * qd + (size_t)(h * G + g) * hd;
-            const int lim = n - n_q + r + 1;
+            const int lim = n - n_q + r + 1, lo = W > 0 && lim - W > 0 ? lim - W : 0;
             double mx = -INFINITY, bmax = 0;
-            for (int t = 0; t < lim; t++) {
+            for (int t = lo; t < lim; t++) {
                 double acc = 0, a = 0;
                 for (int c = 0; c < hd; c++) {
                     acc += (double)qv[c] * K[(size_t)t * hd + c];
@@ -88,20 +89,21 @@ static double check_rows(const kv_rt *rt, int layer, int h, int n, int n_q, int 
                 mx = fmax(mx, s[t]);
             }
             double sum = 0;
-            for (int t = 0; t < lim; t++) sum += (s[t] = exp(s[t] - mx));
+            for (int t = lo; t < lim; t++) sum += (s[t] = exp(s[t] - mx));
             const double wrel = expm1(2.0 * bmax) + 1e-6;
             for (int c = 0; c < hd; c++) {
                 double o = 0;
-                for (int t = 0; t < lim; t++) o += s[t] * V[(size_t)t * hd + c];
+                for (int t = lo; t < lim; t++) o += s[t] * V[(size_t)t * hd + c];
                 ref[c] = o / sum;
             }
             for (int c = 0; c < hd; c++) {
                 double spread = 0, mag = 0;
-                for (int t = 0; t < lim; t++) {
+                for (int t = lo; t < lim; t++) {
                     spread += s[t] / sum * fabs(V[(size_t)t * hd + c] - ref[c]);
                     mag += s[t] / sum * vm[(size_t)t * hd + c];
                 }
-                const double bound = 2.0 * wrel * spread + gamma_n(lim + 8) * mag + gamma_n(8) * fabs(ref[c]) + 1e-30;
+                const double bound =
+                    2.0 * wrel * spread + gamma_n(lim - lo + 8) * mag + gamma_n(8) * fabs(ref[c]) + 1e-30;
                 const double err = fabs((double)out[(size_t)r * qd + (size_t)(h * G + g) * hd + c] - ref[c]);
                 if (!(err <= bound)) {
                     snprintf(what, what_len, "layer %d query head %d row %d channel %d: output %.9g, exact %.9g "
@@ -131,6 +133,11 @@ static void fill_rows(float *k, float *v, float *q, int n, int kvd, int qd, int 
             q[(size_t)i * qd + c] = (float)(3.0 * (kv_rng_uniform(29u, ctr) - 0.5));
         }
     }
+}
+
+/* The RoPE frequencies of a layer's keys: a windowed layer's own when the model gave them (kv_rti_rope_table). */
+static const double *layer_freq(const kv_rt *rt, int layer) {
+    return rt->inv_freq_local && rt->win[layer] > 0 ? rt->inv_freq_local : rt->inv_freq;
 }
 
 /* Post-RoPE keys from pre-RoPE ones (the model's rotation: angle pos * inv_freq in double, cos/sin in float). */
@@ -209,9 +216,17 @@ kv_status kv_rt_selfcheck(const kv_plan *plan, const kv_rt_options *opt, kv_rt_c
     if (s == KV_OK) s = kv_rt_open(&dev, plan, &od);
     t_in_check = saved;
     if (s != KV_OK) goto done;
+    /* windowed layers: the device masks and keeps every token (RUNTIME.md §10.8); the CPU reference does the same
+     * here, since dropping what left a window moves where its later chunks start, and the caches are compared bit
+     * for bit */
+    for (int l = 0; l < cpu->n_layers; l++) cpu->evicts[l] = 0;
     {
         const int L = cpu->n_layers, H = cpu->n_kv_heads, hd = cpu->head_dim, kvd = cpu->kv_dim, qd = cpu->n_heads * hd;
-        const int P = cpu->sinks + 2 * cpu->recent + 10, T = P + DECODE_STEPS;
+        /* a prompt long enough for the widest layer window to bite (its rows then see a window, not everything) */
+        int wmax = 0;
+        for (int l = 0; l < L; l++) wmax = cpu->win[l] > wmax ? cpu->win[l] : wmax;
+        const int P0 = cpu->sinks + 2 * cpu->recent + 10, P = wmax + cpu->recent + 10 > P0 ? wmax + cpu->recent + 10 : P0;
+        const int T = P + DECODE_STEPS;
         const int adjacent = opt->rope_layout == KV_ROPE_ADJACENT;
         kp = malloc(sizeof(float) * (size_t)P * kvd), k = malloc(sizeof(float) * (size_t)P * kvd);
         v = malloc(sizeof(float) * (size_t)P * kvd), q = malloc(sizeof(float) * (size_t)P * qd);
@@ -230,7 +245,7 @@ kv_status kv_rt_selfcheck(const kv_plan *plan, const kv_rt_options *opt, kv_rt_c
             const int n = step == 0 ? P : 1;
             for (int l = 0; l < L && s == KV_OK; l++) {
                 fill_rows(kp, v, q, n, kvd, qd, l, len);
-                rope_rows(k, kp, n, len, H, hd, cpu->inv_freq, adjacent);
+                rope_rows(k, kp, n, len, H, hd, layer_freq(cpu, l), adjacent);
                 const size_t kb = sizeof(float) * (size_t)n * kvd, qb = sizeof(float) * (size_t)n * qd;
                 if ((s = kv_rt_append(cpu, l, 0, n, pos + len, kp, k, v, (size_t)kvd)) != KV_OK ||
                     (s = kv_rt_attend(cpu, l, 0, n, q, (size_t)qd, oc_out, (size_t)qd)) != KV_OK)
@@ -253,7 +268,8 @@ kv_status kv_rt_selfcheck(const kv_plan *plan, const kv_rt_options *opt, kv_rt_c
                 for (int h = 0; h < H && s == KV_OK && (step == 0 || step == 1 || step == DECODE_STEPS); h++) {
                     const int held = kv_rt_held(dev, l, 0, h);
                     if ((s = kv_rt_decode_head(dev, l, 0, h, K, V)) != KV_OK) break;
-                    const double w = check_rows(cpu, l, h, held, n, r0, q, od_out, K, V, work, rep->what, sizeof rep->what);
+                    const double w =
+                        check_rows(cpu, l, h, held, n, r0, cpu->win[l], q, od_out, K, V, work, rep->what, sizeof rep->what);
                     if (w < 0) {
                         char cn[160], msg[sizeof rep->what];
                         codec_name(plan, l, 0, cn, sizeof cn);
@@ -273,7 +289,7 @@ kv_status kv_rt_selfcheck(const kv_plan *plan, const kv_rt_options *opt, kv_rt_c
         if (!xk || !xv || !xq || !xkp) s = KV_ERR(KV_ENOMEM, "runtime self-check: out of memory");
         for (int l = 0; l < L && s == KV_OK; l++) {
             fill_rows(xkp, xv, xq, T, kvd, qd, l, 0);
-            rope_rows(xk, xkp, T, 0, H, hd, cpu->inv_freq, adjacent);
+            rope_rows(xk, xkp, T, 0, H, hd, layer_freq(cpu, l), adjacent);
             for (int h = 0; h < H && s == KV_OK; h++) {
                 const int n = kv_rt_held(cpu, l, 0, h);
                 if (n != kv_rt_held(dev, l, 0, h)) {
@@ -343,7 +359,8 @@ static uint64_t codec_kind_hash(const kv_plan *p, int l, int st, int n_heads) {
     const int fields[] = {st, (int)s->method, s->bits, s->group_size, (int)s->group_axis, s->scale_dtype,
                           s->eta != 0.0f, (int)s->pack, s->share_codes_with_layer >= 0, gd, gn, s->pre_rope,
                           s->rpc_ratio > 0.0f, s->predictor != NULL, s->squat ? 1 + s->squat->static_subspace : 0,
-                          s->n_fp_scales, p->fingerprint.n_kv_heads, p->fingerprint.head_dim, n_heads};
+                          s->n_fp_scales, p->fingerprint.n_kv_heads, p->fingerprint.head_dim, n_heads,
+                          p->layers[l].window > 0};
     uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) h = (h ^ (uint64_t)(uint32_t)fields[i]) * 1099511628211ull;
     return h;

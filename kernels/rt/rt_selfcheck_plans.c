@@ -1,7 +1,8 @@
 /* rt_selfcheck_plans.c — one small plan per kind of codec the device serves (kv_rt_selfcheck_catalog), for
  * `kvrun selfcheck`: SmolLM2's attention shape (3 KV heads of 64, 9 query heads), 4 layers, 4 sinks and chunks of
  * 32 tokens, every method, bit width, packing, group axis, parameter storage and combination (pre-RoPE keys,
- * XQuant shared codes, KVmix RPC and per-layer bits, AQUA-KV predictors, SQuat subspaces). Grids, scales and
+ * XQuant shared codes, KVmix RPC and per-layer bits, AQUA-KV predictors, SQuat subspaces, layers with an attention
+ * window). Grids, scales and
  * predictors are drawn from fixed seeds: the check compares devices, not fitted quality. */
 #include "kvrt.h"
 
@@ -25,6 +26,7 @@ typedef struct cat_entry {
     cat_stream k, v;
     cat_stream k0, v0; /* layer 0 when has_l0 */
     int has_l0, pre_rope, aqua, xquant, squat; /* squat: 1 static basis, 2 prompt subspace */
+    int window; /* > 0: layers 0 and 2 attend over a window of this many tokens (plan 1.5, Gemma 3's local layers) */
 } cat_entry;
 
 #define U(b, g, ax) {KV_PLAN_UNIFORM, b, g, ax, 0, 0, 0.0f, 0.0f, 0, 0}
@@ -35,37 +37,39 @@ typedef struct cat_entry {
 enum { TOK = KV_PLAN_GROUP_TOKENS, CH = KV_PLAN_GROUP_CHANNELS };
 
 static const cat_entry k_catalog[] = {
-    {"f16", FP(16), FP(16), NONE, NONE, 0, 0, 0, 0, 0},
-    {"f32", FP(32), FP(32), NONE, NONE, 0, 0, 0, 0, 0},
-    {"kivi-1", U(1, 32, TOK), U(1, 32, CH), NONE, NONE, 0, 0, 0, 0, 0},
-    {"kivi-2", U(2, 32, TOK), U(2, 32, CH), NONE, NONE, 0, 0, 0, 0, 0},
-    {"kivi-3 (10 per word)", U(3, 32, TOK), U(3, 32, CH), NONE, NONE, 0, 0, 0, 0, 0},
+    {"f16", FP(16), FP(16), NONE, NONE, 0, 0, 0, 0, 0, 0},
+    {"f32", FP(32), FP(32), NONE, NONE, 0, 0, 0, 0, 0, 0},
+    {"kivi-1", U(1, 32, TOK), U(1, 32, CH), NONE, NONE, 0, 0, 0, 0, 0, 0},
+    {"kivi-2", U(2, 32, TOK), U(2, 32, CH), NONE, NONE, 0, 0, 0, 0, 0, 0},
+    {"kivi-3 (10 per word)", U(3, 32, TOK), U(3, 32, CH), NONE, NONE, 0, 0, 0, 0, 0, 0},
     {"kivi-3 (11 per word)", {KV_PLAN_UNIFORM, 3, 32, TOK, 1, 0, 0.0f, 0.0f, 0, 0},
-     {KV_PLAN_UNIFORM, 3, 32, CH, 1, 0, 0.0f, 0.0f, 0, 0}, NONE, NONE, 0, 0, 0, 0, 0},
+     {KV_PLAN_UNIFORM, 3, 32, CH, 1, 0, 0.0f, 0.0f, 0, 0}, NONE, NONE, 0, 0, 0, 0, 0, 0},
     {"kivi-4 eta f32 params", {KV_PLAN_UNIFORM, 4, 16, TOK, 0, 1, 0.05f, 0.0f, 0, 0},
-     {KV_PLAN_UNIFORM, 4, 16, CH, 0, 1, 0.08f, 0.0f, 0, 0}, NONE, NONE, 0, 0, 0, 0, 0},
-    {"kivi-8", U(8, 32, TOK), U(8, 64, CH), NONE, NONE, 0, 0, 0, 0, 0},
-    {"kivi channel keys, token values", U(2, 64, CH), U(4, 16, TOK), NONE, NONE, 0, 0, 0, 0, 0},
-    {"kivi-2 g128", U(2, 32, TOK), U(2, 128, CH), NONE, NONE, 0, 0, 0, 0, 0},
-    {"kivi-2 pre-rope", U(2, 32, TOK), U(2, 32, CH), NONE, NONE, 0, 1, 0, 0, 0},
-    {"higgs d1 n4", HG(0, 1, 4), HG(0, 1, 4), NONE, NONE, 0, 0, 0, 0, 0},
-    {"higgs d2 n16", HG(0, 2, 16), HG(0, 2, 16), NONE, NONE, 0, 0, 0, 0, 0},
-    {"higgs d4 n256 g32", HG(32, 4, 256), HG(32, 4, 256), NONE, NONE, 0, 0, 0, 0, 0},
-    {"higgs d8 n256", HG(0, 8, 256), HG(0, 8, 256), NONE, NONE, 0, 0, 0, 0, 0},
-    {"higgs pre-rope", HG(0, 2, 16), HG(0, 2, 256), NONE, NONE, 0, 1, 0, 0, 0},
-    {"fp8 e4m3 tensor/head", FL(KV_PLAN_FP8_E4M3, 0), FL(KV_PLAN_FP8_E4M3, 1), NONE, NONE, 0, 0, 0, 0, 0},
-    {"fp8 e5m2", FL(KV_PLAN_FP8_E5M2, 1), FL(KV_PLAN_FP8_E5M2, 0), NONE, NONE, 0, 0, 0, 0, 0},
-    {"nvfp4 tensor/head", FL(KV_PLAN_NVFP4, 0), FL(KV_PLAN_NVFP4, 1), NONE, NONE, 0, 0, 0, 0, 0},
-    {"fp8 pre-rope", FL(KV_PLAN_FP8_E4M3, 1), FL(KV_PLAN_NVFP4, 1), NONE, NONE, 0, 1, 0, 0, 0},
+     {KV_PLAN_UNIFORM, 4, 16, CH, 0, 1, 0.08f, 0.0f, 0, 0}, NONE, NONE, 0, 0, 0, 0, 0, 0},
+    {"kivi-8", U(8, 32, TOK), U(8, 64, CH), NONE, NONE, 0, 0, 0, 0, 0, 0},
+    {"kivi channel keys, token values", U(2, 64, CH), U(4, 16, TOK), NONE, NONE, 0, 0, 0, 0, 0, 0},
+    {"kivi-2 g128", U(2, 32, TOK), U(2, 128, CH), NONE, NONE, 0, 0, 0, 0, 0, 0},
+    {"kivi-2 pre-rope", U(2, 32, TOK), U(2, 32, CH), NONE, NONE, 0, 1, 0, 0, 0, 0},
+    {"higgs d1 n4", HG(0, 1, 4), HG(0, 1, 4), NONE, NONE, 0, 0, 0, 0, 0, 0},
+    {"higgs d2 n16", HG(0, 2, 16), HG(0, 2, 16), NONE, NONE, 0, 0, 0, 0, 0, 0},
+    {"higgs d4 n256 g32", HG(32, 4, 256), HG(32, 4, 256), NONE, NONE, 0, 0, 0, 0, 0, 0},
+    {"higgs d8 n256", HG(0, 8, 256), HG(0, 8, 256), NONE, NONE, 0, 0, 0, 0, 0, 0},
+    {"higgs pre-rope", HG(0, 2, 16), HG(0, 2, 256), NONE, NONE, 0, 1, 0, 0, 0, 0},
+    {"fp8 e4m3 tensor/head", FL(KV_PLAN_FP8_E4M3, 0), FL(KV_PLAN_FP8_E4M3, 1), NONE, NONE, 0, 0, 0, 0, 0, 0},
+    {"fp8 e5m2", FL(KV_PLAN_FP8_E5M2, 1), FL(KV_PLAN_FP8_E5M2, 0), NONE, NONE, 0, 0, 0, 0, 0, 0},
+    {"nvfp4 tensor/head", FL(KV_PLAN_NVFP4, 0), FL(KV_PLAN_NVFP4, 1), NONE, NONE, 0, 0, 0, 0, 0, 0},
+    {"fp8 pre-rope", FL(KV_PLAN_FP8_E4M3, 1), FL(KV_PLAN_NVFP4, 1), NONE, NONE, 0, 1, 0, 0, 0, 0},
     {"xquant shared codes, 1-bit", U(1, 32, TOK), {KV_PLAN_UNIFORM, 1, 32, CH, 0, 0, 0.2f, 0.0f, 0, 0}, U(2, 32, TOK),
-     U(2, 32, CH), 1, 0, 0, 1, 0},
+     U(2, 32, CH), 1, 0, 0, 1, 0, 0},
     {"kvmix rpc, per-layer bits", {KV_PLAN_UNIFORM, 2, 8, TOK, 0, 0, 0.0f, 0.2f, 0, 0},
      {KV_PLAN_UNIFORM, 2, 32, CH, 0, 0, 0.0f, 0.1f, 0, 0}, {KV_PLAN_UNIFORM, 3, 8, TOK, 0, 0, 0.0f, 0.2f, 0, 0},
-     {KV_PLAN_UNIFORM, 4, 32, CH, 0, 0, 0.0f, 0.2f, 0, 0}, 1, 0, 0, 0, 0},
-    {"aqua-kv higgs pre-rope", HG(0, 2, 16), HG(0, 2, 16), HG(0, 2, 256), HG(0, 2, 256), 1, 1, 1, 0, 0},
-    {"aqua-kv uniform", U(2, 16, CH), U(2, 16, CH), U(4, 16, CH), U(4, 16, CH), 1, 0, 1, 0, 0},
-    {"squat static", U(2, 32, TOK), U(2, 32, CH), NONE, NONE, 0, 0, 0, 0, 1},
-    {"squat prompt", U(2, 32, TOK), U(2, 32, CH), NONE, NONE, 0, 0, 0, 0, 2},
+     {KV_PLAN_UNIFORM, 4, 32, CH, 0, 0, 0.0f, 0.2f, 0, 0}, 1, 0, 0, 0, 0, 0},
+    {"aqua-kv higgs pre-rope", HG(0, 2, 16), HG(0, 2, 16), HG(0, 2, 256), HG(0, 2, 256), 1, 1, 1, 0, 0, 0},
+    {"aqua-kv uniform", U(2, 16, CH), U(2, 16, CH), U(4, 16, CH), U(4, 16, CH), 1, 0, 1, 0, 0, 0},
+    {"squat static", U(2, 32, TOK), U(2, 32, CH), NONE, NONE, 0, 0, 0, 0, 1, 0},
+    {"squat prompt", U(2, 32, TOK), U(2, 32, CH), NONE, NONE, 0, 0, 0, 0, 2, 0},
+    {"kivi-2 windows (layers 0, 2: 40 tokens)", U(2, 32, TOK), U(2, 32, CH), NONE, NONE, 0, 0, 0, 0, 0, 40},
+    {"higgs pre-rope windows", HG(0, 2, 16), HG(0, 2, 256), NONE, NONE, 0, 1, 0, 0, 0, 40},
 };
 
 static kv_status set_stream(kv_plan *p, int l, int st, const cat_stream *s, int pre_rope) {
@@ -170,6 +174,7 @@ kv_status kv_rt_selfcheck_catalog(int i, kv_plan **out, const char **name) {
                 l - 1;
         if (s == KV_OK && e->aqua && l >= 1) s = set_predictors(p, l);
         if (s == KV_OK && e->squat) s = set_squat(p, l, e->squat);
+        if (l % 2 == 0) p->layers[l].window = e->window;
     }
     if (s == KV_OK) s = kv_plan_validate(p);
     if (s != KV_OK) {
