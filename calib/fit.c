@@ -842,10 +842,6 @@ kv_status kv_fit_check(const kv_fit_config *cfg, const kv_arch *a) {
                       cfg->xquant.target_bits);
     int windowed = 0; /* the model's sliding-window layers (the plan records them; RUNTIME.md §11) */
     for (int l = 0; l < a->n_layers; l++) windowed |= kv_arch_layer_window(a, l) > 0;
-    if (windowed && cfg->pruning.method != KV_PLAN_PRUNE_NONE)
-        return KV_ERR(KV_EUNSUPPORTED, "%s: key 'pruning.method': the model has sliding-window layers, which the "
-                      "runtime's token pruning (%s) does not take yet", kv_fit_config_origin(cfg, "pruning.method"),
-                      kv_plan_prune_name(cfg->pruning.method));
     for (int l = 0; windowed && cfg->cache.windowed_layers == KV_FIT_WINDOWED_F16 && l < a->n_layers; l++)
         for (int st = 0; st < 2 && kv_arch_layer_window(a, l) > 0; st++) {
             int explicit_bits;

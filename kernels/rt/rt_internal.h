@@ -424,6 +424,8 @@ kv_status kv_rti_policy_seq_init(kv_rt *rt, rt_seq *sq);
 void kv_rti_policy_seq_clear(kv_rt *rt, rt_seq *sq);
 /* Whether attention of (seq, layer) accumulates scores now (H2O, prompt statistics). */
 int kv_rti_policy_accumulates(const kv_rt *rt, int seq, int layer);
+int kv_rti_policy_prunes(const kv_rt *rt, int layer);
+int kv_rti_policy_holds(const kv_rt *rt, int layer);
 /* Room for n more tokens' scores (before they are appended). */
 kv_status kv_rti_policy_reserve(kv_rt *rt, int seq, int layer, int n_total);
 /* After an attend of n_q rows: keep the window queries and the coverage. */

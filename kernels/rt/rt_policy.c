@@ -140,6 +140,18 @@ void kv_rti_policy_close(kv_rt *rt) {
     rt->budget = NULL;
 }
 
+/* Whether the policy prunes a layer: every layer of a pruning plan but those with an attention window, which hold
+ * at most their window already and keep what it covers (RUNTIME.md §11). */
+int kv_rti_policy_prunes(const kv_rt *rt, int layer) {
+    return rt->policy->score != RT_SCORE_NONE && !(rt->win && rt->win[layer] > 0);
+}
+
+/* Whether a layer holds an open prompt in f16 until it ends: a layer the policy prunes, or every layer when the
+ * prompt's statistics are collected. */
+int kv_rti_policy_holds(const kv_rt *rt, int layer) {
+    return rt->opt.prompt_stats || kv_rti_policy_prunes(rt, layer);
+}
+
 static void pstate_reset(kv_rt *rt, rt_pstate *ps) {
     free(ps->acc);
     free(ps->wq);
@@ -152,7 +164,7 @@ kv_status kv_rti_policy_seq_init(kv_rt *rt, rt_seq *sq) {
     for (int l = 0; l < rt->n_layers; l++) pstate_reset(rt, &sq->ps[l]);
     if (rt->policy->score == RT_SCORE_NONE) return KV_OK;
     for (int i = 0; i < rt->n_layers * 2; i++)
-        if (!(sq->st[i].heads = calloc((size_t)rt->n_kv_heads, sizeof(rt_hstore))))
+        if (kv_rti_policy_prunes(rt, i / 2) && !(sq->st[i].heads = calloc((size_t)rt->n_kv_heads, sizeof(rt_hstore))))
             return KV_ERR(KV_ENOMEM, "out of memory for a sequence");
     return KV_OK;
 }
@@ -189,8 +201,8 @@ void kv_rti_hstore_bytes(const kv_rt *rt, int layer, int stream, const rt_stream
 
 /* ---- what attention collects ------------------------------------------------------------------------ */
 int kv_rti_policy_accumulates(const kv_rt *rt, int seq, int layer) {
-    (void)layer;
-    if (rt->policy->score == RT_SCORE_ACCUMULATED) return 1; /* H2O: the prompt, then the window after it */
+    if (rt->policy->score == RT_SCORE_ACCUMULATED && kv_rti_policy_prunes(rt, layer))
+        return 1; /* H2O: the prompt, then the window after it */
     return rt->opt.prompt_stats && rt->seqs[seq].prompt_open;
 }
 
@@ -219,7 +231,7 @@ kv_status kv_rti_policy_reserve(kv_rt *rt, int seq, int layer, int n_total) {
 
 kv_status kv_rti_policy_saw_queries(kv_rt *rt, int seq, int layer, int n_q, const float *q, size_t ldq) {
     rt_seq *sq = &rt->seqs[seq];
-    if (!sq->prompt_open) return KV_OK;
+    if (!sq->prompt_open || !kv_rti_policy_holds(rt, layer)) return KV_OK;
     rt_pstate *ps = &sq->ps[layer];
     const int n = sq->layer_n[layer];
     /* coverage: every prompt position's query attended once, in order */
@@ -528,6 +540,7 @@ static kv_status check_prompt(const kv_rt *rt, int seq) {
     const char *name = rt->policy->name;
     for (int l = 0; l < rt->n_layers; l++) {
         const rt_pstate *ps = &sq->ps[l];
+        if (!kv_rti_policy_prunes(rt, l)) continue;
         if (sq->layer_n[l] != n)
             return KV_ERR(KV_EINVAL, "kv_rt_end_prompt: layer %d holds %d tokens, layer 0 %d: the prompt is not complete "
                           "in every layer", l, sq->layer_n[l], n);
@@ -555,7 +568,8 @@ kv_status kv_rt_end_prompt(kv_rt *rt, int seq) {
     kv_status s = KV_OK;
     if (rt->policy->score != RT_SCORE_NONE) {
         if ((s = check_prompt(rt, seq)) != KV_OK) return s;
-        for (int l = 0; l < rt->n_layers && s == KV_OK; l++) s = prune_layer(rt, seq, l);
+        for (int l = 0; l < rt->n_layers && s == KV_OK; l++)
+            if (kv_rti_policy_prunes(rt, l)) s = prune_layer(rt, seq, l);
         if (s != KV_OK) return s;
     }
     for (int l = 0; l < rt->n_layers; l++) {
@@ -583,7 +597,7 @@ kv_status kv_rti_policy_settle(kv_rt *rt, int seq, int layer, int *handled, floa
     (void)x;
     *handled = 0;
     rt_seq *sq = &rt->seqs[seq];
-    if (!rt->policy->decode_chunks || !sq->prompt_ended) return KV_OK;
+    if (!rt->policy->decode_chunks || !sq->prompt_ended || !kv_rti_policy_prunes(rt, layer)) return KV_OK;
     *handled = 1;
     rt_pstate *ps = &sq->ps[layer];
     const int H = rt->n_kv_heads, R = rt->recent, hd = rt->head_dim;

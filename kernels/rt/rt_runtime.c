@@ -267,7 +267,7 @@ static kv_status append_begin(kv_rt *rt, int layer, int seq, int n, const int32_
     if (n > 0 && !sq->prompt_ended) sq->prompt_open = 1;
     if ((s = kv_rti_policy_reserve(rt, seq, layer, have + n)) != KV_OK) return s;
     if (n > 0 && rt->evicts[layer] && (s = window_evict(rt, seq, layer)) != KV_OK) return s;
-    const int hold = sq->prompt_open && rt->hold_prompt;
+    const int hold = sq->prompt_open && rt->hold_prompt && kv_rti_policy_holds(rt, layer);
     int rows = hold ? 0 : settle_rows(rt, seq, layer, 0);
     const int rv = hold ? 0 : settle_rows(rt, seq, layer, 1);
     rows = rows > rv ? rows : rv;
@@ -643,9 +643,14 @@ static kv_status window_open(kv_rt *rt) {
         rt->any_window |= rt->win[l] > 0;
     }
     if (!rt->any_window) return KV_OK;
-    if (rt->hold_prompt || rt->policy->score != RT_SCORE_NONE)
-        return KV_ERR(KV_EUNSUPPORTED, "runtime: the plan has attention windows (layer windows, plan 1.5), which token "
-                      "pruning (%s) and prompt statistics do not take yet", rt->policy->name);
+    if (rt->opt.prompt_stats)
+        return KV_ERR(KV_EUNSUPPORTED, "runtime: the plan has attention windows (layer windows, plan 1.5), which prompt "
+                      "statistics do not take yet");
+    for (int l = 0; l < L && rt->policy->score != RT_SCORE_NONE; l++) /* token pruning: the layers without a window */
+        if (rt->win[l] > 0 && p->layers[l].prune_budget > 0.0f)
+            return KV_ERR(KV_EINVAL, "plan layer %d: a token-pruning budget (%g) on a layer with an attention window of "
+                          "%d tokens, which the policy does not prune (it holds its window)", l,
+                          (double)p->layers[l].prune_budget, rt->win[l]);
     for (int i = 0; i < L * 2; i++) {
         const rt_codec *c = &rt->codec[i];
         if (c->pred) {
