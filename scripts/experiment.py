@@ -238,13 +238,14 @@ class Runner:
         self.n_logs = 0  # OUT/logs/NN-TAG.log, numbered in the order the commands ran
 
     def model(self, spec, tok):
-        """(model path, tokenizer path or ''): `default` is the fetched default model (None when it cannot be had),
-        anything else a path with {data}."""
+        """(model path, tokenizer path or ''): `default` is the fetched default model, `fetch:NAME` the model
+        scripts/fetch-model.sh --model NAME fetches (None when it cannot be had), anything else a path with {data}."""
         spec = spec or "default"
         if spec not in self.models:
-            if spec == "default":
-                r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "fetch-model.sh")], capture_output=True,
-                                   text=True)
+            if spec == "default" or spec.startswith("fetch:"):
+                name = spec[len("fetch:"):] if spec.startswith("fetch:") else "smollm2"
+                r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "fetch-model.sh"), "--model", name],
+                                   capture_output=True, text=True)
                 lines = r.stdout.strip().splitlines()
                 path = lines[-1] if r.returncode == 0 and lines and os.path.isfile(lines[-1]) else None
             else:
