@@ -180,6 +180,19 @@ int kv_cli_given(const kv_cli_args *a, const kv_opt *opts, const char *name) {
     return 0;
 }
 
+const char **kv_cli_collect(int argc, char **argv, const char *name, int extra, int *n) {
+    const char **v = calloc((size_t)argc + (size_t)(extra > 0 ? extra : 0) + 1, sizeof *v);
+    const size_t len = strlen(name);
+    *n = 0;
+    for (int i = 1; v && i < argc && strcmp(argv[i], "--") != 0; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0 || strncmp(a + 2, name, len) != 0) continue;
+        if (a[2 + len] == '\0' && i + 1 < argc) v[(*n)++] = argv[++i];
+        else if (a[2 + len] == '=') v[(*n)++] = a + 3 + len;
+    }
+    return v;
+}
+
 /* Results go to stdout: a write error there (a full disk, /dev/full) fails the run (exit 1) instead of
  * leaving a truncated result behind an exit 0. */
 static int close_stdout(const char *tool, int rc) {

@@ -47,6 +47,9 @@ int kv_cli_parse(kv_cli_args *out, const char *tool, const char *usage, const ch
 void kv_cli_args_free(kv_cli_args *a);
 /* Was the option named `name` given? (For config-file overrides.) */
 int kv_cli_given(const kv_cli_args *a, const kv_opt *opts, const char *name);
+/* Every value of a repeatable option --NAME V / --NAME=V, in order, before a "--" (the parser keeps only the last):
+ * a calloc'ed array (borrowed strings) with room for `extra` more entries, its count in *n; NULL when out of memory. */
+const char **kv_cli_collect(int argc, char **argv, const char *name, int extra, int *n);
 
 typedef struct kv_subcommand {
     const char *name;

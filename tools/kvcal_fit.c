@@ -157,13 +157,8 @@ static int parse_args(fit_args *f, const char *tool, int argc, char **argv) {
                                                    "calibration time / forward time", 0},
         {NULL, 0, KV_OPT_FLAG, NULL, NULL, NULL, 0},
     };
-    /* --set may be given many times: collect every value in order (the parser keeps the last). */
-    if (!(f->sets = calloc((size_t)argc + 1, sizeof *f->sets))) return kv_cli_fail(tool, KV_ERR(KV_ENOMEM, "out of memory"));
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--") == 0) break;
-        if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) f->sets[f->n_sets++] = argv[++i];
-        else if (strncmp(argv[i], "--set=", 6) == 0) f->sets[f->n_sets++] = argv[i] + 6;
-    }
+    if (!(f->sets = kv_cli_collect(argc, argv, "set", 0, &f->n_sets)))
+        return kv_cli_fail(tool, KV_ERR(KV_ENOMEM, "out of memory"));
     kv_cli_args a;
     int rc = kv_cli_parse(&a, tool,
                           "--model M --corpus FILE --out PLAN [--config CFG.yaml] [--method aqua|aqua-uniform|higgs|kivi|fp8|nvfp4|xquant|squat] "

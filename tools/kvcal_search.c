@@ -356,12 +356,8 @@ static int parse_args(search_args *a, const char *tool, int argc, char **argv) {
         {"json", 0, KV_OPT_FLAG, &a->json, NULL, "print everything as JSON", 0},
         {NULL, 0, KV_OPT_FLAG, NULL, NULL, NULL, 0},
     };
-    if (!(a->sets = calloc((size_t)argc + 8, sizeof *a->sets))) return kv_cli_fail(tool, KV_ERR(KV_ENOMEM, "out of memory"));
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--") == 0) break;
-        if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) a->sets[a->n_sets++] = argv[++i];
-        else if (strncmp(argv[i], "--set=", 6) == 0) a->sets[a->n_sets++] = argv[i] + 6;
-    }
+    if (!(a->sets = kv_cli_collect(argc, argv, "set", 8, &a->n_sets)))
+        return kv_cli_fail(tool, KV_ERR(KV_ENOMEM, "out of memory"));
     int rc = kv_cli_parse(&a->cli, tool,
                           "--model M --corpus FILE [--heldout FILE] --budget-bits B[,B...] (--out PLAN | --out-dir DIR) "
                           "[--context N[,N...]] [--candidates LIST] [--json] [--set key=value ...]",

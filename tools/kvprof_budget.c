@@ -138,11 +138,8 @@ static int parse_args(budget_args *b, int argc, char **argv) {
         {"threads", 't', KV_OPT_INT, &b->threads, "N", "threads, 1..4 per CPU (default: KVCAL_THREADS or all CPUs)", 0},
         {NULL, 0, 0, NULL, NULL, NULL, 0},
     };
-    if (!(b->sets = calloc((size_t)argc + 1, sizeof *b->sets))) return kv_cli_fail(k_tool, KV_ERR(KV_ENOMEM, "out of memory"));
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) b->sets[b->n_sets++] = argv[++i];
-        else if (strncmp(argv[i], "--set=", 6) == 0) b->sets[b->n_sets++] = argv[i] + 6;
-    }
+    if (!(b->sets = kv_cli_collect(argc, argv, "set", 0, &b->n_sets)))
+        return kv_cli_fail(k_tool, KV_ERR(KV_ENOMEM, "out of memory"));
     kv_cli_args args;
     int rc = kv_cli_parse(&args, k_tool, "--model M --corpus FILE [--budgets 0.25,0.125] [--config-out FILE] [options]",
                           "Quantized pruning under a memory budget: every operating point (selection method x token\n"
