@@ -478,7 +478,9 @@ kv_status kv_search_assemble(kv_plan **out, const kv_plan *const *srcs, int n_sr
 /* Honest storage of every stream of `plan` at a context of ctx tokens, counted by the runtime itself: a
  * kv_cache_rt for the plan is fed ctx tokens of synthetic K/V in the steps `kvrun eval --plan` uses (sinks
  * + recent, then recent) and kv_rt_get_stream_stats gives each (layer, stream)'s bytes (payload, index,
- * f16 sinks and window, its predictor once) and values. bytes[2l + s], values[2l + s]. Sizes do not depend
+ * f16 sinks and window, its predictor once) and the values of the context (values_appended: a windowed layer
+ * holds fewer tokens than that, and its bits are per value of the context, as kvrun eval's bits_per_value_total).
+ * bytes[2l + s], values[2l + s]. Sizes do not depend
  * on the values (fixed layouts), so the synthetic data give the bytes of any text. */
 kv_status kv_search_stream_bytes(uint64_t *bytes, uint64_t *values, const kv_plan *plan, kv_model *m, int ctx);
 

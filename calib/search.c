@@ -195,6 +195,7 @@ kv_status kv_search_assemble(kv_plan **out, const kv_plan *const *srcs, int n_sr
     p->global = srcs[0]->global;
     for (int l = 0; l < n_layers && s == KV_OK; l++) {
         p->layers[l].prune_budget = srcs[0]->layers[l].prune_budget;
+        p->layers[l].window = srcs[0]->layers[l].window; /* the model's, in every candidate (plan 1.5) */
         for (int st = 0; st < 2 && s == KV_OK; st++) {
             const int c = choice[2 * l + st];
             if (c < 0 || c >= n_srcs || !srcs[c])
@@ -225,7 +226,10 @@ kv_status kv_search_stream_bytes(uint64_t *bytes, uint64_t *values, const kv_pla
             kv_rt_stats o;
             if ((s = kv_rt_get_stream_stats(rt, 0, l, st, &o)) != KV_OK) break;
             bytes[2 * l + st] = o.accounted_bytes + o.predictor_bytes + o.basis_bytes;
-            values[2 * l + st] = o.values_total;
+            /* per value of the context (every appended token), as kvrun eval's bits_per_value_total: a windowed
+             * layer's bytes are those of the tokens it holds, its values those of the whole context, so a budget in
+             * bits means the same to the search and to the tables it is compared with (RUNTIME.md §11) */
+            values[2 * l + st] = o.values_appended;
         }
     kv_cache_free(cache);
     return s;
@@ -278,6 +282,7 @@ static kv_status one_stream_plan(kv_plan **out, const kv_plan *src, int l, int s
     kv_status s = kv_plan_create(&one, &src->fingerprint);
     if (s != KV_OK) return s;
     one->global = src->global;
+    for (int i = 0; i < one->n_layers; i++) one->layers[i].window = src->layers[i].window; /* the model's windows */
     *first_layer = l;
     const int partner = src->layers[l].stream[st].share_codes_with_layer; /* XQuant: the codes it reuses */
     if (partner >= 0) {

@@ -174,12 +174,14 @@ static kv_status measure_bytes(search_run *r) {
                 res->bytes[n * k + (size_t)i * nc + c] = b1[i];
                 res->values[n * k + (size_t)i * nc + c] = v1[i];
             }
-            for (int i = 0; i < n_items; i++)
-                if (v1[i] != res->values[n * k + (size_t)i * nc]) {
-                    s = KV_ERR(KV_EINVAL, "layer %d %s: candidates hold different numbers of values (token pruning "
-                               "enters through --pruned, not --set)", i / 2, i % 2 ? "V" : "K");
-                    break;
-                }
+            /* a candidate holds fewer tokens than it was given only through its windows (the model's, the same
+             * in every candidate, or kept whole when a predictor reads them: bytes, not values); token pruning
+             * would make its bytes those of a budget, which enters through --pruned */
+            if (r->plans[c]->global.prune_method != KV_PLAN_PRUNE_NONE) {
+                s = KV_ERR(KV_EINVAL, "candidate %s prunes tokens (token pruning enters through --pruned, not "
+                           "--set)", r->cands[c]->name);
+                break;
+            }
         }
     free(b1);
     free(v1);

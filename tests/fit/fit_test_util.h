@@ -26,6 +26,9 @@ typedef struct syn_model {
     float *wk[SYN_LAYERS], *wv[SYN_LAYERS]; /* kv_dim x d_model */
     float *A[SYN_LAYERS], *B[SYN_LAYERS];   /* kv_dim x kv_dim (layers >= 1) */
     float *gate, *up;                    /* d_ff x d_model */
+    float attn_out;                      /* 0 (syn_init): attention leaves the residual stream alone (the K/V of
+                                            every layer stay linear in the embeddings); else the scale of a
+                                            fixed pseudo-random output projection, so the cache moves the logits */
 } syn_model;
 
 static inline void syn_normal(float *x, size_t n, kv_rng *r, double scale) {
@@ -126,6 +129,10 @@ static inline kv_status syn_read(void *user, const char *name, int n_dims, const
         memcpy(dst, s->wk[l], n * sizeof(float));
     } else if (strcmp(what, "attn_v.weight") == 0) {
         memcpy(dst, s->wv[l], n * sizeof(float));
+    } else if (strcmp(what, "attn_output.weight") == 0 && s->attn_out != 0) {
+        for (size_t i = 0; i < n; i++) /* uniform in [-1, 1) x attn_out / sqrt(q_dim), the same in every layer */
+            dst[i] = s->attn_out * (float)(2.0 * kv_rng_uniform(777, i) - 1.0) /
+                     sqrtf((float)(SYN_HEADS * SYN_HEAD_DIM));
     } else if (strcmp(what, "attn_output.weight") == 0 || strcmp(what, "ffn_down.weight") == 0) {
         memset(dst, 0, n * sizeof(float)); /* the residual stream never changes */
     } else if (strcmp(what, "ffn_gate.weight") == 0) {

@@ -380,6 +380,75 @@ START_TEST(test_windowed_layers) {
 }
 END_TEST
 
+/* kvcal search's pieces on a model with windowed layers (every other layer local, a window of 8 tokens), the gap
+ * the first Gemma 3 search fell into: an assembled plan and a sensitivity's one-stream plans carry the model's windows
+ * (else the runtime refuses them as another model's), and the per-stream bytes are per value of the context, as
+ * kvrun eval's bits_per_value_total: a windowed stream's bytes are those of the tokens it holds (about a window), its
+ * values those of every appended token, so the same budget in bits means the same to the search and to the tables. */
+START_TEST(test_search_windowed) {
+    syn_model sw;
+    syn_init(&sw, 12345);
+    sw.arch.sliding_window = 8;
+    sw.arch.swa_pattern = 2; /* layers 0, 2, ... local */
+    sw.attn_out = 3.0f;      /* attention moves the logits: a stream's compression has a KL */
+    kv_model *m = syn_model_open(&sw);
+    kv_fit_options o;
+    kv_fit_options_init(&o);
+    o.fingerprint = &g_fp;
+    kv_fit_data d = make_data();
+    kv_plan *plans[2] = {NULL, NULL};
+    for (int c = 0; c < 2; c++) {
+        const char *sets[] = {c ? "keys.bits=16" : "keys.bits=2", c ? "values.bits=16" : "values.bits=2", NULL};
+        kv_fit_config cfg;
+        make_cfg(&cfg, KV_FIT_KIVI, sets);
+        ck_assert_kv_ok(kv_fit_run(&plans[c], NULL, m, NULL, &d, &cfg, &o));
+        kv_fit_config_free(&cfg);
+    }
+    int choice[2 * SYN_LAYERS];
+    for (int i = 0; i < 2 * SYN_LAYERS; i++) choice[i] = i % 3 == 0; /* f16 and 2-bit streams, K and V differing */
+    kv_plan *mix = NULL;
+    ck_assert_kv_ok(kv_search_assemble(&mix, (const kv_plan *const *)plans, 2, choice, SYN_LAYERS));
+    for (int l = 0; l < SYN_LAYERS; l++) ck_assert_int_eq(mix->layers[l].window, l % 2 == 0 ? 8 : 0);
+    /* bytes: 68 tokens (4 sinks + 2 chunks of 32); values are the context's in every stream */
+    enum { CTX = 68 };
+    const int kvd = sw.arch.n_kv_heads * sw.arch.head_dim;
+    uint64_t bytes[2 * SYN_LAYERS], values[2 * SYN_LAYERS], f16b[2 * SYN_LAYERS], f16v[2 * SYN_LAYERS];
+    ck_assert_kv_ok(kv_search_stream_bytes(bytes, values, mix, m, CTX));
+    ck_assert_kv_ok(kv_search_stream_bytes(f16b, f16v, plans[1], m, CTX));
+    for (int i = 0; i < 2 * SYN_LAYERS; i++) {
+        ck_assert_uint_eq(values[i], (uint64_t)CTX * (uint64_t)kvd);
+        ck_assert_uint_eq(f16v[i], values[i]);
+        const int local = (i / 2) % 2 == 0;
+        /* an f16 stream of a full layer holds every token at 2 bytes; a local one at most W - 1 + the last step
+         * (32 tokens, the recent buffer): the runtime's eviction (RUNTIME.md §11), 39 of the 68 tokens */
+        if (!local)
+            ck_assert_uint_eq(f16b[i], 2u * (uint64_t)CTX * (uint64_t)kvd);
+        else
+            ck_assert_msg(f16b[i] > 0 && f16b[i] <= 2u * (8u - 1u + 32u) * (uint64_t)kvd, "stream %d: %llu bytes", i,
+                          (unsigned long long)f16b[i]);
+    }
+    /* sensitivities past the window: the one-stream plans open on the windowed model */
+    double kl[2 * SYN_LAYERS * 2];
+    kv_search_sens_options so = {SEQ_LEN, 2, sw.arch.bos_id, NULL, NULL};
+    ck_assert_kv_ok(kv_search_sensitivity(kl, m, (const kv_plan *const *)plans, 2, g_tokens, g_n_tokens, &so, NULL));
+    for (int i = 0; i < 2 * SYN_LAYERS; i++) {
+        if ((i / 2) % 2 == 0) { /* a window of 8 inside the 32-token f16 buffer: a local layer compresses nothing,
+                                   its f16 rows are the same in both plans */
+            ck_assert_msg(kl[i * 2] == kl[i * 2 + 1], "stream %d: KL %g, %g", i, kl[i * 2], kl[i * 2 + 1]);
+            continue;
+        }
+        ck_assert_msg(isfinite(kl[i * 2]) && kl[i * 2] > 0, "stream %d: 2-bit KL %g", i, kl[i * 2]);
+        /* f16 rounds once (relative 2^-11), 2 bits errs by a quarter of a group's range: 10x apart at least */
+        ck_assert_msg(kl[i * 2 + 1] * 10 < kl[i * 2], "stream %d: f16 %g, 2-bit %g", i, kl[i * 2 + 1], kl[i * 2]);
+    }
+    kv_plan_free(mix);
+    kv_plan_free(plans[0]);
+    kv_plan_free(plans[1]);
+    kv_model_free(m);
+    syn_free(&sw);
+}
+END_TEST
+
 START_TEST(test_kivi_preset) {
     kv_fit_config cfg;
     ck_assert_kv_ok(kv_fit_config_init(&cfg));
@@ -1053,6 +1122,7 @@ static Suite *fit_suite(void) {
     tcase_add_test(tc, test_plan_round_trip);
     tcase_add_test(tc, test_kivi_preset);
     tcase_add_test(tc, test_windowed_layers);
+    tcase_add_test(tc, test_search_windowed);
     tcase_add_test(tc, test_same_quantizer_as_runtime);
     tcase_add_loop_test(tc, test_xquant_runtime_applies_fit, 0, 2);
     tcase_add_test(tc, test_xquant_eta_choose);
